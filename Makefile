@@ -1,0 +1,60 @@
+# kafka-retry-scheduler: every target creates and uses .venv/ at the repository root.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: help venv lint format postgres spark-deps test test-unit up demo clean
+
+help:
+	@echo "make demo   run an end-to-end scenario under the real Airflow scheduler (embedded defaults)"
+	@echo "make test   lint, type-check and run every test (needs PostgreSQL; started if missing)"
+	@echo "make up     broker + PostgreSQL + Airflow (http://localhost:8080, admin/admin) until Ctrl-C"
+	@echo "make lint   ruff + mypy only"
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+venv: $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check plugins dags tests include bench
+	$(BIN)/ruff format --check plugins dags tests include bench
+	$(BIN)/mypy
+
+format: venv
+	$(BIN)/ruff format plugins dags tests include bench
+	$(BIN)/ruff check --fix plugins dags tests include bench
+
+# PostgreSQL must answer for the tests; the dev tooling starts one from the machine's binaries if not.
+postgres: venv
+	$(BIN)/retry-scheduler dev postgres
+
+# Spark reads PostgreSQL over JDBC: Debian's driver locally (a cluster uses RETRY_SPARK_PACKAGES), and Java 17+.
+JDBC_JAR ?= /usr/share/java/postgresql.jar
+spark-deps:
+	@command -v java >/dev/null || { echo "Spark needs Java 17+: apt-get install openjdk-17-jre-headless" >&2; exit 1; }
+	@test -f $(JDBC_JAR) || { \
+		if [ "$$(id -u)" = 0 ]; then (apt-get install -y -q libpostgresql-jdbc-java || \
+			(apt-get update -q && apt-get install -y -q libpostgresql-jdbc-java)) >/dev/null; \
+		else echo "Spark needs the PostgreSQL JDBC driver: sudo apt-get install libpostgresql-jdbc-java" >&2; exit 1; fi; }
+
+test: lint postgres spark-deps
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-unit: venv
+	$(BIN)/python -m pytest -q tests/unit
+
+up: venv spark-deps
+	$(BIN)/retry-scheduler dev up
+
+demo: venv
+	$(BIN)/retry-scheduler demo
+
+clean:
+	rm -rf .dev .airflow .airflow-test .mypy_cache .ruff_cache

@@ -1,0 +1,26 @@
+"""Retry policies of this deployment: reviewed like code, loaded by the retry scheduler.
+
+Not a DAG file (listed in .airflowignore). ``POLICIES`` declares named policies,
+``DESTINATIONS`` maps a destination topic to its policy; ``default`` applies otherwise.
+"""
+
+from __future__ import annotations
+
+from retry_scheduler.policy import Backoff, Policy
+
+POLICIES = [
+    Policy("default", delays=["10s", "1m", "5m", "30m"], max_attempts=4, max_age="7d"),
+    Policy(
+        "fast",
+        backoff=Backoff(base="1s", factor=2, max="1m", jitter=0.1),
+        max_attempts=5,
+        max_age="1h",
+        fatal_errors=["ValueError", "KeyError"],
+    ),
+    # The demo's policy: short enough to watch a record recover and another exhaust.
+    Policy("demo", delays=["2s", "3s"], max_attempts=2, max_age="10m", fatal_errors=["SchemaError"]),
+]
+
+DESTINATIONS = {
+    "demo.orders": "demo",
+}

@@ -1,0 +1,88 @@
+"""A small client of Airflow's REST API v2 (urllib only): token, unpause, trigger, wait for a run."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+
+class AirflowApiError(RuntimeError):
+    """Airflow did not do what was asked in time; the message says what to look at."""
+
+
+class ApiError(AirflowApiError):
+    """The Airflow REST API answered with an HTTP error (``status``)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _api(method: str, url: str, token: str | None = None, body: Any = None) -> Any:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    data = None if body is None else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, data, headers, method=method), timeout=30
+        ) as r:
+            payload = r.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        raise ApiError(exc.code, f"{method} {url} failed with HTTP {exc.code}: {detail}") from None
+    except urllib.error.URLError as exc:
+        raise AirflowApiError(f"Cannot reach {url} ({exc.reason}): is the Airflow api-server up?") from None
+    return json.loads(payload) if payload else None
+
+
+def api_token(base_url: str, username: str = "admin", password: str = "admin") -> str:
+    """A JWT from the simple auth manager's ``POST /auth/token``, for the API's ``Bearer`` header."""
+    body = {"username": username, "password": password}
+    return str(_api("POST", f"{base_url.rstrip('/')}/auth/token", body=body)["access_token"])
+
+
+def _dag_url(base_url: str, dag_id: str) -> str:
+    return f"{base_url.rstrip('/')}/api/v2/dags/{urllib.parse.quote(dag_id, safe='')}"
+
+
+def unpause_dag(base_url: str, token: str, dag_id: str, timeout: float = 90.0) -> dict[str, Any]:
+    """Unpause a DAG, waiting up to ``timeout`` s for the dag processor to have parsed it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return dict(_api("PATCH", _dag_url(base_url, dag_id), token, {"is_paused": False}))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            if time.monotonic() > deadline:
+                raise AirflowApiError(
+                    f"Airflow still does not know DAG {dag_id} after {timeout:.0f} s: "
+                    "look for import errors (airflow dags list-import-errors)"
+                ) from None
+        time.sleep(1)
+
+
+def trigger_dag(
+    base_url: str, token: str, dag_id: str, conf: dict[str, Any] | None = None, run_id: str | None = None
+) -> dict[str, Any]:
+    """Start a manual run now; the returned DAG run carries ``dag_run_id`` and ``state``."""
+    body: dict[str, Any] = {"logical_date": None, "conf": conf or {}}
+    if run_id:
+        body["dag_run_id"] = run_id
+    return dict(_api("POST", f"{_dag_url(base_url, dag_id)}/dagRuns", token, body))
+
+
+def wait_for_dag_run(
+    base_url: str, token: str, dag_id: str, run_id: str, timeout: float = 300.0
+) -> dict[str, Any]:
+    """Poll a DAG run until it is ``success`` or ``failed`` and return it; DevStackError on timeout."""
+    url = f"{_dag_url(base_url, dag_id)}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
+    deadline = time.monotonic() + timeout
+    while (run := dict(_api("GET", url, token))).get("state") not in {"success", "failed"}:
+        if time.monotonic() > deadline:
+            raise AirflowApiError(f"DAG run {dag_id}/{run_id} still {run.get('state')} after {timeout:.0f} s")
+        time.sleep(1)
+    return run

@@ -1,0 +1,312 @@
+"""``retry-scheduler``: the command line of the retry and dead-letter service."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from retry_scheduler.config import ConfigError, Settings
+from retry_scheduler.jobs import Status
+
+log = logging.getLogger("retry_scheduler")
+
+
+def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.store import migrate
+
+    applied = migrate(settings.database_url)
+    print(f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied else "schema is up to date")
+    return 0
+
+
+def status_report(settings: Settings, destination: str | None, window_s: int) -> dict[str, Any]:
+    """The figures of ``status --json``: one key per job status, plus dead reasons and lateness."""
+    from retry_scheduler.store import Store
+
+    with Store(settings.database_url) as store:
+        raw = store.status(destination=destination, window_s=window_s)
+    late = raw["lateness"]
+    report: dict[str, Any] = {s.value: int(raw["counts"].get(s.value, 0)) for s in Status}
+    report["dead_by_reason"] = raw["dead_by_reason"]
+    report["oldest_overdue"] = raw["oldest_overdue"]
+    report["lateness"] = {
+        "window_s": window_s,
+        "published": late.count,
+        "p50_s": late.p50_s,
+        "p99_s": late.p99_s,
+        "max_s": late.max_s,
+        "early": late.early,
+    }
+    report["destination"] = destination
+    return report
+
+
+def _fmt_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
+
+
+def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    report = status_report(settings, args.destination, args.window)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    scope = f" for destination {args.destination}" if args.destination else ""
+    print(f"retry jobs{scope}")
+    for status in Status:
+        line = f"  {status.value:<10} {report[status.value]:>10}"
+        if status is Status.DEAD and report["dead_by_reason"]:
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(report["dead_by_reason"].items()))
+            line += f"  ({reasons})"
+        print(line)
+    overdue = report["oldest_overdue"]
+    print(
+        "  oldest overdue: none"
+        if overdue is None
+        else f"  oldest overdue: job {overdue['id']} for {overdue['destination']}, "
+        f"due {overdue['due_at']} ({overdue['overdue_s']}s ago)"
+    )
+    late = report["lateness"]
+    print(
+        f"  lateness, last {late['window_s']}s: {late['published']} published, p50 {_fmt_s(late['p50_s'])}, "
+        f"p99 {_fmt_s(late['p99_s'])}, max {_fmt_s(late['max_s'])}, early {late['early']}"
+    )
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the ingest and publish loops outside Airflow (debugging, benchmarks, chaos tests)."""
+    from retry_scheduler.airflow_tasks import run_ingest, run_publish
+
+    results: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def body(name: str) -> None:
+        try:
+            fn = run_ingest if name == "ingest" else run_publish
+            results[name] = fn(args.seconds, settings)
+        except BaseException as exc:
+            errors.append(exc)
+            log.exception("%s loop failed", name)
+
+    loops = ["ingest", "publish"] if args.only is None else [args.only]
+    threads = [threading.Thread(target=body, args=(name,), name=name) for name in loops]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps(results, indent=2, default=str))
+    return 1 if errors else 0
+
+
+def _cmd_dev_up(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.devstack import DevStack
+
+    with DevStack(settings) as stack:
+        stack.wait()
+    return 0
+
+
+def _cmd_dev_postgres(args: argparse.Namespace, settings: Settings) -> int:
+    """Make sure PostgreSQL answers at RETRY_DATABASE_URL; start one from the machine's binaries if not."""
+    from retry_scheduler.config import REPO_ROOT
+    from retry_scheduler.devstack import ensure_postgres
+
+    proc = ensure_postgres(settings.database_url, REPO_ROOT / ".dev" / "postgres")
+    if proc is None:
+        print("PostgreSQL answers at RETRY_DATABASE_URL")
+    else:
+        # Left running in its own session for the commands that follow (make test); pid printed to stop it.
+        print(f"started PostgreSQL (pid {proc.pid}, data in .dev/postgres); stop it with: kill {proc.pid}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.demo import run_demo
+
+    return run_demo(settings, records=args.records, timeout_s=args.timeout)
+
+
+def _spark_submit(app: str, job_args: list[str]) -> int:
+    """Run a job of include/spark with spark-submit in local mode; its progress goes to stderr."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from retry_scheduler.config import REPO_ROOT
+    from retry_scheduler.sparkjobs import jdbc_jars, spark_packages
+
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    cmd = [
+        str(spark_submit),
+        "--master",
+        os.environ.get("RETRY_SPARK_MASTER", "local[*]"),
+        "--conf",
+        "spark.log.level=WARN",
+    ]
+    if jars := jdbc_jars():
+        cmd += ["--jars", jars]
+    if packages := spark_packages():
+        cmd += ["--packages", packages]
+    env = dict(os.environ)
+    # spark-submit finds Spark through the venv's python; the job's Python workers use the same one.
+    env["PATH"] = os.pathsep.join(filter(None, [str(spark_submit.parent), env.get("PATH")]))
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT / "plugins"), env.get("PYTHONPATH")]))
+    # The job's progress is shown live on stderr; its counts come last on stdout as one JSON object.
+    result: str | None = None
+    with subprocess.Popen([*cmd, app, *job_args], env=env, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("{") and _is_json_object(line):
+                result = line.strip()
+            else:
+                sys.stderr.write(line)
+    if result is not None:
+        print(result)
+    return proc.returncode
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+def _cmd_bulk_retry(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.sparkjobs import BULK_RETRY_APP, bulk_retry_args
+
+    params = {
+        "destination": args.destination,
+        "status": args.status,
+        "error_class": args.error_class,
+        "since": args.since,
+        "until": args.until,
+        "limit": args.limit,
+        "dry_run": args.dry_run,
+    }
+    return _spark_submit(str(BULK_RETRY_APP), bulk_retry_args(params, settings))
+
+
+def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.sparkjobs import COMPACT_APP, compact_args
+
+    job_args = compact_args(
+        settings,
+        older_than=args.older_than,
+        archive=args.archive,
+        dead_retention=args.dead_retention,
+        dry_run=args.dry_run,
+    )
+    return _spark_submit(str(COMPACT_APP), job_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="retry-scheduler",
+        description="Delayed retries and dead letters for Kafka, run by Apache Airflow, kept in PostgreSQL.",
+        epilog="Environment: RETRY_DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS, AIRFLOW_HOME (see README).",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    db = sub.add_parser("db", help="database schema")
+    db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    db_sub.add_parser("migrate", help="apply pending migrations (idempotent)").set_defaults(func=_cmd_migrate)
+
+    dev = sub.add_parser("dev", help="embedded development stack")
+    dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="ACTION")
+    dev_sub.add_parser(
+        "up",
+        help="run broker, PostgreSQL and Airflow in the foreground until Ctrl-C",
+        description="Start the embedded Kafka-protocol broker on localhost:9092, make sure PostgreSQL "
+        "answers (starting one from the machine's binaries if needed), migrate, and run Airflow "
+        "(UI on http://localhost:8080, login admin/admin) until Ctrl-C.",
+    ).set_defaults(func=_cmd_dev_up)
+    dev_sub.add_parser(
+        "postgres", help="make sure PostgreSQL answers at RETRY_DATABASE_URL (start one if not)"
+    ).set_defaults(func=_cmd_dev_postgres)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run an end-to-end scenario under the real Airflow scheduler",
+        description="Bring the dev stack up, send a mixed workload (recovering, exhausting, fatal and "
+        "malformed records), wait for every record's outcome, print a summary and stop the stack.",
+    )
+    demo.add_argument("--records", type=int, default=200, help="records in the workload (default 200)")
+    demo.add_argument("--timeout", type=float, default=600, help="seconds to wait for the outcome")
+    demo.set_defaults(func=_cmd_demo)
+
+    status = sub.add_parser("status", help="jobs by status, oldest overdue job, lateness")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--destination", metavar="TOPIC", help="only jobs for this destination")
+    status.add_argument("--window", type=int, default=300, metavar="SECONDS", help="lateness window (300)")
+    status.set_defaults(func=_cmd_status)
+
+    bulk = sub.add_parser(
+        "bulk-retry",
+        help="re-publish a large filtered set of jobs with PySpark (same job as the retry_bulk_replay DAG)",
+        description="Select jobs by destination, status, error class and time window and publish them "
+        "back to their destinations with Spark (local mode). Try --dry-run first: it only counts.",
+    )
+    bulk.add_argument("--destination", metavar="TOPIC", help="only jobs for this destination")
+    bulk.add_argument("--status", choices=["dead", "pending"], default="dead", help="which jobs (dead)")
+    bulk.add_argument("--error-class", metavar="GLOB", help="glob on the error class, e.g. '*Timeout*'")
+    bulk.add_argument("--since", metavar="TIME", help="failed at or after this ISO-8601 time")
+    bulk.add_argument("--until", metavar="TIME", help="failed before this ISO-8601 time")
+    bulk.add_argument("--limit", type=int, metavar="N", help="at most N jobs, oldest first")
+    bulk.add_argument("--dry-run", action="store_true", help="only count the selected jobs")
+    bulk.set_defaults(func=_cmd_bulk_retry)
+
+    compact = sub.add_parser(
+        "compact",
+        help="archive processed jobs to Parquet and delete them (same job as the retry_compaction DAG)",
+        description="Archive published jobs, and dead jobs past their retention, processed more than "
+        "--older-than ago, to Parquet partitioned by day and destination; verify the archive, then delete "
+        "those rows from PostgreSQL in bounded batches.",
+    )
+    compact.add_argument(
+        "--older-than", default="7d", metavar="DURATION", help="processed before now - this (7d)"
+    )
+    compact.add_argument("--archive", metavar="URI", help="local directory or Hadoop URI (RETRY_ARCHIVE_URI)")
+    compact.add_argument(
+        "--dead-retention", default="30d", metavar="DURATION", help="keep dead jobs this long (30d)"
+    )
+    compact.add_argument("--dry-run", action="store_true", help="only count what would be archived")
+    compact.set_defaults(func=_cmd_compact)
+
+    run = sub.add_parser("run", help="run the ingest and publish loops without Airflow")
+    run.add_argument("--seconds", type=float, default=60, help="how long to loop (default 60)")
+    run.add_argument("--only", choices=["ingest", "publish"], help="run one loop only")
+    run.set_defaults(func=_cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from retry_scheduler.devstack import DevStackError
+    from retry_scheduler.sparkjobs import JobArgumentError
+    from retry_scheduler.store import StoreError
+
+    try:
+        settings = Settings.from_env()
+        return int(args.func(args, settings))
+    except (ConfigError, StoreError, JobArgumentError, DevStackError) as exc:
+        print(f"retry-scheduler: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

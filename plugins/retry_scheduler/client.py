@@ -1,0 +1,226 @@
+"""Python SDK: hand a failed Kafka record to the retry scheduler and move on.
+
+Needs only ``confluent-kafka``::
+
+    from confluent_kafka import Consumer
+    from retry_scheduler.client import RetryClient
+
+    retries = RetryClient({"bootstrap.servers": "localhost:9092"}, group="orders-service",
+                          fatal_errors=(ValueError,))
+    for msg in consumer:                       # your poll loop
+        try:
+            handle(msg)
+        except Exception as exc:
+            retries.retry(msg, exc)            # waits for the broker's ack, then returns
+        consumer.commit(msg)                   # never blocks the partition
+
+The record goes to the ``retry`` topic with the header protocol filled in: the attempt and
+``retry.id`` are copied from the record that failed (so a retried record keeps its identity),
+the ``retry.original-*`` headers point at where it was first consumed, and an exception that
+is classified fatal is sent straight to the DLQ (``retry.send-to=dlq``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, Protocol, cast
+
+from confluent_kafka import KafkaError, Producer
+
+from retry_scheduler import protocol
+
+DEFAULT_RETRY_TOPIC = "retry"
+MAX_REASON_CHARS = 2000
+
+Header = tuple[str, bytes | None]
+
+
+class RetryDeliveryError(RuntimeError):
+    """The retry record was not acknowledged by the broker: do not commit the failed offset."""
+
+
+class FailedRecord(Protocol):
+    """What the SDK reads from a failed record (a ``confluent_kafka.Message`` fits)."""
+
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+    def key(self) -> Any: ...
+    def value(self) -> Any: ...
+    def headers(self) -> Any: ...
+
+
+def error_class_name(error: BaseException) -> str:
+    """``module.QualifiedName`` of an exception, as sent in ``retry.error-class``."""
+    cls = type(error)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _to_ms(at: datetime | float | int) -> int:
+    if isinstance(at, datetime):
+        if at.tzinfo is None:
+            raise ValueError("retry time must be timezone-aware (e.g. datetime.now(timezone.utc))")
+        return int(at.timestamp() * 1000)
+    return int(at)
+
+
+def _header_text(headers: Sequence[Header], name: str) -> str | None:
+    for key, value in headers:
+        if key == name and value is not None:
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+    return None
+
+
+def build_retry_headers(
+    record: FailedRecord,
+    error: BaseException | None = None,
+    *,
+    reason: str | None = None,
+    group: str | None = None,
+    destination: str | None = None,
+    policy: str | None = None,
+    at_ms: int | None = None,
+    send_to_dlq: bool = False,
+    now_ms: int | None = None,
+) -> list[Header]:
+    """Headers for the retry topic: the record's own headers plus the ``retry.*`` protocol."""
+    raw = record.headers() or []
+    headers: list[Header] = [(k, v if v is None or isinstance(v, bytes) else str(v).encode()) for k, v in raw]
+    passthrough = [(k, v) for k, v in headers if k not in protocol.KNOWN]
+
+    def carried(name: str, fallback: object) -> str | None:
+        found = _header_text(headers, name)
+        if found is not None:
+            return found
+        return None if fallback is None else str(fallback)
+
+    ts_type, ts = record.timestamp()
+    out: list[Header] = []
+
+    def put(name: str, value: str | None) -> None:
+        if value is not None:
+            out.append((name, value.encode("utf-8")))
+
+    put(protocol.ORIGINAL_TOPIC, carried(protocol.ORIGINAL_TOPIC, record.topic()))
+    put(protocol.ORIGINAL_PARTITION, carried(protocol.ORIGINAL_PARTITION, record.partition()))
+    put(protocol.ORIGINAL_OFFSET, carried(protocol.ORIGINAL_OFFSET, record.offset()))
+    put(
+        protocol.ORIGINAL_TIMESTAMP,
+        carried(protocol.ORIGINAL_TIMESTAMP, ts if ts_type != 0 and ts > 0 else now_ms),
+    )
+    put(protocol.ATTEMPT, carried(protocol.ATTEMPT, 0))
+    put(protocol.ID, carried(protocol.ID, None) or str(uuid.uuid4()))
+    put(protocol.DESTINATION, destination)
+    put(protocol.POLICY, policy)
+    if at_ms is not None:
+        put(protocol.AT, str(at_ms))
+    text = reason if reason is not None else (str(error) if error is not None else None)
+    if text is not None:
+        put(protocol.REASON, text[:MAX_REASON_CHARS])
+    if error is not None:
+        put(protocol.ERROR_CLASS, error_class_name(error))
+    put(protocol.GROUP, group)
+    put(protocol.SEND_TO, protocol.SEND_TO_DLQ if send_to_dlq else None)
+    return passthrough + out
+
+
+class RetryClient:
+    """Sends failed records to the retry topic. Thread-safe like the producer it wraps.
+
+    :param producer: a ``confluent_kafka.Producer`` or its configuration dict.
+    :param group: your consumer group, sent as ``retry.group`` for diagnostics.
+    :param fatal_errors: exception types that will never succeed on retry: sent to the DLQ.
+    :param classify: optional ``error -> "retry" | "dlq"``; overrides ``fatal_errors``.
+    """
+
+    def __init__(
+        self,
+        producer: Producer | dict[str, Any],
+        *,
+        retry_topic: str = DEFAULT_RETRY_TOPIC,
+        group: str | None = None,
+        fatal_errors: tuple[type[BaseException], ...] = (),
+        classify: Callable[[BaseException], str] | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        if isinstance(producer, dict):
+            producer = Producer({"enable.idempotence": True, "acks": "all", **producer})
+        self.producer = producer
+        self.retry_topic = retry_topic
+        self.group = group
+        self.fatal_errors = fatal_errors
+        self.classify = classify
+        self.timeout_s = timeout_s
+        self._errors: list[KafkaError] = []
+
+    def is_fatal(self, error: BaseException | None) -> bool:
+        if error is None:
+            return False
+        if self.classify is not None:
+            return self.classify(error) == protocol.SEND_TO_DLQ
+        return isinstance(error, self.fatal_errors)
+
+    def retry(
+        self,
+        record: FailedRecord,
+        error: BaseException | None = None,
+        *,
+        reason: str | None = None,
+        at: datetime | float | int | None = None,
+        destination: str | None = None,
+        policy: str | None = None,
+        dead: bool = False,
+        wait: bool = True,
+    ) -> None:
+        """Send ``record`` to the retry topic.
+
+        ``at`` is an explicit due time (aware datetime or epoch ms); otherwise the policy decides.
+        ``dead=True`` (or a fatal error) sends it straight to the DLQ. With ``wait`` (the default)
+        this returns only once the broker acknowledged the record, so committing the failed
+        offset afterwards loses nothing; with ``wait=False`` call :meth:`flush` before committing.
+        """
+        headers = build_retry_headers(
+            record,
+            error,
+            reason=reason,
+            group=self.group,
+            destination=destination,
+            policy=policy,
+            at_ms=None if at is None else _to_ms(at),
+            send_to_dlq=dead or self.is_fatal(error),
+            now_ms=int(datetime.now().timestamp() * 1000),
+        )
+
+        def delivered(err: KafkaError | None, _msg: object) -> None:
+            if err is not None:
+                self._errors.append(err)
+
+        self.producer.produce(
+            self.retry_topic,
+            key=record.key(),
+            value=record.value(),
+            headers=cast(Any, headers),
+            on_delivery=delivered,
+        )
+        if wait:
+            self.flush()
+
+    def dead_letter(self, record: FailedRecord, error: BaseException | None = None, **kwargs: Any) -> None:
+        """Send ``record`` straight to the DLQ (``retry.send-to=dlq``), keeping it in PostgreSQL."""
+        self.retry(record, error, dead=True, **kwargs)
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait for every record sent so far to be acknowledged."""
+        remaining = self.producer.flush(self.timeout_s if timeout_s is None else timeout_s)
+        if self._errors:
+            first, count = self._errors[0], len(self._errors)
+            self._errors.clear()
+            raise RetryDeliveryError(f"{count} retry records not acknowledged: {first.str()}")
+        if remaining:
+            raise RetryDeliveryError(f"{remaining} retry records still unacknowledged after flush")

@@ -1,0 +1,153 @@
+"""The retry job: one row of ``retry_jobs``, its status machine, and the headers it goes out with."""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from retry_scheduler import protocol
+from retry_scheduler.headers import Header
+
+
+class Status(enum.StrEnum):
+    """Job status. ``pending`` waits for its due time; ``dead`` is kept for people to look at."""
+
+    PENDING = "pending"
+    PUBLISHED = "published"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A failed record and what to do with it. Times are epoch milliseconds."""
+
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    #: The record's timestamp (ms); with topic, partition and offset it identifies the source record.
+    source_timestamp_ms: int
+    destination: str | None
+    destination_partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+    attempt: int
+    policy: str
+    reason: str | None
+    error_class: str | None
+    consumer_group: str | None
+    retry_id: str
+    original_topic: str | None
+    original_partition: int | None
+    original_offset: int | None
+    original_timestamp_ms: int
+    due_ms: int
+    status: Status
+    dead_reason: str | None
+    dlq_topic: str
+    id: int | None = None
+
+
+_HEADER = struct.Struct(">Hi")
+
+
+def encode_headers(headers: Iterable[Header]) -> bytes:
+    """Pack headers (order and repeats kept, null values kept) into one ``bytea``."""
+    parts: list[bytes] = []
+    for name, value in headers:
+        key = name.encode("utf-8", "surrogateescape")
+        if value is None:
+            parts += (_HEADER.pack(len(key), -1), key)
+        else:
+            parts += (_HEADER.pack(len(key), len(value)), key, value)
+    return b"".join(parts)
+
+
+def decode_headers(blob: bytes | memoryview | None) -> list[Header]:
+    """Inverse of :func:`encode_headers`."""
+    if not blob:
+        return []
+    data = bytes(blob)
+    out: list[Header] = []
+    pos = 0
+    while pos < len(data):
+        key_len, value_len = _HEADER.unpack_from(data, pos)
+        pos += _HEADER.size
+        key = data[pos : pos + key_len].decode("utf-8", "surrogateescape")
+        pos += key_len
+        if value_len < 0:
+            out.append((key, None))
+        else:
+            out.append((key, data[pos : pos + value_len]))
+            pos += value_len
+    return out
+
+
+def _common(row: OutgoingRow) -> list[Header]:
+    out: list[Header] = [(protocol.ID, row.retry_id.encode())]
+    if row.original_topic is not None:
+        out.append((protocol.ORIGINAL_TOPIC, row.original_topic.encode()))
+    if row.original_partition is not None:
+        out.append((protocol.ORIGINAL_PARTITION, str(row.original_partition).encode()))
+    if row.original_offset is not None:
+        out.append((protocol.ORIGINAL_OFFSET, str(row.original_offset).encode()))
+    out.append((protocol.ORIGINAL_TIMESTAMP, str(row.original_timestamp_ms).encode()))
+    return out
+
+
+@dataclass(frozen=True)
+class OutgoingRow:
+    """The columns a claimed job is published from."""
+
+    id: int
+    destination: str | None
+    destination_partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: bytes | None
+    attempt: int
+    policy: str
+    reason: str | None
+    error_class: str | None
+    consumer_group: str | None
+    retry_id: str
+    original_topic: str | None
+    original_partition: int | None
+    original_offset: int | None
+    original_timestamp_ms: int
+    dead_reason: str | None
+    dlq_topic: str
+
+
+def destination_headers(row: OutgoingRow) -> list[Header]:
+    """Headers of a retry published back to its destination: attempt raised, id and origin kept."""
+    return [
+        *decode_headers(row.headers),
+        (protocol.ATTEMPT, str(row.attempt + 1).encode()),
+        *_common(row),
+    ]
+
+
+def dlq_headers(row: OutgoingRow) -> list[Header]:
+    """Headers of a dead record on the DLQ topic: why it died and where it was going."""
+    passthrough: Sequence[Header] = decode_headers(row.headers)
+    if row.dead_reason == protocol.DEAD_INVALID:
+        # The raw headers of an invalid record are kept for diagnosis, minus the ones we set.
+        replaced = {protocol.ID, protocol.DEAD_REASON, protocol.REASON}
+        passthrough = [h for h in passthrough if h[0] not in replaced]
+        extra: list[Header] = [(protocol.ID, row.retry_id.encode())]
+    else:
+        extra = [(protocol.ATTEMPT, str(row.attempt).encode()), *_common(row)]
+        if row.destination:
+            extra.append((protocol.DESTINATION, row.destination.encode()))
+        extra.append((protocol.POLICY, row.policy.encode()))
+        if row.error_class:
+            extra.append((protocol.ERROR_CLASS, row.error_class.encode()))
+        if row.consumer_group:
+            extra.append((protocol.GROUP, row.consumer_group.encode()))
+    extra.append((protocol.DEAD_REASON, (row.dead_reason or "").encode()))
+    if row.reason:
+        extra.append((protocol.REASON, row.reason.encode()))
+    return [*passthrough, *extra]

@@ -1,0 +1,189 @@
+"""Submitting the PySpark jobs of ``include/spark/``: their arguments, from Airflow or the CLI.
+
+The jobs run with plain ``spark-submit``; this module only builds their command lines, so the
+Airflow DAGs (``SparkSubmitOperator``) and ``retry-scheduler bulk-retry|compact`` run the very
+same code with the same arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from getpass import getuser
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+from retry_scheduler.config import REPO_ROOT, Settings
+from retry_scheduler.durations import parse_duration_ms
+
+SPARK_DIR = REPO_ROOT / "include" / "spark"
+BULK_RETRY_APP = SPARK_DIR / "bulk_retry.py"
+COMPACT_APP = SPARK_DIR / "compact.py"
+#: Debian's libpostgresql-jdbc-java; on a cluster set RETRY_SPARK_PACKAGES instead.
+DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
+DEFAULT_ARCHIVE = (REPO_ROOT / ".dev" / "archive").as_uri()
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+class JobArgumentError(ValueError):
+    """A bulk-retry or compaction argument is invalid; the message names it."""
+
+
+JDBC_DRIVER = "org.postgresql.Driver"
+#: libpq URL parameters JDBC understands, and their JDBC names.
+_JDBC_PARAMS = {
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
+    "application_name": "ApplicationName",
+    "connect_timeout": "connectTimeout",
+}
+
+
+@dataclass(frozen=True)
+class JdbcTarget:
+    """How the Spark jobs reach the retry database over JDBC."""
+
+    url: str
+    properties: dict[str, str]
+
+    def connection_properties(self) -> dict[str, str]:
+        """Driver and credentials, for ``DataFrameWriter.jdbc(url, table, properties=...)``."""
+        return {"driver": JDBC_DRIVER, **self.properties}
+
+    def options(self) -> dict[str, str]:
+        """Everything ``spark.read.format("jdbc").options(...)`` needs to connect."""
+        return {"url": self.url, **self.connection_properties()}
+
+
+def jdbc_target(database_url: str) -> JdbcTarget:
+    """Turn a libpq URL (``postgresql://user:pw@host:port/db?sslmode=...``) into a JDBC URL and properties."""
+    parts = urlsplit(database_url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise JobArgumentError("--database-url must be a postgresql:// URL")
+    query = dict(parse_qsl(parts.query))
+    unsupported = sorted(set(query) - set(_JDBC_PARAMS) - {"user", "password"})
+    if unsupported:
+        raise JobArgumentError(
+            f"--database-url parameter(s) {', '.join(unsupported)} have no JDBC equivalent here "
+            f"(supported: {', '.join(sorted(_JDBC_PARAMS))}, user, password)"
+        )
+    try:
+        port = parts.port or 5432
+    except ValueError:
+        raise JobArgumentError("--database-url has an invalid port") from None
+    host = parts.hostname
+    if not host:
+        raise JobArgumentError("--database-url needs a host: JDBC cannot connect through a Unix socket")
+    user = unquote(parts.username) if parts.username else query.get("user") or getuser()
+    password = unquote(parts.password) if parts.password is not None else query.get("password")
+    dbname = unquote(parts.path.lstrip("/")) or user
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    properties = {"user": user}
+    if password is not None:
+        properties["password"] = password
+    properties |= {_JDBC_PARAMS[k]: v for k, v in query.items() if k in _JDBC_PARAMS}
+    return JdbcTarget(f"jdbc:postgresql://{netloc}/{quote(dbname, safe='')}", properties)
+
+
+def jdbc_jars() -> str | None:
+    """Jars for ``spark-submit --jars`` (the PostgreSQL JDBC driver), unless packages are used."""
+    if os.environ.get("RETRY_SPARK_PACKAGES"):
+        return None
+    return os.environ.get("RETRY_SPARK_JARS", DEFAULT_JDBC_JAR)
+
+
+def spark_packages() -> str | None:
+    """Maven coordinates for ``spark-submit --packages`` on a cluster, e.g. ``org.postgresql:postgresql:42.7.4``."""
+    return os.environ.get("RETRY_SPARK_PACKAGES") or None
+
+
+def archive_uri() -> str:
+    return os.environ.get("RETRY_ARCHIVE_URI") or DEFAULT_ARCHIVE
+
+
+def _iso(name: str, value: Any) -> str | None:
+    if value in (None, ""):
+        return None
+    try:
+        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        raise JobArgumentError(
+            f"{name}={value!r} is not an ISO-8601 time like 2026-11-21T10:00:00Z"
+        ) from None
+    return parsed.isoformat()
+
+
+def _connection_args(settings: Settings) -> list[str]:
+    extra = {k: v for k, v in settings.kafka.items() if k != "bootstrap.servers"}
+    args = ["--database-url", settings.database_url, "--bootstrap-servers", settings.bootstrap_servers]
+    if extra:
+        args += ["--kafka-config", json.dumps(extra)]
+    return args
+
+
+def bulk_retry_args(params: Mapping[str, Any], settings: Settings) -> list[str]:
+    """Validate the bulk-retry filters and return the job's arguments."""
+    args = _connection_args(settings)
+    destination = params.get("destination") or None
+    if destination is not None:
+        if not _TOPIC.fullmatch(str(destination)):
+            raise JobArgumentError(f"destination {destination!r} is not a valid topic name")
+        args += ["--destination", str(destination)]
+    status = params.get("status") or "dead"
+    if status not in ("dead", "pending"):
+        raise JobArgumentError(f"status {status!r} must be dead or pending")
+    args += ["--status", status]
+    if params.get("error_class"):
+        args += ["--error-class", str(params["error_class"])]
+    since, until = _iso("since", params.get("since")), _iso("until", params.get("until"))
+    if since and until and datetime.fromisoformat(since) >= datetime.fromisoformat(until):
+        raise JobArgumentError(f"since ({since}) must be before until ({until})")
+    args += ["--since", since] if since else []
+    args += ["--until", until] if until else []
+    limit = params.get("limit")
+    if limit not in (None, "", 0):
+        if int(limit) < 0:
+            raise JobArgumentError(f"limit {limit} must be positive")
+        args += ["--limit", str(int(limit))]
+    if params.get("dry_run", True):
+        args.append("--dry-run")
+    return args
+
+
+def compact_args(
+    settings: Settings,
+    *,
+    day: str | None = None,
+    older_than: str | None = None,
+    archive: str | None = None,
+    dead_retention: str = "30d",
+    dry_run: bool = False,
+) -> list[str]:
+    """Arguments of the compaction job: one UTC ``day`` (the DAG) or everything ``older_than``."""
+    if (day is None) == (older_than is None):
+        raise JobArgumentError("give exactly one of day or older_than")
+    for name, value in (("older_than", older_than), ("dead_retention", dead_retention)):
+        if value is not None:
+            try:
+                parse_duration_ms(value)
+            except ValueError as exc:
+                raise JobArgumentError(f"{name}: {exc}") from None
+    args = ["--database-url", settings.database_url, "--archive", archive or archive_uri()]
+    if day is not None:
+        try:
+            datetime.strptime(day, "%Y-%m-%d")
+        except ValueError:
+            raise JobArgumentError(f"day {day!r} must look like 2026-11-21") from None
+        args += ["--day", day]
+    else:
+        args += ["--older-than", str(older_than)]
+    args += ["--dead-retention", dead_retention]
+    if dry_run:
+        args.append("--dry-run")
+    return args

@@ -1,0 +1,298 @@
+"""PostgreSQL access: migrations, bulk insert of new jobs, claiming and marking.
+
+SQL lives in ``sql/`` (numbered migrations and named queries in ``sql/queries.sql``);
+this module passes parameters and never formats SQL.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from pathlib import Path
+from typing import Any, LiteralString, cast
+
+import psycopg
+from psycopg import sql
+from psycopg.types import TypeInfo
+
+from retry_scheduler.config import REPO_ROOT
+from retry_scheduler.jobs import Job, OutgoingRow, encode_headers
+
+log = logging.getLogger(__name__)
+
+SQL_DIR = REPO_ROOT / "sql"
+MIGRATIONS_DIR = SQL_DIR / "migrations"
+_MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+# Any fixed number: serialises concurrent "db migrate" runs.
+_MIGRATE_LOCK = 7_311_917_042
+
+_STAGE_TYPES = [
+    "text", "integer", "bigint", "bigint", "text", "integer", "bytea", "bytea", "bytea", "integer", "text", "text",
+    "text", "text", "text", "text", "integer", "bigint", "bigint", "bigint", "text", "text", "text",
+]  # fmt: skip
+
+
+class StoreError(RuntimeError):
+    """The database cannot be reached or is not migrated; the message says what to do."""
+
+
+@cache
+def queries() -> dict[str, LiteralString]:
+    """Named queries of ``sql/queries.sql``, loaded once."""
+    text = (SQL_DIR / "queries.sql").read_text()
+    found: dict[str, LiteralString] = {}
+    for block in re.split(r"^-- name: ", text, flags=re.MULTILINE)[1:]:
+        name, _, body = block.partition("\n")
+        found[name.strip()] = cast(LiteralString, body.strip().rstrip(";"))
+    return found
+
+
+def q(name: str) -> sql.SQL:
+    return sql.SQL(queries()[name])
+
+
+def connect(database_url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+    """Open a connection, with an error that says what to check when it fails."""
+    try:
+        return psycopg.connect(database_url, autocommit=autocommit, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise StoreError(
+            f"cannot connect to PostgreSQL at {redact_url(database_url)}: {str(exc).strip()}. "
+            "Is it running? Set RETRY_DATABASE_URL (or the retry_postgres connection) to a reachable server."
+        ) from exc
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ``***``, for messages and logs."""
+    return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
+
+
+def migration_files() -> list[tuple[int, str, Path]]:
+    found = []
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        match = _MIGRATION_NAME.match(path.name)
+        if not match:
+            raise StoreError(f"migration file {path.name} must be named NNNN_name.sql")
+        found.append((int(match.group(1)), path.stem, path))
+    return found
+
+
+def migrate(database_url: str) -> list[str]:
+    """Apply the migrations not yet applied, in order, each in its own transaction.
+
+    Idempotent and safe to run concurrently; returns the names of the migrations applied now.
+    """
+    applied_now: list[str] = []
+    with connect(database_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATE_LOCK,))
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS retry_schema_version ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            rows = conn.execute("SELECT version FROM retry_schema_version").fetchall()
+            done = {r[0] for r in rows}
+            for version, name, path in migration_files():
+                if version in done:
+                    continue
+                with conn.transaction():
+                    conn.execute(cast(LiteralString, path.read_text()))
+                    conn.execute(
+                        "INSERT INTO retry_schema_version (version, name) VALUES (%s, %s)", (version, name)
+                    )
+                log.info("applied migration %s", name)
+                applied_now.append(name)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
+    return applied_now
+
+
+def _stage_row(job: Job) -> tuple[Any, ...]:
+    return (
+        job.source_topic, job.source_partition, job.source_offset, job.source_timestamp_ms, job.destination,
+        job.destination_partition, job.key, job.value, encode_headers(job.headers), job.attempt,
+        job.policy, job.reason, job.error_class, job.consumer_group, job.retry_id, job.original_topic,
+        job.original_partition, job.original_offset, job.original_timestamp_ms, job.due_ms,
+        job.status.value, job.dead_reason, job.dlq_topic,
+    )  # fmt: skip
+
+
+class IngestLock:
+    """A session-level advisory lock making one ingest loop at a time own the retry topics.
+
+    Held on its own connection: if the process dies, PostgreSQL ends the session and frees it.
+    """
+
+    _NAMESPACE = 7311
+
+    def __init__(self, database_url: str, name: str, poll_s: float = 0.05) -> None:
+        self.conn = connect(database_url, autocommit=True)
+        self.name = name
+        self.poll_s = poll_s
+
+    def acquire(self, timeout_s: float, on_wait: Callable[[], None] = lambda: None) -> bool:
+        """Try for ``timeout_s``; ``on_wait`` runs between tries (the waiting loop heartbeats)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            row = self.conn.execute(
+                "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (self._NAMESPACE, self.name)
+            ).fetchone()
+            if row and row[0]:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            on_wait()
+            time.sleep(self.poll_s)
+
+    def release(self) -> None:
+        self.conn.close()  # ends the session, which frees the lock
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """Publish lateness over a window, in seconds."""
+
+    count: int
+    p50_s: float | None
+    p99_s: float | None
+    max_s: float | None
+    early: int
+
+
+class Store:
+    """One connection to the retry database and the operations of the ingest and publish loops."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self.conn = connect(database_url)
+        self._check_migrated()
+        self._stage_ready = False
+
+    def _check_migrated(self) -> None:
+        info = TypeInfo.fetch(self.conn, "retry_job_status")
+        self.conn.rollback()
+        if info is None:
+            raise StoreError(
+                f"the database at {redact_url(self.database_url)} has no retry_jobs table: "
+                "run `retry-scheduler db migrate` first"
+            )
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def insert_jobs(self, jobs: Sequence[Job]) -> list[str | None]:
+        """Store jobs with one COPY and one INSERT; duplicates of stored records are ignored.
+
+        Returns the dead reason (None for pending) of each job actually stored. Commits before
+        returning, so the caller may then commit the Kafka offsets.
+        """
+        if not jobs:
+            return []
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            if not self._stage_ready:
+                cur.execute(q("create_stage"))
+                self._stage_ready = True
+            with cur.copy(q("copy_stage")) as copy:
+                copy.set_types(_STAGE_TYPES)
+                for job in jobs:
+                    copy.write_row(_stage_row(job))
+            cur.execute(q("insert_from_stage"))
+            stored = [row[0] for row in cur.fetchall()]
+        return stored
+
+    def _claim(self, query: str, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                q(query), {"limit": limit, "lease_ms": lease_ms, "worker": worker}
+            ).fetchall()
+        return [OutgoingRow(*row) for row in rows]
+
+    def claim_due(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
+        """Lease up to ``limit`` due pending jobs (oldest due first) that no one else holds."""
+        return self._claim("claim_due", limit, lease_ms, worker)
+
+    def claim_dead(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
+        """Lease dead jobs whose record has not reached the DLQ topic yet."""
+        return self._claim("claim_dead", limit, lease_ms, worker)
+
+    def _mark(self, query: str, params: dict[str, Any]) -> int:
+        with self.conn.transaction():
+            return self.conn.execute(q(query), params).rowcount
+
+    def mark_published(self, acked: Sequence[tuple[int, int]]) -> int:
+        """Mark jobs published; ``acked`` holds ``(job id, acknowledgement time in ms)``."""
+        if not acked:
+            return 0
+        return self._mark("mark_published", {"ids": [a[0] for a in acked], "acked_ms": [a[1] for a in acked]})
+
+    def mark_dlq_published(self, acked: Sequence[tuple[int, int]]) -> int:
+        if not acked:
+            return 0
+        return self._mark(
+            "mark_dlq_published", {"ids": [a[0] for a in acked], "acked_ms": [a[1] for a in acked]}
+        )
+
+    def mark_failed(self, failed: Sequence[tuple[int, str]]) -> int:
+        """Record delivery failures; the jobs become claimable again after a short backoff."""
+        if not failed:
+            return 0
+        return self._mark("mark_failed", {"ids": [f[0] for f in failed], "errors": [f[1] for f in failed]})
+
+    def seconds_until_next_due(self) -> float | None:
+        """Seconds until the earliest pending job is due (negative when overdue), None if none."""
+        with self.conn.transaction():
+            row = self.conn.execute(q("next_due")).fetchone()
+        return None if row is None or row[0] is None else row[0].total_seconds()
+
+    def loop_heartbeat(self, worker: str, kind: str) -> datetime:
+        """Record that loop ``worker`` is alive; returns when it started."""
+        with self.conn.transaction():
+            row = self.conn.execute(q("loop_heartbeat"), {"worker": worker, "kind": kind}).fetchone()
+        assert row is not None
+        return cast(datetime, row[0])
+
+    def loop_relieved(self, worker: str, kind: str, started_at: datetime, alive_s: float) -> bool:
+        """Whether a loop of ``kind`` started after ``started_at`` is alive."""
+        params = {"worker": worker, "kind": kind, "started_at": started_at, "alive_s": alive_s}
+        with self.conn.transaction():
+            row = self.conn.execute(q("loop_relieved"), params).fetchone()
+        return bool(row and row[0])
+
+    def loop_finish(self, worker: str) -> None:
+        with self.conn.transaction():
+            self.conn.execute(q("loop_finish"), {"worker": worker})
+
+    def status(self, destination: str | None = None, window_s: int = 300) -> dict[str, Any]:
+        """Counts by status, dead jobs by reason, the oldest overdue job and recent lateness."""
+        params = {"destination": destination, "window_s": window_s}
+        with self.conn.transaction():
+            counts = dict(self.conn.execute(q("status_counts"), params).fetchall())
+            dead = dict(self.conn.execute(q("dead_by_reason"), params).fetchall())
+            overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
+            late = self.conn.execute(q("lateness"), params).fetchone()
+        assert late is not None
+        return {
+            "counts": counts,
+            "dead_by_reason": dead,
+            "oldest_overdue": None
+            if overdue is None
+            else {
+                "id": overdue[0],
+                "destination": overdue[1],
+                "due_at": overdue[2].isoformat(),
+                "overdue_s": round(overdue[3], 3),
+            },
+            "lateness": Lateness(int(late[0]), late[1], late[2], late[3], int(late[4])),
+        }

@@ -1,0 +1,143 @@
+-- Named queries used by retry_scheduler.store; each starts with a "-- name:" line.
+-- Python passes parameters; it never formats SQL.
+
+-- name: create_stage
+CREATE TEMP TABLE IF NOT EXISTS retry_jobs_stage (
+    source_topic text, source_partition integer, source_offset bigint, source_timestamp_ms bigint,
+    destination text, destination_partition integer,
+    msg_key bytea, msg_value bytea, headers bytea,
+    attempt integer, policy text, reason text, error_class text, consumer_group text, retry_id text,
+    original_topic text, original_partition integer, original_offset bigint,
+    first_seen_ms bigint, due_ms bigint, status text, dead_reason text, dlq_topic text
+) ON COMMIT DELETE ROWS;
+
+-- name: copy_stage
+COPY retry_jobs_stage FROM STDIN (FORMAT BINARY);
+
+-- name: insert_from_stage
+-- Duplicates (same source record, e.g. re-read after a crash before the offset commit) are ignored;
+-- returns the dead reason (NULL: pending) of each row actually stored.
+INSERT INTO retry_jobs (
+    source_topic, source_partition, source_offset, source_timestamp_ms, destination, destination_partition,
+    msg_key, msg_value, headers, attempt, policy, reason, error_class, consumer_group, retry_id,
+    original_topic, original_partition, original_offset, first_seen_at, due_at, status, dead_reason,
+    dlq_topic, dead_at
+)
+SELECT source_topic, source_partition, source_offset, source_timestamp_ms, destination, destination_partition,
+       msg_key, msg_value, headers, attempt, policy, reason, error_class, consumer_group, retry_id,
+       original_topic, original_partition, original_offset,
+       to_timestamp(first_seen_ms / 1000.0), to_timestamp(due_ms / 1000.0), status::retry_job_status,
+       dead_reason, dlq_topic, CASE WHEN status = 'dead' THEN now() END
+FROM retry_jobs_stage
+ON CONFLICT (source_topic, source_partition, source_offset, source_timestamp_ms) DO NOTHING
+RETURNING dead_reason;
+
+-- name: claim_due
+-- One statement: lock due rows nobody else holds, take a lease on them, return them.
+WITH due AS (
+    SELECT id FROM retry_jobs
+    WHERE status = 'pending'
+      AND due_at <= clock_timestamp()
+      AND (lease_until IS NULL OR lease_until < clock_timestamp())
+    ORDER BY due_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE retry_jobs AS j
+SET lease_until = clock_timestamp() + %(lease_ms)s * interval '1 millisecond', claimed_by = %(worker)s
+FROM due
+WHERE j.id = due.id
+RETURNING j.id, j.destination, j.destination_partition, j.msg_key, j.msg_value, j.headers, j.attempt,
+          j.policy, j.reason, j.error_class, j.consumer_group, j.retry_id, j.original_topic,
+          j.original_partition, j.original_offset, (extract(epoch FROM j.first_seen_at) * 1000)::bigint,
+          j.dead_reason, j.dlq_topic;
+
+-- name: claim_dead
+-- Dead jobs whose record is not yet on the DLQ topic.
+WITH todo AS (
+    SELECT id FROM retry_jobs
+    WHERE status = 'dead' AND dlq_published_at IS NULL
+      AND (lease_until IS NULL OR lease_until < clock_timestamp())
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE retry_jobs AS j
+SET lease_until = clock_timestamp() + %(lease_ms)s * interval '1 millisecond', claimed_by = %(worker)s
+FROM todo
+WHERE j.id = todo.id
+RETURNING j.id, j.destination, j.destination_partition, j.msg_key, j.msg_value, j.headers, j.attempt,
+          j.policy, j.reason, j.error_class, j.consumer_group, j.retry_id, j.original_topic,
+          j.original_partition, j.original_offset, (extract(epoch FROM j.first_seen_at) * 1000)::bigint,
+          j.dead_reason, j.dlq_topic;
+
+-- name: mark_published
+-- Only after the broker acknowledged: published_at is the acknowledgement time.
+UPDATE retry_jobs AS j
+SET status = 'published', published_at = to_timestamp(d.acked_ms / 1000.0), lease_until = NULL
+FROM unnest(%(ids)s::bigint[], %(acked_ms)s::bigint[]) AS d(id, acked_ms)
+WHERE j.id = d.id AND j.status = 'pending';
+
+-- name: mark_dlq_published
+UPDATE retry_jobs AS j
+SET dlq_published_at = to_timestamp(d.acked_ms / 1000.0), lease_until = NULL
+FROM unnest(%(ids)s::bigint[], %(acked_ms)s::bigint[]) AS d(id, acked_ms)
+WHERE j.id = d.id AND j.status = 'dead';
+
+-- name: mark_failed
+-- A failed delivery keeps the job, claimable again after a short backoff.
+UPDATE retry_jobs AS j
+SET publish_failures = j.publish_failures + 1,
+    last_error = d.error,
+    lease_until = clock_timestamp() + least(30000, 500 * (j.publish_failures + 1)) * interval '1 millisecond'
+FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS d(id, error)
+WHERE j.id = d.id;
+
+-- name: next_due
+SELECT min(due_at) - clock_timestamp() FROM retry_jobs WHERE status = 'pending';
+
+-- name: status_counts
+SELECT status::text, count(*) FROM retry_jobs
+WHERE %(destination)s::text IS NULL OR destination = %(destination)s
+GROUP BY status;
+
+-- name: dead_by_reason
+SELECT dead_reason, count(*) FROM retry_jobs
+WHERE status = 'dead' AND (%(destination)s::text IS NULL OR destination = %(destination)s)
+GROUP BY dead_reason;
+
+-- name: oldest_overdue
+SELECT id, destination, due_at, extract(epoch FROM clock_timestamp() - due_at)::float8
+FROM retry_jobs
+WHERE status = 'pending' AND due_at <= clock_timestamp()
+  AND (%(destination)s::text IS NULL OR destination = %(destination)s)
+ORDER BY due_at
+LIMIT 1;
+
+-- name: lateness
+-- Publish lateness (acknowledged minus due) of the jobs published in the last window.
+SELECT count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at)::float8),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at)::float8),
+       max(extract(epoch FROM published_at - due_at))::float8,
+       count(*) FILTER (WHERE published_at < due_at)
+FROM retry_jobs
+WHERE status = 'published' AND published_at >= clock_timestamp() - %(window_s)s * interval '1 second'
+  AND (%(destination)s::text IS NULL OR destination = %(destination)s);
+
+-- name: loop_heartbeat
+INSERT INTO retry_loops (worker, kind) VALUES (%(worker)s, %(kind)s)
+ON CONFLICT (worker) DO UPDATE SET heartbeat_at = clock_timestamp()
+RETURNING started_at;
+
+-- name: loop_relieved
+-- Is a loop of the same kind that started after this one alive?
+SELECT EXISTS (
+    SELECT 1 FROM retry_loops
+    WHERE kind = %(kind)s AND worker <> %(worker)s AND started_at > %(started_at)s
+      AND heartbeat_at > clock_timestamp() - %(alive_s)s * interval '1 second'
+);
+
+-- name: loop_finish
+DELETE FROM retry_loops
+WHERE worker = %(worker)s OR heartbeat_at < clock_timestamp() - interval '1 hour';

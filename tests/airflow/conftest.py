@@ -1,0 +1,45 @@
+"""Airflow test environment: a throwaway AIRFLOW_HOME and a PostgreSQL metadata database.
+
+The environment is set before Airflow is imported, so its configuration picks it up.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.conftest import ADMIN_URL, ROOT, _db_url
+
+AIRFLOW_DB = "retry_airflow_test"
+AIRFLOW_HOME = ROOT / ".airflow-test"
+
+os.environ.update(
+    {
+        "AIRFLOW_HOME": str(AIRFLOW_HOME),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": _db_url(AIRFLOW_DB).replace(
+            "postgresql://", "postgresql+psycopg2://"
+        ),
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+    }
+)
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated Airflow metadata database (kept between runs; migrate is idempotent)."""
+    AIRFLOW_HOME.mkdir(exist_ok=True)
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (AIRFLOW_DB,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{AIRFLOW_DB}"')
+    airflow = Path(sys.executable).parent / "airflow"
+    subprocess.run([str(airflow), "db", "migrate"], check=True, env=os.environ.copy(), capture_output=True)
+    return AIRFLOW_HOME

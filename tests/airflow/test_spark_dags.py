@@ -1,0 +1,149 @@
+"""The PySpark DAGs through Airflow's real ``dag.test()`` (SparkSubmitOperator, spark-submit, local
+mode), and the CLI twins that run the same jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pyarrow.parquet as pq
+import pytest
+
+from retry_scheduler import protocol as p
+from retry_scheduler.cli import main
+from retry_scheduler.jobs import Job, Status
+from retry_scheduler.store import Store
+from tests.conftest import ROOT
+from tests.kafkautil import consume, create_topics
+
+pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.integration]
+
+
+def dead_job(offset: int, destination: str) -> Job:
+    now = int(time.time() * 1000)
+    return Job(
+        source_topic="retry", source_partition=0, source_offset=offset, source_timestamp_ms=now,
+        destination=destination, destination_partition=None, key=f"k{offset}".encode(), value=b"\x00v",
+        headers=(("trace", b"\xff"),), attempt=3, policy="default", reason="psp down",
+        error_class="psp.Timeout", consumer_group="payments-app", retry_id=f"rid-{offset}",
+        original_topic=destination, original_partition=None, original_offset=offset,
+        original_timestamp_ms=now, due_ms=now, status=Status.DEAD, dead_reason="exhausted", dlq_topic="retry.dlq",
+    )  # fmt: skip
+
+
+@pytest.fixture
+def airflow_env(
+    monkeypatch: pytest.MonkeyPatch, database_url: str, bootstrap_servers: str, tmp_path: Path
+) -> Path:
+    venv_bin = str(Path(sys.executable).parent)
+    archive = tmp_path / "archive"
+    for key, value in {
+        "AIRFLOW_CONN_RETRY_POSTGRES": database_url,
+        "AIRFLOW_CONN_RETRY_KAFKA": json.dumps(
+            {"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap_servers}}
+        ),
+        "AIRFLOW_CONN_SPARK_DEFAULT": "spark://local%5B2%5D?deploy-mode=client",
+        "RETRY_DATABASE_URL": database_url,
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "RETRY_ARCHIVE_URI": archive.as_uri(),
+        "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}",
+        "PYSPARK_PYTHON": sys.executable,
+    }.items():
+        monkeypatch.setenv(key, value)
+    return archive
+
+
+def get_dag(dag_id: str):
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(ROOT / "dags")).get_dag(dag_id)
+
+
+def test_bulk_replay_dag_dry_run_then_replay(
+    airflow_db, airflow_env: Path, database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    from airflow.utils.state import DagRunState
+
+    dest, other = f"{topic_prefix}-payments", f"{topic_prefix}-orders"
+    create_topics(bootstrap_servers, [dest, other])
+    with Store(database_url) as store:
+        store.insert_jobs(
+            [dead_job(i, dest) for i in range(30)] + [dead_job(100 + i, other) for i in range(5)]
+        )
+    dag = get_dag("retry_bulk_replay")
+
+    dry = dag.test(run_conf={"destination": dest})  # the form's default is a dry run
+    assert dry.state == DagRunState.SUCCESS
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM retry_jobs WHERE status = 'dead'").fetchone() == (35,)
+
+    run = dag.test(run_conf={"destination": dest, "dry_run": False})
+    assert run.state == DagRunState.SUCCESS
+    seen = consume(bootstrap_servers, [dest], 30)
+    assert sorted(s.key for s in seen) == sorted(f"k{i}".encode() for i in range(30))
+    assert {s.header(p.ATTEMPT) for s in seen} == {"4"}
+    with psycopg.connect(database_url) as conn:
+        counts = dict(
+            conn.execute(
+                "SELECT destination, count(*) FROM retry_jobs WHERE status = 'published' GROUP BY 1"
+            ).fetchall()
+        )
+    assert counts == {dest: 30}
+
+
+def test_compaction_dag_archives_its_logical_day(airflow_db, airflow_env: Path, database_url: str) -> None:
+    from airflow.utils.state import DagRunState
+
+    with Store(database_url) as store:
+        store.insert_jobs(
+            [replace(dead_job(i, "orders"), status=Status.PENDING, dead_reason=None) for i in range(12)]
+        )
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "UPDATE retry_jobs SET status = 'published', published_at = '2026-11-20 10:00:00+00' WHERE id <= 10"
+        )
+        conn.execute(
+            "UPDATE retry_jobs SET status = 'published', published_at = '2026-11-19 10:00:00+00' WHERE id > 10"
+        )
+
+    # A run processes its data interval: triggered at 2026-11-21 00:00, that is the whole of 2026-11-20.
+    run = get_dag("retry_compaction").test(logical_date=datetime(2026, 11, 21, tzinfo=UTC))
+    assert run.state == DagRunState.SUCCESS
+    table = pq.read_table(airflow_env / "retry_jobs")
+    assert table.num_rows == 10
+    assert set(table.column("day").to_pylist()) == {"2026-11-20"}
+    with psycopg.connect(database_url) as conn:
+        left = conn.execute("SELECT published_at::date::text, count(*) FROM retry_jobs GROUP BY 1").fetchall()
+    assert left == [("2026-11-19", 2)]  # the other day stays until its own run
+
+
+def test_cli_bulk_retry_and_compact(
+    airflow_env: Path,
+    database_url: str,
+    bootstrap_servers: str,
+    topic_prefix: str,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    dest = f"{topic_prefix}-payments"
+    create_topics(bootstrap_servers, [dest])
+    with Store(database_url) as store:
+        store.insert_jobs([dead_job(i, dest) for i in range(40)])
+
+    assert main(["bulk-retry", "--destination", dest, "--dry-run"]) == 0
+    assert json.loads(capfd.readouterr().out.strip().splitlines()[-1])["selected"] == 40
+    assert main(["bulk-retry", "--destination", dest]) == 0
+    assert json.loads(capfd.readouterr().out.strip().splitlines()[-1])["published"] == 40
+    assert len(consume(bootstrap_servers, [dest], 40)) == 40
+
+    assert main(["compact", "--older-than", "0s"]) == 0
+    result = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    assert result["deleted"] == 40
+    assert pq.read_table(airflow_env / "retry_jobs").num_rows == 40
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)

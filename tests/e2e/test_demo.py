@@ -1,0 +1,32 @@
+"""``make demo`` in miniature: the dev stack, the real Airflow scheduler, a mixed workload."""
+
+from __future__ import annotations
+
+import pytest
+
+from retry_scheduler.config import Settings
+from retry_scheduler.demo import run_demo
+from tests.conftest import _free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.airflow]
+
+
+def test_demo_under_the_real_scheduler(database_url: str, tmp_path) -> None:
+    settings = Settings(database_url=database_url, kafka={"bootstrap.servers": f"127.0.0.1:{_free_port()}"})
+    lines: list[str] = []
+    code = run_demo(
+        settings,
+        records=40,
+        timeout_s=240,
+        say=lines.append,
+        api_port=_free_port(),
+        metadata_db="retry_airflow_e2e",
+        airflow_home=tmp_path / "airflow",
+    )
+    text = "\n".join(lines)
+    assert code == 0, text
+    assert "result: OK, every record reached its expected outcome" in text
+    assert "recovered by the app              20   (expected 20)" in text
+    assert "dead: exhausted                   12   (expected 12)" in text
+    assert "dead: invalid                      4   (expected 4)" in text
+    assert "early: 0" in text

@@ -1,0 +1,326 @@
+"""Ingest and publish against the real PostgreSQL and the embedded broker."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+
+from retry_scheduler import protocol as p
+from retry_scheduler.config import Settings
+from retry_scheduler.ingest import IngestCounts, Ingestor
+from retry_scheduler.policy import Backoff, Policy, PolicyRegistry
+from retry_scheduler.publish import Publisher
+from retry_scheduler.store import Store
+from tests.kafkautil import consume, create_topics, produce
+
+pytestmark = pytest.mark.integration
+
+POLICIES = PolicyRegistry.of(
+    [
+        Policy("default", delays=["1s"], max_attempts=2, max_age="1h", fatal_errors=["SchemaError"]),
+        Policy("short-lived", delays=["1s"], max_attempts=5, max_age="2s"),
+        Policy("backoff", backoff=Backoff(base="1s", factor=2, max="4s"), max_attempts=3),
+    ]
+)
+
+
+@dataclass
+class Loop:
+    settings: Settings
+    registry: PolicyRegistry
+    bootstrap: str
+    dest: str
+
+    def store(self) -> Store:
+        return Store(self.settings.database_url)
+
+    def send(self, records: list[dict], topic: str | None = None) -> None:
+        produce(self.bootstrap, topic or self.settings.retry_topic, records)
+
+    def ingest(self, expected: int, timeout_s: float = 30, **kw: object) -> IngestCounts:
+        """Run the ingest loop until ``expected`` records were consumed."""
+        settings = self.settings.with_overrides(**kw) if kw else self.settings
+        with Store(settings.database_url) as store:
+            ingestor = Ingestor(settings, self.registry, store)
+            total = IngestCounts()
+            deadline = time.monotonic() + timeout_s
+            try:
+                while total.consumed < expected and time.monotonic() < deadline:
+                    total.add(ingestor.ingest_batch(0.5))
+            finally:
+                ingestor.close()
+        return total
+
+    def publish(self, seconds: float, **kw: object):
+        settings = self.settings.with_overrides(**kw) if kw else self.settings
+        with Store(settings.database_url) as store:
+            publisher = Publisher(settings, store)
+            try:
+                return publisher.run(seconds)
+            finally:
+                publisher.close()
+
+    def rows(self, where: str = "true") -> list[dict]:
+        with psycopg.connect(self.settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
+            return conn.execute(f"SELECT * FROM retry_jobs WHERE {where} ORDER BY id").fetchall()  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def loop(database_url: str, bootstrap_servers: str, topic_prefix: str) -> Iterator[Loop]:
+    settings = Settings(
+        database_url=database_url,
+        kafka={"bootstrap.servers": bootstrap_servers},
+        retry_topic=f"{topic_prefix}-retry",
+        consumer_group=f"{topic_prefix}-scheduler",
+        destination_allowlist=rf"^{topic_prefix}-[a-z.]+$",
+        create_topics=True,
+        lease_ms=3000,
+        delivery_timeout_ms=2000,
+        loop_grace_ms=0,  # no successor loop in these tests: stop on time
+    )
+    dlq = f"{topic_prefix}-dlq"
+    registry = PolicyRegistry.of([dataclasses.replace(x, dlq_topic=dlq) for x in POLICIES.policies.values()])
+    yield Loop(settings, registry, bootstrap_servers, f"{topic_prefix}-orders")
+
+
+def hdr(**kv: str | bytes) -> list[tuple[str, bytes]]:
+    return [("retry." + k.replace("_", "-"), v.encode() if isinstance(v, str) else v) for k, v in kv.items()]
+
+
+def test_record_comes_back_byte_for_byte_never_early(loop: Loop) -> None:
+    create_topics(loop.bootstrap, [loop.dest], partitions=3)
+    due_ms = int(time.time() * 1000) + 8000  # ingest (with its group join) is done well before
+    headers = [("trace-id", b"\x00\x01\xfe"), ("dup", b"1"), ("dup", b"2"), ("nullh", None)]
+    loop.send(
+        [{"key": b"\xffkey", "value": b"\x00value\xff",
+          "headers": headers + hdr(original_topic=loop.dest, original_partition="2", original_offset="17",
+                                   at=str(due_ms), reason="db down", error_class="x.Timeout", group="g1")}]
+    )  # fmt: skip
+    counts = loop.ingest(1)
+    assert (counts.consumed, counts.stored, counts.pending) == (1, 1, 1)
+    published = loop.publish(10)
+    assert published.published == 1
+
+    [seen] = consume(loop.bootstrap, [loop.dest], 1)
+    assert (seen.key, seen.value, seen.partition) == (b"\xffkey", b"\x00value\xff", 2)
+    assert seen.headers[:4] == headers  # pass-through headers unchanged, in order, repeats and nulls kept
+    assert seen.header(p.ATTEMPT) == "1"
+    assert seen.header(p.ORIGINAL_TOPIC) == loop.dest
+    assert seen.header(p.ORIGINAL_OFFSET) == "17"
+    [row] = loop.rows()
+    assert seen.header(p.ID) == row["retry_id"]
+    assert row["status"] == "published"
+    assert seen.timestamp_ms >= due_ms, "published before its due time"
+    assert row["published_at"] >= row["due_at"]
+    assert (row["published_at"] - row["due_at"]).total_seconds() < 1.0
+
+
+def test_offsets_are_committed_after_rows_and_duplicates_are_ignored(loop: Loop) -> None:
+    loop.send(
+        [{"key": str(i).encode(), "value": b"v", "headers": hdr(destination=loop.dest)} for i in range(50)]
+    )
+
+    class CrashBeforeOffsetCommit(Ingestor):
+        def _commit(self, records):  # the process dies after the DB commit
+            pass
+
+    with loop.store() as store:
+        ing = CrashBeforeOffsetCommit(loop.settings, loop.registry, store)
+        first = IngestCounts()
+        deadline = time.monotonic() + 30
+        while first.consumed < 50 and time.monotonic() < deadline:
+            first.add(ing.ingest_batch(0.5))
+        ing.close()
+    assert first.stored == 50
+
+    again = loop.ingest(50)  # offsets were not committed: the same records are read again
+    assert (again.consumed, again.stored, again.duplicates) == (50, 0, 50)
+    assert len(loop.rows()) == 50
+
+    third = loop.ingest(1, timeout_s=8)  # now committed: nothing more to read
+    assert third.consumed == 0
+
+
+@pytest.mark.parametrize(
+    ("headers", "dead_reason", "reason_part"),
+    [
+        ({"attempt": "2"}, "exhausted", None),
+        ({"original_timestamp": "1000"}, "expired", None),
+        ({"error_class": "app.SchemaError", "reason": "bad schema"}, "fatal", "bad schema"),
+        ({"send_to": "dlq", "reason": "operator said so"}, "requested", "operator said so"),
+        ({"attempt": "many"}, "invalid", "retry.attempt='many' is not an integer"),
+        ({"send_to": "later"}, "invalid", "must be 'retry' or 'dlq'"),
+        ({"policy": "nope"}, "invalid", "unknown policy 'nope'"),
+        ({"at": b"\xff\xfe"}, "invalid", "retry.at is not valid UTF-8"),
+    ],
+)
+def test_every_dead_path_lands_on_the_dlq(
+    loop: Loop, headers: dict, dead_reason: str, reason_part: str | None
+) -> None:
+    loop.send(
+        [{"key": b"k", "value": b"v", "headers": [("keep", b"me"), *hdr(destination=loop.dest, **headers)]}]
+    )
+    counts = loop.ingest(1)
+    assert counts.dead == {dead_reason: 1}
+    assert loop.publish(3).dead_published == 1
+
+    [seen] = consume(loop.bootstrap, [f"{loop.settings.retry_topic.rsplit('-', 1)[0]}-dlq"], 1)
+    assert seen.header(p.DEAD_REASON) == dead_reason
+    assert (seen.key, seen.value) == (b"k", b"v")
+    assert ("keep", b"me") in seen.headers
+    if reason_part:
+        assert reason_part in (seen.header(p.REASON) or "")
+    [row] = loop.rows()
+    assert (row["status"], row["dead_reason"]) == ("dead", dead_reason)
+    assert row["dlq_published_at"] is not None
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason_part"),
+    [
+        ([], "no destination"),
+        (hdr(destination="_internal"), "not allowed"),
+        (hdr(destination="retry"), "not allowed"),
+        ([("x", b"y")] * 300, "more than the 256 allowed"),
+    ],
+)
+def test_malformed_records_are_dead_and_never_stop_ingestion(
+    loop: Loop, headers: list, reason_part: str
+) -> None:
+    good = {"key": b"good", "value": b"v", "headers": hdr(destination=loop.dest, at="0")}
+    loop.send([{"key": b"bad", "value": b"v", "headers": headers}, good])
+    counts = loop.ingest(2)
+    assert counts.dead == {"invalid": 1} and counts.pending == 1
+    loop.publish(3)
+    dlq = consume(loop.bootstrap, [loop.registry.get("default").dlq_topic], 1)
+    assert [s.key for s in dlq] == [b"bad"]
+    assert reason_part in (dlq[0].header(p.REASON) or "")
+    assert [s.key for s in consume(loop.bootstrap, [loop.dest], 1)] == [b"good"]
+
+
+def test_oversize_record_is_dead_invalid(loop: Loop) -> None:
+    loop.send([{"key": b"big", "value": b"x" * 5000, "headers": hdr(destination=loop.dest)}])
+    counts = loop.ingest(1, max_record_bytes=4096)
+    assert counts.dead == {"invalid": 1}
+    [row] = loop.rows()
+    assert "more than the 4096 allowed" in row["reason"]
+    assert bytes(row["msg_value"]) == b"x" * 5000  # kept whole
+
+
+def test_crash_between_produce_and_mark_republishes_with_same_identity(loop: Loop) -> None:
+    loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, attempt="1", at="0")}])
+    loop.ingest(1)
+
+    class Crash(Exception):
+        pass
+
+    with loop.store() as store:
+        publisher = Publisher(loop.settings, store)
+
+        def crash(_acked):
+            raise Crash("killed after the broker acknowledged, before the mark")
+
+        publisher.store.mark_published = crash  # type: ignore[method-assign]
+        with pytest.raises(Crash):
+            publisher.publish_once()
+        publisher.close()
+    [row] = loop.rows()
+    assert row["status"] == "pending" and row["lease_until"] is not None
+
+    assert loop.publish(1).published == 0  # still leased: nobody publishes it twice at once
+    result = loop.publish(loop.settings.lease_ms / 1000 + 2)  # lease runs out: claimed again
+    assert result.published == 1
+
+    seen = consume(loop.bootstrap, [loop.dest], 2)
+    assert len(seen) == 2
+    assert {s.header(p.ID) for s in seen} == {row["retry_id"]}
+    assert {s.header(p.ATTEMPT) for s in seen} == {"2"}
+    assert loop.rows()[0]["status"] == "published"
+
+
+def test_failed_delivery_leaves_the_job_claimable(loop: Loop) -> None:
+    loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at="0")}])
+    loop.ingest(1)
+    counts = loop.publish(1, create_topics=False)  # destination missing, creation not allowed
+    assert counts.published == 0 and counts.failed >= 1
+    [row] = loop.rows()
+    assert row["status"] == "pending"
+    assert row["publish_failures"] >= 1
+    assert f"topic {loop.dest} does not exist" in row["last_error"]
+
+    assert loop.publish(3).published == 1  # configuration now allows creating it
+    assert len(consume(loop.bootstrap, [loop.dest], 1)) == 1
+
+
+def test_per_delay_topic_counts_from_the_record_timestamp(loop: Loop) -> None:
+    delay_topic = f"{loop.settings.retry_topic}.2s"
+    sent = int(time.time() * 1000)
+    loop.settings = loop.settings.with_overrides(delay_topics={delay_topic: 2000})
+    loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest)}], topic=delay_topic)
+    loop.ingest(1)
+    [row] = loop.rows()
+    due_ms = row["due_at"].timestamp() * 1000
+    assert sent <= due_ms - 2000 <= sent + 1000
+    loop.publish(4)
+    [seen] = consume(loop.bootstrap, [loop.dest], 1)
+    assert seen.timestamp_ms >= due_ms
+
+
+def test_concurrent_publishers_never_publish_a_job_twice(loop: Loop) -> None:
+    import threading
+
+    loop.send(
+        [
+            {"key": str(i).encode(), "value": b"v", "headers": hdr(destination=loop.dest, at="0")}
+            for i in range(300)
+        ]
+    )
+    loop.ingest(300)
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(loop.publish(3, publish_batch=20))) for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.published for r in results) == 300
+    assert all(r.published > 0 for r in results)  # the work was really shared
+    seen = consume(loop.bootstrap, [loop.dest], 300)
+    assert len(seen) == 300
+    assert len({s.key for s in seen}) == 300
+
+
+def test_overlapping_ingest_loops_hand_over_without_loss_or_rereading(loop: Loop) -> None:
+    loop.send(
+        [{"key": f"a{i}".encode(), "value": b"v", "headers": hdr(destination=loop.dest)} for i in range(20)]
+    )
+    with loop.store() as store_a, loop.store() as store_b:
+        first = Ingestor(loop.settings, loop.registry, store_a)
+        assert first.acquire(5)
+        second = Ingestor(loop.settings, loop.registry, store_b)
+        assert not second.acquire(0.5)  # the first loop owns the retry topics
+        got = IngestCounts()
+        deadline = time.monotonic() + 20
+        while got.consumed < 20 and time.monotonic() < deadline:
+            got.add(first.ingest_batch(0.5))
+        first.close()  # offsets committed after each batch; the lock goes with the session
+
+        loop.send(
+            [
+                {"key": f"b{i}".encode(), "value": b"v", "headers": hdr(destination=loop.dest)}
+                for i in range(20)
+            ]
+        )
+        assert second.acquire(5)  # free now: the waiting loop takes over
+        later = IngestCounts()
+        while later.consumed < 20 and time.monotonic() < deadline + 20:
+            later.add(second.ingest_batch(0.5))
+        second.close()
+    assert (got.stored, later.stored, later.duplicates) == (20, 20, 0)
+    assert len(loop.rows()) == 40

@@ -1,0 +1,110 @@
+"""Schema, checked transitions and the status command on the real PostgreSQL."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import psycopg
+import pytest
+
+from retry_scheduler.cli import main
+from retry_scheduler.jobs import Job, Status
+from retry_scheduler.store import Store, StoreError, migrate
+
+pytestmark = pytest.mark.integration
+
+
+def make_job(
+    offset: int, status: Status = Status.PENDING, due_ms: int | None = None, dead: str | None = None
+) -> Job:
+    now = int(time.time() * 1000)
+    return Job(
+        source_topic="retry", source_partition=0, source_offset=offset, source_timestamp_ms=1, destination="orders",
+        destination_partition=None, key=b"k", value=b"v", headers=(("h", b"1"),), attempt=0,
+        policy="default", reason=None, error_class=None, consumer_group=None, retry_id=f"id-{offset}",
+        original_topic="orders", original_partition=None, original_offset=None,
+        original_timestamp_ms=now, due_ms=due_ms if due_ms is not None else now - 60_000,
+        status=status, dead_reason=dead, dlq_topic="retry.dlq",
+    )  # fmt: skip
+
+
+def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
+    assert migrate(database_url) == []  # the template is already migrated
+    with psycopg.connect(database_url) as conn:
+        versions = conn.execute("SELECT version, name FROM retry_schema_version ORDER BY version").fetchall()
+    assert versions == [(1, "0001_retry_jobs"), (2, "0002_retry_loops"), (3, "0003_bulk_and_compaction")]
+
+
+def test_unmigrated_database_says_what_to_run(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE retry_jobs; DROP TYPE retry_job_status")
+    with pytest.raises(StoreError, match="run `retry-scheduler db migrate`"):
+        Store(database_url)
+
+
+def test_insert_ignores_duplicate_source_offsets(database_url: str) -> None:
+    with Store(database_url) as store:
+        assert store.insert_jobs([make_job(1), make_job(2, Status.DEAD, dead="fatal")]) == [None, "fatal"]
+        assert store.insert_jobs([make_job(2, Status.DEAD, dead="fatal"), make_job(3)]) == [None]
+
+
+def test_a_recreated_topic_reusing_offsets_is_not_taken_for_duplicates(database_url: str) -> None:
+    with Store(database_url) as store:
+        assert len(store.insert_jobs([make_job(1)])) == 1
+        reborn = dataclasses.replace(make_job(1), source_timestamp_ms=2)  # same offset, a new record
+        assert len(store.insert_jobs([reborn])) == 1
+
+
+def test_invalid_status_transitions_fail_loudly(database_url: str) -> None:
+    with Store(database_url) as store:
+        store.insert_jobs([make_job(1)])
+        [row] = store.claim_due(10, 1000, "w")
+        store.mark_published([(row.id, int(time.time() * 1000))])
+    with (
+        psycopg.connect(database_url) as conn,
+        pytest.raises(psycopg.errors.CheckViolation, match="published -> pending"),
+    ):
+        conn.execute("UPDATE retry_jobs SET status = 'pending'")
+
+
+def test_claims_skip_future_and_leased_jobs(database_url: str) -> None:
+    future = int(time.time() * 1000) + 3_600_000
+    with Store(database_url) as store:
+        store.insert_jobs([make_job(1), make_job(2, due_ms=future)])
+        first = store.claim_due(10, 60_000, "a")
+        assert [r.retry_id for r in first] == ["id-1"]
+        assert store.claim_due(10, 60_000, "b") == []  # leased by a, the other not due
+
+
+def test_status_json_counts_by_status(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Store(database_url) as store:
+        store.insert_jobs(
+            [
+                make_job(1),
+                make_job(2),
+                make_job(3, Status.DEAD, dead="exhausted"),
+                make_job(4, Status.DEAD, dead="invalid"),
+            ]
+        )
+    monkeypatch.setenv("RETRY_DATABASE_URL", database_url)
+    assert main(["status", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["pending"], report["published"], report["dead"]) == (2, 0, 2)
+    assert report["dead_by_reason"] == {"exhausted": 1, "invalid": 1}
+    assert report["oldest_overdue"]["overdue_s"] >= 59
+    assert main(["status"]) == 0
+    text = capsys.readouterr().out
+    assert "dead                2  (exhausted 1, invalid 1)" in text
+    assert "oldest overdue: job" in text
+
+
+def test_cli_reports_an_unreachable_database(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RETRY_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/nope")
+    assert main(["status"]) == 2
+    assert "cannot connect to PostgreSQL" in capsys.readouterr().err

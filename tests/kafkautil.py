@@ -1,0 +1,102 @@
+"""Small helpers for tests that talk to the embedded broker."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A record as a consumer of a destination or DLQ topic sees it."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+    def header(self, name: str) -> str | None:
+        values = [v for k, v in self.headers if k == name]
+        assert len(values) <= 1, f"header {name} appears {len(values)} times"
+        return None if not values or values[0] is None else values[0].decode()
+
+
+def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 3) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
+        future.result(10)
+
+
+def produce(bootstrap: str, topic: str, records: Sequence[dict], partition: int | None = None) -> None:
+    """Produce ``records`` (dicts with key, value, headers) and wait for every ack."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    errors: list[object] = []
+    for rec in records:
+        kwargs = {"key": rec.get("key"), "value": rec.get("value"), "headers": rec.get("headers", [])}
+        if partition is not None:
+            kwargs["partition"] = partition
+        producer.produce(topic, on_delivery=lambda err, _m: errors.append(err) if err else None, **kwargs)
+    assert producer.flush(15) == 0
+    assert not errors, errors
+
+
+def consume(bootstrap: str, topics: Sequence[str], expected: int, timeout_s: float = 30) -> list[Seen]:
+    """Read every partition of ``topics`` from the beginning until ``expected`` records arrived.
+
+    Waits ``timeout_s`` at most and then returns what it has; reads a little longer after
+    reaching ``expected`` so that unexpected extra records are caught too.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+        }
+    )
+    seen: list[Seen] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        parts: list[TopicPartition] = []
+        while time.monotonic() < deadline:
+            meta = consumer.list_topics(timeout=5).topics
+            parts = [
+                TopicPartition(t, p, OFFSET_BEGINNING)
+                for t in topics
+                if t in meta
+                for p in meta[t].partitions
+            ]
+            if all(t in meta and meta[t].partitions for t in topics):
+                break
+            time.sleep(0.3)  # a topic the scheduler has not created yet
+        consumer.assign(parts)
+        grace: float | None = None
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(500, 0.3):
+                if msg.error():
+                    continue
+                seen.append(
+                    Seen(
+                        msg.topic() or "",
+                        msg.partition() or 0,
+                        msg.offset() or 0,
+                        msg.timestamp()[1],
+                        msg.key(),
+                        msg.value(),
+                        list(msg.headers() or []),
+                    )
+                )
+            if len(seen) >= expected:
+                grace = grace or time.monotonic() + 1.0
+                if time.monotonic() > grace:
+                    break
+    finally:
+        consumer.close()
+    return seen

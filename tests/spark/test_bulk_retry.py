@@ -1,0 +1,494 @@
+"""Bulk retry (include/spark/bulk_retry.py): selection, record building, and runs on the real
+PostgreSQL and the embedded broker.
+
+Tests marked ``spark`` and ``integration`` run the job's ``main()`` in the session's SparkSession.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from include.spark import bulk_retry
+from include.spark.bulk_retry import BulkRetryError, Selection
+from retry_scheduler import protocol
+from retry_scheduler.jobs import Job, OutgoingRow, Status, destination_headers, encode_headers
+from retry_scheduler.sparkjobs import JobArgumentError
+from retry_scheduler.store import Store
+from tests.kafkautil import Seen, consume, create_topics
+
+PLUS_TWO = timezone(timedelta(hours=2))
+PASSTHROUGH = (
+    ("trace", b"\x00\xff\xfebin"),
+    ("dup", b"1"),
+    ("dup", b"2"),
+    ("empty", b""),
+    ("null", None),
+    ("caf\u00e9", "\u00e9t\u00e9".encode()),
+)
+
+
+def make_job(
+    offset: int,
+    destination: str,
+    *,
+    status: Status = Status.DEAD,
+    error_class: str | None = "app.TimeoutError",
+    partition: int | None = None,
+) -> Job:
+    now = int(time.time() * 1000)
+    return Job(
+        source_topic="retry", source_partition=0, source_offset=offset, source_timestamp_ms=1,
+        destination=destination, destination_partition=partition,
+        key=None if offset % 7 == 0 else f"key-{offset}".encode(),
+        value=bytes([offset % 256, 0, 255]) + b"payload",
+        headers=PASSTHROUGH, attempt=offset % 4, policy="default", reason="boom", error_class=error_class,
+        consumer_group="orders-service", retry_id=f"rid-{offset}", original_topic=destination,
+        original_partition=offset % 3, original_offset=1000 + offset, original_timestamp_ms=now - offset,
+        due_ms=now - 60_000, status=status, dead_reason="exhausted" if status is Status.DEAD else None,
+        dlq_topic="retry.dlq",
+    )  # fmt: skip
+
+
+def expected_headers(job: Job) -> list[tuple[str, bytes | None]]:
+    """What the normal publish path sends for this job."""
+    row = OutgoingRow(
+        id=0, destination=job.destination, destination_partition=job.destination_partition, key=job.key,
+        value=job.value, headers=encode_headers(job.headers), attempt=job.attempt, policy=job.policy,
+        reason=job.reason, error_class=job.error_class, consumer_group=job.consumer_group,
+        retry_id=job.retry_id, original_topic=job.original_topic, original_partition=job.original_partition,
+        original_offset=job.original_offset, original_timestamp_ms=job.original_timestamp_ms,
+        dead_reason=job.dead_reason, dlq_topic=job.dlq_topic,
+    )  # fmt: skip
+    return destination_headers(row)
+
+
+def run(database_url: str, bootstrap: str, *args: str) -> dict[str, Any]:
+    argv = ["--database-url", database_url, "--bootstrap-servers", bootstrap, "--partitions", "4", *args]
+    return bulk_retry.main(argv)
+
+
+def rows(database_url: str) -> dict[str, tuple[Any, ...]]:
+    """retry_id -> (status, published_at, lease_until, updated_at)."""
+    with psycopg.connect(database_url) as conn:
+        found = conn.execute(
+            "SELECT retry_id, status::text, published_at, lease_until, updated_at FROM retry_jobs"
+        ).fetchall()
+    return {r[0]: tuple(r[1:]) for r in found}
+
+
+def staged(database_url: str) -> int:
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute("SELECT count(*) FROM retry_bulk_delivered").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def published_ids(database_url: str) -> set[str]:
+    return {rid for rid, r in rows(database_url).items() if r[0] == "published"}
+
+
+def assert_published_like_the_publish_loop(seen: Sequence[Seen], jobs: dict[str, Job]) -> None:
+    for record in seen:
+        job = jobs[record.header(protocol.ID) or ""]
+        assert record.key == job.key
+        assert record.value == job.value
+        assert record.headers == expected_headers(job)
+        # the same, spelled out: pass-through headers byte for byte, attempt raised, id kept
+        assert record.headers[: len(PASSTHROUGH)] == list(PASSTHROUGH)
+        assert record.header(protocol.ATTEMPT) == str(job.attempt + 1)
+        assert record.header(protocol.ID) == job.retry_id
+        if job.destination_partition is not None:
+            assert record.partition == job.destination_partition
+
+
+# --- pure parts ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("glob", "like"),
+    [
+        ("app.TimeoutError", "app.TimeoutError"),
+        ("*Timeout*", "%Timeout%"),
+        ("db.Dead_lock*", "db.Dead!_lock%"),
+        ("100%*", "100!%%"),
+        ("wow!*", "wow!!%"),
+    ],
+)
+def test_error_class_glob_becomes_an_escaped_like_pattern(glob: str, like: str) -> None:
+    assert bulk_retry.like_pattern(glob) == like
+
+
+def test_jdbc_query_inlines_only_validated_literals() -> None:
+    selection = Selection(
+        status=Status.DEAD,
+        destination="orders.v2",
+        error_class="it's\\_*",
+        since=datetime(2026, 1, 31, 14, 0, tzinfo=PLUS_TWO),
+        until=datetime(2026, 2, 1, tzinfo=UTC),
+    )
+    table = selection.jdbc_table(10, 99)
+    assert table.startswith("(SELECT id, destination, destination_partition, msg_key AS key")
+    assert table.endswith(
+        "WHERE destination IS NOT NULL AND status = E'dead'::retry_job_status AND destination = E'orders.v2'"
+        " AND error_class LIKE E'it''s\\\\!_%' ESCAPE '!'"
+        " AND created_at >= '2026-01-31T12:00:00+00:00'::timestamptz"
+        " AND created_at < '2026-02-01T00:00:00+00:00'::timestamptz"
+        " AND id >= 10 AND id <= 99) AS bulk_retry_selection"
+    )
+
+
+def test_pending_selection_skips_jobs_leased_by_the_publish_loop() -> None:
+    fragments, params = Selection(status=Status.PENDING).conditions()
+    assert "(lease_until IS NULL OR lease_until < now())" in fragments
+    assert params == {"status": "pending"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--destination", "orders'; DROP TABLE retry_jobs; --"], "is not a topic name"),
+        (["--destination", "x" * 250], "is not a topic name"),
+        (["--error-class", "bad\nclass"], "printable"),
+        (["--since", "yesterday"], "is not an ISO-8601 timestamp"),
+        (["--since", "2026-02-01T00:00:00Z", "--until", "2026-01-01T00:00:00Z"], "earlier than"),
+        (["--kafka-config", "[1]"], "JSON object"),
+        (["--kafka-config", "{nope"], "not JSON"),
+        (["--run-id", "a b"], "--run-id"),
+    ],
+)
+def test_invalid_filters_are_refused_before_anything_runs(args: list[str], message: str) -> None:
+    with pytest.raises(BulkRetryError, match=re.escape(message)):
+        bulk_retry.parse_args(["--database-url", "postgresql://x/y", "--bootstrap-servers", "b:9092", *args])
+
+
+def test_status_must_be_dead_or_pending() -> None:
+    with pytest.raises(SystemExit):
+        bulk_retry.parse_args(["--database-url", "u", "--bootstrap-servers", "b", "--status", "published"])
+    with pytest.raises(BulkRetryError, match="--status"):
+        Selection(status=Status.PUBLISHED)
+
+
+def test_timestamps_without_zone_are_utc() -> None:
+    opts = bulk_retry.parse_args(
+        ["--database-url", "u", "--bootstrap-servers", "b", "--since", "2026-01-31T12:00:00"]
+    )
+    assert opts.selection.since == datetime(2026, 1, 31, 12, tzinfo=UTC)
+    assert opts.selection.status is Status.DEAD  # the default
+    assert (opts.partitions, opts.fetchsize, opts.dry_run) == (8, 10_000, False)
+
+
+@pytest.mark.parametrize(
+    ("url", "jdbc", "props"),
+    [
+        (
+            "postgresql://postgres@127.0.0.1:5432/retry_scheduler",
+            "jdbc:postgresql://127.0.0.1:5432/retry_scheduler",
+            {"user": "postgres"},
+        ),
+        (
+            "postgres://us%40er:p%3Aw@db.example:6432/my%20db?sslmode=require&application_name=bulk",
+            "jdbc:postgresql://db.example:6432/my%20db",
+            {"user": "us@er", "password": "p:w", "sslmode": "require", "ApplicationName": "bulk"},
+        ),
+        ("postgresql://app@[::1]/jobs", "jdbc:postgresql://[::1]:5432/jobs", {"user": "app"}),
+    ],
+)
+def test_libpq_url_becomes_a_jdbc_url_and_properties(url: str, jdbc: str, props: dict[str, str]) -> None:
+    target = bulk_retry.jdbc_target(url)
+    assert (target.url, target.properties) == (jdbc, props)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://h/db", "postgresql://"),
+        ("postgresql:///db?host=/var/run/postgresql", "no JDBC equivalent"),
+        ("postgresql:///db", "Unix socket"),
+    ],
+)
+def test_urls_jdbc_cannot_use_are_refused(url: str, message: str) -> None:
+    with pytest.raises(JobArgumentError, match=re.escape(message)):
+        bulk_retry.jdbc_target(url)
+
+
+def test_producer_is_idempotent_whatever_the_extra_settings() -> None:
+    conf = bulk_retry.producer_settings("b:9092", {"acks": "1", "enable.idempotence": False, "linger.ms": 5})
+    assert conf["enable.idempotence"] is True
+    assert conf["acks"] == "all"
+    assert conf["bootstrap.servers"] == "b:9092"
+    assert conf["linger.ms"] == 5
+
+
+def test_a_row_becomes_the_record_the_publish_loop_would_send() -> None:
+    job = make_job(8, "orders", partition=2)
+    # JDBC hands bytea columns over as bytearray
+    row = {
+        "id": 42, "destination": "orders", "destination_partition": 2, "key": bytearray(job.key or b""),
+        "value": bytearray(job.value or b""), "headers": bytearray(encode_headers(job.headers)),
+        "attempt": job.attempt, "policy": job.policy, "reason": job.reason, "error_class": job.error_class,
+        "consumer_group": job.consumer_group, "retry_id": job.retry_id, "original_topic": job.original_topic,
+        "original_partition": job.original_partition, "original_offset": job.original_offset,
+        "original_timestamp_ms": job.original_timestamp_ms, "dead_reason": job.dead_reason,
+        "dlq_topic": job.dlq_topic,
+    }  # fmt: skip
+    msg = bulk_retry.to_message(row)
+    assert (msg.job_id, msg.topic, msg.partition) == (42, "orders", 2)
+    assert type(msg.key) is bytes and msg.key == job.key
+    assert type(msg.value) is bytes and msg.value == job.value
+    assert msg.headers == expected_headers(job)
+    assert (protocol.ATTEMPT, b"1") in msg.headers  # attempt 0 + 1
+
+
+@pytest.mark.spark
+def test_staging_frame_tags_deliveries_with_the_run(spark: SparkSession) -> None:
+    deliveries = spark.createDataFrame(
+        [(3, 1_800_000_000_123), (7, 1_800_000_000_456)], "id int, acked_ms long"
+    )
+    expected = spark.createDataFrame(
+        [("run-1", 3, 1_800_000_000_123), ("run-1", 7, 1_800_000_000_456)],
+        "run_id string, id long, acked_ms long",
+    )
+    actual = bulk_retry.staging_frame(deliveries, "run-1")
+    assertDataFrameEqual(actual, expected)
+    assert actual.columns == ["run_id", "id", "acked_ms"]
+
+
+# --- against PostgreSQL and the broker -----------------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_dry_run_counts_per_destination_and_changes_nothing(
+    database_url: str, bootstrap_servers: str, topic_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    orders, payments = f"{topic_prefix}.orders", f"{topic_prefix}.payments"
+    create_topics(bootstrap_servers, [orders, payments])
+    with Store(database_url) as store:
+        store.insert_jobs(
+            [make_job(i, orders) for i in range(12)]
+            + [make_job(100 + i, payments) for i in range(5)]
+            + [make_job(200, orders, status=Status.PENDING)]
+        )
+    before = rows(database_url)
+
+    result = run(database_url, bootstrap_servers, "--dry-run")
+
+    assert result == {
+        "run_id": result["run_id"],
+        "selected": 17,
+        "published": 0,
+        "failed": 0,
+        "dry_run": True,
+    }
+    out = capsys.readouterr().out
+    assert re.search(rf"{re.escape(orders)}\s+12\n", out)
+    assert re.search(rf"{re.escape(payments)}\s+5\n", out)
+    assert rows(database_url) == before
+    assert staged(database_url) == 0
+    assert consume(bootstrap_servers, [orders, payments], expected=0, timeout_s=10) == []
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_publishes_exactly_the_selection_like_the_publish_loop_and_marks_it(
+    spark: SparkSession, database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    orders, payments = f"{topic_prefix}.orders", f"{topic_prefix}.payments"
+    create_topics(bootstrap_servers, [orders, payments])
+    dead_orders = [make_job(i, orders, partition=2 if i % 5 == 0 else None) for i in range(300)]
+    others = [make_job(1000 + i, payments) for i in range(20)] + [
+        make_job(2000, orders, status=Status.PENDING)
+    ]
+    with Store(database_url) as store:
+        store.insert_jobs(dead_orders + others)
+    before = rows(database_url)
+
+    result = run(database_url, bootstrap_servers, "--destination", orders)
+
+    assert (result["selected"], result["published"], result["failed"]) == (300, 300, 0)
+    seen = consume(bootstrap_servers, [orders], expected=300)
+    assert len(seen) == 300
+    jobs = {j.retry_id: j for j in dead_orders}
+    assert Counter(r.header(protocol.ID) for r in seen) == Counter(jobs.keys())
+    assert_published_like_the_publish_loop(seen, jobs)
+    assert consume(bootstrap_servers, [payments], expected=0, timeout_s=10) == []
+
+    after = rows(database_url)
+    for rid in jobs:
+        status, published_at, lease_until, _ = after[rid]
+        assert (status, lease_until) == ("published", None)
+        assert published_at is not None
+        assert abs(published_at.timestamp() - time.time()) < 120
+    for job in others:
+        assert after[job.retry_id] == before[job.retry_id]  # untouched
+    assert staged(database_url) == 0
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_missing_destination_topic_counts_failed_and_leaves_jobs_dead(
+    spark: SparkSession, database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    gone = f"{topic_prefix}.gone"
+    with Store(database_url) as store:
+        store.insert_jobs([make_job(i, gone) for i in range(3)])
+
+    result = run(database_url, bootstrap_servers)
+
+    assert (result["selected"], result["published"], result["failed"]) == (3, 0, 3)
+    assert {r[0] for r in rows(database_url).values()} == {"dead"}
+
+
+def _crash(database_url: str, run_id: str) -> int:
+    raise RuntimeError("simulated crash between the acks and the marking")
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_a_crash_before_marking_leaves_jobs_dead_and_a_rerun_publishes_them_again(
+    spark: SparkSession,
+    database_url: str,
+    bootstrap_servers: str,
+    topic_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    orders = f"{topic_prefix}.orders"
+    create_topics(bootstrap_servers, [orders])
+    dead = [make_job(i, orders) for i in range(50)]
+    with Store(database_url) as store:
+        store.insert_jobs(dead)
+    with monkeypatch.context() as patch:
+        patch.setattr(bulk_retry, "mark_delivered", _crash)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            run(database_url, bootstrap_servers, "--run-id", "crashed")
+    assert {r[0] for r in rows(database_url).values()} == {"dead"}
+    assert staged(database_url) == 50  # the acks were recorded, not applied
+
+    result = run(database_url, bootstrap_servers)
+
+    assert (result["selected"], result["published"], result["failed"]) == (50, 50, 0)
+    assert published_ids(database_url) == {j.retry_id for j in dead}
+    first_marks = rows(database_url)
+    seen = consume(bootstrap_servers, [orders], expected=100)
+    assert len(seen) == 100
+    assert_published_like_the_publish_loop(seen, {j.retry_id: j for j in dead})
+    by_id: dict[str, list[Seen]] = {}
+    for record in seen:
+        by_id.setdefault(record.header(protocol.ID) or "", []).append(record)
+    assert all(len(copies) == 2 for copies in by_id.values())
+    for copies in by_id.values():  # the duplicate carries the same retry.id and retry.attempt
+        assert copies[0].headers == copies[1].headers
+
+    # Nothing is left to select, and resuming the crashed run marks nothing a second time.
+    again = run(database_url, bootstrap_servers, "--run-id", "crashed")
+    assert (again["selected"], again["published"]) == (0, 0)
+    assert rows(database_url) == first_marks
+    assert staged(database_url) == 0
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_resuming_a_crashed_run_marks_its_acknowledged_jobs_without_publishing_again(
+    spark: SparkSession,
+    database_url: str,
+    bootstrap_servers: str,
+    topic_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    orders = f"{topic_prefix}.orders"
+    create_topics(bootstrap_servers, [orders])
+    dead = [make_job(i, orders) for i in range(40)]
+    with Store(database_url) as store:
+        store.insert_jobs(dead)
+    with monkeypatch.context() as patch:
+        patch.setattr(bulk_retry, "mark_delivered", _crash)
+        with pytest.raises(RuntimeError):
+            run(database_url, bootstrap_servers, "--run-id", "crashed")
+
+    result = run(database_url, bootstrap_servers, "--run-id", "crashed")
+
+    assert (result["selected"], result["published"], result["failed"]) == (0, 40, 0)
+    assert published_ids(database_url) == {j.retry_id for j in dead}
+    assert len(consume(bootstrap_servers, [orders], expected=40)) == 40
+    assert staged(database_url) == 0
+
+
+def _glob(pattern: str, text: str | None) -> bool:
+    return (
+        text is not None
+        and re.fullmatch(".*".join(map(re.escape, pattern.split("*"))), text, re.S) is not None
+    )
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_filters_error_class_time_window_and_limit(
+    spark: SparkSession, database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    orders = f"{topic_prefix}.orders"
+    create_topics(bootstrap_servers, [orders])
+    classes = [
+        "net.TimeoutError",
+        "net.TimeoutXError",
+        "net.Timeout_Error",
+        "db.O'Brien%Error",
+        "db.Deadlock",
+        None,
+    ]
+    jobs = [make_job(i, orders, error_class=classes[i % len(classes)]) for i in range(36)]
+    with Store(database_url) as store:
+        store.insert_jobs(jobs)
+    now = datetime.now(UTC).replace(microsecond=0)
+    created = {j.retry_id: now - timedelta(hours=j.source_offset) for j in jobs}  # job i: i hours ago
+    with psycopg.connect(database_url) as conn:
+        for rid, at in created.items():
+            conn.execute("UPDATE retry_jobs SET created_at = %s WHERE retry_id = %s", (at, rid))
+        ids = dict(conn.execute("SELECT retry_id, id FROM retry_jobs").fetchall())
+
+    def count(*args: str) -> int:
+        return int(run(database_url, bootstrap_servers, "--dry-run", *args)["selected"])
+
+    since, until = now - timedelta(hours=20, minutes=30), now - timedelta(hours=4, minutes=30)
+    in_window = {j.retry_id for j in jobs if since <= created[j.retry_id] < until}
+    for pattern in ["net.Timeout_*", "*Error", "db.O'Brien%*", "*%*", "*", "net.TimeoutError"]:
+        expected = sum(_glob(pattern, j.error_class) for j in jobs)
+        assert count("--error-class", pattern) == expected, pattern
+    assert count("--error-class", "net.Timeout_*") == 6  # "_" is not a wildcard
+    assert count("--error-class", "*%*") == 6  # nor is "%"
+    assert count("--since", since.isoformat(), "--until", until.isoformat()) == len(in_window) == 16
+    berlin = until.astimezone(PLUS_TWO).isoformat()  # another zone, same instant
+    assert count("--since", since.strftime("%Y-%m-%dT%H:%M:%SZ"), "--until", berlin) == 16
+    assert count("--limit", "7") == 7
+
+    # The same filters through the JDBC query the executors read.
+    quoted = run(database_url, bootstrap_servers, "--error-class", "db.O'Brien%*")
+    expect_quoted = {j.retry_id for j in jobs if j.error_class == "db.O'Brien%Error"}
+    assert (quoted["selected"], quoted["published"]) == (6, 6)
+    assert published_ids(database_url) == expect_quoted
+
+    combined = run(
+        database_url, bootstrap_servers, "--error-class", "*Error", "--since", since.isoformat(),
+        "--until", until.isoformat(), "--limit", "5",
+    )  # fmt: skip
+    candidates = sorted(
+        (j for j in jobs if _glob("*Error", j.error_class) and j.retry_id in in_window
+         and j.retry_id not in expect_quoted),
+        key=lambda j: ids[j.retry_id],
+    )  # fmt: skip
+    expect_combined = {j.retry_id for j in candidates[:5]}
+    assert len(candidates) > 5
+    assert (combined["selected"], combined["published"]) == (5, 5)
+    assert published_ids(database_url) == expect_quoted | expect_combined
+    seen = consume(bootstrap_servers, [orders], expected=11)
+    assert {r.header(protocol.ID) for r in seen} == expect_quoted | expect_combined
+    assert len(seen) == 11

@@ -1,0 +1,484 @@
+"""The compaction job (include/spark/compact.py): pure transforms on small frames, then whole runs
+against a fresh PostgreSQL database and a local Parquet archive."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import BinaryType, LongType, StringType, TimestampType
+from pyspark.testing import assertDataFrameEqual
+
+from include.spark import compact
+from retry_scheduler.jobs import Job, Status
+from retry_scheduler.sparkjobs import JobArgumentError
+from retry_scheduler.store import Store
+
+pytestmark = pytest.mark.spark
+
+DAY_MS = 86_400_000
+
+
+# --- pure transforms and helpers (no database) -----------------------------------------------------
+
+
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, us: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, us, tzinfo=UTC)
+
+
+def test_partition_columns_use_the_utc_day_of_the_processed_time(spark: SparkSession) -> None:
+    schema = "id long, destination string, status string, published_at timestamp, dead_at timestamp"
+    jobs = spark.createDataFrame(
+        [
+            (1, "orders", "published", utc(2025, 3, 1, 23, 59, 59, 999_999), None),
+            (2, None, "dead", None, utc(2025, 3, 2, 0, 0, 0)),
+            # replayed after it died: processed when published, not when it died
+            (3, "payments", "published", utc(2025, 3, 5, 0, 30), utc(2025, 3, 1, 12, 0)),
+        ],
+        schema,
+    )
+    expected = spark.createDataFrame(
+        [
+            (1, "orders", "published", utc(2025, 3, 1, 23, 59, 59, 999_999), None, "2025-03-01"),
+            (2, "__none__", "dead", None, utc(2025, 3, 2, 0, 0, 0), "2025-03-02"),
+            (3, "payments", "published", utc(2025, 3, 5, 0, 30), utc(2025, 3, 1, 12, 0), "2025-03-05"),
+        ],
+        schema + ", day string",
+    )
+    previous = spark.conf.get("spark.sql.session.timeZone")
+    assert previous is not None
+    spark.conf.set("spark.sql.session.timeZone", "America/Los_Angeles")  # the UTC day whatever the session's
+    try:
+        assertDataFrameEqual(compact.with_partition_columns(jobs), expected)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous)
+
+
+def test_only_rows_missing_from_the_archive_are_written(spark: SparkSession) -> None:
+    selection = spark.createDataFrame(
+        [
+            (1, b"\x00a", "2025-03-01"),
+            (2, b"b", "2025-03-01"),
+            (3, None, "2025-03-02"),
+            (4, b"d", "2025-03-02"),
+        ],
+        "id long, msg_key binary, day string",
+    )
+    archived = spark.createDataFrame(
+        [(2, "2025-03-01"), (4, "2025-03-02"), (9, "2025-03-02")], "id long, day string"
+    )
+
+    missing = compact.missing_from_archive(selection, archived)
+    assertDataFrameEqual(
+        missing,
+        spark.createDataFrame([(1, b"\x00a", "2025-03-01"), (3, None, "2025-03-02")], selection.schema),
+    )
+    assert missing.columns == selection.columns
+    assertDataFrameEqual(
+        compact.found_in_archive(selection, archived), spark.createDataFrame([(2,), (4,)], "id long")
+    )
+
+
+def test_selection_window_and_its_sql() -> None:
+    now = utc(2025, 3, 10, 6, 0)
+    by_age = compact.selection_window(now, older_than_ms=7 * DAY_MS, day=None, dead_retention_ms=30 * DAY_MS)
+    assert by_age == compact.Window(None, utc(2025, 3, 3, 6, 0), None, utc(2025, 2, 8, 6, 0))
+    assert by_age.predicate().as_string(None) == (
+        "(status = 'published' AND \"published_at\" < '2025-03-03 06:00:00+00:00'::timestamptz)"
+        " OR (status = 'dead' AND \"dead_at\" < '2025-02-08 06:00:00+00:00'::timestamptz)"
+    )
+    # --day: the whole UTC day; dead jobs only the part of it older than the retention
+    by_day = compact.selection_window(
+        now, older_than_ms=None, day=date(2025, 3, 2), dead_retention_ms=8 * DAY_MS
+    )
+    assert by_day == compact.Window(utc(2025, 3, 2), utc(2025, 3, 3), utc(2025, 3, 2), utc(2025, 3, 2, 6, 0))
+    assert "\"dead_at\" >= '2025-03-02 00:00:00+00:00'::timestamptz" in by_day.predicate().as_string(None)
+    # a retention reaching past the day takes none of its dead jobs
+    recent = compact.selection_window(now, older_than_ms=None, day=date(2025, 3, 9), dead_retention_ms=DAY_MS)
+    assert recent.dead_before == utc(2025, 3, 9, 6, 0)
+    older = compact.selection_window(
+        now, older_than_ms=None, day=date(2025, 3, 9), dead_retention_ms=3 * DAY_MS
+    )
+    assert older.dead_before < older.dead_from  # type: ignore[operator]
+
+
+def test_database_url_becomes_jdbc_url_and_properties() -> None:
+    # The same conversion as bulk retry (retry_scheduler.sparkjobs.jdbc_target): libpq parameters
+    # become JDBC properties, the port is explicit.
+    jdbc = compact.jdbc_target("postgresql://svc:p%40ss@db.example:6543/retry?sslmode=require")
+    assert jdbc.url == "jdbc:postgresql://db.example:6543/retry"
+    assert jdbc.connection_properties() == {
+        "driver": "org.postgresql.Driver",
+        "user": "svc",
+        "password": "p@ss",
+        "sslmode": "require",
+    }
+    assert compact.jdbc_target("postgres://svc@[::1]/x").url == "jdbc:postgresql://[::1]:5432/x"
+    with pytest.raises(JobArgumentError, match="postgresql://"):
+        compact.jdbc_target("mysql://h/db")
+
+
+def test_archive_paths_are_local_unless_a_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert compact.archive_uri("arch/") == f"file://{tmp_path.resolve()}/arch"
+    assert compact.archive_uri("s3a://bucket/retry/") == "s3a://bucket/retry"
+    assert compact.archive_uri("file:///data/a") == "file:///data/a"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--day", "2025-02-30"],
+        ["--day", "20250201"],
+        ["--older-than", "7x"],
+        ["--older-than", "1d", "--day", "2025-02-01"],
+        ["--delete-batch", "0"],
+        ["--run-id", "x'; DROP TABLE retry_jobs; --"],
+    ],
+)
+def test_bad_arguments_are_refused(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        compact.parse_args(["--database-url", "postgresql://h/db", "--archive", "/a", *argv])
+
+
+def test_defaults() -> None:
+    args = compact.parse_args(["--database-url", "postgresql://h/db", "--archive", "/a"])
+    assert (args.older_than, args.day, args.dead_retention) == (7 * DAY_MS, None, 30 * DAY_MS)
+    assert (args.delete_batch, args.partitions, args.dry_run) == (50_000, 8, False)
+
+
+def test_manifest_goes_through_hadoop_for_uris(spark: SparkSession, tmp_path: Path) -> None:
+    target = tmp_path / "m" / "run.json"
+    compact.write_text_hadoop(spark, f"file://{target}", '{"selected": 3}\n')
+    assert json.loads(target.read_text()) == {"selected": 3}
+
+
+# --- whole runs on PostgreSQL ---------------------------------------------------------------------
+
+
+_offsets = itertools.count(1)
+
+
+def make_job(offset: int, status: Status, destination: str | None) -> Job:
+    now = int(time.time() * 1000)
+    return Job(
+        source_topic="retry", source_partition=0, source_offset=offset, source_timestamp_ms=1,
+        destination=destination, destination_partition=None if offset % 2 else 3,
+        key=None if offset % 3 == 0 else b"\x00\xffkey-%d" % offset, value=bytes(range(256)) + b"%d" % offset,
+        headers=(("trace", b"\x01\x02"), ("empty", None), ("trace", b"again")), attempt=offset % 4,
+        policy="default", reason="boom", error_class="ValueError", consumer_group="svc", retry_id=f"id-{offset}",
+        original_topic=destination, original_partition=None, original_offset=offset, original_timestamp_ms=now,
+        due_ms=now - 60_000, status=status, dead_reason="exhausted" if status is Status.DEAD else None,
+        dlq_topic="retry.dlq",
+    )  # fmt: skip
+
+
+def seed(database_url: str, jobs: dict[str, tuple[str, datetime | None, str | None]]) -> dict[str, int]:
+    """Insert jobs named ``name -> (status, processed time, destination)``; returns their ids."""
+    offsets = {name: next(_offsets) for name in jobs}
+    with Store(database_url) as store:
+        store.insert_jobs(
+            [make_job(offsets[name], Status(status), dest) for name, (status, _, dest) in jobs.items()]
+        )
+    with psycopg.connect(database_url) as conn:
+        by_offset: dict[int, int] = dict(conn.execute("SELECT source_offset, id FROM retry_jobs").fetchall())
+        ids = {name: by_offset[offset] for name, offset in offsets.items()}
+        for name, (status, at, _) in jobs.items():
+            if status == "published":
+                conn.execute(
+                    "UPDATE retry_jobs SET status = 'published', published_at = %s WHERE id = %s",
+                    (at, ids[name]),
+                )
+            elif status == "dead":
+                conn.execute("UPDATE retry_jobs SET dead_at = %s WHERE id = %s", (at, ids[name]))
+    return ids
+
+
+def db_rows(database_url: str) -> dict[int, dict[str, Any]]:
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        rows = conn.execute("SELECT * FROM retry_jobs").fetchall()
+    return {row["id"]: row for row in rows}
+
+
+def staged(database_url: str) -> int:
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute("SELECT count(*) FROM retry_compaction_archived").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def read_archive(spark: SparkSession, archive: Path) -> DataFrame:
+    return spark.read.parquet(str(archive / "retry_jobs"))
+
+
+def archived_ids(spark: SparkSession, archive: Path) -> list[int]:
+    if not (archive / "retry_jobs").exists():
+        return []
+    return sorted(row["id"] for row in read_archive(spark, archive).select("id").collect())
+
+
+def normalise(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC)  # Spark hands back naive local times
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    return value
+
+
+def run(database_url: str, archive: Path | str, *args: str) -> dict[str, Any]:
+    return compact.main(
+        ["--database-url", database_url, "--archive", str(archive), "--partitions", "3", *args]
+    )
+
+
+def day_args(day: date, now: datetime, dead_boundary: datetime) -> list[str]:
+    """``--day day`` with a dead retention ending at ``dead_boundary``."""
+    retention_ms = int((now - dead_boundary).total_seconds() * 1000)
+    return ["--day", day.isoformat(), "--dead-retention", f"{retention_ms}ms"]
+
+
+@pytest.mark.integration
+def test_archives_processed_jobs_then_deletes_exactly_them(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path
+) -> None:
+    now = datetime.now(UTC)
+    ids = seed(
+        database_url,
+        {
+            "old_published": ("published", now - timedelta(days=10), "orders"),
+            "old_published_no_destination": ("published", now - timedelta(days=8), None),
+            "old_dead": ("dead", now - timedelta(days=40), "payments"),
+            "recent_published": ("published", now - timedelta(days=1), "orders"),
+            "dead_within_retention": ("dead", now - timedelta(days=10), "orders"),
+            "pending": ("pending", None, "orders"),
+        },
+    )
+    before = db_rows(database_url)
+    archive = tmp_path / "archive"
+
+    result = run(
+        database_url, archive, "--older-than", "7d", "--dead-retention", "30d", "--delete-batch", "1"
+    )
+
+    gone = {ids["old_published"], ids["old_published_no_destination"], ids["old_dead"]}
+    day_of = {
+        i: (before[i]["published_at"] or before[i]["dead_at"]).astimezone(UTC).date().isoformat()
+        for i in gone
+    }
+    assert result["selected"] == result["archived_new"] == result["deleted"] == 3
+    assert result["already_archived"] == 0
+    assert result["days"] == sorted(set(day_of.values()))
+    assert set(db_rows(database_url)) == set(before) - gone
+    assert staged(database_url) == 0
+
+    frame = read_archive(spark, archive)
+    types = {field.name: field.dataType for field in frame.schema.fields}
+    assert (types["msg_key"], types["msg_value"], types["headers"]) == (BinaryType(),) * 3
+    assert (types["published_at"], types["dead_at"], types["due_at"]) == (TimestampType(),) * 3
+    assert (types["id"], types["status"]) == (LongType(), StringType())
+    archived = {row["id"]: row.asDict() for row in frame.collect()}
+    assert set(archived) == gone
+    for job_id, row in archived.items():
+        expected = {column: normalise(value) for column, value in before[job_id].items()}
+        expected["destination"] = expected["destination"] or "__none__"
+        got = {column: normalise(value) for column, value in row.items() if column != "day"}
+        assert got == expected, job_id
+        assert str(row["day"]) == day_of[job_id]
+    assert bytes(archived[ids["old_published"]]["msg_value"]) == before[ids["old_published"]]["msg_value"]
+    assert before[ids["old_published"]]["msg_value"].startswith(bytes(range(256)))
+    none_dir = (
+        archive / "retry_jobs" / f"day={day_of[ids['old_published_no_destination']]}" / "destination=__none__"
+    )
+    assert list(none_dir.glob("*.parquet"))
+
+
+@pytest.mark.integration
+def test_the_same_day_twice_archives_nothing_twice(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path
+) -> None:
+    now = datetime.now(UTC)
+    day = (now - timedelta(days=10)).date()
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    ids = seed(
+        database_url,
+        {
+            "first_instant": ("published", start, "orders"),
+            "last_instant": ("published", start + timedelta(days=1, microseconds=-1), "payments"),
+            "day_before": ("published", start - timedelta(microseconds=1), "orders"),
+            "day_after": ("published", start + timedelta(days=1), "orders"),
+            "dead_past_retention": ("dead", start + timedelta(hours=6), "orders"),
+            "dead_within_retention": ("dead", start + timedelta(hours=18), "orders"),
+            "pending": ("pending", None, "orders"),
+        },
+    )
+    archive = tmp_path / "archive"
+    argv = day_args(day, now, dead_boundary=start + timedelta(hours=12))
+    day_ids = sorted([ids["first_instant"], ids["last_instant"], ids["dead_past_retention"]])
+
+    dry = run(database_url, archive, *argv, "--dry-run")
+    assert (dry["selected"], dry["archived_new"], dry["deleted"], dry["manifest"]) == (3, 3, 0, None)
+    assert len(db_rows(database_url)) == 7 and not archive.exists()
+
+    first = run(database_url, archive, *argv)
+    assert (first["selected"], first["archived_new"], first["deleted"]) == (3, 3, 3)
+    assert first["days"] == [day.isoformat()]
+    assert archived_ids(spark, archive) == day_ids
+    left = set(db_rows(database_url))
+
+    second = run(database_url, archive, *argv)
+    assert (second["selected"], second["archived_new"], second["deleted"]) == (0, 0, 0)
+    assert archived_ids(spark, archive) == day_ids
+    assert set(db_rows(database_url)) == left
+
+    # a job that reached the day late is added alone
+    [late] = seed(database_url, {"late": ("published", start + timedelta(hours=3), "orders")}).values()
+    third = run(database_url, archive, *argv)
+    assert (third["selected"], third["archived_new"], third["already_archived"], third["deleted"]) == (
+        1,
+        1,
+        0,
+        1,
+    )
+    assert archived_ids(spark, archive) == sorted([*day_ids, late])
+    assert set(db_rows(database_url)) == left
+
+
+@pytest.mark.integration
+def test_a_crash_before_the_delete_is_finished_by_the_next_run(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = datetime.now(UTC)
+    day = (now - timedelta(days=3)).date()
+    noon = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
+    ids = seed(
+        database_url,
+        {"a": ("published", noon, "orders"), "b": ("published", noon, None), "other": ("pending", None, "x")},
+    )
+    archive = tmp_path / "archive"
+    argv = [*day_args(day, now, dead_boundary=noon), "--run-id", "scheduled__crash"]
+
+    def crash(*args: object) -> int:
+        raise RuntimeError("driver killed")
+
+    monkeypatch.setattr(compact, "delete_archived", crash)
+    monkeypatch.setattr(compact, "_clear_staging", lambda conn, run_id: None)  # died: no cleanup either
+    with pytest.raises(RuntimeError, match="driver killed"):
+        run(database_url, archive, *argv)
+    assert set(db_rows(database_url)) == set(ids.values())
+    assert archived_ids(spark, archive) == sorted([ids["a"], ids["b"]])
+    assert staged(database_url) == 2
+
+    monkeypatch.undo()
+    again = run(database_url, archive, *argv)
+    assert (again["selected"], again["already_archived"], again["archived_new"], again["deleted"]) == (
+        2,
+        2,
+        0,
+        2,
+    )
+    assert archived_ids(spark, archive) == sorted([ids["a"], ids["b"]])
+    assert set(db_rows(database_url)) == {ids["other"]}
+    assert staged(database_url) == 0
+
+
+@pytest.mark.integration
+def test_rows_missing_from_the_archive_stop_the_delete(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = datetime.now(UTC)
+    ids = seed(database_url, {f"p{i}": ("published", now - timedelta(days=9), "orders") for i in range(3)})
+    archive = tmp_path / "archive"
+    real_write: Callable[[DataFrame, str], None] = compact.write_archive
+
+    def lossy_write(rows: DataFrame, root: str) -> None:
+        real_write(rows.where(rows.id != ids["p1"]), root)
+
+    monkeypatch.setattr(compact, "write_archive", lossy_write)
+    with pytest.raises(compact.ArchiveVerificationError, match="1 of 3 selected jobs are not in the archive"):
+        run(database_url, archive)
+    assert set(db_rows(database_url)) == set(ids.values())
+    assert staged(database_url) == 0
+    assert not (archive / "_manifests").exists()
+
+    monkeypatch.undo()
+    again = run(database_url, archive)
+    assert (again["selected"], again["already_archived"], again["archived_new"], again["deleted"]) == (
+        3,
+        2,
+        1,
+        3,
+    )
+    assert archived_ids(spark, archive) == sorted(ids.values())
+    assert db_rows(database_url) == {}
+
+
+@pytest.mark.integration
+def test_each_run_leaves_a_manifest_with_its_counts(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path
+) -> None:
+    now = datetime.now(UTC)
+    ids = seed(
+        database_url,
+        {
+            "p": ("published", now - timedelta(days=8), "orders"),
+            "d": ("dead", now - timedelta(days=31), "orders"),
+        },
+    )
+    archive = tmp_path / "archive"
+    run_id = "scheduled__2025-01-01T00:00:00+00:00"
+
+    result = run(database_url, f"file://{archive}", "--run-id", run_id)
+
+    manifest_path = archive / "_manifests" / "scheduled__2025-01-01T00_00_00_00_00.json"
+    assert result["manifest"] == f"file://{manifest_path}"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest == {key: value for key, value in result.items() if key != "manifest"}
+    assert manifest["run_id"] == run_id
+    assert (manifest["selected"], manifest["archived_new"], manifest["already_archived"], manifest["deleted"]) == (
+        2, 2, 0, 2,
+    )  # fmt: skip
+    assert manifest["day"] is None
+    assert datetime.fromisoformat(manifest["cutoff"]) < now - timedelta(days=7) + timedelta(minutes=5)
+    assert manifest["started_at"] <= manifest["finished_at"]
+    assert sorted(manifest["days"]) == manifest["days"] and len(manifest["days"]) == 2
+    assert archived_ids(spark, archive) == sorted(ids.values())
+
+
+@pytest.mark.integration
+def test_a_job_replayed_after_it_was_archived_is_not_deleted(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = datetime.now(UTC)
+    ids = seed(
+        database_url,
+        {
+            "dead": ("dead", now - timedelta(days=40), "orders"),
+            "published": ("published", now - timedelta(days=9), "x"),
+        },
+    )
+    real_stage = compact.stage_verified
+
+    def stage_then_replay(*args: Any) -> int:
+        staged_now = real_stage(*args)
+        with psycopg.connect(database_url, autocommit=True) as other:  # someone replays it from the DLQ
+            other.execute(
+                "UPDATE retry_jobs SET status = 'pending', dead_reason = NULL WHERE id = %s", (ids["dead"],)
+            )
+        return staged_now
+
+    monkeypatch.setattr(compact, "stage_verified", stage_then_replay)
+    result = run(database_url, tmp_path / "archive")
+    assert (result["selected"], result["archived_new"], result["deleted"]) == (2, 2, 1)
+    assert set(db_rows(database_url)) == {ids["dead"]}
+    assert staged(database_url) == 0

@@ -1,0 +1,209 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from retry_scheduler import protocol as p
+from retry_scheduler.config import DEFAULT_DESTINATION_ALLOWLIST, Settings
+from retry_scheduler.headers import InvalidRecordError, Limits, parse_headers, truncate_reason
+from retry_scheduler.ingest import Record, job_from_record, limits_for
+from retry_scheduler.jobs import (
+    OutgoingRow,
+    Status,
+    decode_headers,
+    destination_headers,
+    dlq_headers,
+    encode_headers,
+)
+from retry_scheduler.policy import Policy, PolicyRegistry
+
+LIMITS = Limits(re.compile(DEFAULT_DESTINATION_ALLOWLIST), frozenset({"retry", "retry.dlq"}))
+NOW = 1_800_000_000_000
+
+
+def h(**kv: str | bytes | None) -> list[tuple[str, bytes | None]]:
+    out = []
+    for k, v in kv.items():
+        name = "retry." + k.replace("_", "-")
+        out.append((name, v.encode() if isinstance(v, str) else v))
+    return out
+
+
+def test_valid_headers_parse_into_typed_values() -> None:
+    parsed = parse_headers(
+        [("trace", b"\x00\xff"), *h(original_topic="orders", original_partition="2", original_offset="41",
+          attempt="1", at="1800000005000", reason="boom", error_class="x.Timeout", group="g", id="abc")],
+        LIMITS,
+    )  # fmt: skip
+    assert parsed.destination == "orders"
+    assert parsed.destination_partition == 2
+    assert parsed.original_offset == 41
+    assert parsed.attempt == 1
+    assert parsed.at_ms == 1_800_000_005_000
+    assert parsed.retry_id == "abc"
+    assert parsed.passthrough == (("trace", b"\x00\xff"),)
+    assert not parsed.send_to_dlq
+
+
+def test_explicit_destination_wins_and_drops_the_original_partition() -> None:
+    parsed = parse_headers(
+        h(destination="orders.retry-target", original_topic="orders", original_partition="2"), LIMITS
+    )
+    assert parsed.destination == "orders.retry-target"
+    assert parsed.destination_partition is None
+    assert parsed.original_partition == 2
+
+
+@pytest.mark.parametrize(
+    ("headers", "fault"),
+    [
+        ([], "no destination"),
+        (h(attempt="1"), "no destination"),
+        (h(destination="orders", attempt="abc"), "retry.attempt='abc' is not an integer"),
+        (h(destination="orders", attempt="-1"), "retry.attempt=-1 is out of range"),
+        (h(destination="orders", attempt="1.5"), "not an integer"),
+        (h(destination="orders", at="99999999999999999"), "retry.at=99999999999999999 is out of range"),
+        (h(destination="orders", at="-5"), "out of range"),
+        (h(destination="orders", original_partition="x"), "retry.original-partition"),
+        (h(destination="orders", original_timestamp="1e12"), "not an integer"),
+        (h(destination=b"ord\xffers"), "retry.destination is not valid UTF-8"),
+        (h(destination="orders", reason=b"\xc3\x28"), "retry.reason is not valid UTF-8"),
+        (h(destination="orders", send_to="later"), "retry.send-to='later' must be 'retry' or 'dlq'"),
+        (h(destination="_schemas"), "'_schemas' is not allowed"),
+        (h(destination="__consumer_offsets"), "not allowed"),
+        (h(destination="retry"), "'retry' is not allowed"),
+        (h(destination="retry.dlq"), "not allowed"),
+        (h(destination="has space"), "not allowed"),
+        (h(destination="x" * 250), "not allowed"),
+        (h(destination=None), "retry.destination is null"),
+        (h(destination="orders", policy="p" * 2000), "retry.policy is 2000 bytes"),
+        (h(destination="orders") + h(destination="other"), "retry.destination appears more than once"),
+        ([("x", b"1")] * 300 + h(destination="orders"), "301 headers, more than the 256 allowed"),
+    ],
+)
+def test_malformed_headers_name_the_fault(headers: list, fault: str) -> None:
+    with pytest.raises(InvalidRecordError) as err:
+        parse_headers(headers, LIMITS)
+    assert fault in str(err.value)
+
+
+def test_long_reason_is_truncated_not_rejected() -> None:
+    parsed = parse_headers(h(destination="orders", reason="e" * 10_000), LIMITS)
+    assert parsed.reason is not None and len(parsed.reason) == 2000
+    assert parsed.reason.endswith("...[truncated]")
+    assert truncate_reason("short", 10) == "short"
+
+
+REGISTRY = PolicyRegistry.of(
+    [Policy("default", delays=["1m"], max_attempts=2), Policy("slow", delays=["1h"], max_attempts=5)]
+)
+SETTINGS = Settings(delay_topics={"retry.5m": 300_000})
+
+
+def job(topic: str = "retry", headers: list | None = None, ts: int | None = NOW - 1000, **kw: object):
+    rec = Record(topic, 0, 7, ts, b"k", b"v", headers or [], **kw)  # type: ignore[arg-type]
+    return job_from_record(
+        rec, settings=SETTINGS, registry=REGISTRY, limits=limits_for(SETTINGS, REGISTRY), now_ms=NOW
+    )
+
+
+def test_job_from_valid_record() -> None:
+    j = job(headers=h(original_topic="orders", attempt="1"))
+    assert j.status is Status.PENDING
+    assert j.due_ms == NOW - 1000 + 60_000
+    assert j.original_timestamp_ms == NOW - 1000  # set by the scheduler when absent
+    assert j.dlq_topic == "retry.dlq"
+    assert len(j.retry_id) == 36
+
+
+def test_per_delay_topic_counts_from_the_record_timestamp() -> None:
+    j = job("retry.5m", h(destination="orders"), ts=NOW - 60_000)
+    assert j.due_ms == NOW - 60_000 + 300_000
+
+
+def test_delay_topic_record_with_explicit_at_keeps_it() -> None:
+    assert job("retry.5m", h(destination="orders", at=str(NOW + 5))).due_ms == NOW + 5
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        (h(destination="orders", attempt="2"), "exhausted"),
+        (h(destination="orders", send_to="dlq"), "requested"),
+        (h(destination="orders", policy="nope"), "invalid"),
+        (h(destination="retry.5m"), "invalid"),  # would loop
+    ],
+)
+def test_dead_decisions(headers: list, reason: str) -> None:
+    j = job(headers=headers)
+    assert j.status is Status.DEAD
+    assert j.dead_reason == reason
+
+
+def test_invalid_record_is_kept_whole_with_the_fault_as_reason() -> None:
+    raw = [("trace", b"1"), *h(destination="orders", attempt="x", id="keep-me")]
+    j = job(headers=raw)
+    assert j.dead_reason == "invalid"
+    assert j.reason == "header retry.attempt='x' is not an integer"
+    assert j.headers == tuple(raw)
+    assert j.retry_id == "keep-me"
+    assert (j.key, j.value) == (b"k", b"v")
+
+
+def test_oversize_record_is_invalid() -> None:
+    big = Settings(max_record_bytes=100)
+    rec = Record("retry", 0, 1, NOW, b"k", b"v" * 200, h(destination="orders"))
+    j = job_from_record(rec, settings=big, registry=REGISTRY, limits=limits_for(big, REGISTRY), now_ms=NOW)
+    assert j.dead_reason == "invalid"
+    assert "more than the 100 allowed" in (j.reason or "")
+
+
+def test_header_codec_round_trips_order_repeats_nulls_and_bytes() -> None:
+    headers = [("a", b"1"), ("b", None), ("a", b"\x00\xff"), ("", b""), ("ü", b"x" * 70000)]
+    assert decode_headers(encode_headers(headers)) == headers
+    assert decode_headers(None) == []
+
+
+def row(**kw: object) -> OutgoingRow:
+    base: dict = dict(
+        id=1, destination="orders", destination_partition=None, key=b"k", value=b"v",
+        headers=encode_headers([("trace", b"t")]), attempt=2, policy="default", reason="boom",
+        error_class="x.E", consumer_group="g", retry_id="rid", original_topic="orders",
+        original_partition=3, original_offset=9, original_timestamp_ms=NOW, dead_reason=None,
+        dlq_topic="retry.dlq",
+    )  # fmt: skip
+    return OutgoingRow(**(base | kw))
+
+
+def test_destination_headers_raise_attempt_and_keep_identity() -> None:
+    assert destination_headers(row()) == [
+        ("trace", b"t"),
+        (p.ATTEMPT, b"3"),
+        (p.ID, b"rid"),
+        (p.ORIGINAL_TOPIC, b"orders"),
+        (p.ORIGINAL_PARTITION, b"3"),
+        (p.ORIGINAL_OFFSET, b"9"),
+        (p.ORIGINAL_TIMESTAMP, str(NOW).encode()),
+    ]
+
+
+def test_dlq_headers_say_why() -> None:
+    out = dict(dlq_headers(row(dead_reason="exhausted")))
+    assert out[p.DEAD_REASON] == b"exhausted"
+    assert out[p.REASON] == b"boom"
+    assert out[p.ERROR_CLASS] == b"x.E"
+    assert out[p.ATTEMPT] == b"2"
+    assert out["trace"] == b"t"
+
+
+def test_dlq_headers_of_invalid_record_replace_only_what_we_set() -> None:
+    raw = encode_headers([("trace", b"t"), (p.ATTEMPT, b"x"), (p.REASON, b"old"), (p.ID, b"\xff")])
+    out = dlq_headers(row(headers=raw, dead_reason="invalid", reason="bad attempt", retry_id="new"))
+    assert out == [
+        ("trace", b"t"),
+        (p.ATTEMPT, b"x"),
+        (p.ID, b"new"),
+        (p.DEAD_REASON, b"invalid"),
+        (p.REASON, b"bad attempt"),
+    ]

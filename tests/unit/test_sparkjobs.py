@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import pytest
+
+from retry_scheduler.config import Settings
+from retry_scheduler.sparkjobs import JobArgumentError, bulk_retry_args, compact_args
+
+SETTINGS = Settings(
+    database_url="postgresql://u@db/retry", kafka={"bootstrap.servers": "k:9092", "acks": "all"}
+)
+
+
+def test_bulk_retry_args_from_a_full_form() -> None:
+    args = bulk_retry_args(
+        {"destination": "payments", "status": "dead", "error_class": "*Timeout*", "since": "2026-11-20T10:00:00Z",
+         "until": "2026-11-20T14:00:00+00:00", "limit": 500, "dry_run": False},
+        SETTINGS,
+    )  # fmt: skip
+    assert args == [
+        "--database-url", "postgresql://u@db/retry", "--bootstrap-servers", "k:9092", "--kafka-config", '{"acks": "all"}',
+        "--destination", "payments", "--status", "dead", "--error-class", "*Timeout*",
+        "--since", "2026-11-20T10:00:00+00:00", "--until", "2026-11-20T14:00:00+00:00", "--limit", "500",
+    ]  # fmt: skip
+
+
+def test_bulk_retry_is_a_dry_run_unless_told_otherwise() -> None:
+    assert bulk_retry_args({}, SETTINGS)[-3:] == ["--status", "dead", "--dry-run"]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"destination": "bad topic"}, "not a valid topic name"),
+        ({"status": "published"}, "must be dead or pending"),
+        ({"since": "yesterday"}, "since='yesterday' is not an ISO-8601 time"),
+        ({"since": "2026-11-21T00:00:00Z", "until": "2026-11-20T00:00:00Z"}, "must be before until"),
+        ({"limit": -5}, "must be positive"),
+    ],
+)
+def test_bulk_retry_rejects_bad_forms(params: dict, message: str) -> None:
+    with pytest.raises(JobArgumentError, match=message):
+        bulk_retry_args(params, SETTINGS)
+
+
+def test_compact_args_for_a_day_and_for_an_age() -> None:
+    assert compact_args(SETTINGS, day="2026-11-20", archive="s3a://b/a")[2:] == [
+        "--archive", "s3a://b/a", "--day", "2026-11-20", "--dead-retention", "30d",
+    ]  # fmt: skip
+    assert "--older-than" in compact_args(SETTINGS, older_than="0s", archive="/tmp/a", dry_run=True)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "exactly one of"),
+        ({"day": "2026-11-20", "older_than": "7d"}, "exactly one of"),
+        ({"day": "20/11/2026"}, "must look like"),
+        ({"older_than": "a week"}, "older_than"),
+        ({"older_than": "7d", "dead_retention": "forever"}, "dead_retention"),
+    ],
+)
+def test_compact_rejects_bad_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(JobArgumentError, match=message):
+        compact_args(SETTINGS, archive="/tmp/a", **kwargs)
+
+
+def test_postgres_url_from_connection_fields() -> None:
+    from retry_scheduler.airflow_tasks import postgres_url
+
+    assert (
+        postgres_url("db", 5432, "svc", "p@ss/word", "retry")
+        == "postgresql://svc:p%40ss%2Fword@db:5432/retry"
+    )
+    assert postgres_url("127.0.0.1", 5432, None, None, None) == "postgresql://127.0.0.1:5432/retry_scheduler"
