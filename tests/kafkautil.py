@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
@@ -52,7 +52,9 @@ def consume(bootstrap: str, topics: Sequence[str], expected: int, timeout_s: flo
     """Read every partition of ``topics`` from the beginning until ``expected`` records arrived.
 
     Waits ``timeout_s`` at most and then returns what it has; reads a little longer after
-    reaching ``expected`` so that unexpected extra records are caught too.
+    reaching ``expected`` so that unexpected extra records are caught too. A consumer error
+    (other than reaching the end of a partition) fails the caller's test with its text, so a
+    record the client could not read is never mistaken for a record that was never sent.
     """
     consumer = Consumer(
         {
@@ -62,6 +64,7 @@ def consume(bootstrap: str, topics: Sequence[str], expected: int, timeout_s: flo
         }
     )
     seen: list[Seen] = []
+    errors: list[str] = []
     try:
         deadline = time.monotonic() + timeout_s
         parts: list[TopicPartition] = []
@@ -80,7 +83,9 @@ def consume(bootstrap: str, topics: Sequence[str], expected: int, timeout_s: flo
         grace: float | None = None
         while time.monotonic() < deadline:
             for msg in consumer.consume(500, 0.3):
-                if msg.error():
+                if err := msg.error():
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        errors.append(f"{msg.topic()}[{msg.partition()}]@{msg.offset()}: {err}")
                     continue
                 seen.append(
                     Seen(
@@ -99,4 +104,5 @@ def consume(bootstrap: str, topics: Sequence[str], expected: int, timeout_s: flo
                     break
     finally:
         consumer.close()
+    assert not errors, f"the consumer reported errors after {len(seen)} records: {errors}"
     return seen

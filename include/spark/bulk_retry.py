@@ -68,7 +68,7 @@ try:
     from retry_scheduler.jobs import OutgoingRow, Status, destination_headers
     from retry_scheduler.kafka import producer_config
     from retry_scheduler.sparkjobs import JdbcTarget, JobArgumentError, jdbc_target
-    from retry_scheduler.store import connect
+    from retry_scheduler.store import connect, like_pattern
 except ImportError as exc:  # pragma: no cover - depends on how the job is launched
     raise SystemExit(
         f"bulk_retry cannot import {exc.name} in {sys.executable}: run it with the project's Python, "
@@ -85,8 +85,6 @@ log = logging.getLogger("retry_scheduler.bulk_retry")
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 SELECTABLE = (Status.DEAD, Status.PENDING)
-#: ``!`` escapes LIKE wildcards: unlike a backslash it means the same with any standard_conforming_strings.
-LIKE_ESCAPE = "!"
 STAGING_TABLE = "retry_bulk_delivered"
 
 #: The columns an OutgoingRow is built from, named like its fields (same as the claim queries).
@@ -124,12 +122,6 @@ class BulkRetryError(ValueError):
 
 
 # --- selection ---------------------------------------------------------------------------------
-
-
-def like_pattern(glob: str) -> str:
-    """Translate a ``*`` glob into a LIKE pattern (escape ``!``): ``%`` and ``_`` match themselves."""
-    escaped = "".join(LIKE_ESCAPE + c if c in f"%_{LIKE_ESCAPE}" else c for c in glob)
-    return escaped.replace("*", "%")
 
 
 def sql_literal(value: object) -> str:

@@ -43,12 +43,14 @@ class StoreError(RuntimeError):
 
 @cache
 def queries() -> dict[str, LiteralString]:
-    """Named queries of ``sql/queries.sql``, loaded once."""
-    text = (SQL_DIR / "queries.sql").read_text()
+    """Named queries of every ``sql/*.sql`` file (``-- name:`` blocks), loaded once."""
     found: dict[str, LiteralString] = {}
-    for block in re.split(r"^-- name: ", text, flags=re.MULTILINE)[1:]:
-        name, _, body = block.partition("\n")
-        found[name.strip()] = cast(LiteralString, body.strip().rstrip(";"))
+    for path in sorted(SQL_DIR.glob("*.sql")):
+        for block in re.split(r"^-- name: ", path.read_text(), flags=re.MULTILINE)[1:]:
+            name, _, body = block.partition("\n")
+            if name.strip() in found:
+                raise StoreError(f"query {name.strip()} is defined twice (second time in {path.name})")
+            found[name.strip()] = cast(LiteralString, body.strip().rstrip(";"))
     return found
 
 
@@ -70,6 +72,16 @@ def connect(database_url: str, *, autocommit: bool = False) -> psycopg.Connectio
 def redact_url(url: str) -> str:
     """The URL with its password replaced by ``***``, for messages and logs."""
     return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
+
+
+#: ``!`` escapes LIKE wildcards: unlike a backslash it means the same with any standard_conforming_strings.
+LIKE_ESCAPE = "!"
+
+
+def like_pattern(glob: str) -> str:
+    """Translate a ``*`` glob into a LIKE pattern (escape ``!``): ``%`` and ``_`` match themselves."""
+    escaped = "".join(LIKE_ESCAPE + c if c in f"%_{LIKE_ESCAPE}" else c for c in glob)
+    return escaped.replace("*", "%")
 
 
 def migration_files() -> list[tuple[int, str, Path]]:

@@ -34,7 +34,12 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
     assert migrate(database_url) == []  # the template is already migrated
     with psycopg.connect(database_url) as conn:
         versions = conn.execute("SELECT version, name FROM retry_schema_version ORDER BY version").fetchall()
-    assert versions == [(1, "0001_retry_jobs"), (2, "0002_retry_loops"), (3, "0003_bulk_and_compaction")]
+    assert versions == [
+        (1, "0001_retry_jobs"),
+        (2, "0002_retry_loops"),
+        (3, "0003_bulk_and_compaction"),
+        (4, "0004_dlq_operations"),
+    ]
 
 
 def test_unmigrated_database_says_what_to_run(database_url: str) -> None:

@@ -1,0 +1,101 @@
+-- Dead-letter operations (retry_scheduler.dlq): browse, replay, purge, audit.
+-- {where} is the filter of retry_scheduler.dlq.DlqFilter: fixed fragments with parameters, ANDed;
+-- it always starts with status = 'dead'.
+
+-- name: dlq_page
+-- Newest first; keyset pagination on (dead_at, id) so page 1 000 costs what page 1 costs.
+SELECT id, dead_at, destination, dead_reason, error_class, left(reason, 300), attempt, policy, retry_id,
+       dlq_topic, dlq_published_at, first_seen_at, octet_length(msg_value)
+FROM retry_jobs
+WHERE {where}
+  AND (%(after_at)s::timestamptz IS NULL OR (dead_at, id) < (%(after_at)s::timestamptz, %(after_id)s::bigint))
+ORDER BY dead_at DESC, id DESC
+LIMIT %(page_size)s;
+
+-- name: dlq_count
+-- Counting a million rows on every page view would make the page slow: count up to a cap.
+SELECT count(*) FROM (SELECT 1 FROM retry_jobs WHERE {where} LIMIT %(cap)s) AS capped;
+
+-- name: dlq_facets
+-- Dead jobs by destination and reason (the filter menus), from the partial index.
+SELECT coalesce(destination, ''), dead_reason, count(*)
+FROM retry_jobs WHERE status = 'dead'
+GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- name: dlq_job
+SELECT id, status::text, source_topic, source_partition, source_offset, source_timestamp_ms, destination,
+       destination_partition, msg_key, msg_value, headers, attempt, policy, reason, error_class,
+       consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
+       due_at, dead_reason, dead_at, dlq_topic, dlq_published_at, published_at, publish_failures,
+       last_error, lease_until
+FROM retry_jobs WHERE id = %(id)s;
+
+-- name: dlq_plan
+-- What a replay or purge of the filter would do: the jobs it selects (oldest first, up to the
+-- limit) and why some of them would be left alone.
+SELECT count(*),
+       count(*) FILTER (WHERE destination IS NULL OR dead_reason = 'invalid'),
+       count(*) FILTER (WHERE dlq_published_at IS NULL),
+       count(*) FILTER (WHERE lease_until >= clock_timestamp())
+FROM (
+    SELECT destination, dead_reason, dlq_published_at, lease_until FROM retry_jobs
+    WHERE {where} ORDER BY id LIMIT %(limit)s
+) AS selected;
+
+-- name: dlq_replay_batch
+-- Make a batch of dead jobs due now; the publish loop sends them to their destination with
+-- attempt + 1 (attempt reset to 0 first when asked). Invalid jobs have no usable destination,
+-- and a job being sent to the DLQ topic right now (leased) is left for the next try.
+WITH picked AS (
+    SELECT id FROM retry_jobs
+    WHERE {where} AND id > %(after_id)s
+      AND destination IS NOT NULL AND dead_reason <> 'invalid'
+      AND (lease_until IS NULL OR lease_until < clock_timestamp())
+    ORDER BY id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE retry_jobs AS j
+SET status = 'pending', dead_reason = NULL, due_at = clock_timestamp(),
+    attempt = CASE WHEN %(reset_attempts)s THEN 0 ELSE j.attempt END,
+    lease_until = NULL, claimed_by = NULL, publish_failures = 0, last_error = NULL
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id;
+
+-- name: dlq_purge_batch
+-- Delete a batch of dead jobs whose record is safely on the DLQ topic; a job not yet published
+-- there exists nowhere else and is kept.
+WITH picked AS (
+    SELECT id FROM retry_jobs
+    WHERE {where} AND id > %(after_id)s AND dlq_published_at IS NOT NULL
+    ORDER BY id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM retry_jobs AS j USING picked WHERE j.id = picked.id
+RETURNING j.id;
+
+-- name: dlq_selected_ids
+-- The ids a limited replay or purge may touch (oldest first), fixed before the batches start.
+SELECT array_agg(id ORDER BY id) FROM (
+    SELECT id FROM retry_jobs WHERE {where} ORDER BY id LIMIT %(limit)s
+) AS selected;
+
+-- name: dlq_audit_start
+INSERT INTO retry_dlq_audit (action, dry_run, actor, source, run_id, filter, reset_attempts, matched, skipped)
+VALUES (%(action)s, %(dry_run)s, %(actor)s, %(source)s, %(run_id)s, %(filter)s, %(reset_attempts)s,
+        %(matched)s, %(skipped)s)
+RETURNING id;
+
+-- name: dlq_audit_progress
+UPDATE retry_dlq_audit SET affected = affected + %(affected)s WHERE id = %(audit_id)s;
+
+-- name: dlq_audit_finish
+UPDATE retry_dlq_audit SET finished_at = clock_timestamp() WHERE id = %(audit_id)s
+RETURNING affected;
+
+-- name: dlq_audit_recent
+SELECT id, at, action, dry_run, actor, source, run_id, filter, reset_attempts, matched, affected, skipped,
+       finished_at
+FROM retry_dlq_audit ORDER BY at DESC, id DESC LIMIT %(limit)s;

@@ -1,0 +1,371 @@
+"""Dead-letter operations on the real PostgreSQL (and the embedded broker for the replay round trip)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from retry_scheduler import dlq
+from retry_scheduler import protocol as p
+from retry_scheduler.cli import main
+from retry_scheduler.config import Settings
+from retry_scheduler.dlq import DlqError, DlqFilter, run_action
+from retry_scheduler.jobs import Job, Status
+from retry_scheduler.publish import Publisher
+from retry_scheduler.store import Store
+from tests.kafkautil import consume, create_topics
+
+pytestmark = pytest.mark.integration
+
+
+def dead_job(
+    offset: int,
+    *,
+    destination: str | None = "orders",
+    reason: str = "exhausted",
+    error_class: str | None = "app.TimeoutError",
+    text: str | None = None,
+    attempt: int = 3,
+    value: bytes = b'{"order": 1}',
+) -> Job:
+    now = int(time.time() * 1000)
+    return Job(
+        source_topic="retry", source_partition=0, source_offset=offset, source_timestamp_ms=1,
+        destination=destination, destination_partition=None, key=f"key-{offset}".encode(), value=value,
+        headers=(("trace", b"\x00\x01"),), attempt=attempt, policy="default",
+        reason=text or f"call {offset} timed out", error_class=error_class, consumer_group="orders-svc",
+        retry_id=f"rid-{offset}", original_topic=destination, original_partition=None, original_offset=None,
+        original_timestamp_ms=now, due_ms=now, status=Status.DEAD, dead_reason=reason, dlq_topic="retry.dlq",
+    )  # fmt: skip
+
+
+def insert(database_url: str, jobs: list[Job]) -> None:
+    with Store(database_url) as store:
+        store.insert_jobs(jobs)
+
+
+def sql(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        cur = conn.execute(query, params)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
+
+
+def set_dead_at(database_url: str, ids_to_times: dict[int, datetime]) -> None:
+    for job_id, at in ids_to_times.items():
+        sql(database_url, "UPDATE retry_jobs SET dead_at = %s WHERE id = %s", at, job_id)
+
+
+def mark_on_dlq(database_url: str, *ids: int) -> None:
+    sql(database_url, "UPDATE retry_jobs SET dlq_published_at = now() WHERE id = ANY(%s)", list(ids))
+
+
+def ids(page: dlq.Page) -> list[int]:
+    return [j.id for j in page.jobs]
+
+
+# --- browsing -----------------------------------------------------------------------------------
+
+
+def test_list_is_newest_first_and_pages_cover_every_job_once(database_url: str) -> None:
+    insert(database_url, [dead_job(i) for i in range(1, 13)])
+    base = datetime(2026, 11, 20, tzinfo=UTC)
+    # ids 1..12 died an hour apart, except 5 and 6 which died at the same instant (tie broken by id)
+    times = {i: base + timedelta(hours=i) for i in range(1, 13)}
+    times[6] = times[5]
+    set_dead_at(database_url, times)
+
+    seen: list[int] = []
+    cursor = None
+    pages = 0
+    while True:
+        page = dlq.list_dead(database_url, DlqFilter(), page_size=5, cursor=cursor)
+        seen += ids(page)
+        pages += 1
+        assert page.total == 12 and not page.total_capped
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert pages == 3
+    assert seen == [12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1]
+
+
+def test_filters_select_what_their_names_say(database_url: str) -> None:
+    insert(
+        database_url,
+        [
+            dead_job(1, destination="orders", error_class="app.TimeoutError", text="upstream timed out"),
+            dead_job(2, destination="payments", error_class="app.TimeoutError", text="gateway timeout"),
+            dead_job(3, destination="payments", error_class="app.KeyError", text="missing field 'sku'"),
+            dead_job(4, destination="payments", reason="fatal", error_class="SchemaError", text="bad schema"),
+            dead_job(5, destination=None, reason="invalid", error_class=None, text="no destination header"),
+        ],
+    )
+    old = datetime(2026, 1, 1, tzinfo=UTC)
+    set_dead_at(database_url, {1: old})
+
+    def listed(**params: Any) -> list[int]:
+        return sorted(ids(dlq.list_dead(database_url, DlqFilter.from_params(params))))
+
+    assert listed(destination="payments") == [2, 3, 4]
+    assert listed(dead_reason="fatal") == [4]
+    assert listed(dead_reason="invalid") == [5]
+    assert listed(error_class="*Timeout*") == [1, 2]
+    assert listed(error_class="app.KeyError") == [3]
+    assert listed(search="TIMEOUT") == [1, 2]  # any case, reason or error class
+    assert listed(search="sku") == [3]
+    assert listed(search="100%") == []  # % is text, not a wildcard
+    assert listed(until="2026-06-01T00:00:00Z") == [1]
+    assert listed(since="2026-06-01T00:00:00Z") == [2, 3, 4, 5]
+    assert listed(since="1h") == [2, 3, 4, 5]  # a duration means that long ago
+    assert listed(ids="3, 5") == [3, 5]
+    assert listed(destination="payments", search="timeout") == [2]
+    # published and pending jobs are never dead letters
+    sql(database_url, "UPDATE retry_jobs SET status = 'pending', dead_reason = NULL WHERE id = 2")
+    assert listed(destination="payments") == [3, 4]
+
+
+def test_the_count_is_capped_so_a_page_never_counts_a_million_rows(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    insert(database_url, [dead_job(i) for i in range(1, 9)])
+    monkeypatch.setattr(dlq, "COUNT_CAP", 5)
+    page = dlq.list_dead(database_url, DlqFilter(), page_size=3)
+    assert (page.total, page.total_capped, len(page.jobs)) == (5, True, 3)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"dead_reason": "tired"}, "dead reason 'tired' is not one of"),
+        ({"destination": "bad topic"}, "not a valid topic name"),
+        ({"since": "yesterday"}, "neither an ISO-8601 time"),
+        ({"since": "2026-11-21T10:00:00"}, "needs a time zone"),
+        ({"since": "2026-11-21T10:00:00Z", "until": "2026-11-20T10:00:00Z"}, "must be before until"),
+        ({"ids": "3,x"}, "ids must be job ids"),
+        ({"limit": "-1"}, "limit must be a positive whole number"),
+    ],
+)
+def test_bad_filters_say_what_is_wrong(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(DlqError, match=message):
+        DlqFilter.from_params(params)
+
+
+def test_show_renders_text_as_text_binary_as_hex_and_cuts_long_values(database_url: str) -> None:
+    job = dataclasses.replace(dead_job(1), key=b"\xff\x00k", value=b"<script>alert(1)</script>" * 400)
+    insert(database_url, [job])
+    shown = dlq.show(database_url, 1)
+    assert shown["key"] == {"encoding": "hex", "text": "ff 00 6b", "size": 3, "truncated": False}
+    assert shown["value"]["encoding"] == "utf-8"
+    assert shown["value"]["text"].startswith("<script>alert(1)</script>")  # data; the page escapes it
+    assert (shown["value"]["size"], shown["value"]["truncated"], len(shown["value"]["text"])) == (
+        10_000,
+        True,
+        dlq.SHOW_BYTES,
+    )
+    assert shown["headers"] == [
+        {"name": "trace", "value": {"encoding": "hex", "text": "00 01", "size": 2, "truncated": False}}
+    ]
+    assert (shown["dead_reason"], shown["retry_id"], shown["attempt"]) == ("exhausted", "rid-1", 3)
+    with pytest.raises(DlqError, match="there is no job 99"):
+        dlq.show(database_url, 99)
+
+
+# --- replay and purge ---------------------------------------------------------------------------
+
+
+def audit_rows(database_url: str) -> list[tuple[Any, ...]]:
+    return sql(
+        database_url,
+        "SELECT action, dry_run, actor, source, run_id, filter, reset_attempts, matched, affected, skipped,"
+        " finished_at IS NOT NULL FROM retry_dlq_audit ORDER BY id",
+    )
+
+
+def test_a_dry_run_changes_nothing_and_is_audited(database_url: str) -> None:
+    insert(database_url, [dead_job(1), dead_job(2), dead_job(3, destination=None, reason="invalid")])
+    before = sql(database_url, "SELECT * FROM retry_jobs ORDER BY id")
+
+    outcome = run_action(
+        database_url, "replay", DlqFilter(), actor="alice", source="dag", dry_run=True, run_id="manual__1"
+    )
+
+    assert (outcome.matched, outcome.would_affect, outcome.affected) == (3, 2, 0)
+    assert outcome.skipped["invalid, no usable destination"] == 1
+    assert "dry run: 2 of 3 selected dead jobs would be replayed" in outcome.summary()
+    assert sql(database_url, "SELECT * FROM retry_jobs ORDER BY id") == before
+    assert audit_rows(database_url) == [
+        ("replay", True, "alice", "dag", "manual__1", {}, False, 3, 0,
+         {"invalid, no usable destination": 1}, True)
+    ]  # fmt: skip
+
+
+def test_replay_makes_jobs_due_now_keeping_or_resetting_the_attempt(database_url: str) -> None:
+    insert(
+        database_url,
+        [dead_job(1, attempt=3), dead_job(2, attempt=4), dead_job(3, destination=None, reason="invalid")],
+    )
+    started = sql(database_url, "SELECT now()")[0][0]
+
+    kept = run_action(database_url, "replay", DlqFilter(ids=(1,)), actor="bob", source="cli", dry_run=False)
+    reset = run_action(
+        database_url, "replay", DlqFilter(), actor="bob", source="cli", dry_run=False, reset_attempts=True
+    )
+
+    assert (kept.affected, reset.affected) == (1, 1)  # job 3 is invalid: left alone
+    rows = sql(
+        database_url,
+        "SELECT id, status::text, attempt, dead_reason, due_at >= %s FROM retry_jobs ORDER BY id",
+        started,
+    )
+    assert rows == [(1, "pending", 3, None, True), (2, "pending", 0, None, True), (3, "dead", 3, "invalid", False)]  # fmt: skip
+    audit = audit_rows(database_url)
+    assert [(a[0], a[1], a[2], a[5], a[6], a[7], a[8]) for a in audit] == [
+        ("replay", False, "bob", {"ids": [1]}, False, 1, 1),
+        ("replay", False, "bob", {}, True, 2, 1),
+    ]
+
+
+def test_a_limit_takes_the_oldest_jobs_and_batches_add_up(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    insert(database_url, [dead_job(i) for i in range(1, 11)])
+    monkeypatch.setattr(dlq, "BATCH", 3)
+    progress: list[tuple[int, int]] = []
+
+    outcome = run_action(
+        database_url,
+        "replay",
+        DlqFilter(limit=7),
+        actor="carol",
+        source="ui",
+        dry_run=False,
+        progress=lambda done, total: progress.append((done, total)),
+    )
+
+    assert (outcome.matched, outcome.affected) == (7, 7)
+    assert progress == [(3, 7), (6, 7), (7, 7)]
+    assert sql(database_url, "SELECT id FROM retry_jobs WHERE status = 'dead' ORDER BY id") == [
+        (8,),
+        (9,),
+        (10,),
+    ]
+    assert audit_rows(database_url)[0][7:9] == (7, 7)
+
+
+def test_purge_deletes_only_jobs_already_on_the_dlq_topic(database_url: str) -> None:
+    insert(database_url, [dead_job(1), dead_job(2), dead_job(3, destination="payments")])
+    mark_on_dlq(database_url, 1, 3)
+
+    dry = run_action(
+        database_url, "purge", DlqFilter(destination="orders"), actor="dan", source="cli", dry_run=True
+    )
+    assert (dry.matched, dry.would_affect, dry.skipped) == (2, 1, {"not yet on the DLQ topic": 1})
+    assert len(sql(database_url, "SELECT id FROM retry_jobs")) == 3
+
+    done = run_action(
+        database_url, "purge", DlqFilter(destination="orders"), actor="dan", source="cli", dry_run=False
+    )
+
+    assert done.affected == 1
+    assert sql(database_url, "SELECT id FROM retry_jobs ORDER BY id") == [(2,), (3,)]
+    assert [(a[0], a[1], a[8]) for a in audit_rows(database_url)] == [("purge", True, 0), ("purge", False, 1)]
+
+
+def test_replay_leaves_a_job_alone_while_it_is_being_sent_to_the_dlq(database_url: str) -> None:
+    insert(database_url, [dead_job(1), dead_job(2)])
+    sql(database_url, "UPDATE retry_jobs SET lease_until = now() + interval '1 minute' WHERE id = 1")
+
+    outcome = run_action(database_url, "replay", DlqFilter(), actor="eve", source="ui", dry_run=False)
+
+    assert (outcome.matched, outcome.affected) == (2, 1)
+    assert outcome.skipped["being sent to the DLQ topic now"] == 1
+    assert sql(database_url, "SELECT id, status::text FROM retry_jobs ORDER BY id") == [
+        (1, "dead"),
+        (2, "pending"),
+    ]
+
+
+# --- the round trip through the broker --------------------------------------------------------------
+
+
+def publish_for(settings: Settings, seconds: float) -> None:
+    with Store(settings.database_url) as store:
+        publisher = Publisher(settings, store)
+        try:
+            publisher.run(seconds)
+        finally:
+            publisher.close()
+
+
+def test_a_replayed_job_is_published_again_and_a_purged_one_is_gone(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    dest, dlq_topic = f"{topic_prefix}.orders", f"{topic_prefix}.dlq"
+    create_topics(bootstrap_servers, [dest, dlq_topic])
+    settings = Settings(
+        database_url=database_url,
+        kafka={"bootstrap.servers": bootstrap_servers},
+        create_topics=True,
+        lease_ms=3000,
+        delivery_timeout_ms=2000,
+        loop_grace_ms=0,
+    )
+    jobs = [
+        dataclasses.replace(dead_job(i, destination=dest, attempt=3), dlq_topic=dlq_topic) for i in (1, 2)
+    ]
+    insert(database_url, jobs)
+    publish_for(settings, 2)  # both dead jobs reach the DLQ topic
+    assert len(consume(bootstrap_servers, [dlq_topic], 2)) == 2
+
+    run_action(database_url, "replay", DlqFilter(ids=(1,)), actor="ops", source="cli", dry_run=False)
+    run_action(database_url, "purge", DlqFilter(ids=(2,)), actor="ops", source="cli", dry_run=False)
+    publish_for(settings, 2)
+
+    [seen] = consume(bootstrap_servers, [dest], 1)
+    assert (seen.key, seen.value) == (b"key-1", b'{"order": 1}')
+    assert (seen.header(p.ID), seen.header(p.ATTEMPT)) == ("rid-1", "4")  # attempt kept, raised by one
+    assert seen.header(p.DEAD_REASON) is None
+    assert sql(database_url, "SELECT id, status::text FROM retry_jobs ORDER BY id") == [(1, "published")]
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def test_cli_lists_shows_and_replays_after_a_dry_run(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RETRY_DATABASE_URL", database_url)
+    insert(database_url, [dead_job(1), dead_job(2, destination="payments", text="card declined")])
+
+    assert main(["dlq", "list", "--destination", "payments"]) == 0
+    out = capsys.readouterr().out
+    assert "1 dead job(s) match" in out and "card declined" in out and "call 1" not in out
+
+    assert main(["dlq", "show", "2", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["id"], shown["headers"][0]["value"]["encoding"]) == (2, "hex")
+
+    # not interactive and not confirmed: the dry run is shown, nothing changes
+    monkeypatch.setattr("sys.stdin", open("/dev/null"))  # noqa: SIM115
+    assert main(["dlq", "replay", "--search", "declined"]) == 2
+    captured = capsys.readouterr()
+    assert "dry run: 1 of 1 selected dead jobs would be replayed" in captured.out
+    assert "add --yes" in captured.err
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'dead'") == [(2,)]
+
+    assert main(["dlq", "replay", "--search", "declined", "--yes"]) == 0
+    assert "1 of 1 selected dead jobs replayed" in capsys.readouterr().out
+    assert sql(database_url, "SELECT id FROM retry_jobs WHERE status = 'pending'") == [(2,)]
+
+    assert main(["dlq", "audit"]) == 0
+    audit = capsys.readouterr().out.splitlines()
+    assert len(audit) == 3 and "replay 1 done" in audit[0] and "by cli:" in audit[0]
+
+    assert main(["dlq", "list", "--since", "yesterday"]) == 2
+    assert "neither an ISO-8601 time" in capsys.readouterr().err
