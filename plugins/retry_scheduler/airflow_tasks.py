@@ -86,3 +86,35 @@ def run_publish(loop_seconds: float, settings: Settings | None = None) -> dict[s
         result["early"] = late.early
     log.info("publish run: %s", result)
     return result
+
+
+def run_dlq_operation(params: dict[str, Any], actor: str | None, run_id: str | None) -> dict[str, Any]:
+    """The ``dlq_replay`` DAG's task: replay or purge the dead jobs of the form's filter, audited.
+
+    ``actor`` is the Airflow user who triggered the run (recorded in ``retry_dlq_audit``).
+    """
+    from retry_scheduler.dlq import DlqFilter, run_action
+
+    settings = settings_from_connections()
+    flt = DlqFilter.from_params(params)
+    action = params.get("action", "replay")
+    dry_run = bool(params.get("dry_run", True))
+
+    def progress(done: int, total: int) -> None:
+        log.info("%s: %d of %d jobs done", action, done, total)
+
+    outcome = run_action(
+        settings.database_url,
+        action,
+        flt,
+        actor=actor or "airflow",
+        source="dag",
+        dry_run=dry_run,
+        reset_attempts=bool(params.get("reset_attempts", False)),
+        run_id=run_id,
+        progress=progress,
+    )
+    log.info("%s", outcome.summary())
+    if dry_run and outcome.would_affect:
+        log.info("nothing was changed: trigger again with dry_run unticked to %s these jobs", action)
+    return outcome.as_json()

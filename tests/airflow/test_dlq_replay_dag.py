@@ -1,0 +1,86 @@
+"""The ``dlq_replay`` DAG through Airflow's real ``dag.test()``: its form, the dry run, replay, purge, audit."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from retry_scheduler.store import Store
+from tests.conftest import ROOT
+from tests.integration.test_dlq import dead_job
+
+pytestmark = [pytest.mark.airflow, pytest.mark.integration]
+
+
+@pytest.fixture
+def trigger(airflow_db, database_url: str, monkeypatch: pytest.MonkeyPatch):
+    """``trigger(conf)`` runs the DAG as a user's trigger would: a fresh parse, the form's values."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("AIRFLOW_CONN_RETRY_POSTGRES", database_url)
+
+    def run(conf: dict):
+        # dag.test() writes run_conf into the DAG object's params: parse again for every run.
+        dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag("dlq_replay")
+        return dag.test(run_conf=conf)
+
+    return run
+
+
+def rows(database_url: str, query: str) -> list[tuple]:
+    with psycopg.connect(database_url) as conn:
+        return conn.execute(query).fetchall()  # type: ignore[arg-type]
+
+
+def outcome(run) -> dict:
+    [ti] = run.get_task_instances()
+    return ti.xcom_pull(task_ids="operate")
+
+
+def test_dry_run_then_replay_then_purge_each_audited(trigger, database_url: str) -> None:
+    from airflow.utils.state import DagRunState
+
+    with Store(database_url) as store:
+        store.insert_jobs(
+            [dead_job(1, destination="payments"), dead_job(2, destination="payments"), dead_job(3)]
+        )
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("UPDATE retry_jobs SET dlq_published_at = now() WHERE id = 3")
+
+    dry = trigger({"destination": "payments"})  # the form's defaults: replay, dry run
+    assert dry.state == DagRunState.SUCCESS
+    assert (outcome(dry)["matched"], outcome(dry)["would_affect"], outcome(dry)["affected"]) == (2, 2, 0)
+    assert rows(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'dead'") == [(3,)]
+
+    replay = trigger({"destination": "payments", "dry_run": False, "reset_attempts": True})
+    assert replay.state == DagRunState.SUCCESS
+    assert outcome(replay)["affected"] == 2
+    assert rows(database_url, "SELECT id, status::text, attempt FROM retry_jobs ORDER BY id") == [
+        (1, "pending", 0),
+        (2, "pending", 0),
+        (3, "dead", 3),
+    ]
+
+    purge = trigger({"action": "purge", "ids": "3", "dry_run": False})
+    assert purge.state == DagRunState.SUCCESS
+    assert outcome(purge)["affected"] == 1
+    assert rows(database_url, "SELECT id FROM retry_jobs ORDER BY id") == [(1,), (2,)]
+
+    audit = rows(
+        database_url,
+        "SELECT action, dry_run, actor, source, run_id, filter, reset_attempts, matched, affected"
+        " FROM retry_dlq_audit ORDER BY id",
+    )
+    assert audit == [
+        ("replay", True, "dag_test", "dag", dry.run_id, {"destination": "payments"}, False, 2, 0),
+        ("replay", False, "dag_test", "dag", replay.run_id, {"destination": "payments"}, True, 2, 2),
+        ("purge", False, "dag_test", "dag", purge.run_id, {"ids": [3]}, False, 1, 1),
+    ]
+
+
+def test_the_form_refuses_what_it_cannot_do(trigger) -> None:
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    for conf in ({"action": "explode"}, {"dead_reason": "tired"}, {"ids": "1; DROP TABLE"}, {"limit": -1}):
+        with pytest.raises(ParamValidationError):
+            trigger(conf)
