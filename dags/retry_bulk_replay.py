@@ -20,6 +20,7 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
+from retry_scheduler.notify import failure_notifiers
 from retry_scheduler.sparkjobs import BULK_RETRY_APP, jdbc_jars, spark_packages
 
 
@@ -29,7 +30,12 @@ from retry_scheduler.sparkjobs import BULK_RETRY_APP, jdbc_jars, spark_packages
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
-    default_args={"owner": "retry-scheduler", "retries": 1, "retry_delay": timedelta(seconds=30)},
+    default_args={
+        "owner": "retry-scheduler",
+        "retries": 1,
+        "retry_delay": timedelta(seconds=30),
+        "on_failure_callback": failure_notifiers(),
+    },
     params={
         "destination": Param(
             None,

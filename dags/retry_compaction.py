@@ -22,6 +22,7 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
 
+from retry_scheduler.notify import failure_notifiers
 from retry_scheduler.sparkjobs import COMPACT_APP, jdbc_jars, spark_packages
 
 
@@ -33,7 +34,12 @@ from retry_scheduler.sparkjobs import COMPACT_APP, jdbc_jars, spark_packages
     start_date=pendulum.datetime(2026, 11, 20, tz="UTC"),
     catchup=True,
     max_active_runs=1,
-    default_args={"owner": "retry-scheduler", "retries": 2, "retry_delay": timedelta(minutes=5)},
+    default_args={
+        "owner": "retry-scheduler",
+        "retries": 2,
+        "retry_delay": timedelta(minutes=5),
+        "on_failure_callback": failure_notifiers(),
+    },
     params={
         "dead_retention": Param(
             "30d", type="string", pattern=r"^(\d+(ms|s|m|h|d))+$", title="Keep dead jobs in PostgreSQL for"

@@ -24,6 +24,8 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
+from retry_scheduler.notify import failure_notifiers
+
 LOOP_SECONDS = 90
 
 
@@ -34,7 +36,12 @@ LOOP_SECONDS = 90
     catchup=False,
     max_active_runs=3,
     dagrun_timeout=timedelta(minutes=10),
-    default_args={"owner": "retry-scheduler", "retries": 2, "retry_delay": timedelta(seconds=5)},
+    default_args={
+        "owner": "retry-scheduler",
+        "retries": 2,
+        "retry_delay": timedelta(seconds=5),
+        "on_failure_callback": failure_notifiers(),
+    },
     params={
         "loop_seconds": Param(
             LOOP_SECONDS, type="integer", minimum=1, maximum=3600, description="How long each task loops."

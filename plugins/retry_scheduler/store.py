@@ -308,3 +308,43 @@ class Store:
             },
             "lateness": Lateness(int(late[0]), late[1], late[2], late[3], int(late[4])),
         }
+
+    def monitor_reading(self, window_s: int, dead_window_s: int = 3600) -> dict[str, Any]:
+        """What retry_monitor checks: the oldest overdue job, lateness over ``window_s``, recent dead jobs.
+
+        Unlike ``status`` it counts nothing over the whole table: each figure comes from a partial index.
+        """
+        params = {"destination": None, "window_s": window_s}
+        with self.conn.transaction():
+            now = self.conn.execute(q("monitor_now")).fetchone()
+            overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
+            late = self.conn.execute(q("lateness"), params).fetchone()
+            dead = self.conn.execute(q("monitor_dead_recent"), {"window_s": dead_window_s}).fetchall()
+        assert now is not None and late is not None
+        return {
+            "now": now[0],
+            "oldest_overdue": None
+            if overdue is None
+            else {"id": overdue[0], "destination": overdue[1], "due_at": overdue[2], "overdue_s": overdue[3]},
+            "lateness": Lateness(int(late[0]), late[1], late[2], late[3], int(late[4])),
+            "dead_by_destination": {row[0]: int(row[1]) for row in dead},
+        }
+
+    def lock_alerts(self, checks: Sequence[str]) -> dict[str, tuple[bool, datetime | None, bool]]:
+        """Lock the incident rows of ``checks`` (created on first use) until the caller's transaction ends.
+
+        Returns ``check -> (firing, since, announced)``. The caller holds the transaction
+        (``with store.conn.transaction():``): the row locks are what keep overlapping monitor runs from
+        announcing one incident twice.
+        """
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            raise StoreError("lock_alerts must be called inside a transaction, or the locks end at once")
+        with self.conn.transaction():
+            self.conn.execute(q("alert_ensure"), {"checks": list(checks)})
+            rows = self.conn.execute(q("alert_lock"), {"checks": list(checks)}).fetchall()
+        return {row[0]: (bool(row[1]), row[2], bool(row[3])) for row in rows}
+
+    def save_alerts(self, states: Sequence[dict[str, Any]]) -> None:
+        """Record each check's state: the parameters of the ``alert_update`` query, one dict per check."""
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            cur.executemany(q("alert_update"), states)

@@ -21,7 +21,13 @@ def test_no_import_errors(dagbag) -> None:
 
 
 def test_contract_dag_ids_present(dagbag) -> None:
-    assert {"retry_scheduler", "retry_bulk_replay", "retry_compaction"} <= set(dagbag.dag_ids)
+    assert {
+        "retry_scheduler",
+        "retry_bulk_replay",
+        "retry_compaction",
+        "dlq_replay",
+        "retry_monitor",
+    } <= set(dagbag.dag_ids)
 
 
 def test_every_dag_follows_house_rules(dagbag) -> None:
@@ -32,6 +38,24 @@ def test_every_dag_follows_house_rules(dagbag) -> None:
         for task in dag.tasks:
             assert task.owner and task.owner != "airflow", f"{dag_id}.{task.task_id} has no owner"
             assert task.retries >= 1, f"{dag_id}.{task.task_id} has no retries"
+
+
+def test_monitor_dag_is_present(dagbag) -> None:
+    assert "retry_monitor" in dagbag.dag_ids
+
+
+def test_every_task_alerts_on_failure_through_every_channel(dagbag) -> None:
+    from retry_scheduler.notify import EmailNotifier, LogNotifier, WebhookNotifier
+
+    assert dagbag.dags
+    for dag_id, dag in dagbag.dags.items():
+        for task in dag.tasks:
+            callbacks = task.on_failure_callback
+            callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+            kinds = {type(cb) for cb in callbacks}
+            assert {WebhookNotifier, EmailNotifier, LogNotifier} <= kinds, (
+                f"{dag_id}.{task.task_id} lacks failure_notifiers() in on_failure_callback: {callbacks}"
+            )
 
 
 def test_policies_module_is_not_parsed_as_a_dag(dagbag) -> None:

@@ -1,0 +1,42 @@
+-- Named queries of retry_monitor (retry_scheduler.monitor, through retry_scheduler.store.Store).
+-- The oldest overdue job and the publish lateness reuse oldest_overdue and lateness (queries.sql).
+
+-- name: monitor_dead_recent
+-- Jobs that went dead in the last window and are still dead (a replayed or purged job no longer
+-- counts), per destination, busiest first; retry_jobs_dead_recent_idx keeps it cheap.
+SELECT coalesce(destination, '(none)'), count(*)::bigint
+FROM retry_jobs
+WHERE status = 'dead' AND dead_at >= clock_timestamp() - %(window_s)s * interval '1 second'
+GROUP BY destination
+ORDER BY 2 DESC, 1;
+
+-- name: monitor_now
+SELECT clock_timestamp();
+
+-- name: alert_ensure
+-- One row per check, created on first use, so that alert_lock has a row to lock.
+INSERT INTO retry_alerts (check_name)
+SELECT unnest(%(checks)s::text[])
+ON CONFLICT (check_name) DO NOTHING;
+
+-- name: alert_lock
+-- The incident state of the checks, locked until the run commits: an overlapping run waits here and
+-- then sees the committed state, so an incident is announced once. "announced": a notification
+-- went out after the incident started.
+SELECT check_name, firing, since, coalesce(notified_at >= since, false)
+FROM retry_alerts
+WHERE check_name = ANY(%(checks)s::text[])
+ORDER BY check_name
+FOR UPDATE;
+
+-- name: alert_update
+UPDATE retry_alerts
+SET firing = %(firing)s,
+    since = %(since)s,
+    value = %(value)s,
+    threshold = %(threshold)s,
+    message = %(message)s,
+    notified_at = CASE WHEN %(notified)s THEN clock_timestamp() ELSE notified_at END,
+    resolved_at = CASE WHEN %(resolved)s THEN clock_timestamp() ELSE resolved_at END,
+    updated_at = clock_timestamp()
+WHERE check_name = %(check)s;

@@ -1,0 +1,84 @@
+"""retry_monitor through Airflow's real ``dag.test()``: a crossed threshold posts one alert to the
+webhook connection, and a failing task reaches the same webhook through the failure callback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import pytest
+
+from retry_scheduler.jobs import Status
+from retry_scheduler.store import Store
+from tests.conftest import ROOT, _free_port
+from tests.integration.test_monitor import WebhookReceiver, make_job
+
+pytestmark = [pytest.mark.airflow, pytest.mark.integration]
+
+
+@pytest.fixture
+def webhook(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookReceiver]:
+    receiver = WebhookReceiver()
+    monkeypatch.setenv("AIRFLOW_CONN_RETRY_ALERT_WEBHOOK", receiver.url)
+    yield receiver
+    receiver.close()
+
+
+def monitor_dag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(ROOT / "dags")).get_dag("retry_monitor")
+
+
+def test_crossed_threshold_posts_one_alert_across_runs(
+    airflow_db, database_url: str, webhook: WebhookReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.utils.state import DagRunState
+
+    monkeypatch.setenv("AIRFLOW_CONN_RETRY_POSTGRES", database_url)
+    # The Variable moves the thresholds: 3 dead jobs fire, a job overdue by 2 minutes does not.
+    monkeypatch.setenv(
+        "AIRFLOW_VAR_RETRY_MONITOR_THRESHOLDS", json.dumps({"dead_per_hour": 2, "oldest_overdue_s": 600})
+    )
+    with Store(database_url) as store:
+        store.insert_jobs([make_job(1, due_s_ago=120)])
+        store.insert_jobs([make_job(10 + n, status=Status.DEAD, destination="payments") for n in range(3)])
+
+    dag = monitor_dag()
+    runs = [dag.test() for _ in range(2)]
+
+    assert [r.state for r in runs] == [DagRunState.SUCCESS, DagRunState.SUCCESS]
+    [fired] = webhook.delivered()
+    assert fired["text"].startswith("[FIRING] retry_monitor: 3 jobs went dead in the last hour (threshold 2)")
+    assert fired["alert"]["fields"]["by_destination"] == {"payments": 3}
+    first, second = (next(ti.xcom_pull(task_ids="check") for ti in r.get_task_instances()) for r in runs)
+    assert [a["check"] for a in first["alerts"]] == ["dead_per_hour"]
+    assert first["thresholds"]["oldest_overdue_s"] == 600
+    assert first["reading"]["oldest_overdue_destination"] == "orders"
+    assert (second["alerts"], second["firing"]) == ([], ["dead_per_hour"])
+
+
+def test_failing_task_alerts_through_the_failure_callback(
+    airflow_db, webhook: WebhookReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.utils.state import DagRunState
+
+    monkeypatch.setenv("AIRFLOW_CONN_RETRY_POSTGRES", f"postgresql://postgres@127.0.0.1:{_free_port()}/retry")
+    dag = monitor_dag()
+    # dag.test() would wait out the retry delay before the final failure: the first failure is final here.
+    dag.get_task("check").retries = 0
+
+    run = dag.test()
+
+    assert run.state == DagRunState.FAILED
+    [failure] = webhook.delivered()
+    assert failure["text"].startswith(
+        "[FAILED] retry_monitor.check failed\nTask check of DAG retry_monitor failed"
+    )
+    assert "StoreError: cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:" in failure["text"]
+    fields = failure["alert"]["fields"]
+    assert (fields["dag_id"], fields["task_id"], fields["run_id"]) == ("retry_monitor", "check", run.run_id)
+    assert fields["log_url"].endswith(
+        f"/dags/retry_monitor/runs/{quote(run.run_id)}/tasks/check?try_number=1"
+    )
