@@ -40,10 +40,6 @@ def test_every_dag_follows_house_rules(dagbag) -> None:
             assert task.retries >= 1, f"{dag_id}.{task.task_id} has no retries"
 
 
-def test_monitor_dag_is_present(dagbag) -> None:
-    assert "retry_monitor" in dagbag.dag_ids
-
-
 def test_every_task_alerts_on_failure_through_every_channel(dagbag) -> None:
     from retry_scheduler.notify import EmailNotifier, LogNotifier, WebhookNotifier
 
