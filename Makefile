@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: help venv lint format postgres spark-deps test test-unit up demo clean
+.PHONY: help venv lint format postgres spark-deps browser-deps test test-unit up demo clean
 
 help:
 	@echo "make demo   run an end-to-end scenario under the real Airflow scheduler (embedded defaults)"
@@ -44,7 +44,15 @@ spark-deps:
 			(apt-get update -q && apt-get install -y -q libpostgresql-jdbc-java)) >/dev/null; \
 		else echo "Spark needs the PostgreSQL JDBC driver: sudo apt-get install libpostgresql-jdbc-java" >&2; exit 1; fi; }
 
-test: lint postgres spark-deps
+# The Dead letters page is tested in Debian's chromium, driven by Playwright (which cannot download its own here).
+CHROMIUM ?= /usr/bin/chromium
+browser-deps:
+	@test -x $(CHROMIUM) || { \
+		if [ "$$(id -u)" = 0 ]; then (apt-get install -y -q chromium || \
+			(apt-get update -q && apt-get install -y -q chromium)) >/dev/null; \
+		else echo "The browser tests need Debian's chromium: sudo apt-get install chromium" >&2; exit 1; fi; }
+
+test: lint postgres spark-deps browser-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-unit: venv

@@ -152,8 +152,16 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
 
     flt = _dlq_filter(args)
     actor = f"cli:{getpass.getuser()}"
-    common = {"actor": actor, "source": "cli", "reset_attempts": getattr(args, "reset_attempts", False)}
-    plan = run_action(settings.database_url, args.dlq_command, flt, dry_run=True, **common)
+    reset = bool(getattr(args, "reset_attempts", False))
+    plan = run_action(
+        settings.database_url,
+        args.dlq_command,
+        flt,
+        actor=actor,
+        source="cli",
+        dry_run=True,
+        reset_attempts=reset,
+    )
     print(to_json(plan.as_json()) if args.json else plan.summary())
     if args.dry_run or plan.would_affect == 0:
         return 0
@@ -174,7 +182,14 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         print(f"  {done}/{total}", file=sys.stderr)
 
     outcome = run_action(
-        settings.database_url, args.dlq_command, flt, dry_run=False, progress=progress, **common
+        settings.database_url,
+        args.dlq_command,
+        flt,
+        actor=actor,
+        source="cli",
+        dry_run=False,
+        reset_attempts=reset,
+        progress=progress,
     )
     print(to_json(outcome.as_json()) if args.json else outcome.summary())
     return 0
@@ -415,8 +430,12 @@ def _add_dlq_filters(parser: argparse.ArgumentParser, *, for_action: bool) -> No
     parser.add_argument("--dead-reason", choices=protocol.DEAD_REASONS, help="only this dead reason")
     parser.add_argument("--error-class", metavar="GLOB", help="glob on the error class, e.g. '*Timeout*'")
     parser.add_argument("--search", metavar="TEXT", help="text in the reason or error class (any case)")
-    parser.add_argument("--since", metavar="TIME", help="went dead at or after this ISO-8601 time, or this long ago (2h)")
-    parser.add_argument("--until", metavar="TIME", help="went dead before this ISO-8601 time, or this long ago")
+    parser.add_argument(
+        "--since", metavar="TIME", help="went dead at or after this ISO-8601 time, or this long ago (2h)"
+    )
+    parser.add_argument(
+        "--until", metavar="TIME", help="went dead before this ISO-8601 time, or this long ago"
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     if for_action:
         parser.add_argument("--ids", metavar="ID,ID", help="only these job ids")

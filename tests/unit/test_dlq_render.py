@@ -13,7 +13,12 @@ def test_utf8_text_is_shown_as_text() -> None:
 
 def test_binary_and_control_characters_are_shown_as_hex() -> None:
     assert render_bytes(b"\xff\xfe")["encoding"] == "hex"  # type: ignore[index]
-    assert render_bytes(b"ab\x00c") == {"encoding": "hex", "text": "61 62 00 63", "size": 4, "truncated": False}
+    assert render_bytes(b"ab\x00c") == {
+        "encoding": "hex",
+        "text": "61 62 00 63",
+        "size": 4,
+        "truncated": False,
+    }
 
 
 def test_long_values_are_cut_and_say_so() -> None:

@@ -1,0 +1,494 @@
+"""The Dead letters JSON API, served by a real ``airflow api-server`` with Airflow's own auth.
+
+One api-server per module (SimpleAuthManager, users admin/admin and viewer/viewer) on the
+migrated Airflow test database; the plugin reads the retry database from the ``retry_postgres``
+connection (``RETRY_DATABASE_URL`` deliberately points nowhere). Tests isolate themselves by
+giving their dead jobs a destination of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from retry_scheduler.airflow_api import api_token
+from retry_scheduler.config import Settings
+from retry_scheduler.devstack import Proc, _airflow_bin, _spawn, _tail, _terminate, airflow_env
+from retry_scheduler.jobs import encode_headers
+from retry_scheduler.store import migrate
+from tests.airflow.conftest import AIRFLOW_DB
+from tests.conftest import ADMIN_URL, ROOT, _db_url, _free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.airflow]
+
+USERS = {"admin": "admin", "viewer": "viewer"}
+ROLES = "admin:admin,viewer:viewer"
+PREFIX = "/retry-scheduler"
+
+
+@dataclass
+class AirflowServer:
+    base_url: str
+    proc: Proc
+    log_path: Path
+
+    def url(self, path: str) -> str:
+        return f"{self.base_url}{PREFIX}{path}"
+
+    def log_tail(self) -> str:
+        return _tail(self.log_path, 60)
+
+
+@pytest.fixture(scope="module")
+def retry_db() -> Iterator[str]:
+    """A migrated retry database for the module's api-server, dropped afterwards."""
+    name = f"retry_webui_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = _db_url(name)
+    try:
+        migrate(url)
+        yield url
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def airflow_server(
+    airflow_db: Path, retry_db: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[AirflowServer]:
+    """``airflow api-server`` configured like ``make up`` (plugins folder = the repo's plugins/)."""
+    port = _free_port()
+    home = tmp_path_factory.mktemp("airflow-webui")
+    env = airflow_env(Settings(database_url=retry_db), home, ROOT, port, metadata_db=AIRFLOW_DB)
+    env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = ROLES
+    (home / "simple_auth_manager_passwords.json").write_text(json.dumps(USERS))
+    # The plugin must find the database through the retry_postgres connection, not this.
+    env["RETRY_DATABASE_URL"] = _db_url("retry_webui_no_such_database")
+    assert env["AIRFLOW_CONN_RETRY_POSTGRES"].endswith(retry_db.rpartition("/")[2])
+    log_path = home / "api-server.log"
+    proc = _spawn([_airflow_bin(), "api-server", "--port", str(port)], log_path, env)
+    server = AirflowServer(f"http://localhost:{port}", proc, log_path)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, f"api-server exited:\n{server.log_tail()}"
+            try:
+                if httpx.get(f"{server.base_url}/api/v2/monitor/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"api-server not up after 180 s:\n{server.log_tail()}"
+            time.sleep(0.5)
+        # An import error in the plugin would only show as a missing page: fail with the error instead.
+        auth = {"Authorization": f"Bearer {api_token(server.base_url)}"}
+        errors = httpx.get(f"{server.base_url}/api/v2/plugins/importErrors", headers=auth).json()
+        assert errors["total_entries"] == 0, errors
+        plugins = httpx.get(f"{server.base_url}/api/v2/plugins", headers=auth).json()["plugins"]
+        assert "retry_scheduler" in {p["name"] for p in plugins}, plugins
+        yield server
+    finally:
+        _terminate(proc, "api-server", timeout=15)
+
+
+@pytest.fixture(scope="module")
+def tokens(airflow_server: AirflowServer) -> dict[str, str]:
+    return {user: api_token(airflow_server.base_url, user, password) for user, password in USERS.items()}
+
+
+@pytest.fixture
+def dest() -> str:
+    """A destination topic of this test's own: filtering on it isolates the test's dead jobs."""
+    return f"orders-{uuid.uuid4().hex[:8]}"
+
+
+def insert_dead(database_url: str, destination: str | None, **fields: Any) -> int:
+    """Store one dead job (defaults for everything not given); returns its id."""
+    now = datetime.now(UTC)
+    row: dict[str, Any] = {
+        "source_topic": "retry",
+        "source_partition": 0,
+        "source_offset": uuid.uuid4().int % 2**62,
+        "source_timestamp_ms": int(now.timestamp() * 1000),
+        "destination": destination,
+        "msg_key": b"key",
+        "msg_value": b"value",
+        "headers": encode_headers([("trace-id", b"abc")]),
+        "attempt": 3,
+        "policy": "default",
+        "reason": "TimeoutError: broker did not answer",
+        "error_class": "TimeoutError",
+        "retry_id": uuid.uuid4().hex,
+        "first_seen_at": now - timedelta(hours=1),
+        "due_at": now - timedelta(minutes=5),
+        "status": "dead",
+        "dead_reason": "exhausted",
+        "dlq_topic": "retry.dlq",
+        "dead_at": now - timedelta(minutes=1),
+        "dlq_published_at": now,
+    }
+    row.update(fields)
+    if isinstance(row["headers"], list):
+        row["headers"] = encode_headers(row["headers"])
+    insert = sql.SQL("INSERT INTO retry_jobs ({}) VALUES ({}) RETURNING id").format(
+        sql.SQL(", ").join(map(sql.Identifier, row)), sql.SQL(", ").join(map(sql.Placeholder, row))
+    )
+    with psycopg.connect(database_url) as conn:
+        got = conn.execute(insert, row).fetchone()
+    assert got is not None
+    return int(got[0])
+
+
+def job_rows(database_url: str, ids: list[int]) -> dict[int, dict[str, Any]]:
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        rows = conn.execute("SELECT * FROM retry_jobs WHERE id = ANY(%s)", (ids,)).fetchall()
+    return {r["id"]: r for r in rows}
+
+
+def audit_row(database_url: str, audit_id: int) -> dict[str, Any]:
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        row = conn.execute("SELECT * FROM retry_dlq_audit WHERE id = %s", (audit_id,)).fetchone()
+    assert row is not None, f"no audit row {audit_id}"
+    return row
+
+
+def audit_count(database_url: str) -> int:
+    with psycopg.connect(database_url) as conn:
+        got = conn.execute("SELECT count(*) FROM retry_dlq_audit").fetchone()
+    return int(got[0]) if got else 0
+
+
+def client(server: AirflowServer, token: str | None = None, **kwargs: Any) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=f"{server.base_url}{PREFIX}", headers=headers, timeout=60, **kwargs)
+
+
+# --- authentication and authorization --------------------------------------------------------------
+
+
+def test_without_a_login_the_page_redirects_and_the_api_refuses(airflow_server: AirflowServer) -> None:
+    with client(airflow_server) as anonymous:
+        page = anonymous.get("/")
+        assert page.status_code == 307
+        location = httpx.URL(page.headers["location"])
+        assert location.path == "/auth/login"
+        assert location.params["next"] == airflow_server.url("/")
+
+        for path in (
+            "/api/me",
+            "/api/dead-letters",
+            "/api/dead-letters/1",
+            "/api/facets",
+            "/api/audit",
+            "/api/openapi.json",
+        ):
+            response = anonymous.get(path)
+            assert response.status_code == 401, path
+            assert response.json() == {"detail": "Not authenticated"}
+        assert anonymous.get("/static/app.js").status_code == 401
+        assert anonymous.post("/api/replay", json={"ids": [1], "dry_run": False}).status_code == 401
+        assert anonymous.post("/api/purge", json={"ids": [1], "dry_run": False}).status_code == 401
+
+    # A forged or stale token is no login either: the page sends it to the login page again.
+    with client(airflow_server, cookies={"_token": "not-a-jwt"}) as forged:
+        assert forged.get("/").status_code == 307
+        assert forged.get("/api/dead-letters").status_code == 403
+
+
+def test_the_airflow_ui_cookie_logs_in_page_and_api(
+    airflow_server: AirflowServer, tokens: dict[str, str]
+) -> None:
+    with client(airflow_server, cookies={"_token": tokens["admin"]}) as browser:
+        page = browser.get("/")
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        assert "Dead letters" in page.text
+        # Data reaches the page only through the API and script files of this app.
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+        assert browser.get("/static/app.js").status_code == 200
+        assert browser.get("/static/index.html").status_code == 404  # only the listed files
+        me = browser.get("/api/me").json()
+        paths = browser.get("/api/openapi.json").json()["paths"]
+    assert {"/api/dead-letters", "/api/dead-letters/{job_id}", "/api/replay", "/api/purge"} <= set(paths)
+    assert me["user"] == "admin" and me["can_operate"] is True and me["dag_id"] == "dlq_replay"
+
+
+def test_a_viewer_reads_but_may_not_replay_or_purge(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    job = insert_dead(retry_db, dest)
+    audits = audit_count(retry_db)
+    with client(airflow_server, tokens["viewer"]) as viewer:
+        me = viewer.get("/api/me").json()
+        assert me == {**me, "user": "viewer", "can_operate": False}
+        listed = viewer.get("/api/dead-letters", params={"destination": dest}).json()
+        assert [j["id"] for j in listed["jobs"]] == [job]
+        assert viewer.get(f"/api/dead-letters/{job}").json()["status"] == "dead"
+        for action in ("replay", "purge"):
+            for dry_run in (True, False):
+                refused = viewer.post(f"/api/{action}", json={"ids": [job], "dry_run": dry_run})
+                assert refused.status_code == 403, refused.text
+    assert job_rows(retry_db, [job])[job]["status"] == "dead"
+    assert audit_count(retry_db) == audits  # not even a dry run was recorded
+
+
+def test_state_changes_must_be_json_from_this_site(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    job = insert_dead(retry_db, dest)
+    audits = audit_count(retry_db)
+    body = json.dumps({"ids": [job], "dry_run": False})
+    with client(airflow_server, cookies={"_token": tokens["admin"]}) as browser:
+        # What a cross-site HTML form can send: refused before anything is read.
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+            refused = browser.post("/api/replay", content=body, headers={"Content-Type": content_type})
+            assert refused.status_code == 415, (content_type, refused.text)
+        assert browser.post("/api/purge", content=body).status_code == 415  # no content type at all
+        cross_site = browser.post(
+            "/api/purge", json={"ids": [job], "dry_run": False}, headers={"Sec-Fetch-Site": "cross-site"}
+        )
+        assert cross_site.status_code == 403
+        assert browser.get("/api/replay").status_code == 405
+        # A typo must not turn into a real replay (dry_run defaults to true, unknown fields fail).
+        typo = browser.post("/api/replay", json={"ids": [job], "dryrun": False})
+        assert typo.status_code == 422
+        assert browser.post("/api/replay", json={"ids": [job]}).json()["dry_run"] is True
+    assert job_rows(retry_db, [job])[job]["status"] == "dead"
+    assert audit_count(retry_db) == audits + 1  # the one dry run
+
+
+# --- replay and purge --------------------------------------------------------------------------------
+
+
+def test_admin_dry_runs_then_replays_with_an_audit_trail(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    kept = insert_dead(retry_db, dest, attempt=4)
+    reset = insert_dead(retry_db, dest, attempt=2)
+    invalid = insert_dead(retry_db, dest, dead_reason="invalid", reason="bad retry.attempt header")
+    with client(airflow_server, tokens["admin"]) as admin:
+        dry = admin.post("/api/replay", json={"destination": dest, "dry_run": True}).json()
+        assert (dry["dry_run"], dry["matched"], dry["would_affect"], dry["affected"]) == (True, 3, 2, 0)
+        assert dry["skipped"]["invalid, no usable destination"] == 1
+        assert dry["summary"].startswith("dry run: 2 of 3 selected dead jobs would be replayed")
+        assert {r["status"] for r in job_rows(retry_db, [kept, reset]).values()} == {"dead"}
+        dry_audit = audit_row(retry_db, dry["audit_id"])
+        assert (dry_audit["actor"], dry_audit["source"], dry_audit["dry_run"]) == ("admin", "ui", True)
+        assert dry_audit["filter"] == {"destination": dest}
+
+        one = admin.post("/api/replay", json={"ids": [kept], "dry_run": False}).json()
+        both = admin.post(
+            "/api/replay", json={"ids": [reset], "reset_attempts": True, "dry_run": False}
+        ).json()
+        assert (one["affected"], both["affected"]) == (1, 1)
+        recent = admin.get("/api/audit", params={"limit": 2}).json()
+
+    started = datetime.now(UTC)
+    rows = job_rows(retry_db, [kept, reset, invalid])
+    assert rows[kept]["status"] == "pending" and rows[kept]["attempt"] == 4  # attempt kept
+    assert rows[reset]["status"] == "pending" and rows[reset]["attempt"] == 0  # attempt reset
+    assert all(rows[i]["due_at"] <= started and rows[i]["dead_reason"] is None for i in (kept, reset))
+    assert rows[invalid]["status"] == "dead"
+    audit = audit_row(retry_db, both["audit_id"])
+    assert (audit["actor"], audit["source"], audit["dry_run"], audit["action"]) == (
+        "admin",
+        "ui",
+        False,
+        "replay",
+    )
+    assert (audit["affected"], audit["reset_attempts"], audit["filter"]) == (1, True, {"ids": [reset]})
+    assert audit["finished_at"] is not None
+    assert [r["id"] for r in recent] == [both["audit_id"], one["audit_id"]]
+    with client(airflow_server, tokens["admin"]) as admin:
+        left = admin.get("/api/dead-letters", params={"destination": dest}).json()
+    assert [j["id"] for j in left["jobs"]] == [invalid]
+
+
+def test_purge_deletes_only_jobs_already_on_the_dlq_topic(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    on_dlq = insert_dead(retry_db, dest)
+    not_yet = insert_dead(retry_db, dest, dlq_published_at=None)
+    with client(airflow_server, tokens["admin"]) as admin:
+        refused = admin.post("/api/purge", json={"destination": dest, "reset_attempts": True})
+        assert refused.status_code == 422 and "replay only" in refused.json()["detail"]
+        done = admin.post("/api/purge", json={"destination": dest, "dry_run": False}).json()
+    assert (done["matched"], done["affected"], done["skipped"]) == (2, 1, {"not yet on the DLQ topic": 1})
+    assert set(job_rows(retry_db, [on_dlq, not_yet])) == {not_yet}
+    audit = audit_row(retry_db, done["audit_id"])
+    assert (audit["action"], audit["actor"], audit["affected"]) == ("purge", "admin", 1)
+
+
+# --- browsing ------------------------------------------------------------------------------------------
+
+
+def test_filters_search_and_keyset_pages(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    base = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+    specs = [
+        ("exhausted", "TimeoutError", "TimeoutError: broker did not answer in 30 s"),
+        ("fatal", "SchemaError", "SchemaError: field 'amount' missing"),
+        ("exhausted", "requests.ReadTimeout", "ReadTimeout: payment gateway took too long"),
+        ("expired", "ConnectionRefusedError", "Connection REFUSED by inventory-service"),
+        ("fatal", "SchemaError", "SchemaError: 'currency' is not a string"),
+        ("exhausted", "TimeoutError", "TimeoutError: broker did not answer in 60 s"),
+        ("requested", None, None),
+    ]
+    ids = [
+        insert_dead(
+            retry_db, dest, dead_reason=r, error_class=e, reason=t, dead_at=base + timedelta(minutes=i)
+        )
+        for i, (r, e, t) in enumerate(specs)
+    ]
+    newest_first = ids[::-1]
+    other = insert_dead(retry_db, f"{dest}-other", dead_at=base + timedelta(minutes=30))
+
+    with client(airflow_server, tokens["viewer"]) as viewer:
+
+        def listed(**params: Any) -> list[int]:
+            response = viewer.get("/api/dead-letters", params={"destination": dest, **params})
+            assert response.status_code == 200, response.text
+            return [j["id"] for j in response.json()["jobs"]]
+
+        first = viewer.get("/api/dead-letters", params={"destination": dest}).json()
+        assert [j["id"] for j in first["jobs"]] == newest_first
+        assert (first["total"], first["total_capped"], first["next_cursor"]) == (7, False, None)
+        assert other not in listed()
+        row = first["jobs"][-1]
+        assert row["reason"] == specs[0][2] and row["dead_at"] == base.isoformat()
+
+        assert listed(dead_reason="fatal") == [ids[4], ids[1]]
+        assert listed(error_class="*Timeout*") == [ids[5], ids[2], ids[0]]
+        assert listed(error_class="SchemaError") == [ids[4], ids[1]]
+        assert listed(search="refused") == [ids[3]]  # any case, in the reason
+        assert listed(search="timeout") == [ids[5], ids[2], ids[0]]  # the error class counts too
+        assert listed(search="100%") == []  # % is a character, not a wildcard
+        assert listed(since=(base + timedelta(minutes=2)).isoformat(), until="2026-11-20T12:05:00Z") == [
+            ids[4],
+            ids[3],
+            ids[2],
+        ]
+        assert listed(dead_reason="exhausted", search="broker") == [ids[5], ids[0]]
+
+        # Keyset pages: newest first, no job twice, none left out, the count on the first page.
+        pages: list[list[int]] = []
+        cursor = None
+        while True:
+            params: dict[str, Any] = {"destination": dest, "page_size": 3}
+            if cursor:
+                params.update(cursor=cursor, count="false")
+            page = viewer.get("/api/dead-letters", params=params).json()
+            assert page["total"] == (7 if cursor is None else -1)
+            pages.append([j["id"] for j in page["jobs"]])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert pages == [newest_first[:3], newest_first[3:6], newest_first[6:]]
+
+        for params, message in [
+            ({"dead_reason": "bored"}, "dead reason 'bored' is not one of"),
+            ({"since": "yesterday"}, "ISO-8601 time like 2026-11-21T10:00:00Z"),
+            ({"since": "2026-11-21T10:00:00"}, "needs a time zone"),
+            ({"cursor": "nonsense"}, "is not one this service handed out"),
+            ({"destination": "no spaces"}, "is not a valid topic name"),
+        ]:
+            bad = viewer.get("/api/dead-letters", params=params)
+            assert bad.status_code == 422 and message in bad.json()["detail"], (params, bad.text)
+        assert viewer.get("/api/dead-letters", params={"page_size": 0}).status_code == 422
+
+
+def test_a_big_selection_shows_a_capped_count(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    with psycopg.connect(retry_db) as conn:
+        conn.execute(
+            """
+            INSERT INTO retry_jobs (source_topic, source_partition, source_offset, source_timestamp_ms,
+                destination, attempt, policy, retry_id, first_seen_at, due_at, status, dead_reason,
+                dlq_topic, dead_at)
+            SELECT 'bulk', 0, n, 0, %s, 1, 'default', 'bulk-' || n, now(), now(), 'dead', 'exhausted',
+                   'retry.dlq', now() - n * interval '1 ms'
+            FROM generate_series(1, 10050) AS n
+            """,
+            (dest,),
+        )
+    with client(airflow_server, tokens["viewer"]) as viewer:
+        page = viewer.get("/api/dead-letters", params={"destination": dest, "page_size": 500}).json()
+    assert (page["total"], page["total_capped"], len(page["jobs"])) == (10000, True, 500)
+    assert page["next_cursor"]
+
+
+def test_detail_returns_text_as_data_binary_as_hex_and_cuts_long_values(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    script = b'{"note": "<script>alert(1)</script><img src=x onerror=alert(2)>"}'
+    job = insert_dead(
+        retry_db,
+        dest,
+        msg_key=bytes([0x00, 0xFF, 0x10, 0x80]),
+        msg_value=script,
+        headers=[
+            ("retry.reason", "Zeitüberschreitung".encode()),
+            ("trace", b"\x00\x01\x02"),
+            ("empty", None),
+        ],
+        reason="<b>not bold</b>",
+    )
+    long_job = insert_dead(retry_db, dest, msg_value=b"x" * 10_000, msg_key=None)
+    with client(airflow_server, tokens["viewer"]) as viewer:
+        shown = viewer.get(f"/api/dead-letters/{job}").json()
+        long_shown = viewer.get(f"/api/dead-letters/{long_job}").json()
+        missing = viewer.get("/api/dead-letters/999999999")
+    # Nothing is escaped server side: the page inserts text as text.
+    assert shown["value"] == {
+        "encoding": "utf-8",
+        "text": script.decode(),
+        "size": len(script),
+        "truncated": False,
+    }
+    assert shown["reason"] == "<b>not bold</b>"
+    assert shown["key"] == {"encoding": "hex", "text": "00 ff 10 80", "size": 4, "truncated": False}
+    assert shown["headers"] == [
+        {
+            "name": "retry.reason",
+            "value": {"encoding": "utf-8", "text": "Zeitüberschreitung", "size": 19, "truncated": False},
+        },
+        {"name": "trace", "value": {"encoding": "hex", "text": "00 01 02", "size": 3, "truncated": False}},
+        {"name": "empty", "value": None},
+    ]
+    assert (shown["id"], shown["status"], shown["destination"], shown["dead_reason"]) == (
+        job,
+        "dead",
+        dest,
+        "exhausted",
+    )
+    assert long_shown["key"] is None
+    assert long_shown["value"] == {"encoding": "utf-8", "text": "x" * 4096, "size": 10_000, "truncated": True}
+    assert missing.status_code == 404 and "there is no job 999999999" in missing.json()["detail"]
+
+
+def test_facets_count_dead_jobs_per_destination_and_reason(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    insert_dead(retry_db, dest, dead_reason="fatal")
+    insert_dead(retry_db, dest, dead_reason="fatal")
+    insert_dead(retry_db, dest, dead_reason="expired")
+    with client(airflow_server, tokens["viewer"]) as viewer:
+        facets = viewer.get("/api/facets").json()
+    mine = {f["dead_reason"]: f["count"] for f in facets if f["destination"] == dest}
+    assert mine == {"fatal": 2, "expired": 1}
