@@ -2,7 +2,8 @@
 
 A user logs in through Airflow's own login page, finds "Dead letters" in Airflow's navigation,
 filters, searches, opens a job, replays one (and sees it published once the publish loop ran)
-and purges another. Writes the README's screenshot, ``docs/dead-letters.png``, on every run.
+and purges another. Takes a screenshot of the page on every run; with RETRY_UPDATE_SCREENSHOT=1
+it writes the README's, ``docs/dead-letters.png``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,7 +31,11 @@ from tests.kafkautil import consume
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
 CHROMIUM = os.environ.get("RETRY_TEST_CHROMIUM", "/usr/bin/chromium")
-SCREENSHOT = ROOT / "docs" / "dead-letters.png"
+SCREENSHOT = (
+    ROOT / "docs" / "dead-letters.png"
+    if os.environ.get("RETRY_UPDATE_SCREENSHOT")
+    else Path(tempfile.gettempdir()) / "retry-scheduler-dead-letters.png"
+)
 
 # One api-server for this module too (the fixtures are the API tests' ones).
 retry_db = api.retry_db
