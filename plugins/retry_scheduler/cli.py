@@ -237,10 +237,20 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if errors else 0
 
 
+#: DAGs that run all the time; ``dev up`` unpauses them (Airflow creates every DAG paused).
+ALWAYS_ON_DAGS = ("retry_scheduler", "retry_monitor")
+
+
 def _cmd_dev_up(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.airflow_api import api_token, unpause_dag
     from retry_scheduler.devstack import DevStack
 
     with DevStack(settings) as stack:
+        if not args.paused:
+            token = api_token(stack.base_url)
+            for dag_id in ALWAYS_ON_DAGS:
+                unpause_dag(stack.base_url, token, dag_id)
+            print(f"Unpaused {', '.join(ALWAYS_ON_DAGS)}: the service is running (Ctrl-C stops everything)")
         stack.wait()
     return 0
 
@@ -340,6 +350,36 @@ def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
     return _spark_submit(str(COMPACT_APP), job_args)
 
 
+def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    """Measure the service against baselines run in the same run; write the report."""
+    from retry_scheduler.bench import BenchError, main
+
+    try:
+        return main(settings, args)
+    except BenchError as exc:
+        print(f"retry-scheduler bench: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
+    """Fault-injection trials and the bad-input corpus on a private PostgreSQL and broker."""
+    from pathlib import Path
+
+    from retry_scheduler.chaos import run_chaos
+
+    report = run_chaos(
+        trials=args.trials,
+        seed=args.seed,
+        records=args.records,
+        out_dir=Path(args.out),
+        bad_input=not args.no_bad_input,
+    )
+    keys = ("trials", "messages", "lost", "duplicates", "duplicates_unidentified", "bad_input_kinds",
+            "bad_input_lost", "duration_s")  # fmt: skip
+    print(json.dumps({k: report[k] for k in keys}))
+    return 0 if report["passed"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="retry-scheduler",
@@ -355,13 +395,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = sub.add_parser("dev", help="embedded development stack")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="ACTION")
-    dev_sub.add_parser(
+    up = dev_sub.add_parser(
         "up",
         help="run broker, PostgreSQL and Airflow in the foreground until Ctrl-C",
         description="Start the embedded Kafka-protocol broker on localhost:9092, make sure PostgreSQL "
-        "answers (starting one from the machine's binaries if needed), migrate, and run Airflow "
-        "(UI on http://localhost:8080, login admin/admin) until Ctrl-C.",
-    ).set_defaults(func=_cmd_dev_up)
+        "answers (starting one from the machine's binaries if needed), migrate, run Airflow "
+        "(UI on http://localhost:8080, login admin/admin) and unpause the retry_scheduler and "
+        "retry_monitor DAGs, until Ctrl-C.",
+    )
+    up.add_argument("--paused", action="store_true", help="leave every DAG paused (Airflow's default)")
+    up.set_defaults(func=_cmd_dev_up)
     dev_sub.add_parser(
         "postgres", help="make sure PostgreSQL answers at RETRY_DATABASE_URL (start one if not)"
     ).set_defaults(func=_cmd_dev_postgres)
@@ -416,10 +459,54 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_dlq_parser(sub)
 
+    bench = sub.add_parser(
+        "bench",
+        help="measure throughput, lateness and claim cost against baselines; write bench/out/report.*",
+        description="Create a throwaway database (retry_bench) on the server of RETRY_DATABASE_URL and start "
+        "an embedded broker on a free port, run each measurement through the service's own code with its "
+        "baseline in the same run (ingest vs PostgreSQL COPY, publish vs PgQueuer and a naive poller, claim "
+        "cost with 10 million rows vs 10 000, PySpark bulk retry and compaction, lateness under the Airflow "
+        "scheduler), then write report.json, report.md and PNG plots and print a table. Exits 1 when a "
+        "measured figure misses its target (never with --quick).",
+    )
+    bench.add_argument(
+        "--quick", action="store_true", help="small sizes (seconds, as in make test): no evidence for targets"
+    )
+    bench.add_argument(
+        "--only",
+        metavar="NAMES",
+        help="comma-separated subset of: ingest, publish, claim, spark, lateness (default: all)",
+    )
+    bench.add_argument("--out", default="bench/out", metavar="DIR", help="report directory (bench/out)")
+    bench.add_argument("--ingest-records", type=int, metavar="N", help="records to ingest (200000)")
+    bench.add_argument(
+        "--publish-rows", type=int, metavar="N", help="due jobs to publish, also PgQueuer's (100000)"
+    )
+    bench.add_argument("--naive-rows", type=int, metavar="N", help="due jobs for the naive poller (5000)")
+    bench.add_argument("--claim-rows", type=int, metavar="N", help="rows of the large claim table (10000000)")
+    bench.add_argument("--lateness-seconds", type=int, metavar="S", help="length of the lateness run (300)")
+    bench.add_argument("--db-name", default="retry_bench", help="the throwaway database (retry_bench)")
+    bench.add_argument("--keep-db", action="store_true", help="keep the database afterwards, to look at it")
+    bench.set_defaults(func=_cmd_bench)
+
     run = sub.add_parser("run", help="run the ingest and publish loops without Airflow")
     run.add_argument("--seconds", type=float, default=60, help="how long to loop (default 60)")
     run.add_argument("--only", choices=["ingest", "publish"], help="run one loop only")
     run.set_defaults(func=_cmd_run)
+
+    chaos = sub.add_parser(
+        "chaos",
+        help="fault injection: kill -9 workers, freeze the broker, restart PostgreSQL; count lost records",
+        description="Start a private PostgreSQL and broker, send a bad-input corpus to a running service, "
+        "then run trials that each send a workload and inject one fault at a random point; after recovery "
+        "count lost and duplicate records. Writes chaos.json; exits 1 unless nothing was lost.",
+    )
+    chaos.add_argument("--trials", type=int, default=100, metavar="N", help="fault trials (100)")
+    chaos.add_argument("--records", type=int, default=2500, metavar="N", help="records per trial (2500)")
+    chaos.add_argument("--seed", type=int, metavar="S", help="random seed (printed; random by default)")
+    chaos.add_argument("--out", default="bench/out", metavar="DIR", help="where chaos.json goes (bench/out)")
+    chaos.add_argument("--no-bad-input", action="store_true", help="skip the bad-input corpus")
+    chaos.set_defaults(func=_cmd_chaos)
     return parser
 
 
