@@ -93,6 +93,15 @@ SET publish_failures = j.publish_failures + 1,
 FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS d(id, error)
 WHERE j.id = d.id;
 
+-- name: mark_invalid
+-- Publishing showed the headers unusable (a partition the destination does not have): dead, not retried
+-- forever; the publish loop then sends it to the DLQ. The application's own reason is kept after ours.
+UPDATE retry_jobs AS j
+SET status = 'dead', dead_reason = 'invalid', dead_at = now(), lease_until = NULL,
+    reason = d.reason || coalesce('; the record had failed with: ' || j.reason, '')
+FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS d(id, reason)
+WHERE j.id = d.id AND j.status = 'pending';
+
 -- name: next_due
 SELECT min(due_at) - clock_timestamp() FROM retry_jobs WHERE status = 'pending';
 

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, Message, TopicPartition
 
-from retry_scheduler import protocol
+from retry_scheduler import faults, protocol
 from retry_scheduler.config import Settings
 from retry_scheduler.handover import LoopTenure
 from retry_scheduler.headers import Header, InvalidRecordError, Limits, parse_headers
@@ -285,6 +285,7 @@ class Ingestor:
             )
             for r in records
         ]
+        faults.checkpoint("ingest.consumed")
         stored = self.store.insert_jobs(jobs)
         counts.consumed, counts.stored, counts.batches = len(jobs), len(stored), 1
         counts.duplicates = counts.consumed - counts.stored
@@ -296,6 +297,7 @@ class Ingestor:
                     "invalid record %s[%s]@%s is dead: %s",
                     job.source_topic, job.source_partition, job.source_offset, job.reason,
                 )  # fmt: skip
+        faults.checkpoint("ingest.stored")
         self._commit(records)
         return counts
 

@@ -32,6 +32,9 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     return {
         "linger.ms": 2,
         "compression.type": "lz4",
+        # librdkafka itself refuses records over 1 000 000 bytes, less than RETRY_MAX_RECORD_BYTES, and an
+        # oversize record still goes to the DLQ: the broker, which accepted it once, judges what fits.
+        "message.max.bytes": min(1_000_000_000, max(64 * 1024 * 1024, 2 * settings.max_record_bytes)),
         **settings.kafka,
         "enable.idempotence": True,
         "acks": "all",

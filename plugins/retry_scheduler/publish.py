@@ -15,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from retry_scheduler import faults
 from retry_scheduler.config import Settings
 from retry_scheduler.handover import LoopTenure, new_worker_id
 from retry_scheduler.jobs import OutgoingRow, destination_headers, dlq_headers
@@ -22,6 +23,12 @@ from retry_scheduler.kafka import TopicManager, make_producer
 from retry_scheduler.store import Store
 
 log = logging.getLogger(__name__)
+
+#: Delivery errors after which the producer's idempotence state is broken for good (seen when the broker
+#: fenced its epoch bump after requests timed out in flight): only a new producer can publish again.
+_BROKEN_PRODUCER = frozenset(
+    {KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FATAL}
+)
 
 
 @dataclass
@@ -77,9 +84,12 @@ class Publisher:
 
     def _produce_all(
         self, rows: list[OutgoingRow], to_dlq: bool
-    ) -> tuple[list[tuple[int, int]], list[tuple[int, str]]]:
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, str]], list[tuple[int, str]]]:
+        """Produce and wait for the acks: the acknowledged, the failed (to retry) and the unroutable jobs."""
         acked: list[tuple[int, int]] = []
         failed: list[tuple[int, str]] = []
+        unroutable: list[tuple[int, str]] = []
+        broken: list[KafkaError] = []
 
         def delivered(job_id: int) -> Callable[[KafkaError | None, Message], None]:
             def callback(err: KafkaError | None, _msg: Message) -> None:
@@ -87,6 +97,8 @@ class Publisher:
                     acked.append((job_id, int(self.clock() * 1000)))
                 else:
                     failed.append((job_id, f"delivery failed: {err.str()}"))
+                    if err.fatal() or err.code() in _BROKEN_PRODUCER:
+                        broken.append(err)
 
             return callback
 
@@ -117,13 +129,40 @@ class Publisher:
                 except BufferError:
                     self.producer.poll(0.05)  # local queue full: let deliveries drain
                 except KafkaException as exc:
-                    failed.append((row.id, f"produce failed: {exc}"))
+                    partition = kwargs.get("partition")
+                    if partition is not None and self._lacks_partition(exc, topic, partition):
+                        # Retrying cannot help: the job is dead (invalid) and goes to the DLQ instead.
+                        unroutable.append(
+                            (
+                                row.id,
+                                f"header retry.original-partition={partition}: topic {topic} has no such partition",
+                            )
+                        )
+                    else:
+                        failed.append((row.id, f"produce failed: {exc}"))
+                        if exc.args[0].fatal() or exc.args[0].code() in _BROKEN_PRODUCER:
+                            broken.append(exc.args[0])
                     break
             self.producer.poll(0)
         remaining = self.producer.flush(self.settings.delivery_timeout_ms / 1000 + 5)
         if remaining:
             log.warning("%s messages still unacknowledged after flush; their jobs stay leased", remaining)
-        return acked, failed
+        if broken:
+            log.warning("the producer cannot publish any more (%s): replacing it", broken[0].str())
+            old, self.producer = self.producer, make_producer(self.settings)
+            old.purge()
+            old.flush(0)
+        return acked, failed, unroutable
+
+    def _lacks_partition(self, exc: KafkaException, topic: str, partition: int) -> bool:
+        """Whether ``exc`` says the partition is unknown and fresh metadata confirms ``topic`` lacks it."""
+        if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+            return False
+        try:
+            meta = self.producer.list_topics(topic, timeout=10).topics.get(topic)
+        except KafkaException:
+            return False
+        return meta is not None and meta.error is None and partition not in meta.partitions
 
     def publish_once(self) -> PublishCounts:
         """One round: claim up to a batch of dead and of due jobs, produce, wait for acks, mark."""
@@ -136,13 +175,19 @@ class Publisher:
             return counts
         failed: list[tuple[int, str]] = []
         if dead_rows:
-            acked_dead, failed_dead = self._produce_all(dead_rows, to_dlq=True)
+            acked_dead, failed_dead, _ = self._produce_all(dead_rows, to_dlq=True)
+            faults.checkpoint("publish.dlq_produced")
             counts.dead_published = self.store.mark_dlq_published(acked_dead)
             failed += failed_dead
         if due_rows:
-            acked, failed_due = self._produce_all(due_rows, to_dlq=False)
+            acked, failed_due, unroutable = self._produce_all(due_rows, to_dlq=False)
+            faults.checkpoint("publish.produced")
             counts.published = self.store.mark_published(acked)
             failed += failed_due
+            if unroutable:
+                log.warning(
+                    "%s jobs are dead (invalid): %s", self.store.mark_invalid(unroutable), unroutable[0][1]
+                )
         if failed:
             counts.failed = self.store.mark_failed(failed)
             for _, error in failed:

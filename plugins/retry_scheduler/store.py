@@ -262,6 +262,14 @@ class Store:
             return 0
         return self._mark("mark_failed", {"ids": [f[0] for f in failed], "errors": [f[1] for f in failed]})
 
+    def mark_invalid(self, invalid: Sequence[tuple[int, str]]) -> int:
+        """Make pending jobs dead (``invalid``) when publishing showed their headers unusable; ``(id, reason)``."""
+        if not invalid:
+            return 0
+        return self._mark(
+            "mark_invalid", {"ids": [i[0] for i in invalid], "reasons": [i[1] for i in invalid]}
+        )
+
     def seconds_until_next_due(self) -> float | None:
         """Seconds until the earliest pending job is due (negative when overdue), None if none."""
         with self.conn.transaction():
