@@ -365,15 +365,19 @@ def _cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
     """Fault-injection trials and the bad-input corpus on a private PostgreSQL and broker."""
     from pathlib import Path
 
-    from retry_scheduler.chaos import run_chaos
+    from retry_scheduler.chaos import ChaosError, run_chaos
 
-    report = run_chaos(
-        trials=args.trials,
-        seed=args.seed,
-        records=args.records,
-        out_dir=Path(args.out),
-        bad_input=not args.no_bad_input,
-    )
+    try:
+        report = run_chaos(
+            trials=args.trials,
+            seed=args.seed,
+            records=args.records,
+            out_dir=Path(args.out),
+            bad_input=not args.no_bad_input,
+        )
+    except ChaosError as exc:
+        print(f"retry-scheduler chaos: {exc}", file=sys.stderr)
+        return 2
     keys = ("trials", "messages", "lost", "duplicates", "duplicates_unidentified", "bad_input_kinds",
             "bad_input_lost", "duration_s")  # fmt: skip
     print(json.dumps({k: report[k] for k in keys}))
@@ -470,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
         "measured figure misses its target (never with --quick).",
     )
     bench.add_argument(
-        "--quick", action="store_true", help="small sizes (seconds, as in make test): no evidence for targets"
+        "--quick", action="store_true", help="small sizes (as in make test): no evidence for the targets"
     )
     bench.add_argument(
         "--only",

@@ -1,0 +1,855 @@
+"""``retry-scheduler bench``: measure the service against baselines run in the same process and run.
+
+Every figure is measured on the real PostgreSQL (a throwaway database, ``retry_bench``, migrated
+with :func:`retry_scheduler.store.migrate` and dropped at the end) and the embedded Kafka-protocol
+broker (a Tansu started on a free port, memory storage), through the service's own code paths:
+:class:`~retry_scheduler.ingest.Ingestor` fed from a real retry topic, and
+:class:`~retry_scheduler.publish.Publisher` on due jobs stored with
+:meth:`~retry_scheduler.store.Store.insert_jobs`. Each baseline runs right after its figure, on the
+same server, with the same rows. The report (``report.json``, ``report.md``, PNG plots) is written
+by :mod:`retry_scheduler.bench_report`; the baselines live in :mod:`retry_scheduler.bench_baselines`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import statistics
+import tempfile
+import time
+import urllib.parse
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from psycopg import sql
+
+from retry_scheduler import protocol
+from retry_scheduler.config import Settings
+from retry_scheduler.ingest import Ingestor
+from retry_scheduler.jobs import Job, OutgoingRow, Status
+from retry_scheduler.kafka import make_consumer
+from retry_scheduler.policy import Policy, PolicyRegistry
+from retry_scheduler.publish import Publisher
+from retry_scheduler.store import Store, connect, migrate, q, redact_url
+
+log = logging.getLogger(__name__)
+
+#: Every measurement the harness knows, in the order it runs them.
+MEASUREMENTS = ("ingest", "publish", "claim", "spark", "lateness")
+PARTITIONS = 3
+#: A realistic failed record: a ~250-byte JSON order, a key, and the headers the SDK sets.
+VALUE = (
+    b'{"order_id": "%08d", "customer": "c-4711", "currency": "EUR", "amount": 129.90, '
+    b'"items": [{"sku": "SKU-1001", "qty": 2}, {"sku": "SKU-2002", "qty": 1}], '
+    b'"shipping": {"country": "DE", "zip": "10115", "method": "express"}, "note": "%s"}'
+)
+#: Jobs of the benchmarks never expire on their own: a policy without max_age.
+BENCH_POLICIES = PolicyRegistry.of([Policy("default", delays=["1h"], max_attempts=10)])
+
+
+_DROP_DB = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+_CREATE_DB = sql.SQL("CREATE DATABASE {}")
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not run (broker, database or a measurement failed); the message says why."""
+
+
+@dataclass
+class Result:
+    """One measurement: the report's figures it produced, their baselines, sizes and notes."""
+
+    name: str
+    figures: dict[str, float | int | None] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    #: Why the figures are missing (None when measured).
+    skipped: str | None = None
+    #: Raw samples for the plots (e.g. every lateness), not written to report.json.
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+    finished_at: str | None = None
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each measurement does. ``quick`` sizes are for ``make test``: no figure is evidence."""
+
+    ingest_records: int = 200_000
+    ingest_warmup: int = 5_000
+    publish_rows: int = 100_000
+    pgqueuer_rows: int = 100_000
+    pgqueuer_batch_sizes: tuple[int, ...] = (10, 100, 1000)
+    naive_rows: int = 5_000
+    claim_small: int = 10_000
+    claim_large: int = 10_000_000
+    claim_due: int = 5_000
+    claim_limit: int = 1_000
+    claim_repeats: int = 21
+    spark_rows: int = 1_000_000
+    lateness_rate: int = 1_000
+    lateness_seconds: int = 300
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(
+            ingest_records=2_000,
+            ingest_warmup=500,
+            publish_rows=2_000,
+            pgqueuer_rows=2_000,
+            pgqueuer_batch_sizes=(10,),
+            naive_rows=200,
+            claim_small=10_000,
+            claim_large=50_000,
+            claim_due=2_000,
+            claim_repeats=3,
+            spark_rows=20_000,
+            lateness_rate=50,
+            lateness_seconds=30,
+        )
+
+
+# -- environment: a throwaway database and a broker ---------------------------------------------------
+
+
+def with_database(url: str, dbname: str) -> str:
+    """``url`` pointing at database ``dbname`` (a ``postgresql://`` URL or a libpq key=value string)."""
+    if "://" in url:
+        parts = urllib.parse.urlsplit(url)
+        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, ""))
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo(url, dbname=dbname)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BenchEnv:
+    """A migrated throwaway database on the configured server and a broker, for one benchmark run."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db_name: str = "retry_bench",
+        bootstrap: str | None = None,
+        keep_db: bool = False,
+        work_dir: Path | None = None,
+    ) -> None:
+        self.base = settings
+        self.db_name = db_name
+        self.admin_url = with_database(settings.database_url, "postgres")
+        self.url = with_database(settings.database_url, db_name)
+        self.bootstrap = bootstrap
+        self.keep_db = keep_db
+        self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="retry-bench-"))
+        self.tag = uuid.uuid4().hex[:6]
+        self._broker: Any = None
+
+    def __enter__(self) -> BenchEnv:
+        try:
+            self._create_database()
+            migrate(self.url)
+            if self.bootstrap is None:
+                from retry_scheduler.devstack import start_broker
+
+                port = free_port()
+                self._broker = start_broker(
+                    port, "127.0.0.1", self.work_dir / "tansu.log", say=lambda m: log.info("%s", m)
+                )
+                self.bootstrap = f"127.0.0.1:{port}"
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._broker is not None:
+            self._broker.terminate()
+            try:
+                self._broker.wait(10)
+            except Exception:
+                self._broker.kill()
+            self._broker = None
+        if not self.keep_db:
+            with contextlib.suppress(Exception), connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(_DROP_DB.format(sql.Identifier(self.db_name)))
+
+    def _create_database(self) -> None:
+        with connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(_DROP_DB.format(sql.Identifier(self.db_name)))
+            conn.execute(_CREATE_DB.format(sql.Identifier(self.db_name)))
+        log.info("created the benchmark database %s", redact_url(self.url))
+
+    @contextlib.contextmanager
+    def extra_database(self, suffix: str) -> Iterator[str]:
+        """A second migrated throwaway database on the same server, dropped afterwards."""
+        name = f"{self.db_name}_{suffix}"
+        with connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(_DROP_DB.format(sql.Identifier(name)))
+            conn.execute(_CREATE_DB.format(sql.Identifier(name)))
+        url = with_database(self.url, name)
+        try:
+            migrate(url)
+            yield url
+        finally:
+            with contextlib.suppress(Exception), connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(_DROP_DB.format(sql.Identifier(name)))
+
+    @contextlib.contextmanager
+    def dropped_afterwards(self, name: str) -> Iterator[None]:
+        """Drop database ``name`` (made by someone else, e.g. Airflow's metadata) when the block ends."""
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception), connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(_DROP_DB.format(sql.Identifier(name)))
+
+    def settings(self, name: str, **changes: Any) -> Settings:
+        """Service settings for one measurement: its own retry topic and consumer group."""
+        assert self.bootstrap is not None
+        return self.base.with_overrides(
+            database_url=self.url,
+            kafka={"bootstrap.servers": self.bootstrap},
+            retry_topic=f"retry-bench-{self.tag}-{name}",
+            delay_topics={},
+            consumer_group=f"bench-{self.tag}-{name}",
+            create_topics=True,
+            **changes,
+        )
+
+    def create_topics(self, topics: Sequence[str], partitions: int = PARTITIONS) -> None:
+        assert self.bootstrap is not None
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
+            future.result(15)
+
+    def sql(self, name: str, params: dict[str, Any] | None = None, *, fetch: bool = False) -> list[Any]:
+        """Run one named query of ``sql/bench.sql`` in its own transaction."""
+        with connect(self.url, autocommit=True) as conn:
+            cur = conn.execute(q(name), params)
+            return cur.fetchall() if fetch else []
+
+    def count_records(self, topic: str, expected: int, timeout_s: float = 60) -> int:
+        """Read ``topic`` from the beginning and count its records (until ``expected`` and idle for 1 s).
+
+        Counted by reading rather than from the high watermarks, which Tansu does not report as
+        record counts.
+        """
+        assert self.bootstrap is not None
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"bench-count-{self.tag}",
+                "enable.auto.commit": False,
+            }
+        )
+        seen = 0
+        try:
+            parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+            deadline = time.monotonic() + timeout_s
+            idle_since = time.monotonic()
+            while time.monotonic() < deadline:
+                batch = [m for m in consumer.consume(10_000, 0.2) if m.error() is None]
+                seen += len(batch)
+                if batch:
+                    idle_since = time.monotonic()
+                elif seen >= expected and time.monotonic() - idle_since > 1.0:
+                    break
+        finally:
+            consumer.close()
+        return seen
+
+
+# -- timing wrappers around the real components ------------------------------------------------------
+
+
+class TimedStore(Store):
+    """The service's Store, adding up the seconds spent in each database operation."""
+
+    def __init__(self, database_url: str) -> None:
+        super().__init__(database_url)
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - began
+
+    def insert_jobs(self, jobs: Sequence[Job]) -> list[str | None]:
+        with self._timed("insert_jobs"):
+            return super().insert_jobs(jobs)
+
+    def claim_due(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
+        with self._timed("claim_due"):
+            return super().claim_due(limit, lease_ms, worker)
+
+    def claim_dead(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
+        with self._timed("claim_dead"):
+            return super().claim_dead(limit, lease_ms, worker)
+
+    def mark_published(self, acked: Sequence[tuple[int, int]]) -> int:
+        with self._timed("mark_published"):
+            return super().mark_published(acked)
+
+
+class TimedConsumer:
+    """Wraps the ingest loop's consumer to add up the seconds spent consuming and committing."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        began = time.perf_counter()
+        try:
+            return self._consumer.consume(num_messages, timeout)
+        finally:
+            self.seconds["consume"] += time.perf_counter() - began
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return self._consumer.commit(*args, **kwargs)
+        finally:
+            self.seconds["commit_offsets"] += time.perf_counter() - began
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
+def _rate(count: int, seconds: float) -> float:
+    return round(count / seconds, 1) if seconds > 0 else 0.0
+
+
+def _breakdown(seconds: Mapping[str, float], total: float) -> dict[str, float]:
+    parts = {k: round(v, 3) for k, v in sorted(seconds.items())}
+    parts["other_python"] = round(max(0.0, total - sum(seconds.values())), 3)
+    return parts
+
+
+# -- the records and jobs of the benchmarks ----------------------------------------------------------
+
+
+def retry_record(i: int, destination: str, at_ms: int) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """Key, value and headers of a failed record as the SDK sends it to a retry topic."""
+    headers = [
+        (protocol.DESTINATION, destination.encode()),
+        (protocol.ORIGINAL_TOPIC, destination.encode()),
+        (protocol.ORIGINAL_PARTITION, str(i % PARTITIONS).encode()),
+        (protocol.ORIGINAL_OFFSET, str(i).encode()),
+        (protocol.ATTEMPT, str(i % 4).encode()),
+        (protocol.AT, str(at_ms).encode()),
+        (protocol.REASON, b"TimeoutError: payment service did not answer within 30 s"),
+        (protocol.ERROR_CLASS, b"TimeoutError"),
+        (protocol.GROUP, b"orders-service"),
+        ("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    ]
+    return f"order-{i}".encode(), VALUE % (i, b"x" * 40), headers
+
+
+def due_job(i: int, source_topic: str, destination: str, due_ms: int) -> Job:
+    """A pending job due at ``due_ms``, with the columns an ingested record would have."""
+    _key, value, headers = retry_record(i, destination, due_ms)
+    return Job(
+        source_topic=source_topic, source_partition=i % PARTITIONS, source_offset=i,
+        source_timestamp_ms=due_ms - 60_000, destination=destination, destination_partition=i % PARTITIONS,
+        key=f"order-{i}".encode(), value=value, headers=(headers[-1],), attempt=i % 4, policy="default",
+        reason="TimeoutError: payment service did not answer within 30 s", error_class="TimeoutError",
+        consumer_group="orders-service", retry_id=str(uuid.uuid4()), original_topic=destination,
+        original_partition=i % PARTITIONS, original_offset=i, original_timestamp_ms=due_ms - 60_000,
+        due_ms=due_ms, status=Status.PENDING, dead_reason=None, dlq_topic="retry.dlq",
+    )  # fmt: skip
+
+
+def insert_due_jobs(url: str, count: int, source_topic: str, destination: str) -> float:
+    """Store ``count`` jobs due a second ago with the service's own insert; returns the seconds taken."""
+    began = time.perf_counter()
+    due_ms = int(time.time() * 1000) - 1000
+    with Store(url) as store:
+        for start in range(0, count, 5000):
+            store.insert_jobs(
+                [
+                    due_job(i, source_topic, destination, due_ms)
+                    for i in range(start, min(count, start + 5000))
+                ]
+            )
+    return time.perf_counter() - began
+
+
+def produce_records(
+    bootstrap: str, topic: str, count: int, destination: str, at_ms: int, first: int = 0
+) -> float:
+    """Produce ``count`` retry records (numbered from ``first``) as fast as one producer can; returns
+    the seconds taken."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 50,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 500_000,
+            "enable.idempotence": True,
+        }
+    )
+    errors: list[str] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    began = time.perf_counter()
+    for i in range(first, first + count):
+        key, value, headers = retry_record(i, destination, at_ms)
+        while True:
+            try:
+                producer.produce(
+                    topic, key=key, value=value, headers=cast(Any, headers), on_delivery=delivered
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 1000 == 0:
+            producer.poll(0)
+    if producer.flush(120) or errors:
+        raise BenchError(f"producing the retry records failed: {errors[:3] or 'not acknowledged in 120 s'}")
+    return time.perf_counter() - began
+
+
+# -- ingest -------------------------------------------------------------------------------------------
+
+
+def measure_ingest(env: BenchEnv, sizes: Sizes) -> Result:
+    """Ingest a retry topic into ``retry_jobs``; baseline: a binary COPY of the same rows."""
+    from retry_scheduler.bench_baselines import copy_baseline
+
+    result = Result("ingest")
+    settings = env.settings("ingest")
+    total = sizes.ingest_records + sizes.ingest_warmup
+    env.sql("bench_truncate")
+    env.create_topics([settings.retry_topic])
+    destination = f"bench.orders-{env.tag}"
+    # Due in a day: the jobs stay pending, so the publish loop (not running here) would find nothing.
+    at_ms = int(time.time() * 1000) + 86_400_000
+    bootstrap = env.bootstrap or ""
+    produce_records(bootstrap, settings.retry_topic, sizes.ingest_warmup, destination, at_ms)
+
+    store = TimedStore(settings.database_url)
+    consumer = TimedConsumer(make_consumer(settings))
+    began = time.perf_counter()
+    ingestor = Ingestor(settings, BENCH_POLICIES, store, consumer=cast(Consumer, consumer))
+    try:
+        if not ingestor.acquire(30):
+            raise BenchError("the ingest lock of the benchmark database is held by someone else")
+        assigned_s = time.perf_counter() - began
+        stored = batches = 0
+        deadline = time.monotonic() + 120
+        # Setup, not timed: lock, assignment, committed offsets and the first fetches, until the
+        # warm-up records are stored. Then the measured records are produced, before the clock starts.
+        while stored < sizes.ingest_warmup:
+            stored += ingestor.ingest_batch(0.5).stored
+            if time.monotonic() > deadline:
+                raise BenchError(f"ingest: only {stored} of {sizes.ingest_warmup} warm-up rows in 120 s")
+        setup_s = time.perf_counter() - began
+        produce_s = produce_records(
+            bootstrap,
+            settings.retry_topic,
+            sizes.ingest_records,
+            destination,
+            at_ms,
+            first=sizes.ingest_warmup,
+        )
+        log.info(
+            "ingest: %s records produced to %s in %.1f s",
+            sizes.ingest_records,
+            settings.retry_topic,
+            produce_s,
+        )
+        with connect(settings.database_url) as conn:
+            row = conn.execute(q("bench_max_id")).fetchone()
+        after_id = int(row[0]) if row else 0
+        store.seconds.clear()
+        consumer.seconds.clear()
+        stored_before = stored
+        timed_began = time.perf_counter()
+        deadline = time.monotonic() + 600
+        while stored < total:
+            counts = ingestor.ingest_batch(0.2)  # as Ingestor.run does
+            stored += counts.stored
+            batches += counts.batches
+            if time.monotonic() > deadline:
+                raise BenchError(f"ingest: only {stored} of {total} rows stored in 600 s")
+        elapsed = time.perf_counter() - timed_began
+    finally:
+        ingestor.close()
+        store.close()
+    timed_rows = stored - stored_before
+    counts_by_status = dict(env.sql("bench_status_counts", fetch=True))
+    if counts_by_status != {"pending": total}:
+        raise BenchError(f"ingest stored {counts_by_status}, expected {total} pending jobs")
+    rate = _rate(timed_rows, elapsed)
+    copy = copy_baseline(settings.database_url, after_id, timed_rows)
+    result.figures = {
+        "ingest_msgs_per_s": rate,
+        "ingest_vs_copy": round(rate / copy["rows_per_s"], 3) if copy["rows_per_s"] else None,
+    }
+    result.details = {
+        "records": total,
+        "timed_rows": timed_rows,
+        "warmup_rows": stored_before,
+        "seconds": round(elapsed, 3),
+        "rows_per_s": rate,
+        "batches": batches,
+        "ingest_batch": settings.ingest_batch,
+        "partitions": PARTITIONS,
+        "record_bytes": len(retry_record(0, destination, 0)[1]),
+        "produce_s": round(produce_s, 3),
+        "setup_s": round(setup_s, 3),
+        "lock_and_assignment_s": round(assigned_s, 3),
+        "breakdown_s": _breakdown({**store.seconds, **consumer.seconds}, elapsed),
+        "baseline": copy,
+    }
+    result.details["limits"] = _ingest_limits(result.details, timed_rows, copy)
+    result.notes = [
+        f"{timed_rows} records ({result.details['record_bytes']}-byte values, 10 headers) ingested from a "
+        f"{PARTITIONS}-partition retry topic in {elapsed:.2f} s; produced beforehand in {produce_s:.1f} s.",
+        f"Setup excluded from the rate: {setup_s:.2f} s for the ingest lock, partition assignment, the "
+        f"committed-offset lookup and the first {stored_before} warm-up rows.",
+        f"Baseline: binary COPY of the very same {copy['rows']} rows into bench_copy (LIKE retry_jobs "
+        f"INCLUDING ALL) in {copy['seconds']:.2f} s.",
+    ]
+    return result
+
+
+def _ingest_limits(details: dict[str, Any], rows: int, copy: dict[str, Any]) -> list[str]:
+    """Where the time per record goes, from the measured breakdown (see bench/README.md for the profile)."""
+    parts = details["breakdown_s"]
+    python_us = 1e6 * (parts.get("other_python", 0) + parts.get("consume", 0)) / rows
+    insert_us = 1e6 * parts.get("insert_jobs", 0) / rows
+    copy_us = 1e6 / copy["rows_per_s"] if copy.get("rows_per_s") else float("nan")
+    return [
+        f"Per record: {python_us:.1f} us in Python (consume, header parsing and validation, policy, the job "
+        f"object) and {insert_us:.1f} us in `Store.insert_jobs` (binary COPY to the staging table, "
+        f"`INSERT ... ON CONFLICT` into `retry_jobs`, commit); the raw COPY costs {copy_us:.1f} us per row. "
+        "The ingest loop does these one after the other on one connection, so they add up.",
+        "What limits it: CPython's per-record work, on one core; 50 000 records/s leaves 20 us per record "
+        "for everything. `retry_scheduler.headers.parse_headers` is the largest part of it (about half of "
+        "the Python time in cProfile), then building the `Job` and its `retry.id`. A pipelined loop "
+        "(parsing the next batch while PostgreSQL stores this one) was tried and gained under 10 %: the "
+        "parsing thread is the bottleneck, not the database (bench/README.md).",
+    ]
+
+
+# -- publish ------------------------------------------------------------------------------------------
+
+
+def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
+    """Publish due jobs (claim, produce, ack, mark); baselines: PgQueuer and the naive poller."""
+    from retry_scheduler.bench_baselines import naive_poller, pgqueuer_baseline
+
+    result = Result("publish")
+    settings = env.settings("publish")
+    destination = f"bench.out-{env.tag}"
+    env.sql("bench_truncate")
+    env.create_topics([destination])
+    load_s = insert_due_jobs(settings.database_url, sizes.publish_rows, "bench.publish", destination)
+    # The statistics autovacuum gathers within a minute of a bulk insert: measure that steady state,
+    # not the first minute, when the planner still believes the table empty (see the report).
+    env.sql("bench_analyze")
+    log.info("publish: %s due jobs stored in %.1f s", sizes.publish_rows, load_s)
+
+    store = TimedStore(settings.database_url)
+    began = time.perf_counter()
+    publisher = Publisher(settings, store)
+    try:
+        # Setup: the producer's connection and the destination's metadata.
+        publisher.topics.ensure([destination], create=True)
+        publisher.producer.list_topics(destination, timeout=10)
+        setup_s = time.perf_counter() - began
+        published = rounds = 0
+        timed_began = time.perf_counter()
+        deadline = time.monotonic() + 600
+        while published < sizes.publish_rows:
+            counts = publisher.publish_once()
+            published += counts.published
+            rounds += 1
+            if counts.failed or (counts.claimed == 0 and time.monotonic() > deadline):
+                raise BenchError(f"publish: {counts.failed} failed deliveries, {published} published")
+        elapsed = time.perf_counter() - timed_began
+    finally:
+        publisher.close()
+        store.close()
+    on_topic = env.count_records(destination, sizes.publish_rows)
+    if on_topic != sizes.publish_rows:
+        raise BenchError(f"publish: {on_topic} records on {destination}, expected {sizes.publish_rows}")
+    rate = _rate(published, elapsed)
+
+    naive = naive_poller(env, settings, sizes.naive_rows, destination)
+    pgq = pgqueuer_baseline(env.url, sizes.pgqueuer_rows, sizes.pgqueuer_batch_sizes)
+    result.figures = {
+        "publish_rows_per_s": rate,
+        "publish_vs_pgqueuer": round(rate / pgq["rows_per_s"], 3) if pgq.get("rows_per_s") else None,
+        "publish_vs_naive": round(rate / naive["rows_per_s"], 3) if naive["rows_per_s"] else None,
+    }
+    result.details = {
+        "rows": published,
+        "seconds": round(elapsed, 3),
+        "rows_per_s": rate,
+        "rounds": rounds,
+        "publish_batch": settings.publish_batch,
+        "partitions": PARTITIONS,
+        "records_on_topic": on_topic,
+        "load_s": round(load_s, 3),
+        "setup_s": round(setup_s, 3),
+        "breakdown_s": _breakdown(store.seconds, elapsed),
+        "baseline_pgqueuer": pgq,
+        "vs_pgqueuer_best_tuned": (
+            round(rate / pgq["best_tuned"]["rows_per_s"], 3) if pgq.get("best_tuned") else None
+        ),
+        "baseline_naive": naive,
+    }
+    result.details["limits"] = _publish_limits(result.details, published)
+    result.notes = [
+        f"{published} due jobs claimed, produced (idempotent, acks=all), acknowledged and marked published "
+        f"in {elapsed:.2f} s ({rounds} rounds of up to {settings.publish_batch}); all {on_topic} records "
+        f"checked on the destination topic. Setup excluded: {setup_s:.2f} s (producer connection, metadata).",
+        pgq["note"],
+        naive["note"],
+    ]
+    if pgq.get("best_tuned"):
+        best = pgq["best_tuned"]
+        result.notes.append(
+            f"Against PgQueuer at its fastest batch size here ({best['batch_size']}, "
+            f"{best['rows_per_s']:,.0f} jobs/s) the ratio is {result.details['vs_pgqueuer_best_tuned']:.2f}x."
+        )
+    return result
+
+
+def _publish_limits(details: dict[str, Any], rows: int) -> list[str]:
+    parts = details["breakdown_s"]
+    claim_us = 1e6 * (parts.get("claim_due", 0) + parts.get("claim_dead", 0)) / rows
+    mark_us = 1e6 * parts.get("mark_published", 0) / rows
+    python_us = 1e6 * parts.get("other_python", 0) / rows
+    return [
+        f"Per job: {claim_us:.1f} us claiming (one `UPDATE ... RETURNING` setting the lease), "
+        f"{python_us:.1f} us producing and waiting for the broker's acknowledgements, {mark_us:.1f} us "
+        "marking published (one `UPDATE` from `unnest`).",
+        "What limits it: PostgreSQL writes two new versions of every job row, the lease and the "
+        "`published` status, each with its index entries (primary key, source key, due index, "
+        "destination/status, retry id) and WAL; the broker's part is small. Both writes are what the "
+        "at-least-once guarantee rests on (a lease, so that a crash re-publishes rather than loses; the "
+        "mark only after the acknowledgement). Asynchronous commit and a lower fillfactor (HOT updates for "
+        "the lease) were tried and gained nothing measurable here (bench/README.md).",
+    ]
+
+
+# -- claim cost ---------------------------------------------------------------------------------------
+
+
+def build_claim_table(url: str, total: int, due: int) -> dict[str, Any]:
+    """``retry_jobs`` at ``url`` with ``total`` rows: history from generate_series, then the due backlog.
+
+    Vacuumed and analysed afterwards, as autovacuum leaves a table that grew slowly.
+    """
+    began = time.perf_counter()
+    with connect(url, autocommit=True) as conn:
+        conn.execute(q("bench_truncate"))
+        history = total - due
+        step = 1_000_000
+        for start in range(0, history, step):
+            conn.execute(q("bench_fill_history"), {"first": start + 1, "last": min(history, start + step)})
+            log.info("claim: %s of %s history rows", min(history, start + step), history)
+        conn.execute(q("bench_fill_due"), {"count": due})
+        conn.execute(q("bench_vacuum_analyze"))
+        row = conn.execute(q("bench_table_size")).fetchone()
+    assert row is not None
+    return {"rows": int(row[0]), "bytes": int(row[1]), "build_s": round(time.perf_counter() - began, 1)}
+
+
+def measure_claim(env: BenchEnv, sizes: Sizes) -> Result:
+    """Claim 1 000 due jobs with a small and with a large table: the cost must follow the backlog.
+
+    The small table lives in a second throwaway database, so that the claims can alternate between
+    the two: a load that comes and goes on the machine then weighs on both alike.
+    """
+    result = Result("claim")
+    worker = f"bench-claim-{env.tag}"
+    with env.extra_database("small") as small_url:
+        tables = {
+            "small": build_claim_table(small_url, sizes.claim_small, sizes.claim_due),
+            "large": build_claim_table(env.url, sizes.claim_large, sizes.claim_due),
+        }
+        times: dict[str, list[float]] = {"small": [], "large": []}
+        with Store(small_url) as small, Store(env.url) as large:
+            stores = {"small": small, "large": large}
+            for i in range(sizes.claim_repeats + 1):
+                for label, store in stores.items():
+                    began = time.perf_counter()
+                    rows = store.claim_due(sizes.claim_limit, 60_000, worker)
+                    took = time.perf_counter() - began
+                    if len(rows) != sizes.claim_limit:
+                        raise BenchError(f"claim: {len(rows)} jobs claimed, expected {sizes.claim_limit}")
+                    if i:  # the first claim of each warms the caches
+                        times[label].append(took)
+                    with store.conn.transaction():
+                        store.conn.execute(q("bench_reset_leases"), {"worker": worker})
+    runs = {
+        label: {
+            **tables[label],
+            "claim_median_ms": round(statistics.median(times[label]) * 1000, 3),
+            "claim_ms": [round(t * 1000, 3) for t in times[label]],
+        }
+        for label in ("small", "large")
+    }
+    ratio = runs["large"]["claim_median_ms"] / runs["small"]["claim_median_ms"]
+    result.figures = {"claim_cost_ratio_10m_vs_10k": round(ratio, 3)}
+    result.details = {
+        "limit": sizes.claim_limit,
+        "due_backlog": sizes.claim_due,
+        "repeats": sizes.claim_repeats,
+        "small": runs["small"],
+        "large": runs["large"],
+        "sizes_match_target": (sizes.claim_small, sizes.claim_large) == (10_000, 10_000_000),
+    }
+    result.notes = [
+        f"Store.claim_due({sizes.claim_limit}): median of {sizes.claim_repeats} claims each (after one "
+        f"warm-up; leases reset after each; small and large alternating): "
+        f"{runs['small']['claim_median_ms']:.2f} ms with {runs['small']['rows']:,} rows vs "
+        f"{runs['large']['claim_median_ms']:.2f} ms with {runs['large']['rows']:,} rows "
+        f"({runs['large']['bytes'] / 2**30:.1f} GiB with indexes, built in {runs['large']['build_s']:.0f} s); "
+        f"both hold the same backlog of {sizes.claim_due} due jobs, the rest is published and dead history "
+        "and jobs due later.",
+    ]
+    return result
+
+
+# -- the run ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchOptions:
+    out: Path
+    quick: bool = False
+    only: tuple[str, ...] = MEASUREMENTS
+    sizes: Sizes = field(default_factory=Sizes)
+    db_name: str = "retry_bench"
+    bootstrap: str | None = None
+    keep_db: bool = False
+
+
+def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
+    from retry_scheduler.bench_slow import measure_lateness, measure_spark
+
+    return {
+        "ingest": measure_ingest,
+        "publish": measure_publish,
+        "claim": measure_claim,
+        "spark": measure_spark,
+        "lateness": measure_lateness,
+    }
+
+
+def run_bench(
+    settings: Settings, options: BenchOptions, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Run the selected measurements and write the report; returns report.json's content."""
+    from retry_scheduler import bench_report
+
+    unknown = sorted(set(options.only) - set(MEASUREMENTS))
+    if unknown:
+        raise BenchError(
+            f"unknown measurement(s) {', '.join(unknown)}; choose from {', '.join(MEASUREMENTS)}"
+        )
+    options.out.mkdir(parents=True, exist_ok=True)
+    run_id = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
+    started = datetime.now(UTC).isoformat()
+    results: list[Result] = []
+    measurers = _measurers()
+    with BenchEnv(settings, options.db_name, options.bootstrap, options.keep_db) as env:
+        machine = bench_report.machine_info(env.url)
+        for name in MEASUREMENTS:
+            if name not in options.only:
+                results.append(Result(name, skipped="not selected with --only in this run"))
+                continue
+            say(f"bench: {name} ...")
+            load_before = os.getloadavg()[0]
+            began = time.perf_counter()
+            try:
+                result = measurers[name](env, options.sizes)
+            except Exception as exc:
+                log.exception("bench: %s failed", name)
+                result = Result(name, skipped=f"failed in this run: {type(exc).__name__}: {exc}")
+            result.finished_at = datetime.now(UTC).isoformat()
+            result.details.setdefault("wall_s", round(time.perf_counter() - began, 1))
+            # Other work on the machine skews every figure: the 1-minute load average, before and after.
+            result.details["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            results.append(result)
+            say(
+                f"bench: {name} done in {time.perf_counter() - began:.0f} s: {result.skipped or result.figures}"
+            )
+    report = bench_report.build_report(
+        results,
+        machine=machine,
+        run_id=run_id,
+        started_at=started,
+        quick=options.quick,
+        sizes=options.sizes,
+    )
+    bench_report.write_report(report, results, options.out)
+    say(bench_report.table(report))
+    say(f"report: {options.out / 'report.md'} (and report.json, PNG plots)")
+    return report
+
+
+def main(settings: Settings, args: Any, say: Callable[[str], None] = print) -> int:
+    """The ``retry-scheduler bench`` command; exit 1 when a measured figure misses its target."""
+    sizes = Sizes.quick() if args.quick else Sizes()
+    changes = {
+        name: value
+        for name, value in (
+            ("ingest_records", args.ingest_records),
+            ("publish_rows", args.publish_rows),
+            ("pgqueuer_rows", args.publish_rows),
+            ("naive_rows", args.naive_rows),
+            ("claim_large", args.claim_rows),
+            ("lateness_seconds", args.lateness_seconds),
+        )
+        if value is not None
+    }
+    if changes:
+        from dataclasses import replace
+
+        sizes = replace(sizes, **changes)
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip()) if args.only else MEASUREMENTS
+    options = BenchOptions(
+        out=Path(args.out),
+        quick=args.quick,
+        only=only,
+        sizes=sizes,
+        db_name=args.db_name,
+        keep_db=args.keep_db,
+    )
+    report = run_bench(settings, options, say)
+    missed = [k for k, t in report["targets"].items() if t["pass"] is False]
+    if missed and not args.quick:
+        say(f"bench: missed target(s): {', '.join(missed)} (see the report for what limits them)")
+        return 1
+    return 0
+
+
+__all__ = ["MEASUREMENTS", "BenchEnv", "BenchError", "BenchOptions", "Result", "Sizes", "main", "run_bench"]

@@ -1,0 +1,131 @@
+"""The benchmark harness in small: every report file and key, baselines from the same run, no timings asserted."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from retry_scheduler.bench import BenchOptions, Sizes, run_bench
+from retry_scheduler.bench_report import TARGETS
+from retry_scheduler.config import Settings
+from tests.conftest import ADMIN_URL
+
+pytestmark = pytest.mark.integration
+
+SIZES = replace(
+    Sizes.quick(),
+    ingest_records=2_000,
+    ingest_warmup=200,
+    publish_rows=2_000,
+    pgqueuer_rows=1_000,
+    naive_rows=100,
+    claim_small=10_000,
+    claim_large=50_000,
+    claim_due=2_000,
+    claim_repeats=3,
+)
+DB_NAME = f"retry_bench_test_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory: pytest.TempPathFactory, bootstrap_servers: str) -> Path:
+    out = tmp_path_factory.mktemp("bench-out")
+    options = BenchOptions(
+        out=out,
+        quick=True,
+        only=("ingest", "publish", "claim"),
+        sizes=SIZES,
+        db_name=DB_NAME,
+        bootstrap=bootstrap_servers,
+    )
+    run_bench(Settings(database_url=ADMIN_URL), options, say=lambda _m: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(report_dir: Path) -> dict:
+    return json.loads((report_dir / "report.json").read_text())
+
+
+def test_report_files_exist(report_dir: Path) -> None:
+    for name in ("report.json", "report.md", "throughput.png"):
+        assert (report_dir / name).stat().st_size > 0, name
+    assert (report_dir / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_key_is_reported(report: dict) -> None:
+    for key in TARGETS:
+        assert key in report, key
+        assert key in report["targets"], key
+    assert report["quick"] is True
+    machine = report["machine"]
+    assert machine["cores"] >= 1 and machine["memory_gib"] > 0
+    assert machine["postgresql"].startswith("PostgreSQL")
+    assert machine["packages"]["confluent-kafka"]
+    assert "tansu" in machine
+
+
+def test_measured_figures_are_positive(report: dict) -> None:
+    for key in ("ingest_msgs_per_s", "ingest_vs_copy", "publish_rows_per_s", "publish_vs_pgqueuer",
+                "publish_vs_naive", "claim_cost_ratio_10m_vs_10k"):  # fmt: skip
+        assert isinstance(report[key], int | float) and report[key] > 0, (key, report[key])
+    ingest = report["measurements"]["ingest"]["details"]
+    assert ingest["timed_rows"] == SIZES.ingest_records
+    publish = report["measurements"]["publish"]["details"]
+    assert publish["rows"] == publish["records_on_topic"] == SIZES.publish_rows
+    claim = report["measurements"]["claim"]["details"]
+    assert (claim["small"]["rows"], claim["large"]["rows"]) == (SIZES.claim_small, SIZES.claim_large)
+
+
+def test_baselines_were_measured_in_the_same_run(report: dict) -> None:
+    start, end = datetime.fromisoformat(report["started_at"]), datetime.fromisoformat(report["finished_at"])
+    for name in ("ingest", "publish", "claim"):
+        m = report["measurements"][name]
+        assert m["skipped"] is None, m["skipped"]
+        assert (
+            start
+            <= datetime.fromisoformat(m["started_at"])
+            <= datetime.fromisoformat(m["finished_at"])
+            <= end
+        )
+    ingest = report["measurements"]["ingest"]["details"]
+    assert ingest["baseline"]["rows"] == ingest["timed_rows"]
+    assert ingest["baseline"]["rows_per_s"] > 0
+    publish = report["measurements"]["publish"]["details"]
+    assert publish["baseline_pgqueuer"]["rows"] == SIZES.pgqueuer_rows
+    assert publish["baseline_pgqueuer"]["rows_per_s"] > 0
+    assert publish["baseline_naive"]["rows"] == SIZES.naive_rows
+    assert publish["baseline_naive"]["rows_per_s"] > 0
+    # Each ratio is the figure over the baseline of this very report.
+    assert report["ingest_vs_copy"] == pytest.approx(
+        ingest["rows_per_s"] / ingest["baseline"]["rows_per_s"], rel=0.01
+    )
+    assert report["publish_vs_naive"] == pytest.approx(
+        publish["rows_per_s"] / publish["baseline_naive"]["rows_per_s"], rel=0.01
+    )
+
+
+def test_unmeasured_figures_are_null_with_a_reason(report: dict, report_dir: Path) -> None:
+    for key in ("lateness_p99_s", "early_count", "spark_bulk_rows_per_s", "spark_compact_rows_per_s"):
+        assert report[key] is None
+        assert report["not_measured"][key].startswith("not "), report["not_measured"][key]
+        assert report["targets"][key]["pass"] is None
+    # A quick run's claim sizes are not the target's: reported, but neither pass nor fail.
+    assert report["targets"]["claim_cost_ratio_10m_vs_10k"]["pass"] is None
+    md = (report_dir / "report.md").read_text()
+    assert "| figure | value | baseline | target | pass |" in md
+    for key in TARGETS:
+        assert f"`{key}`" in md
+    assert "not selected with --only" in md
+
+
+def test_the_benchmark_database_is_dropped(report: dict) -> None:
+    with psycopg.connect(ADMIN_URL) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (DB_NAME,)).fetchone()
+    assert row == (0,)
