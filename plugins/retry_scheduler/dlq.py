@@ -404,11 +404,8 @@ def run_action(
                     _query("dlq_selected_ids", where), {**params, "limit": flt.limit}
                 ).fetchone()
             ids = tuple(got[0] or []) if got else ()
-            fixed = DlqFilter(ids=ids) if ids else None
-            if fixed is None:
-                where, params = flt.where()  # nothing matches: the plan below counts 0
-            else:
-                where, params = fixed.where()
+            if ids:  # when nothing matched, the filter stays as it is and the plan below counts 0
+                where, params = DlqFilter(ids=ids).where()
         with conn.transaction():
             plan_row = conn.execute(_query("dlq_plan", where), {**params, "limit": flt.limit}).fetchone()
         assert plan_row is not None

@@ -285,31 +285,15 @@ def evaluate(reading: Reading, thresholds: Thresholds, incidents: Mapping[str, I
             )
             since = state.since
         alert = None
+        fields = {"check": check, "value": value, "threshold": threshold, "since": _iso(since), **extra}
         if transition in ("new", "retry"):
-            alert = Alert(
-                title=f"retry_monitor: {head}",
-                text=detail,
-                severity="firing",
-                fields={
-                    "check": check,
-                    "value": value,
-                    "threshold": threshold,
-                    "since": _iso(since),
-                    **extra,
-                },
-            )
+            alert = Alert(title=f"retry_monitor: {head}", text=detail, severity="firing", fields=fields)
         elif transition == "resolved":
             alert = Alert(
                 title=f"retry_monitor: {check} back to normal: {head}",
                 text=f"The incident that started at {_iso(since)} is over. {detail}",
                 severity="resolved",
-                fields={
-                    "check": check,
-                    "value": value,
-                    "threshold": threshold,
-                    "since": _iso(since),
-                    **extra,
-                },
+                fields=fields,
             )
         outcomes.append(Outcome(check, transition, value, threshold, f"{head}. {detail}", since, alert))
     return outcomes

@@ -4,7 +4,6 @@ webhook connection, and a failing task reaches the same webhook through the fail
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from urllib.parse import quote
 
 import pytest
@@ -13,16 +12,11 @@ from retry_scheduler.jobs import Status
 from retry_scheduler.store import Store
 from tests.conftest import ROOT, _free_port
 from tests.integration.test_monitor import WebhookReceiver, make_job
+from tests.integration.test_monitor import (
+    webhook as webhook,  # the fixture: the receiver as retry_alert_webhook
+)
 
 pytestmark = [pytest.mark.airflow, pytest.mark.integration]
-
-
-@pytest.fixture
-def webhook(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookReceiver]:
-    receiver = WebhookReceiver()
-    monkeypatch.setenv("AIRFLOW_CONN_RETRY_ALERT_WEBHOOK", receiver.url)
-    yield receiver
-    receiver.close()
 
 
 def monitor_dag():

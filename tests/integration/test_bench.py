@@ -18,18 +18,7 @@ from tests.conftest import ADMIN_URL
 
 pytestmark = pytest.mark.integration
 
-SIZES = replace(
-    Sizes.quick(),
-    ingest_records=2_000,
-    ingest_warmup=200,
-    publish_rows=2_000,
-    pgqueuer_rows=1_000,
-    naive_rows=100,
-    claim_small=10_000,
-    claim_large=50_000,
-    claim_due=2_000,
-    claim_repeats=3,
-)
+SIZES = replace(Sizes.quick(), ingest_warmup=200, pgqueuer_rows=1_000, naive_rows=100)
 DB_NAME = f"retry_bench_test_{uuid.uuid4().hex[:8]}"
 
 
