@@ -98,10 +98,6 @@ SELECT 'bench.due', mod(g, 3)::integer, g, 0, 'bench.orders-' || mod(g, 8),
        'pending', 'retry.dlq'
 FROM generate_series(1::bigint, %(count)s::bigint) AS g;
 
--- name: bench_reset_leases
--- Between two timed claims: the claimed jobs are claimable again.
-UPDATE retry_jobs SET lease_until = NULL, claimed_by = NULL WHERE claimed_by = %(worker)s;
-
 -- name: bench_vacuum_analyze
 VACUUM (ANALYZE) retry_jobs;
 

@@ -58,7 +58,7 @@ WITH picked AS (
 UPDATE retry_jobs AS j
 SET status = 'pending', dead_reason = NULL, due_at = clock_timestamp(),
     attempt = CASE WHEN %(reset_attempts)s THEN 0 ELSE j.attempt END,
-    lease_until = NULL, claimed_by = NULL, publish_failures = 0, last_error = NULL
+    lease_until = NULL, claimed_by = NULL, publish_failures = 0, last_error = NULL, updated_at = now()
 FROM picked
 WHERE j.id = picked.id
 RETURNING j.id;

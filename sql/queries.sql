@@ -33,24 +33,21 @@ ON CONFLICT (source_topic, source_partition, source_offset, source_timestamp_ms)
 RETURNING dead_reason;
 
 -- name: claim_due
--- One statement: lock due rows nobody else holds, take a lease on them, return them.
-WITH due AS (
-    SELECT id FROM retry_jobs
-    WHERE status = 'pending'
-      AND due_at <= clock_timestamp()
-      AND (lease_until IS NULL OR lease_until < clock_timestamp())
-    ORDER BY due_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE retry_jobs AS j
-SET lease_until = clock_timestamp() + %(lease_ms)s * interval '1 millisecond', claimed_by = %(worker)s
-FROM due
-WHERE j.id = due.id
-RETURNING j.id, j.destination, j.destination_partition, j.msg_key, j.msg_value, j.headers, j.attempt,
-          j.policy, j.reason, j.error_class, j.consumer_group, j.retry_id, j.original_topic,
-          j.original_partition, j.original_offset, (extract(epoch FROM j.first_seen_at) * 1000)::bigint,
-          j.dead_reason, j.dlq_topic;
+-- Lock due rows nobody else holds, for the caller's transaction; nothing is written. The publisher
+-- produces them and marks the acknowledged ones published before it commits. If it dies first, its
+-- session ends, the locks go with it and the jobs are due again at once (at-least-once). Here
+-- lease_until is only the backoff of a failed delivery.
+SELECT id, destination, destination_partition, msg_key, msg_value, headers, attempt,
+       policy, reason, error_class, consumer_group, retry_id, original_topic,
+       original_partition, original_offset, (extract(epoch FROM first_seen_at) * 1000)::bigint,
+       dead_reason, dlq_topic
+FROM retry_jobs
+WHERE status = 'pending'
+  AND due_at <= clock_timestamp()
+  AND (lease_until IS NULL OR lease_until < clock_timestamp())
+ORDER BY due_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
 
 -- name: claim_dead
 -- Dead jobs whose record is not yet on the DLQ topic.
@@ -74,7 +71,8 @@ RETURNING j.id, j.destination, j.destination_partition, j.msg_key, j.msg_value, 
 -- name: mark_published
 -- Only after the broker acknowledged: published_at is the acknowledgement time.
 UPDATE retry_jobs AS j
-SET status = 'published', published_at = to_timestamp(d.acked_ms / 1000.0), lease_until = NULL
+SET status = 'published', published_at = to_timestamp(d.acked_ms / 1000.0), lease_until = NULL,
+    updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(acked_ms)s::bigint[]) AS d(id, acked_ms)
 WHERE j.id = d.id AND j.status = 'pending';
 
@@ -97,7 +95,7 @@ WHERE j.id = d.id;
 -- Publishing showed the headers unusable (a partition the destination does not have): dead, not retried
 -- forever; the publish loop then sends it to the DLQ. The application's own reason is kept after ours.
 UPDATE retry_jobs AS j
-SET status = 'dead', dead_reason = 'invalid', dead_at = now(), lease_until = NULL,
+SET status = 'dead', dead_reason = 'invalid', dead_at = now(), lease_until = NULL, updated_at = now(),
     reason = d.reason || coalesce('; the record had failed with: ' || j.reason, '')
 FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS d(id, reason)
 WHERE j.id = d.id AND j.status = 'pending';

@@ -108,7 +108,7 @@ STAGED_SQL: LiteralString = "SELECT count(*) FROM retry_bulk_delivered WHERE run
 MARK_DELIVERED_SQL: LiteralString = (
     "UPDATE retry_jobs AS j "
     "SET status = 'published', published_at = to_timestamp(d.acked_ms / 1000.0), lease_until = NULL, "
-    "dead_reason = NULL "
+    "dead_reason = NULL, updated_at = now() "
     "FROM retry_bulk_delivered AS d "
     "WHERE d.run_id = %s AND j.id = d.id AND j.status IN ('dead', 'pending')"
 )

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
@@ -296,9 +297,9 @@ class TimedStore(Store):
         with self._timed("insert_jobs"):
             return super().insert_jobs(jobs)
 
-    def claim_due(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
+    def claim_due(self, limit: int) -> list[OutgoingRow]:
         with self._timed("claim_due"):
-            return super().claim_due(limit, lease_ms, worker)
+            return super().claim_due(limit)
 
     def claim_dead(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
         with self._timed("claim_dead"):
@@ -573,27 +574,36 @@ def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
     env.sql("bench_analyze")
     log.info("publish: %s due jobs stored in %.1f s", sizes.publish_rows, load_s)
 
-    store = TimedStore(settings.database_url)
+    stores: list[TimedStore] = []
+
+    def timed_store(url: str) -> Store:
+        stores.append(TimedStore(url))
+        return stores[-1]
+
     began = time.perf_counter()
-    publisher = Publisher(settings, store)
+    publisher = Publisher(settings, timed_store(settings.database_url), store_factory=timed_store)
     try:
         # Setup: the producer's connection and the destination's metadata.
         publisher.topics.ensure([destination], create=True)
         publisher.producer.list_topics(destination, timeout=10)
         setup_s = time.perf_counter() - began
-        published = rounds = 0
         timed_began = time.perf_counter()
-        deadline = time.monotonic() + 600
-        while published < sizes.publish_rows:
-            counts = publisher.publish_once()
-            published += counts.published
-            rounds += 1
-            if counts.failed or (counts.claimed == 0 and time.monotonic() > deadline):
-                raise BenchError(f"publish: {counts.failed} failed deliveries, {published} published")
+        # The publish task's own loop, with its helper publishers, until every job is out.
+        counts = publisher.run(
+            600, should_stop=lambda: publisher.published_so_far() >= sizes.publish_rows, grace_s=0
+        )
         elapsed = time.perf_counter() - timed_began
+        published = counts.published
+        if counts.failed or published < sizes.publish_rows:
+            raise BenchError(f"publish: {counts.failed} failed deliveries, {published} published")
     finally:
         publisher.close()
-        store.close()
+        for store in stores:
+            store.close()
+    db_seconds: defaultdict[str, float] = defaultdict(float)
+    for store in stores:
+        for name, seconds in store.seconds.items():
+            db_seconds[name] += seconds
     on_topic = env.count_records(destination, sizes.publish_rows)
     if on_topic != sizes.publish_rows:
         raise BenchError(f"publish: {on_topic} records on {destination}, expected {sizes.publish_rows}")
@@ -610,13 +620,13 @@ def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
         "rows": published,
         "seconds": round(elapsed, 3),
         "rows_per_s": rate,
-        "rounds": rounds,
         "publish_batch": settings.publish_batch,
+        "publish_workers": settings.publish_workers,
         "partitions": PARTITIONS,
         "records_on_topic": on_topic,
         "load_s": round(load_s, 3),
         "setup_s": round(setup_s, 3),
-        "breakdown_s": _breakdown(store.seconds, elapsed),
+        "db_seconds": {k: round(v, 3) for k, v in sorted(db_seconds.items())},
         "baseline_pgqueuer": pgq,
         "vs_pgqueuer_best_tuned": (
             round(rate / pgq["best_tuned"]["rows_per_s"], 3) if pgq.get("best_tuned") else None
@@ -626,7 +636,8 @@ def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
     result.details["limits"] = _publish_limits(result.details, published)
     result.notes = [
         f"{published} due jobs claimed, produced (idempotent, acks=all), acknowledged and marked published "
-        f"in {elapsed:.2f} s ({rounds} rounds of up to {settings.publish_batch}); all {on_topic} records "
+        f"in {elapsed:.2f} s by the publish task's loop ({settings.publish_workers} publishers side by side, "
+        f"batches of up to {settings.publish_batch}); all {on_topic} records "
         f"checked on the destination topic. Setup excluded: {setup_s:.2f} s (producer connection, metadata).",
         pgq["note"],
         naive["note"],
@@ -641,20 +652,20 @@ def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
 
 
 def _publish_limits(details: dict[str, Any], rows: int) -> list[str]:
-    parts = details["breakdown_s"]
-    claim_us = 1e6 * (parts.get("claim_due", 0) + parts.get("claim_dead", 0)) / rows
-    mark_us = 1e6 * parts.get("mark_published", 0) / rows
-    python_us = 1e6 * parts.get("other_python", 0) / rows
+    db = details["db_seconds"]
+    claim_us = 1e6 * (db.get("claim_due", 0) + db.get("claim_dead", 0)) / rows
+    mark_us = 1e6 * db.get("mark_published", 0) / rows
+    wall_us = 1e6 * details["seconds"] / rows
+    workers = details["publish_workers"]
     return [
-        f"Per job: {claim_us:.1f} us claiming (one `UPDATE ... RETURNING` setting the lease), "
-        f"{python_us:.1f} us producing and waiting for the broker's acknowledgements, {mark_us:.1f} us "
-        "marking published (one `UPDATE` from `unnest`).",
-        "What limits it: PostgreSQL writes two new versions of every job row, the lease and the "
-        "`published` status, each with its index entries (primary key, source key, due index, "
-        "destination/status, retry id) and WAL; the broker's part is small. Both writes are what the "
-        "at-least-once guarantee rests on (a lease, so that a crash re-publishes rather than loses; the "
-        "mark only after the acknowledgement). Asynchronous commit and a lower fillfactor (HOT updates for "
-        "the lease) were tried and gained nothing measurable here (bench/README.md).",
+        f"Per job, added over the {workers} publishers: {claim_us:.1f} us claiming (one `SELECT ... FOR "
+        f"UPDATE SKIP LOCKED`: row locks, nothing written) and {mark_us:.1f} us marking published (one "
+        f"`UPDATE` from `unnest`, in the same transaction); {wall_us:.1f} us of wall time per job in all. "
+        "The rest of each publisher's time is Python building the records' headers and producing them, "
+        "and waiting for the broker's acknowledgements; while one publisher waits, the other works.",
+        "What limits it: the one write per job that the guarantee rests on (`published` only after the "
+        "acknowledgement): a new row version with its primary-key and source-key index entries, and WAL. "
+        "Two cores are shared by PostgreSQL, the broker and the Python publishers.",
     ]
 
 
@@ -688,7 +699,6 @@ def measure_claim(env: BenchEnv, sizes: Sizes) -> Result:
     the two: a load that comes and goes on the machine then weighs on both alike.
     """
     result = Result("claim")
-    worker = f"bench-claim-{env.tag}"
     with env.extra_database("small") as small_url:
         tables = {
             "small": build_claim_table(small_url, sizes.claim_small, sizes.claim_due),
@@ -699,15 +709,15 @@ def measure_claim(env: BenchEnv, sizes: Sizes) -> Result:
             stores = {"small": small, "large": large}
             for i in range(sizes.claim_repeats + 1):
                 for label, store in stores.items():
-                    began = time.perf_counter()
-                    rows = store.claim_due(sizes.claim_limit, 60_000, worker)
-                    took = time.perf_counter() - began
+                    with store.conn.transaction():
+                        began = time.perf_counter()
+                        rows = store.claim_due(sizes.claim_limit)
+                        took = time.perf_counter() - began
+                        raise psycopg.Rollback()  # the claim only locks: ending its transaction frees them
                     if len(rows) != sizes.claim_limit:
                         raise BenchError(f"claim: {len(rows)} jobs claimed, expected {sizes.claim_limit}")
                     if i:  # the first claim of each warms the caches
                         times[label].append(took)
-                    with store.conn.transaction():
-                        store.conn.execute(q("bench_reset_leases"), {"worker": worker})
     runs = {
         label: {
             **tables[label],
@@ -728,7 +738,7 @@ def measure_claim(env: BenchEnv, sizes: Sizes) -> Result:
     }
     result.notes = [
         f"Store.claim_due({sizes.claim_limit}): median of {sizes.claim_repeats} claims each (after one "
-        f"warm-up; leases reset after each; small and large alternating): "
+        f"warm-up; each in a transaction rolled back after it; small and large alternating): "
         f"{runs['small']['claim_median_ms']:.2f} ms with {runs['small']['rows']:,} rows vs "
         f"{runs['large']['claim_median_ms']:.2f} ms with {runs['large']['rows']:,} rows "
         f"({runs['large']['bytes'] / 2**30:.1f} GiB with indexes, built in {runs['large']['build_s']:.0f} s); "

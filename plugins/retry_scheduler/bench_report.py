@@ -362,7 +362,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "claim": (
         "Claim cost: 10 million rows vs 10 000",
         "`Store.claim_due(1000)` (the publish loop's claim statement) timed as the median of several "
-        "repetitions after a warm-up, the leases reset between, on `retry_jobs` holding 10 000 rows and "
+        "repetitions after a warm-up, each in a transaction rolled back after it (the claim only locks), on `retry_jobs` holding 10 000 rows and "
         "then 10 000 000 rows: the same due backlog, the rest published and dead history and jobs due "
         "later, built with `INSERT ... SELECT FROM generate_series` (`sql/bench.sql`), then `VACUUM "
         "ANALYZE`. The partial index on `due_at WHERE status = 'pending'` should make the cost follow the "

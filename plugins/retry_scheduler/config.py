@@ -86,7 +86,10 @@ class Settings:
     max_reason_chars: int = 2000
     ingest_batch: int = 5000
     publish_batch: int = 2000
-    #: A claimed job not marked published within this is claimable again.
+    #: Publishers working side by side in the publish task, each with its own connection and producer.
+    publish_workers: int = 2
+    #: A claimed job not marked within this is claimable again: a dead job's lease on its way to the
+    #: DLQ, and the longest a publisher may hold due jobs locked in an idle transaction.
     lease_ms: int = 60_000
     #: librdkafka delivery timeout; must stay well under the lease.
     delivery_timeout_ms: int = 30_000
@@ -102,6 +105,8 @@ class Settings:
                 f"delivery timeout ({self.delivery_timeout_ms} ms) must be shorter than the claim "
                 f"lease ({self.lease_ms} ms), or a job in flight could be claimed twice"
             )
+        if self.publish_workers < 1:
+            raise ConfigError(f"RETRY_PUBLISH_WORKERS must be at least 1, not {self.publish_workers}")
         try:
             re.compile(self.destination_allowlist)
         except re.error as exc:
@@ -136,6 +141,7 @@ class Settings:
             max_record_bytes=_env_int(env, "RETRY_MAX_RECORD_BYTES", defaults.max_record_bytes),
             ingest_batch=_env_int(env, "RETRY_INGEST_BATCH", defaults.ingest_batch),
             publish_batch=_env_int(env, "RETRY_PUBLISH_BATCH", defaults.publish_batch),
+            publish_workers=_env_int(env, "RETRY_PUBLISH_WORKERS", defaults.publish_workers),
             lease_ms=_env_int(env, "RETRY_LEASE_MS", defaults.lease_ms),
             delivery_timeout_ms=_env_int(env, "RETRY_DELIVERY_TIMEOUT_MS", defaults.delivery_timeout_ms),
             poll_interval_ms=_env_int(env, "RETRY_POLL_INTERVAL_MS", defaults.poll_interval_ms),

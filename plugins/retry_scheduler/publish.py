@@ -1,13 +1,14 @@
 """Publish: claim due jobs, produce them to their destination (dead ones to the DLQ), mark them.
 
-A job is marked published only after the broker acknowledged it. A crash between produce and
-mark leaves the job leased; when the lease runs out it is claimed and produced again, with the
-same ``retry.id`` and ``retry.attempt`` (at-least-once).
+A job is marked published only after the broker acknowledged it, in the transaction that locked it.
+A crash between produce and mark ends that transaction: the job is due again at once and is
+produced again with the same ``retry.id`` and ``retry.attempt`` (at-least-once).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,13 +72,21 @@ class Publisher:
         producer: Producer | None = None,
         topics: TopicManager | None = None,
         clock: Callable[[], float] = time.time,
+        store_factory: Callable[[str], Store] = Store,
     ) -> None:
         self.settings = settings
         self.store = store
+        self.store_factory = store_factory
         self.producer = producer or make_producer(settings)
         self.topics = topics or TopicManager(settings)
         self.clock = clock
         self.worker = new_worker_id("publish")
+        # A publisher that hangs inside its transaction (not dead: its session stays) releases its
+        # jobs after the lease time, as a dead one does at once.
+        store.limit_idle_transactions(settings.lease_ms)
+        self.totals = PublishCounts()
+        self.helpers: list[Publisher] = []
+        self.error: Exception | None = None
 
     def close(self) -> None:
         self.producer.flush(self.settings.delivery_timeout_ms / 1000)
@@ -165,31 +174,38 @@ class Publisher:
         return meta is not None and meta.error is None and partition not in meta.partitions
 
     def publish_once(self) -> PublishCounts:
-        """One round: claim up to a batch of dead and of due jobs, produce, wait for acks, mark."""
+        """One round: dead jobs to their DLQ topic, then due jobs to their destination.
+
+        Due jobs are claimed, produced, acknowledged and marked inside one transaction that holds
+        their row locks (see ``Store.claim_due``): one write per job. Dead jobs take a lease instead,
+        which also tells DLQ operations that a job is being sent right now.
+        """
         counts = PublishCounts()
         s = self.settings
-        dead_rows = self.store.claim_dead(s.publish_batch, s.lease_ms, self.worker)
-        due_rows = self.store.claim_due(s.publish_batch, s.lease_ms, self.worker)
-        counts.claimed = len(dead_rows) + len(due_rows)
-        if not counts.claimed:
-            return counts
         failed: list[tuple[int, str]] = []
+        dead_rows = self.store.claim_dead(s.publish_batch, s.lease_ms, self.worker)
         if dead_rows:
             acked_dead, failed_dead, _ = self._produce_all(dead_rows, to_dlq=True)
             faults.checkpoint("publish.dlq_produced")
             counts.dead_published = self.store.mark_dlq_published(acked_dead)
             failed += failed_dead
-        if due_rows:
-            acked, failed_due, unroutable = self._produce_all(due_rows, to_dlq=False)
-            faults.checkpoint("publish.produced")
-            counts.published = self.store.mark_published(acked)
-            failed += failed_due
-            if unroutable:
-                log.warning(
-                    "%s jobs are dead (invalid): %s", self.store.mark_invalid(unroutable), unroutable[0][1]
-                )
+        with self.store.conn.transaction():
+            due_rows = self.store.claim_due(s.publish_batch)
+            if due_rows:
+                acked, failed_due, unroutable = self._produce_all(due_rows, to_dlq=False)
+                faults.checkpoint("publish.produced")
+                counts.published = self.store.mark_published(acked)
+                failed += failed_due
+                if unroutable:
+                    log.warning(
+                        "%s jobs are dead (invalid): %s",
+                        self.store.mark_invalid(unroutable),
+                        unroutable[0][1],
+                    )
+            if failed:
+                counts.failed = self.store.mark_failed(failed)
+        counts.claimed = len(dead_rows) + len(due_rows)
         if failed:
-            counts.failed = self.store.mark_failed(failed)
             for _, error in failed:
                 counts.errors[error] = counts.errors.get(error, 0) + 1
             log.warning("%s deliveries failed, will retry after backoff: %s", len(failed), counts.errors)
@@ -199,25 +215,84 @@ class Publisher:
         self, duration_s: float, should_stop: Callable[[], bool] = lambda: False, grace_s: float | None = None
     ) -> PublishCounts:
         """Publish for ``duration_s`` (then until a newer loop takes over, within the grace),
-        waking up as jobs fall due."""
-        total = PublishCounts()
+        waking up as jobs fall due.
+
+        With ``publish_workers`` above 1, helper publishers (each with its own connection and
+        producer, in threads) work beside this one: while one waits for PostgreSQL or the broker,
+        another produces. SKIP LOCKED keeps their jobs apart. A helper's error stops them all and is
+        raised here.
+        """
         grace = self.settings.loop_grace_ms / 1000 if grace_s is None else grace_s
         tenure = LoopTenure(self.store, "publish", duration_s, grace)
+        stop = threading.Event()
+        self.helpers = [
+            Publisher(
+                self.settings,
+                self.store_factory(self.settings.database_url),
+                clock=self.clock,
+                store_factory=self.store_factory,
+            )
+            for _ in range(self.settings.publish_workers - 1)
+        ]
+        threads = [
+            threading.Thread(
+                target=helper.work, args=(stop,), kwargs={"helper": True}, name=f"publish-{n}", daemon=True
+            )
+            for n, helper in enumerate(self.helpers, start=1)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            self.work(stop, lambda: tenure.go_on() and not should_stop(), tenure.remaining_s)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+            for helper in self.helpers:
+                helper.close()
+                helper.store.close()
+            tenure.finish()
+        for helper in self.helpers:
+            if helper.error is not None:
+                raise helper.error
+        total = PublishCounts()
+        for publisher in (self, *self.helpers):
+            total.add(publisher.totals)
+        return total
+
+    def published_so_far(self) -> int:
+        """Jobs published by this publisher and its helpers in the current ``run`` (read while it runs)."""
+        return sum(p.totals.published for p in (self, *self.helpers))
+
+    def work(
+        self,
+        stop: threading.Event,
+        go_on: Callable[[], bool] = lambda: True,
+        remaining_s: Callable[[], float] = lambda: float("inf"),
+        *,
+        helper: bool = False,
+    ) -> None:
+        """Publish rounds until ``stop`` is set or ``go_on`` says no; adds to ``totals``.
+
+        A helper keeps its error in ``error`` (raised by ``run``) instead of raising it in its thread.
+        """
         poll_s = self.settings.poll_interval_ms / 1000
         try:
-            while tenure.go_on() and not should_stop():
+            while not stop.is_set() and go_on():
                 batch = self.publish_once()
                 if batch.claimed:
                     log.info(
                         "claimed %s jobs: %s published, %s to DLQ, %s failed",
                         batch.claimed, batch.published, batch.dead_published, batch.failed,
                     )  # fmt: skip
-                total.add(batch)
+                self.totals.add(batch)
                 if batch.claimed >= self.settings.publish_batch:
                     continue  # more may be waiting
                 wait = self.store.seconds_until_next_due()
                 nap = poll_s if wait is None else min(poll_s, max(0.0, wait))
-                time.sleep(min(nap, tenure.remaining_s()))
-        finally:
-            tenure.finish()
-        return total
+                stop.wait(min(nap, remaining_s()))
+        except Exception as exc:
+            stop.set()  # one publisher failing stops them all: the task fails and Airflow retries it
+            if not helper:
+                raise
+            self.error = exc

@@ -224,20 +224,37 @@ class Store:
             stored = [row[0] for row in cur.fetchall()]
         return stored
 
-    def _claim(self, query: str, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
-        with self.conn.transaction():
-            rows = self.conn.execute(
-                q(query), {"limit": limit, "lease_ms": lease_ms, "worker": worker}
-            ).fetchall()
-        return [OutgoingRow(*row) for row in rows]
+    def _require_transaction(self, what: str) -> None:
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            raise StoreError(f"{what} must be called inside a transaction, or its locks end at once")
 
-    def claim_due(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
-        """Lease up to ``limit`` due pending jobs (oldest due first) that no one else holds."""
-        return self._claim("claim_due", limit, lease_ms, worker)
+    def claim_due(self, limit: int) -> list[OutgoingRow]:
+        """Lock up to ``limit`` due pending jobs (oldest due first) that no one else holds.
+
+        Nothing is written: the row locks last until the caller's transaction ends (``with
+        store.conn.transaction():``), and the caller marks the jobs inside it. A publisher that dies
+        before its commit loses its locks with its session, and the jobs are due again at once.
+        """
+        self._require_transaction("claim_due")
+        with self.conn.transaction():
+            rows = self.conn.execute(q("claim_due"), {"limit": limit}).fetchall()
+        return [OutgoingRow(*row) for row in rows]
 
     def claim_dead(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
         """Lease dead jobs whose record has not reached the DLQ topic yet."""
-        return self._claim("claim_dead", limit, lease_ms, worker)
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                q("claim_dead"), {"limit": limit, "lease_ms": lease_ms, "worker": worker}
+            ).fetchall()
+        return [OutgoingRow(*row) for row in rows]
+
+    def limit_idle_transactions(self, timeout_ms: int) -> None:
+        """End this session if a transaction stays idle longer than ``timeout_ms`` (a stuck publisher
+        then releases the jobs it locked)."""
+        with self.conn.transaction():
+            self.conn.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (str(timeout_ms),)
+            )
 
     def _mark(self, query: str, params: dict[str, Any]) -> int:
         with self.conn.transaction():
@@ -345,8 +362,7 @@ class Store:
         (``with store.conn.transaction():``): the row locks are what keep overlapping monitor runs from
         announcing one incident twice.
         """
-        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            raise StoreError("lock_alerts must be called inside a transaction, or the locks end at once")
+        self._require_transaction("lock_alerts")
         with self.conn.transaction():
             self.conn.execute(q("alert_ensure"), {"checks": list(checks)})
             rows = self.conn.execute(q("alert_lock"), {"checks": list(checks)}).fetchall()

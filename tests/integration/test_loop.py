@@ -230,10 +230,10 @@ def test_crash_between_produce_and_mark_republishes_with_same_identity(loop: Loo
             publisher.publish_once()
         publisher.close()
     [row] = loop.rows()
-    assert row["status"] == "pending" and row["lease_until"] is not None
+    # The crash ended the claiming transaction: nothing was written, and no lease holds the job.
+    assert (row["status"], row["lease_until"], row["publish_failures"]) == ("pending", None, 0)
 
-    assert loop.publish(1).published == 0  # still leased: nobody publishes it twice at once
-    result = loop.publish(loop.settings.lease_ms / 1000 + 2)  # lease runs out: claimed again
+    result = loop.publish(1)  # due again at once
     assert result.published == 1
 
     seen = consume(loop.bootstrap, [loop.dest], 2)
@@ -241,6 +241,33 @@ def test_crash_between_produce_and_mark_republishes_with_same_identity(loop: Loo
     assert {s.header(p.ID) for s in seen} == {row["retry_id"]}
     assert {s.header(p.ATTEMPT) for s in seen} == {"2"}
     assert loop.rows()[0]["status"] == "published"
+
+
+def test_a_job_in_flight_is_not_claimed_by_another_publisher(loop: Loop) -> None:
+    loop.send(
+        [
+            {"key": str(i).encode(), "value": b"v", "headers": hdr(destination=loop.dest, at="0")}
+            for i in range(5)
+        ]
+    )
+    loop.ingest(5)
+    with loop.store() as store_a, loop.store() as store_b:
+        a, b = Publisher(loop.settings, store_a), Publisher(loop.settings, store_b)
+        tried_meanwhile = []
+        real_mark = store_a.mark_published
+
+        def mark_after_b_tried(acked):  # a's jobs are acknowledged, not yet marked
+            tried_meanwhile.append(b.publish_once())
+            return real_mark(acked)
+
+        store_a.mark_published = mark_after_b_tried  # type: ignore[method-assign]
+        first = a.publish_once()
+        a.close()
+        b.close()
+    assert first.published == 5
+    assert tried_meanwhile[0].claimed == 0
+    assert [r["status"] for r in loop.rows()] == ["published"] * 5
+    assert len(consume(loop.bootstrap, [loop.dest], 5)) == 5
 
 
 def test_failed_delivery_leaves_the_job_claimable(loop: Loop) -> None:
@@ -294,6 +321,48 @@ def test_concurrent_publishers_never_publish_a_job_twice(loop: Loop) -> None:
     seen = consume(loop.bootstrap, [loop.dest], 300)
     assert len(seen) == 300
     assert len({s.key for s in seen}) == 300
+
+
+def test_the_publish_loop_shares_work_with_its_helper_publishers(loop: Loop) -> None:
+    loop.send(
+        [
+            {"key": str(i).encode(), "value": b"v", "headers": hdr(destination=loop.dest, at="0")}
+            for i in range(200)
+        ]
+    )
+    loop.ingest(200)
+    settings = loop.settings.with_overrides(publish_workers=2, publish_batch=10)
+    with loop.store() as store:
+        publisher = Publisher(settings, store)
+        total = publisher.run(30, should_stop=lambda: publisher.published_so_far() >= 200)
+        publisher.close()
+    assert total.published == 200
+    [helper] = publisher.helpers
+    assert 0 < helper.totals.published < 200  # both worked, each job once
+    assert publisher.totals.published + helper.totals.published == 200
+    assert len({s.key for s in consume(loop.bootstrap, [loop.dest], 200)}) == 200
+
+
+def test_a_failing_helper_publisher_stops_the_loop_with_its_error(loop: Loop) -> None:
+    made: list[Store] = []
+
+    def store_factory(url: str) -> Store:
+        made.append(Store(url))
+        return made[-1]
+
+    def kill_the_helpers_session() -> bool:  # as when PostgreSQL ends it under the helper
+        with psycopg.connect(loop.settings.database_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (made[0].conn.info.backend_pid,))
+        return False
+
+    settings = loop.settings.with_overrides(publish_workers=2)
+    with loop.store() as store:
+        publisher = Publisher(settings, store, store_factory=store_factory)
+        began = time.monotonic()
+        with pytest.raises(psycopg.OperationalError):
+            publisher.run(120, should_stop=kill_the_helpers_session)
+        publisher.close()
+    assert time.monotonic() - began < 60  # stopped by the error, not at the end of its 120 s
 
 
 def test_overlapping_ingest_loops_hand_over_without_loss_or_rereading(loop: Loop) -> None:

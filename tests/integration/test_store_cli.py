@@ -39,6 +39,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (2, "0002_retry_loops"),
         (3, "0003_bulk_and_compaction"),
         (4, "0004_dlq_operations"),
+        (5, "0005_throughput"),
     ]
 
 
@@ -65,8 +66,9 @@ def test_a_recreated_topic_reusing_offsets_is_not_taken_for_duplicates(database_
 def test_invalid_status_transitions_fail_loudly(database_url: str) -> None:
     with Store(database_url) as store:
         store.insert_jobs([make_job(1)])
-        [row] = store.claim_due(10, 1000, "w")
-        store.mark_published([(row.id, int(time.time() * 1000))])
+        with store.conn.transaction():
+            [row] = store.claim_due(10)
+            store.mark_published([(row.id, int(time.time() * 1000))])
     with (
         psycopg.connect(database_url) as conn,
         pytest.raises(psycopg.errors.CheckViolation, match="published -> pending"),
@@ -74,13 +76,38 @@ def test_invalid_status_transitions_fail_loudly(database_url: str) -> None:
         conn.execute("UPDATE retry_jobs SET status = 'pending'")
 
 
-def test_claims_skip_future_and_leased_jobs(database_url: str) -> None:
+def test_claims_skip_future_jobs_and_jobs_another_publisher_holds(database_url: str) -> None:
     future = int(time.time() * 1000) + 3_600_000
-    with Store(database_url) as store:
-        store.insert_jobs([make_job(1), make_job(2, due_ms=future)])
-        first = store.claim_due(10, 60_000, "a")
-        assert [r.retry_id for r in first] == ["id-1"]
-        assert store.claim_due(10, 60_000, "b") == []  # leased by a, the other not due
+    with Store(database_url) as a, Store(database_url) as b:
+        a.insert_jobs([make_job(1), make_job(2, due_ms=future)])
+        with a.conn.transaction():
+            first = a.claim_due(10)
+            assert [r.retry_id for r in first] == ["id-1"]
+            with b.conn.transaction():
+                assert b.claim_due(10) == []  # locked by a, the other not due
+            raise psycopg.Rollback()  # as when a's publisher dies before its mark: the job is free again at once
+        with b.conn.transaction():
+            assert [r.retry_id for r in b.claim_due(10)] == ["id-1"]
+
+
+def test_a_publisher_stuck_in_its_transaction_lets_its_jobs_go_after_the_lease(database_url: str) -> None:
+    with Store(database_url) as stuck, Store(database_url) as other:
+        stuck.insert_jobs([make_job(1)])
+        stuck.limit_idle_transactions(300)
+        stuck.conn.execute("SELECT 'a transaction begins'")
+        assert len(stuck.claim_due(10)) == 1
+        with other.conn.transaction():
+            assert other.claim_due(10) == []
+        time.sleep(1.0)  # the stuck session is ended by the server
+        with other.conn.transaction():
+            assert [r.retry_id for r in other.claim_due(10)] == ["id-1"]
+        with pytest.raises(psycopg.Error, match="idle-in-transaction timeout"):
+            stuck.conn.execute("SELECT 1")
+
+
+def test_claim_due_refuses_to_run_outside_a_transaction(database_url: str) -> None:
+    with Store(database_url) as store, pytest.raises(StoreError, match="inside a transaction"):
+        store.claim_due(10)
 
 
 def test_status_json_counts_by_status(

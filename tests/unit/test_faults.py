@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,19 @@ class Recorder:
         return type("Meta", (), {"topics": {}})()
 
     # store
+    @property
+    def conn(self) -> Recorder:
+        return self
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        self.events.append("transaction begins")
+        yield
+        self.events.append("transaction commits")
+
+    def limit_idle_transactions(self, timeout_ms: int) -> None:
+        pass
+
     def insert_jobs(self, jobs: list[Any]) -> list[str | None]:
         self.events.append("rows committed")
         return [None] * len(jobs)
@@ -213,7 +228,9 @@ def test_publish_checkpoints_sit_between_the_ack_and_the_mark(recorder: Recorder
         "acknowledged",
         "checkpoint publish.dlq_produced",
         "marked DLQ-published",
+        "transaction begins",
         "acknowledged",
         "checkpoint publish.produced",
         "marked published",
+        "transaction commits",
     ]
