@@ -1,34 +1,51 @@
 -- Named queries used by retry_scheduler.store; each starts with a "-- name:" line.
 -- Python passes parameters; it never formats SQL.
 
+-- name: copy_jobs
+-- The ingest loop's write: new jobs straight into retry_jobs (columns: retry_scheduler.jobs.COPY_COLUMNS).
+COPY retry_jobs (
+    source_topic, source_partition, source_offset, source_timestamp_ms, destination, destination_partition,
+    msg_key, msg_value, headers, attempt, policy, reason, error_class, consumer_group, retry_id,
+    original_topic, original_partition, original_offset, first_seen_at, due_at, status, dead_reason,
+    dlq_topic, dead_at
+) FROM STDIN (FORMAT BINARY);
+
+-- name: save_ingest_offsets
+-- In the transaction of the rows: the next offset to read from each partition of the batch.
+INSERT INTO retry_ingest_offsets (consumer_group, topic, partition, next_offset)
+SELECT %(group)s, t, p, o
+FROM unnest(%(topics)s::text[], %(partitions)s::integer[], %(offsets)s::bigint[]) AS x(t, p, o)
+ON CONFLICT (consumer_group, topic, partition)
+DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = clock_timestamp();
+
+-- name: ingest_offsets
+SELECT topic, partition, next_offset FROM retry_ingest_offsets WHERE consumer_group = %(group)s;
+
 -- name: create_stage
+-- Only when a batch holds records stored already (read again from Kafka's offsets): the batch goes
+-- through this table, and the records stored already are skipped.
 CREATE TEMP TABLE IF NOT EXISTS retry_jobs_stage (
     source_topic text, source_partition integer, source_offset bigint, source_timestamp_ms bigint,
     destination text, destination_partition integer,
     msg_key bytea, msg_value bytea, headers bytea,
     attempt integer, policy text, reason text, error_class text, consumer_group text, retry_id text,
     original_topic text, original_partition integer, original_offset bigint,
-    first_seen_ms bigint, due_ms bigint, status text, dead_reason text, dlq_topic text
+    first_seen_at timestamptz, due_at timestamptz, status retry_job_status, dead_reason text, dlq_topic text,
+    dead_at timestamptz
 ) ON COMMIT DELETE ROWS;
 
 -- name: copy_stage
 COPY retry_jobs_stage FROM STDIN (FORMAT BINARY);
 
 -- name: insert_from_stage
--- Duplicates (same source record, e.g. re-read after a crash before the offset commit) are ignored;
--- returns the dead reason (NULL: pending) of each row actually stored.
+-- Returns the dead reason (NULL: pending) of each row actually stored.
 INSERT INTO retry_jobs (
     source_topic, source_partition, source_offset, source_timestamp_ms, destination, destination_partition,
     msg_key, msg_value, headers, attempt, policy, reason, error_class, consumer_group, retry_id,
     original_topic, original_partition, original_offset, first_seen_at, due_at, status, dead_reason,
     dlq_topic, dead_at
 )
-SELECT source_topic, source_partition, source_offset, source_timestamp_ms, destination, destination_partition,
-       msg_key, msg_value, headers, attempt, policy, reason, error_class, consumer_group, retry_id,
-       original_topic, original_partition, original_offset,
-       to_timestamp(first_seen_ms / 1000.0), to_timestamp(due_ms / 1000.0), status::retry_job_status,
-       dead_reason, dlq_topic, CASE WHEN status = 'dead' THEN now() END
-FROM retry_jobs_stage
+SELECT * FROM retry_jobs_stage
 ON CONFLICT (source_topic, source_partition, source_offset, source_timestamp_ms) DO NOTHING
 RETURNING dead_reason;
 

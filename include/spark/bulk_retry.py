@@ -207,7 +207,9 @@ class Selection:
         ]
         params: dict[str, object] = {"status": self.status.value}
         if self.status is Status.PENDING:
-            # A leased pending job is being published right now by the publish loop.
+            # A pending job backing off after a failed delivery is left to the publish loop. One the
+            # publish loop is sending at this moment may go out twice, with the same retry.id and
+            # attempt (at-least-once); the mark then finds it published already.
             fragments.append("(lease_until IS NULL OR lease_until < now())")
         if self.destination is not None:
             fragments.append("destination = %(destination)s")

@@ -331,25 +331,29 @@ def _plots(report: dict[str, Any], results: list[Result], out: Path) -> list[str
 SECTIONS: dict[str, tuple[str, str]] = {
     "ingest": (
         "Ingest: retry topic to `retry_jobs`",
-        "The `Ingestor` of the `retry_scheduler` DAG's ingest task consumes records from a real retry topic "
-        "on the embedded broker, parses the header protocol, applies the policy, stores each batch with one "
-        "binary COPY into a staging table plus one `INSERT ... ON CONFLICT DO NOTHING`, commits, and only "
-        "then commits the Kafka offsets. The records are produced before the clock starts. "
+        "The ingest task's loop (`Ingestor.run`) consumes records from a real retry topic on the embedded "
+        "broker: it holds the ingest lock and shares the partitions among worker processes (two here), "
+        "each with its consumer and its connection. Each worker parses the header protocol, applies the "
+        "policy and builds the next batch while PostgreSQL stores the last one: one binary COPY straight "
+        "into `retry_jobs` plus the batch's next offsets, in one transaction; only then are the Kafka "
+        "offsets committed. The records are produced before the clock starts. "
         "**Baseline**: a binary `COPY` of the very same rows (exported from `retry_jobs` as one binary "
         "stream before timing) into `bench_copy`, created `LIKE retry_jobs INCLUDING ALL` (same columns, "
         "constraints and indexes), on the same server, committed: PostgreSQL's own cost of storing them.",
     ),
     "publish": (
         "Publish: due jobs to their destination",
-        "The `Publisher` of the publish task claims due jobs (one `FOR UPDATE SKIP LOCKED` statement with "
-        "a lease), produces them with the idempotent producer (`acks=all`) to their original partition, "
-        "waits for every acknowledgement, and marks exactly the acknowledged jobs published. The jobs "
+        "The publish task's loop (`Publisher.run`, two publishers side by side, each with its connection and "
+        "producer) claims due jobs (`SELECT ... FOR UPDATE SKIP LOCKED`: row locks, nothing written), "
+        "produces them with the idempotent producer (`acks=all`) to their original partition, waits for "
+        "every acknowledgement, and marks exactly the acknowledged jobs published, in the transaction that "
+        "locked them. The jobs "
         "were stored beforehand with `Store.insert_jobs`, due one second ago; every record is counted on "
         "the destination topic afterwards. **Baselines**: PgQueuer (from PyPI), dequeuing and "
         "acknowledging as many jobs enqueued with `execute_after` in the past, set up like its own drain "
         "benchmark (5 queue managers on asyncpg, no-op entrypoint) with its default batch size of 10 for "
-        "the figure, and batches of 100 and 1 000 reported beside it; it publishes nothing to Kafka. And the naive poller that teams describe when they build their own "
-        "retry service: select 100 due rows, then for each row produce, wait for the acknowledgement, "
+        "the figure, and batches of 100 and 1 000 reported beside it; it publishes nothing to Kafka. "
+        "And the naive poller that teams describe when they build their own retry service: select 100 due rows, then for each row produce, wait for the acknowledgement, "
         "`UPDATE` it and commit.",
     ),
     "lateness": (

@@ -232,8 +232,14 @@ class Worker:
 
     @property
     def fault_fired(self) -> bool:
-        """Whether the first process died of SIGKILL (the fault plan's, or ours)."""
-        return bool(self.exit_codes) and self.exit_codes[0] == -signal.SIGKILL
+        """Whether the first process died of SIGKILL (the fault plan's, or ours), or one of its ingest
+        worker processes did (the plan is carried out in the worker that reaches the checkpoint)."""
+        if not self.exit_codes:
+            return False
+        if self.exit_codes[0] == -signal.SIGKILL:
+            return True
+        first_run = self.log_path.read_text(errors="replace").split("--- start 2 ")[0]
+        return f"exited with code {-signal.SIGKILL}" in first_run
 
     def tend(self) -> None:
         """Note a death, and start a new process once it has been dead for ``RESTART_DELAY_S``."""

@@ -85,6 +85,8 @@ class Settings:
     max_header_value_bytes: int = 1024
     max_reason_chars: int = 2000
     ingest_batch: int = 5000
+    #: Processes the ingest task shares the retry-topic partitions among (at most one per partition).
+    ingest_workers: int = 2
     publish_batch: int = 2000
     #: Publishers working side by side in the publish task, each with its own connection and producer.
     publish_workers: int = 2
@@ -105,6 +107,8 @@ class Settings:
                 f"delivery timeout ({self.delivery_timeout_ms} ms) must be shorter than the claim "
                 f"lease ({self.lease_ms} ms), or a job in flight could be claimed twice"
             )
+        if self.ingest_workers < 1:
+            raise ConfigError(f"RETRY_INGEST_WORKERS must be at least 1, not {self.ingest_workers}")
         if self.publish_workers < 1:
             raise ConfigError(f"RETRY_PUBLISH_WORKERS must be at least 1, not {self.publish_workers}")
         try:
@@ -140,6 +144,7 @@ class Settings:
             create_topics=_env_bool(env, "RETRY_CREATE_TOPICS", defaults.create_topics),
             max_record_bytes=_env_int(env, "RETRY_MAX_RECORD_BYTES", defaults.max_record_bytes),
             ingest_batch=_env_int(env, "RETRY_INGEST_BATCH", defaults.ingest_batch),
+            ingest_workers=_env_int(env, "RETRY_INGEST_WORKERS", defaults.ingest_workers),
             publish_batch=_env_int(env, "RETRY_PUBLISH_BATCH", defaults.publish_batch),
             publish_workers=_env_int(env, "RETRY_PUBLISH_WORKERS", defaults.publish_workers),
             lease_ms=_env_int(env, "RETRY_LEASE_MS", defaults.lease_ms),

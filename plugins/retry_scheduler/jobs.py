@@ -6,6 +6,7 @@ import enum
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from retry_scheduler import protocol
 from retry_scheduler.headers import Header
@@ -48,6 +49,56 @@ class Job:
     dead_reason: str | None
     dlq_topic: str
     id: int | None = None
+
+    def copy_row(self) -> tuple[Any, ...]:
+        """The job as the ingest loop COPYs it into ``retry_jobs`` (``COPY_COLUMNS``, ``COPY_TYPES``)."""
+        return (
+            self.source_topic, self.source_partition, self.source_offset, self.source_timestamp_ms,
+            self.destination, self.destination_partition, self.key, self.value, encode_headers(self.headers),
+            self.attempt, self.policy, self.reason, self.error_class, self.consumer_group, self.retry_id,
+            self.original_topic, self.original_partition, self.original_offset,
+            pg_time(self.original_timestamp_ms), pg_time(self.due_ms), self.status.value, self.dead_reason,
+            self.dlq_topic, pg_time(self.due_ms) if self.status is Status.DEAD else None,
+        )  # fmt: skip
+
+    @classmethod
+    def from_copy_row(cls, row: Sequence[Any]) -> Job:
+        """Inverse of :meth:`copy_row`."""
+        return cls(
+            source_topic=row[0], source_partition=row[1], source_offset=row[2], source_timestamp_ms=row[3],
+            destination=row[4], destination_partition=row[5], key=row[6], value=row[7],
+            headers=tuple(decode_headers(row[8])), attempt=row[9], policy=row[10], reason=row[11],
+            error_class=row[12], consumer_group=row[13], retry_id=row[14], original_topic=row[15],
+            original_partition=row[16], original_offset=row[17], original_timestamp_ms=ms_of_pg_time(row[18]),
+            due_ms=ms_of_pg_time(row[19]), status=Status(row[20]), dead_reason=row[21], dlq_topic=row[22],
+        )  # fmt: skip
+
+
+#: The columns the ingest loop writes with one binary COPY, in order.
+COPY_COLUMNS = (
+    "source_topic", "source_partition", "source_offset", "source_timestamp_ms", "destination",
+    "destination_partition", "msg_key", "msg_value", "headers", "attempt", "policy", "reason", "error_class",
+    "consumer_group", "retry_id", "original_topic", "original_partition", "original_offset", "first_seen_at",
+    "due_at", "status", "dead_reason", "dlq_topic", "dead_at",
+)  # fmt: skip
+#: Their types on the wire. In binary COPY a ``timestamptz`` is the 8 bytes of an ``int8`` counting
+#: microseconds since 2000-01-01 UTC (``pg_time``), and an enum is its label as ``text``: sending them
+#: so spares the ingest loop building a datetime per timestamp.
+COPY_TYPES = [
+    "text", "int4", "int8", "int8", "text", "int4", "bytea", "bytea", "bytea", "int4", "text", "text", "text",
+    "text", "text", "text", "int4", "int8", "int8", "int8", "text", "text", "text", "int8",
+]  # fmt: skip
+
+_PG_EPOCH_MS = 946_684_800_000
+
+
+def pg_time(ms: int) -> int:
+    """Epoch milliseconds as a binary-COPY ``timestamptz``: microseconds since 2000-01-01 UTC."""
+    return (ms - _PG_EPOCH_MS) * 1000
+
+
+def ms_of_pg_time(us: int) -> int:
+    return us // 1000 + _PG_EPOCH_MS
 
 
 _HEADER = struct.Struct(">Hi")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -18,10 +18,11 @@ from typing import Any, LiteralString, cast
 
 import psycopg
 from psycopg import sql
+from psycopg.adapt import PyFormat
 from psycopg.types import TypeInfo
 
 from retry_scheduler.config import REPO_ROOT
-from retry_scheduler.jobs import Job, OutgoingRow, encode_headers
+from retry_scheduler.jobs import COPY_COLUMNS, COPY_TYPES, Job, OutgoingRow
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +32,7 @@ _MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 # Any fixed number: serialises concurrent "db migrate" runs.
 _MIGRATE_LOCK = 7_311_917_042
 
-_STAGE_TYPES = [
-    "text", "integer", "bigint", "bigint", "text", "integer", "bytea", "bytea", "bytea", "integer", "text", "text",
-    "text", "text", "text", "text", "integer", "bigint", "bigint", "bigint", "text", "text", "text",
-]  # fmt: skip
+_DEAD_REASON_AT = COPY_COLUMNS.index("dead_reason")
 
 
 class StoreError(RuntimeError):
@@ -125,16 +123,6 @@ def migrate(database_url: str) -> list[str]:
     return applied_now
 
 
-def _stage_row(job: Job) -> tuple[Any, ...]:
-    return (
-        job.source_topic, job.source_partition, job.source_offset, job.source_timestamp_ms, job.destination,
-        job.destination_partition, job.key, job.value, encode_headers(job.headers), job.attempt,
-        job.policy, job.reason, job.error_class, job.consumer_group, job.retry_id, job.original_topic,
-        job.original_partition, job.original_offset, job.original_timestamp_ms, job.due_ms,
-        job.status.value, job.dead_reason, job.dlq_topic,
-    )  # fmt: skip
-
-
 class IngestLock:
     """A session-level advisory lock making one ingest loop at a time own the retry topics.
 
@@ -183,8 +171,10 @@ class Store:
     def __init__(self, database_url: str) -> None:
         self.database_url = database_url
         self.conn = connect(database_url)
+        # COPY picks a dumper by column type; for bytea psycopg's registry answers with the DB-API
+        # ``Binary`` wrapper's Python dumper. Registering the one for ``bytes`` again makes it the C one.
+        self.conn.adapters.register_dumper(bytes, self.conn.adapters.get_dumper(bytes, PyFormat.BINARY))
         self._check_migrated()
-        self._stage_ready = False
 
     def _check_migrated(self) -> None:
         info = TypeInfo.fetch(self.conn, "retry_job_status")
@@ -205,24 +195,65 @@ class Store:
         self.close()
 
     def insert_jobs(self, jobs: Sequence[Job]) -> list[str | None]:
-        """Store jobs with one COPY and one INSERT; duplicates of stored records are ignored.
+        """Store jobs (see :meth:`insert_rows`); duplicates of stored records are ignored."""
+        return self.insert_rows([job.copy_row() for job in jobs])
 
-        Returns the dead reason (None for pending) of each job actually stored. Commits before
-        returning, so the caller may then commit the Kafka offsets.
+    def insert_rows(
+        self,
+        rows: Sequence[Sequence[Any]],
+        *,
+        consumer_group: str | None = None,
+        offsets: Mapping[tuple[str, int], int] | None = None,
+    ) -> list[str | None]:
+        """Store new jobs (rows of ``jobs.COPY_COLUMNS``) and, in the same transaction, the next
+        ``offsets`` to read of ``consumer_group``'s retry-topic partitions.
+
+        The rows go straight into ``retry_jobs`` with one binary COPY. If one of them is stored
+        already (the same source record, read again), the batch goes through a staging table instead
+        and only the new ones are stored. Returns the dead reason (None for pending) of each row
+        stored. Commits before returning, so the caller may then commit the Kafka offsets.
         """
-        if not jobs:
+        if not rows:
             return []
         with self.conn.transaction(), self.conn.cursor() as cur:
-            if not self._stage_ready:
-                cur.execute(q("create_stage"))
-                self._stage_ready = True
-            with cur.copy(q("copy_stage")) as copy:
-                copy.set_types(_STAGE_TYPES)
-                for job in jobs:
-                    copy.write_row(_stage_row(job))
-            cur.execute(q("insert_from_stage"))
-            stored = [row[0] for row in cur.fetchall()]
+            try:
+                with self.conn.transaction(), cur.copy(q("copy_jobs")) as copy:
+                    copy.set_types(COPY_TYPES)
+                    for row in rows:
+                        copy.write_row(row)
+                stored = [row[_DEAD_REASON_AT] for row in rows]
+            except psycopg.errors.UniqueViolation:
+                stored = self._insert_new_only(cur, rows)
+                log.info(
+                    "%s of %s records were stored already (read again)", len(rows) - len(stored), len(rows)
+                )
+            if offsets:
+                keys = sorted(offsets)
+                cur.execute(
+                    q("save_ingest_offsets"),
+                    {
+                        "group": consumer_group,
+                        "topics": [k[0] for k in keys],
+                        "partitions": [k[1] for k in keys],
+                        "offsets": [offsets[k] for k in keys],
+                    },
+                )
         return stored
+
+    def _insert_new_only(self, cur: psycopg.Cursor[Any], rows: Sequence[Sequence[Any]]) -> list[str | None]:
+        cur.execute(q("create_stage"))
+        with cur.copy(q("copy_stage")) as copy:
+            copy.set_types(COPY_TYPES)
+            for row in rows:
+                copy.write_row(row)
+        cur.execute(q("insert_from_stage"))
+        return [row[0] for row in cur.fetchall()]
+
+    def ingest_offsets(self, consumer_group: str) -> dict[tuple[str, int], int]:
+        """The next offset to read of every retry-topic partition ``consumer_group`` stored rows from."""
+        with self.conn.transaction():
+            rows = self.conn.execute(q("ingest_offsets"), {"group": consumer_group}).fetchall()
+        return {(topic, partition): offset for topic, partition, offset in rows}
 
     def _require_transaction(self, what: str) -> None:
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:

@@ -12,7 +12,7 @@ import pytest
 
 from retry_scheduler import protocol as p
 from retry_scheduler.config import Settings
-from retry_scheduler.ingest import IngestCounts, Ingestor
+from retry_scheduler.ingest import IngestCounts, Ingestor, IngestWorkerError
 from retry_scheduler.policy import Backoff, Policy, PolicyRegistry
 from retry_scheduler.publish import Publisher
 from retry_scheduler.store import Store
@@ -138,12 +138,44 @@ def test_offsets_are_committed_after_rows_and_duplicates_are_ignored(loop: Loop)
         ing.close()
     assert first.stored == 50
 
-    again = loop.ingest(50)  # offsets were not committed: the same records are read again
+    # Kafka has no offset of the group (as with a new broker): read again from the start, and the
+    # records stored already are skipped.
+    again = loop.ingest(50)
     assert (again.consumed, again.stored, again.duplicates) == (50, 0, 50)
     assert len(loop.rows()) == 50
 
     third = loop.ingest(1, timeout_s=8)  # now committed: nothing more to read
     assert third.consumed == 0
+
+
+def test_a_new_ingest_loop_starts_from_the_offsets_stored_with_the_rows(loop: Loop) -> None:
+    loop.send([{"key": b"a%d" % i, "value": b"v", "headers": hdr(destination=loop.dest)} for i in range(20)])
+    assert loop.ingest(20).stored == 20  # Kafka now knows the group's offsets too
+
+    class CrashBeforeOffsetCommit(Ingestor):
+        def _commit(self, next_offsets):  # the process dies after the DB commit
+            pass
+
+    loop.send([{"key": b"b%d" % i, "value": b"v", "headers": hdr(destination=loop.dest)} for i in range(30)])
+    with loop.store() as store:
+        ing = CrashBeforeOffsetCommit(loop.settings, loop.registry, store)
+        first = IngestCounts()
+        deadline = time.monotonic() + 30
+        while first.consumed < 30 and time.monotonic() < deadline:
+            first.add(ing.ingest_batch(0.5))
+        ing.close()
+    assert first.stored == 30
+
+    # Kafka's offsets are 30 records behind; PostgreSQL's, stored with the rows, are not.
+    again = loop.ingest(1, timeout_s=8)
+    assert again.consumed == 0
+    assert len(loop.rows()) == 50
+    with psycopg.connect(loop.settings.database_url) as conn:
+        offsets = conn.execute(
+            "SELECT sum(next_offset) FROM retry_ingest_offsets WHERE consumer_group = %s",
+            (loop.settings.consumer_group,),
+        ).fetchone()
+    assert offsets == (50,)
 
 
 @pytest.mark.parametrize(
@@ -393,3 +425,65 @@ def test_overlapping_ingest_loops_hand_over_without_loss_or_rereading(loop: Loop
         second.close()
     assert (got.stored, later.stored, later.duplicates) == (20, 20, 0)
     assert len(loop.rows()) == 40
+
+
+def _send_to_partitions(loop: Loop, partitions: int, per_partition: int) -> None:
+    create_topics(loop.bootstrap, [loop.settings.retry_topic], partitions=partitions)
+    for partition in range(partitions):
+        produce(
+            loop.bootstrap,
+            loop.settings.retry_topic,
+            [
+                {"key": f"{partition}-{i}".encode(), "value": b"v", "headers": hdr(destination=loop.dest)}
+                for i in range(per_partition)
+            ],
+            partition=partition,
+        )
+
+
+def _run_ingest_loop(loop: Loop, expected: int, **changes: object) -> IngestCounts:
+    settings = loop.settings.with_overrides(**changes)
+    with loop.store() as store:
+        ingestor = Ingestor(settings, loop.registry, store)
+        try:
+            return ingestor.run(60, should_stop=lambda: ingestor.totals.stored >= expected, grace_s=0)
+        finally:
+            ingestor.close()
+
+
+def test_the_ingest_loop_shares_the_partitions_among_worker_processes(loop: Loop) -> None:
+    _send_to_partitions(loop, partitions=4, per_partition=30)
+
+    total = _run_ingest_loop(loop, 120, ingest_workers=2, ingest_batch=10)
+
+    assert (total.consumed, total.stored, total.duplicates) == (120, 120, 0)
+    rows = loop.rows()
+    assert sorted((r["source_partition"], r["source_offset"]) for r in rows) == [
+        (partition, offset) for partition in range(4) for offset in range(30)
+    ]
+    with psycopg.connect(loop.settings.database_url) as conn:
+        offsets = conn.execute(
+            "SELECT partition, next_offset FROM retry_ingest_offsets WHERE consumer_group = %s ORDER BY 1",
+            (loop.settings.consumer_group,),
+        ).fetchall()
+    assert offsets == [(0, 30), (1, 30), (2, 30), (3, 30)]
+
+
+def test_a_killed_ingest_worker_stops_the_loop_and_the_next_loop_loses_nothing(
+    loop: Loop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _send_to_partitions(loop, partitions=2, per_partition=40)
+    # Each worker process reads the plan at import: it SIGKILLs itself after storing its 2nd batch,
+    # before committing that batch's Kafka offsets.
+    monkeypatch.setenv("RETRY_FAULT", "ingest.stored:2")
+    with pytest.raises(IngestWorkerError, match=r"ingest-worker-\d exited with code -9"):
+        _run_ingest_loop(loop, 80, ingest_workers=2, ingest_batch=10)
+    monkeypatch.delenv("RETRY_FAULT")
+    assert 0 < len(loop.rows()) < 80
+
+    _run_ingest_loop(loop, 80 - len(loop.rows()), ingest_workers=2, ingest_batch=10)
+
+    rows = loop.rows()
+    assert sorted((r["source_partition"], r["source_offset"]) for r in rows) == [
+        (partition, offset) for partition in range(2) for offset in range(40)
+    ]

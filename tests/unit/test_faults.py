@@ -125,6 +125,9 @@ class Recorder:
     def commit(self, offsets: Any, asynchronous: bool) -> None:
         self.events.append("offsets committed")
 
+    def committed(self, partitions: Any, timeout: float) -> list[Any]:
+        return partitions
+
     def list_topics(self, timeout: float) -> Any:
         return type("Meta", (), {"topics": {}})()
 
@@ -142,9 +145,12 @@ class Recorder:
     def limit_idle_transactions(self, timeout_ms: int) -> None:
         pass
 
-    def insert_jobs(self, jobs: list[Any]) -> list[str | None]:
+    def insert_rows(self, rows: list[Any], **offsets: Any) -> list[str | None]:
         self.events.append("rows committed")
-        return [None] * len(jobs)
+        return [None] * len(rows)
+
+    def ingest_offsets(self, group: str) -> dict[Any, int]:
+        return {}
 
     def claim_dead(self, *args: Any) -> list[OutgoingRow]:
         return [_row(1, dead=True)]
