@@ -22,7 +22,7 @@ import time
 import urllib.parse
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,7 +37,6 @@ from retry_scheduler import protocol
 from retry_scheduler.config import Settings
 from retry_scheduler.ingest import Ingestor
 from retry_scheduler.jobs import Job, OutgoingRow, Status
-from retry_scheduler.kafka import make_consumer
 from retry_scheduler.policy import Policy, PolicyRegistry
 from retry_scheduler.publish import Publisher
 from retry_scheduler.store import Store, connect, migrate, q, redact_url
@@ -295,10 +294,6 @@ class TimedStore(Store):
         finally:
             self.seconds[name] += time.perf_counter() - began
 
-    def insert_rows(self, rows: Sequence[Sequence[Any]], **offsets: Any) -> list[str | None]:
-        with self._timed("insert_rows"):
-            return super().insert_rows(rows, **offsets)
-
     def claim_due(self, limit: int) -> list[OutgoingRow]:
         with self._timed("claim_due"):
             return super().claim_due(limit)
@@ -312,39 +307,13 @@ class TimedStore(Store):
             return super().mark_published(acked)
 
 
-class TimedConsumer:
-    """Wraps the ingest loop's consumer to add up the seconds spent consuming and committing."""
-
-    def __init__(self, consumer: Consumer) -> None:
-        self._consumer = consumer
-        self.seconds: defaultdict[str, float] = defaultdict(float)
-
-    def consume(self, num_messages: int, timeout: float) -> list[Any]:
-        began = time.perf_counter()
-        try:
-            return self._consumer.consume(num_messages, timeout)
-        finally:
-            self.seconds["consume"] += time.perf_counter() - began
-
-    def commit(self, *args: Any, **kwargs: Any) -> Any:
-        began = time.perf_counter()
-        try:
-            return self._consumer.commit(*args, **kwargs)
-        finally:
-            self.seconds["commit_offsets"] += time.perf_counter() - began
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._consumer, name)
-
-
 def _rate(count: int, seconds: float) -> float:
     return round(count / seconds, 1) if seconds > 0 else 0.0
 
 
-def _breakdown(seconds: Mapping[str, float], total: float) -> dict[str, float]:
-    parts = {k: round(v, 3) for k, v in sorted(seconds.items())}
-    parts["other_python"] = round(max(0.0, total - sum(seconds.values())), 3)
-    return parts
+def _ratio(value: float, baseline: float) -> float:
+    """``value / baseline`` to four significant digits (a small ratio keeps its precision)."""
+    return float(f"{value / baseline:.4g}")
 
 
 # -- the records and jobs of the benchmarks ----------------------------------------------------------
@@ -452,10 +421,9 @@ def measure_ingest(env: BenchEnv, sizes: Sizes) -> Result:
     bootstrap = env.bootstrap or ""
     produce_records(bootstrap, settings.retry_topic, sizes.ingest_warmup, destination, at_ms)
 
-    store = TimedStore(settings.database_url)
-    consumer = TimedConsumer(make_consumer(settings))
+    store = Store(settings.database_url)
     began = time.perf_counter()
-    ingestor = Ingestor(settings, BENCH_POLICIES, store, consumer=cast(Consumer, consumer))
+    ingestor = Ingestor(settings, BENCH_POLICIES, store)
     try:
         if not ingestor.acquire(30):
             raise BenchError("the ingest lock of the benchmark database is held by someone else")
@@ -486,8 +454,6 @@ def measure_ingest(env: BenchEnv, sizes: Sizes) -> Result:
         with connect(settings.database_url) as conn:
             row = conn.execute(q("bench_max_id")).fetchone()
         after_id = int(row[0]) if row else 0
-        store.seconds.clear()
-        consumer.seconds.clear()
         stored_before = ingestor.totals.stored
         run_began = time.perf_counter()
         first_stored: list[tuple[float, int, int]] = []
@@ -519,7 +485,7 @@ def measure_ingest(env: BenchEnv, sizes: Sizes) -> Result:
     copy = copy_baseline(settings.database_url, after_id, sizes.ingest_records)
     result.figures = {
         "ingest_msgs_per_s": rate,
-        "ingest_vs_copy": round(rate / copy["rows_per_s"], 3) if copy["rows_per_s"] else None,
+        "ingest_vs_copy": _ratio(rate, copy["rows_per_s"]) if copy["rows_per_s"] else None,
     }
     result.details = {
         "records": total,
@@ -537,7 +503,6 @@ def measure_ingest(env: BenchEnv, sizes: Sizes) -> Result:
         "lock_and_assignment_s": round(assigned_s, 3),
         "loop_start_s": round(loop_start_s, 3),
         "ingest_workers": settings.ingest_workers,
-        "breakdown_s": _breakdown({**store.seconds, **consumer.seconds}, elapsed),
         "baseline": copy,
     }
     result.details["limits"] = _ingest_limits(result.details, timed_rows, copy)
@@ -632,8 +597,8 @@ def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
     pgq = pgqueuer_baseline(env.url, sizes.pgqueuer_rows, sizes.pgqueuer_batch_sizes)
     result.figures = {
         "publish_rows_per_s": rate,
-        "publish_vs_pgqueuer": round(rate / pgq["rows_per_s"], 3) if pgq.get("rows_per_s") else None,
-        "publish_vs_naive": round(rate / naive["rows_per_s"], 3) if naive["rows_per_s"] else None,
+        "publish_vs_pgqueuer": _ratio(rate, pgq["rows_per_s"]) if pgq.get("rows_per_s") else None,
+        "publish_vs_naive": _ratio(rate, naive["rows_per_s"]) if naive["rows_per_s"] else None,
     }
     result.details = {
         "rows": published,
@@ -648,7 +613,7 @@ def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
         "db_seconds": {k: round(v, 3) for k, v in sorted(db_seconds.items())},
         "baseline_pgqueuer": pgq,
         "vs_pgqueuer_best_tuned": (
-            round(rate / pgq["best_tuned"]["rows_per_s"], 3) if pgq.get("best_tuned") else None
+            _ratio(rate, pgq["best_tuned"]["rows_per_s"]) if pgq.get("best_tuned") else None
         ),
         "baseline_naive": naive,
     }
