@@ -44,7 +44,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -312,7 +312,7 @@ def _plain(value: Any) -> Any:
 def to_message(row: Row | Mapping[str, Any]) -> OutgoingMessage:
     """A row of the selection (columns named like OutgoingRow's fields) as the record to produce."""
     data = row.asDict() if isinstance(row, Row) else row
-    job = OutgoingRow(**{f.name: _plain(data[f.name]) for f in fields(OutgoingRow)})
+    job = OutgoingRow(*(_plain(data[name]) for name in OutgoingRow._fields))
     if not job.destination:
         raise ValueError("job has no destination")
     return OutgoingMessage(
@@ -565,13 +565,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run a bulk retry; returns ``{"run_id", "selected", "published", "failed", "dry_run"}``."""
     opts = parse_args(argv)
     sel = opts.selection
+    phases: dict[str, float] = {}  # seconds per step, for profiling (bench/README.md)
     result: dict[str, Any] = {
         "run_id": opts.run_id,
         "selected": 0,
         "published": 0,
         "failed": 0,
         "dry_run": opts.dry_run,
+        "phases_s": phases,
     }
+    began = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal began
+        phases[name] = round(time.perf_counter() - began, 3)
+        began = time.perf_counter()
+
     jdbc = jdbc_target(opts.database_url)  # validated before anything runs
     if not opts.dry_run and staged(opts.database_url, opts.run_id):
         resumed = mark_delivered(opts.database_url, opts.run_id)
@@ -580,6 +589,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     summary = summarize(opts.database_url, sel)
     result["selected"] = summary.count
+    lap("select")
     log.info(
         "run %s selected %s %s jobs in %s destinations (ids %s..%s)",
         opts.run_id, summary.count, sel.status, len(summary.per_destination), summary.min_id, summary.max_id,
@@ -600,6 +610,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )  # fmt: skip
 
     spark = _session()
+    lap("spark_session")
     sc = spark.sparkContext
     sc.setJobDescription(f"bulk retry {opts.run_id}")
     failed_count = sc.accumulator(0)
@@ -616,8 +627,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     # One action: read, produce and record the acks pass by partition, so nothing is produced twice.
     write_staging(staging_frame(spark.createDataFrame(deliveries, DELIVERY_SCHEMA), opts.run_id), jdbc)
+    lap("read_produce_stage")
     log.info("run %s delivered its selection; %s deliveries failed; marking", opts.run_id, failed_count.value)
     marked = mark_delivered(opts.database_url, opts.run_id)
+    lap("mark")
     result["published"] += marked
     result["failed"] = int(failed_count.value)
     log.info(

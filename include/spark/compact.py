@@ -31,6 +31,7 @@ import json
 import logging
 import re
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -424,18 +425,29 @@ def _archive_and_delete(
     selection: DataFrame,
     report: dict[str, Any],
 ) -> None:
+    phases: dict[str, float] = report.setdefault("phases_s", {})  # seconds per step, for profiling
+    began = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal began
+        phases[name] = round(time.perf_counter() - began, 3)
+        began = time.perf_counter()
+
     selected = selection.count()
     days = sorted(row["day"] for row in selection.select("day").distinct().collect())  # a few strings
     existing = read_archived_ids(spark, root, days)
     already = found_in_archive(selection, existing).count()
     report.update(selected=selected, days=days, already_archived=already, archived_new=selected - already)
+    lap("read_and_count")
     if args.dry_run:
         return
     if selected > already:
         write_archive(missing_from_archive(selection, existing), root)
+    lap("write_archive")
     # A fresh read: the file listing of a DataFrame is fixed when it is created.
     verified = found_in_archive(selection, read_archived_ids(spark, root, days))
     found = verified.count()
+    lap("verify")
     if found != selected:
         raise ArchiveVerificationError(
             f"{selected - found} of {selected} selected jobs are not in the archive at {root} after the "
@@ -443,11 +455,13 @@ def _archive_and_delete(
         )
     try:
         staged = stage_verified(conn, jdbc, run_id, verified)
+        lap("stage_ids")
         if staged != found:
             raise CompactionError(
                 f"staged {staged} ids for run {run_id}, expected {found}; nothing was deleted"
             )
         report["deleted"] = delete_archived(conn, run_id, window, args.delete_batch)
+        lap("delete")
     finally:
         _clear_staging(conn, run_id)
     if report["deleted"] < found:
