@@ -268,7 +268,8 @@ class Store:
         """
         self._require_transaction("claim_due")
         with self.conn.transaction():
-            rows = self.conn.execute(q("claim_due"), {"limit": limit}).fetchall()
+            # Binary results: bytea columns come as bytes, not as hex text to decode.
+            rows = self.conn.execute(q("claim_due"), {"limit": limit}, binary=True).fetchall()
         return [OutgoingRow(*row) for row in rows]
 
     def claim_dead(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
