@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
@@ -256,12 +256,14 @@ class BenchEnv:
                 "bootstrap.servers": self.bootstrap,
                 "group.id": f"bench-count-{self.tag}",
                 "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
             }
         )
         seen = 0
         try:
             parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+            # From offset 0 (a new topic), not OFFSET_BEGINNING: see retry_scheduler.chaos.read_topics.
+            consumer.assign([TopicPartition(topic, p, 0) for p in parts])
             deadline = time.monotonic() + timeout_s
             idle_since = time.monotonic()
             while time.monotonic() < deadline:
