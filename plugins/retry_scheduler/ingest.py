@@ -1,7 +1,9 @@
 """Ingest: consume retry topics in batches, store jobs in PostgreSQL, then commit offsets.
 
-At-least-once: an offset is committed only after its rows are committed; a crash in between
-re-reads the batch, and the unique source offset makes the second insert a no-op.
+At-least-once: a batch's rows and its next offsets are committed in one PostgreSQL transaction,
+and the Kafka offsets only after that. A new loop starts from the offsets stored with the rows, so a
+crash in between stores nothing twice; when Kafka has no offset for the group, the partition is read
+from its start and the unique source identity skips the records stored already.
 """
 
 from __future__ import annotations

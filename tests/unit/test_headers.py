@@ -207,3 +207,33 @@ def test_dlq_headers_of_invalid_record_replace_only_what_we_set() -> None:
         (p.DEAD_REASON, b"invalid"),
         (p.REASON, b"bad attempt"),
     ]
+
+
+def test_the_copy_row_matches_the_copy_statement_and_round_trips() -> None:
+    from retry_scheduler.jobs import COPY_COLUMNS, COPY_TYPES, Job
+    from retry_scheduler.store import queries
+
+    statement = queries()["copy_jobs"].split("COPY retry_jobs (", 1)[1]
+    listed = statement[: statement.index(")")]
+    assert tuple(c.strip() for c in listed.split(",")) == COPY_COLUMNS
+    assert len(COPY_TYPES) == len(COPY_COLUMNS)
+
+    for one in (
+        job(headers=h(destination="orders", attempt="1", reason="boom", id="rid-1")),
+        job(headers=[]),
+    ):
+        row = one.copy_row()
+        assert len(row) == len(COPY_COLUMNS)
+        assert Job.from_copy_row(row) == one
+
+
+def test_new_retry_ids_are_version_4_uuids() -> None:
+    import uuid
+
+    from retry_scheduler.ingest import new_retry_id
+
+    ids = {new_retry_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    for text in list(ids)[:50]:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, text)
