@@ -225,24 +225,27 @@ class Publisher:
         grace = self.settings.loop_grace_ms / 1000 if grace_s is None else grace_s
         tenure = LoopTenure(self.store, "publish", duration_s, grace)
         stop = threading.Event()
-        self.helpers = [
-            Publisher(
-                self.settings,
-                self.store_factory(self.settings.database_url),
-                clock=self.clock,
-                store_factory=self.store_factory,
-            )
-            for _ in range(self.settings.publish_workers - 1)
-        ]
-        threads = [
-            threading.Thread(
-                target=helper.work, args=(stop,), kwargs={"helper": True}, name=f"publish-{n}", daemon=True
-            )
-            for n, helper in enumerate(self.helpers, start=1)
-        ]
-        for thread in threads:
-            thread.start()
+        self.helpers = []
+        threads: list[threading.Thread] = []
         try:
+            for n in range(1, self.settings.publish_workers):
+                helper = Publisher(
+                    self.settings,
+                    self.store_factory(self.settings.database_url),
+                    clock=self.clock,
+                    store_factory=self.store_factory,
+                )
+                self.helpers.append(helper)
+                threads.append(
+                    threading.Thread(
+                        target=helper.work,
+                        args=(stop,),
+                        kwargs={"helper": True},
+                        name=f"publish-{n}",
+                        daemon=True,
+                    )
+                )
+                threads[-1].start()
             self.work(stop, lambda: tenure.go_on() and not should_stop(), tenure.remaining_s)
         finally:
             stop.set()
