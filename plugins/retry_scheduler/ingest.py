@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
 
 from retry_scheduler import faults, protocol
 from retry_scheduler.config import Settings
 from retry_scheduler.handover import LoopTenure
 from retry_scheduler.headers import Header, InvalidRecordError, Limits, parse_headers
-from retry_scheduler.jobs import COPY_COLUMNS, Job, Status, encode_headers, pg_time
+from retry_scheduler.jobs import COPY_COLUMNS, DEAD_REASON_AT, Job, Status, encode_headers, pg_time
 from retry_scheduler.kafka import TopicManager, make_consumer
 from retry_scheduler.policy import PolicyRegistry, UnknownPolicyError
 from retry_scheduler.store import IngestLock, Store
@@ -50,19 +50,6 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: Sequence[Header] = ()
-
-    @classmethod
-    def from_message(cls, msg: Message) -> Record:
-        ts_type, ts = msg.timestamp()
-        return cls(
-            topic=msg.topic() or "",
-            partition=msg.partition() or 0,
-            offset=msg.offset() or 0,
-            timestamp_ms=ts if ts_type != 0 and ts > 0 else None,
-            key=msg.key(),
-            value=msg.value(),
-            headers=cast(Sequence[Header], msg.headers() or ()),
-        )
 
 
 def limits_for(settings: Settings, registry: PolicyRegistry) -> Limits:
@@ -168,8 +155,6 @@ class RowBuilder:
 
 
 _DEAD, _PENDING = Status.DEAD.value, Status.PENDING.value
-#: Where the dead reason sits in a row (``jobs.COPY_COLUMNS``).
-DEAD_REASON_AT = COPY_COLUMNS.index("dead_reason")
 
 
 def job_from_record(
@@ -310,16 +295,19 @@ class Ingestor:
                 self._refresh_assignment()
         return True
 
-    def plan(self) -> list[tuple[str, int, int]]:
-        """Every retry-topic partition with its start offset (see :func:`start_offset`)."""
+    def partitions(self) -> list[tuple[str, int]]:
+        """Every partition of the retry topics the broker knows, sorted."""
         topics = self.consumer.list_topics(timeout=10).topics
-        partitions = sorted(
+        return sorted(
             (topic, p)
             for topic in self.settings.retry_topics
             if topic in topics
             for p in topics[topic].partitions
         )
-        return self._with_starts(partitions)
+
+    def plan(self) -> list[tuple[str, int, int]]:
+        """Every retry-topic partition with its start offset (see :func:`start_offset`)."""
+        return self._with_starts(self.partitions())
 
     def _with_starts(self, partitions: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
         if not partitions:
@@ -336,14 +324,7 @@ class Ingestor:
         if self.share is not None:
             return
         self._refreshed_at = time.monotonic()
-        topics = self.consumer.list_topics(timeout=10).topics
-        current = {
-            (topic, p)
-            for topic in self.settings.retry_topics
-            if topic in topics
-            for p in topics[topic].partitions
-        }
-        new = sorted(current - self._assigned)
+        new = [tp for tp in self.partitions() if tp not in self._assigned]
         if new:
             self.consumer.incremental_assign([TopicPartition(t, p, o) for t, p, o in self._with_starts(new)])
             self._assigned |= set(new)
@@ -360,7 +341,7 @@ class Ingestor:
 
     def read_batch(self, timeout_s: float = 0.2) -> Batch | None:
         """Consume up to one batch and build its rows; None when nothing came."""
-        if self._lock is None and not self.acquire(30) and self.share is None:
+        if self._lock is None and not self.acquire(30):
             raise IngestBusyError("another ingest loop holds the retry topics (lock held for 30 s)")
         if time.monotonic() - self._refreshed_at > 10:
             self._refresh_assignment()
@@ -496,7 +477,7 @@ class Ingestor:
                         )
                 if time.monotonic() - checked > 10:
                     checked = time.monotonic()
-                    if {(t, p) for t, p, _ in self.plan()} != planned:
+                    if set(self.partitions()) != planned:
                         log.info("the retry topics changed: sharing their partitions again")
                         break
         finally:

@@ -81,6 +81,8 @@ COPY_COLUMNS = (
     "consumer_group", "retry_id", "original_topic", "original_partition", "original_offset", "first_seen_at",
     "due_at", "status", "dead_reason", "dlq_topic", "dead_at",
 )  # fmt: skip
+#: Where the dead reason sits in such a row (None: the job is pending).
+DEAD_REASON_AT = COPY_COLUMNS.index("dead_reason")
 #: Their types on the wire. In binary COPY a ``timestamptz`` is the 8 bytes of an ``int8`` counting
 #: microseconds since 2000-01-01 UTC (``pg_time``), and an enum is its label as ``text``: sending them
 #: so spares the ingest loop building a datetime per timestamp.

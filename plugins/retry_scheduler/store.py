@@ -22,7 +22,7 @@ from psycopg.adapt import PyFormat
 from psycopg.types import TypeInfo
 
 from retry_scheduler.config import REPO_ROOT
-from retry_scheduler.jobs import COPY_COLUMNS, COPY_TYPES, Job, OutgoingRow
+from retry_scheduler.jobs import COPY_TYPES, DEAD_REASON_AT, Job, OutgoingRow
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,6 @@ MIGRATIONS_DIR = SQL_DIR / "migrations"
 _MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 # Any fixed number: serialises concurrent "db migrate" runs.
 _MIGRATE_LOCK = 7_311_917_042
-
-_DEAD_REASON_AT = COPY_COLUMNS.index("dead_reason")
 
 
 class StoreError(RuntimeError):
@@ -221,7 +219,7 @@ class Store:
                     copy.set_types(COPY_TYPES)
                     for row in rows:
                         copy.write_row(row)
-                stored = [row[_DEAD_REASON_AT] for row in rows]
+                stored = [row[DEAD_REASON_AT] for row in rows]
             except psycopg.errors.UniqueViolation:
                 stored = self._insert_new_only(cur, rows)
                 log.info(

@@ -42,11 +42,13 @@ class Loop:
     def send(self, records: list[dict], topic: str | None = None) -> None:
         produce(self.bootstrap, topic or self.settings.retry_topic, records)
 
-    def ingest(self, expected: int, timeout_s: float = 30, **kw: object) -> IngestCounts:
+    def ingest(
+        self, expected: int, timeout_s: float = 30, ingestor_class: type[Ingestor] = Ingestor, **kw: object
+    ) -> IngestCounts:
         """Run the ingest loop until ``expected`` records were consumed."""
         settings = self.settings.with_overrides(**kw) if kw else self.settings
         with Store(settings.database_url) as store:
-            ingestor = Ingestor(settings, self.registry, store)
+            ingestor = ingestor_class(settings, self.registry, store)
             total = IngestCounts()
             deadline = time.monotonic() + timeout_s
             try:
@@ -120,22 +122,19 @@ def test_record_comes_back_byte_for_byte_never_early(loop: Loop) -> None:
     assert (row["published_at"] - row["due_at"]).total_seconds() < 1.0
 
 
+class CrashBeforeOffsetCommit(Ingestor):
+    """An ingest loop whose process dies after each DB commit, before the Kafka offset commit."""
+
+    def _commit(self, next_offsets):
+        pass
+
+
 def test_offsets_are_committed_after_rows_and_duplicates_are_ignored(loop: Loop) -> None:
     loop.send(
         [{"key": str(i).encode(), "value": b"v", "headers": hdr(destination=loop.dest)} for i in range(50)]
     )
 
-    class CrashBeforeOffsetCommit(Ingestor):
-        def _commit(self, records):  # the process dies after the DB commit
-            pass
-
-    with loop.store() as store:
-        ing = CrashBeforeOffsetCommit(loop.settings, loop.registry, store)
-        first = IngestCounts()
-        deadline = time.monotonic() + 30
-        while first.consumed < 50 and time.monotonic() < deadline:
-            first.add(ing.ingest_batch(0.5))
-        ing.close()
+    first = loop.ingest(50, ingestor_class=CrashBeforeOffsetCommit)
     assert first.stored == 50
 
     # Kafka has no offset of the group (as with a new broker): read again from the start, and the
@@ -151,19 +150,8 @@ def test_offsets_are_committed_after_rows_and_duplicates_are_ignored(loop: Loop)
 def test_a_new_ingest_loop_starts_from_the_offsets_stored_with_the_rows(loop: Loop) -> None:
     loop.send([{"key": b"a%d" % i, "value": b"v", "headers": hdr(destination=loop.dest)} for i in range(20)])
     assert loop.ingest(20).stored == 20  # Kafka now knows the group's offsets too
-
-    class CrashBeforeOffsetCommit(Ingestor):
-        def _commit(self, next_offsets):  # the process dies after the DB commit
-            pass
-
     loop.send([{"key": b"b%d" % i, "value": b"v", "headers": hdr(destination=loop.dest)} for i in range(30)])
-    with loop.store() as store:
-        ing = CrashBeforeOffsetCommit(loop.settings, loop.registry, store)
-        first = IngestCounts()
-        deadline = time.monotonic() + 30
-        while first.consumed < 30 and time.monotonic() < deadline:
-            first.add(ing.ingest_batch(0.5))
-        ing.close()
+    first = loop.ingest(30, ingestor_class=CrashBeforeOffsetCommit)
     assert first.stored == 30
 
     # Kafka's offsets are 30 records behind; PostgreSQL's, stored with the rows, are not.
