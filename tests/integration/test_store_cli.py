@@ -40,6 +40,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (3, "0003_bulk_and_compaction"),
         (4, "0004_dlq_operations"),
         (5, "0005_throughput"),
+        (6, "0006_transition_after"),
     ]
 
 
