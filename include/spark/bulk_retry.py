@@ -8,8 +8,9 @@ For example every dead job of a destination after its outage::
         --bootstrap-servers localhost:9092 --destination orders --dry-run
 
 The driver counts the selection with one small parameterised query (per destination, with the
-lowest and highest id), then the executors read it over JDBC in parallel id ranges and each
-partition produces its rows with one idempotent producer (``acks=all``), with exactly the headers
+lowest and highest id), then the executors read it over JDBC in parallel id ranges, hand it to
+their Python workers as Arrow batches (``mapInArrow``), and each partition produces its rows with
+one idempotent producer (``acks=all``), with exactly the headers
 of the normal publish path (``retry.attempt`` raised, ``retry.id`` kept, the rest byte for byte).
 The acknowledged deliveries go to the staging table ``retry_bulk_delivered``; one set-based
 UPDATE then marks exactly those jobs published. A crash before that marks nothing: the jobs are
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import operator
 import os
 import re
 import struct
@@ -48,7 +50,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, LiteralString, cast
+from typing import TYPE_CHECKING, Any, LiteralString, NamedTuple
 
 # The job file is run by path (spark-submit), not as part of the package: make the repository's
 # package importable on the driver.
@@ -76,6 +78,7 @@ except ImportError as exc:  # pragma: no cover - depends on how the job is launc
     ) from exc
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from confluent_kafka import KafkaError, Message
     from pyspark import Accumulator
 
@@ -115,6 +118,9 @@ MARK_DELIVERED_SQL: LiteralString = (
 DELETE_STAGED_SQL: LiteralString = "DELETE FROM retry_bulk_delivered WHERE run_id = %s"
 
 DELIVERY_SCHEMA = "id long, acked_ms long"
+DELIVERY_COLUMNS = ["id", "acked_ms"]
+#: Largest Arrow batch of selected rows handed to a Python worker.
+ARROW_BATCH_BYTES = 64 * 1024 * 1024
 
 
 class BulkRetryError(ValueError):
@@ -293,8 +299,7 @@ def missing_topics(bootstrap_servers: str, extra: Mapping[str, Any], topics: Ite
 # --- executors ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OutgoingMessage:
+class OutgoingMessage(NamedTuple):
     """One record to produce, exactly as the publish loop would send it."""
 
     job_id: int
@@ -309,24 +314,27 @@ def _plain(value: Any) -> Any:
     return bytes(value) if isinstance(value, bytearray | memoryview) else value
 
 
+_OUTGOING_FIELDS = operator.itemgetter(*OutgoingRow._fields)
+
+
 def to_message(row: Row | Mapping[str, Any]) -> OutgoingMessage:
-    """A row of the selection (columns named like OutgoingRow's fields) as the record to produce."""
+    """A row of the selection (columns named like OutgoingRow's fields) as the record to produce.
+
+    Arrow batches (the job's path) hand ``bytea`` columns over as ``bytes``; ``Row`` objects read
+    over JDBC, as ``bytearray``: both give the same record.
+    """
     data = row.asDict() if isinstance(row, Row) else row
-    job = OutgoingRow(*(_plain(data[name]) for name in OutgoingRow._fields))
+    job = OutgoingRow._make(_OUTGOING_FIELDS(data))
     if not job.destination:
         raise ValueError("job has no destination")
     return OutgoingMessage(
-        job_id=job.id,
-        topic=job.destination,
-        partition=job.destination_partition,
-        key=cast("bytes | None", job.key),
-        value=cast("bytes | None", job.value),
-        headers=destination_headers(job),
-    )
+        job.id, job.destination, job.destination_partition, _plain(job.key), _plain(job.value),
+        destination_headers(job),
+    )  # fmt: skip
 
 
 def publish_partition(
-    rows: Iterable[Row],
+    rows: Iterable[Row | Mapping[str, Any]],
     *,
     producer_conf: Mapping[str, Any],
     missing: frozenset[str],
@@ -401,6 +409,34 @@ def publish_partition(
         log.warning("partition failures (jobs left unchanged): %s", errors)
 
 
+def publish_batches(
+    batches: Iterable[pa.RecordBatch], *, ack_batch: int = 10_000, **publish: Any
+) -> Iterator[pa.RecordBatch]:
+    """:func:`publish_partition` over Arrow: rows come in as record batches, acks go out as batches
+    of up to ``ack_batch`` ``(id, acked_ms)`` rows (``DELIVERY_SCHEMA``), for ``DataFrame.mapInArrow``.
+
+    Arrow hands each partition to Python in columnar batches, which is several times cheaper than
+    pickling every row into a ``Row`` object (see bench/README.md).
+    """
+    import pyarrow as pa  # the Python workers' import, like confluent-kafka's (see publish_partition)
+
+    def as_batch(ids: list[int], acked_ms: list[int]) -> pa.RecordBatch:
+        arrays = [pa.array(ids, pa.int64()), pa.array(acked_ms, pa.int64())]
+        return pa.RecordBatch.from_arrays(arrays, names=DELIVERY_COLUMNS)
+
+    rows = (row for batch in batches for row in batch.to_pylist())
+    ids: list[int] = []
+    acked_ms: list[int] = []
+    for job_id, at_ms in publish_partition(rows, **publish):
+        ids.append(job_id)
+        acked_ms.append(at_ms)
+        if len(ids) >= ack_batch:
+            yield as_batch(ids, acked_ms)
+            ids, acked_ms = [], []
+    if ids:
+        yield as_batch(ids, acked_ms)
+
+
 def staging_frame(deliveries: DataFrame, run_id: str) -> DataFrame:
     """Acknowledged deliveries ``(id, acked_ms)`` as rows of ``retry_bulk_delivered``."""
     return deliveries.select(
@@ -460,11 +496,15 @@ def read_selection(
 
 def write_staging(frame: DataFrame, jdbc: JdbcTarget) -> None:
     writer = frame.write.format("jdbc").options(**jdbc.options()).option("dbtable", STAGING_TABLE)
-    writer.mode("append").save()
+    # pgjdbc sends each batch of 10 000 rows as a few multi-row INSERTs instead of one per row.
+    writer.option("batchsize", "10000").option("reWriteBatchedInserts", "true").mode("append").save()
 
 
 def _session() -> SparkSession:
     spark = SparkSession.getActiveSession() or SparkSession.builder.appName("retry_bulk_retry").getOrCreate()
+    # A job carries up to RETRY_MAX_RECORD_BYTES (1 MiB by default) of key, value and headers: bound
+    # each Arrow batch handed to the Python workers by its size too, not only by its 10 000 rows.
+    spark.conf.set("spark.sql.execution.arrow.maxBytesPerBatch", str(ARROW_BATCH_BYTES))
     sc = spark.sparkContext
     if (sc.master or "").startswith("local"):
         # Python workers are separate processes: give them the repository's package too. On a
@@ -615,18 +655,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sc.setJobDescription(f"bulk retry {opts.run_id}")
     failed_count = sc.accumulator(0)
     jobs = read_selection(spark, jdbc, sel, summary, opts.partitions, opts.fetchsize)
-    deliveries = jobs.rdd.mapPartitions(
+    deliveries = jobs.mapInArrow(
         partial(
-            publish_partition,
+            publish_batches,
             producer_conf=opts.producer_conf,
             missing=frozenset(missing),
             failed_count=failed_count,
             # librdkafka fails a record itself after delivery.timeout.ms: wait a little longer.
             flush_timeout_s=int(opts.producer_conf["delivery.timeout.ms"]) / 1000 + 5,
-        )
+        ),
+        DELIVERY_SCHEMA,
     )
     # One action: read, produce and record the acks pass by partition, so nothing is produced twice.
-    write_staging(staging_frame(spark.createDataFrame(deliveries, DELIVERY_SCHEMA), opts.run_id), jdbc)
+    write_staging(staging_frame(deliveries, opts.run_id), jdbc)
     lap("read_produce_stage")
     log.info("run %s delivered its selection; %s deliveries failed; marking", opts.run_id, failed_count.value)
     marked = mark_delivered(opts.database_url, opts.run_id)

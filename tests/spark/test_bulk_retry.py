@@ -249,6 +249,64 @@ def test_a_row_becomes_the_record_the_publish_loop_would_send() -> None:
     assert (protocol.ATTEMPT, b"1") in msg.headers  # attempt 0 + 1
 
 
+class Tally:
+    """Stands in for the Spark accumulator of failed deliveries (the one boundary not run here)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def add(self, n: int) -> None:
+        self.value += n
+
+
+@pytest.mark.integration
+def test_arrow_batches_are_produced_and_acknowledged_in_bounded_batches(
+    bootstrap_servers: str, topic_prefix: str
+) -> None:
+    import pyarrow as pa
+
+    orders = f"{topic_prefix}.orders"
+    create_topics(bootstrap_servers, [orders])
+    jobs = [make_job(i, orders, partition=i % 3) for i in range(5)]
+
+    def as_row(n: int, job: Job) -> dict[str, Any]:
+        return {
+            "id": 100 + n, "destination": job.destination, "destination_partition": job.destination_partition,
+            "key": job.key, "value": job.value, "headers": encode_headers(job.headers), "attempt": job.attempt,
+            "policy": job.policy, "reason": job.reason, "error_class": job.error_class,
+            "consumer_group": job.consumer_group, "retry_id": job.retry_id, "original_topic": job.original_topic,
+            "original_partition": job.original_partition, "original_offset": job.original_offset,
+            "original_timestamp_ms": job.original_timestamp_ms, "dead_reason": job.dead_reason,
+            "dlq_topic": job.dlq_topic,
+        }  # fmt: skip
+
+    rows = [as_row(n, job) for n, job in enumerate(jobs)]
+    batches = [pa.RecordBatch.from_pylist(rows[:3]), pa.RecordBatch.from_pylist(rows[3:])]
+    failed = Tally()
+    acks = list(
+        bulk_retry.publish_batches(
+            iter(batches), ack_batch=2, producer_conf=bulk_retry.producer_settings(bootstrap_servers, {}),
+            missing=frozenset(), failed_count=failed, flush_timeout_s=30,
+        )
+    )  # fmt: skip
+
+    assert [batch.num_rows for batch in acks] == [2, 2, 1]
+    assert all(batch.schema.names == ["id", "acked_ms"] for batch in acks)
+    acked = pa.Table.from_batches(acks)
+    assert sorted(acked.column("id").to_pylist()) == [100, 101, 102, 103, 104]
+    assert all(abs(ms / 1000 - time.time()) < 60 for ms in acked.column("acked_ms").to_pylist())
+    assert failed.value == 0
+    seen = consume(bootstrap_servers, [orders], expected=5)
+    assert len(seen) == 5
+    assert_published_like_the_publish_loop(seen, {j.retry_id: j for j in jobs})
+
+
+@pytest.mark.spark
+def test_arrow_batches_for_the_workers_are_bounded_in_bytes(spark: SparkSession) -> None:
+    session = bulk_retry._session()
+    assert session.conf.get("spark.sql.execution.arrow.maxBytesPerBatch") == str(64 * 1024 * 1024)
+
+
 @pytest.mark.spark
 def test_staging_frame_tags_deliveries_with_the_run(spark: SparkSession) -> None:
     deliveries = spark.createDataFrame(
