@@ -387,11 +387,7 @@ class Ingestor:
         if batch is None:
             return IngestCounts()
         faults.checkpoint("ingest.consumed")
-        counts = self.store_batch(batch)
-        faults.checkpoint("ingest.stored")
-        self._commit(batch.offsets)
-        self.totals.add(counts)
-        return counts
+        return self._finish(batch, self.store_batch(batch))
 
     def _commit(self, next_offsets: dict[tuple[str, int], int]) -> None:
         offsets = [TopicPartition(t, p, o) for (t, p), o in next_offsets.items()]
@@ -450,7 +446,8 @@ class Ingestor:
                 if batch is not None:
                     faults.checkpoint("ingest.consumed")
                 if storing is not None:
-                    on_batch(self._finish(*storing))
+                    previous, written = storing
+                    on_batch(self._finish(previous, written.result()))
                     storing = None
                 if batch is not None:
                     storing = (batch, writer.submit(self.store_batch, batch))
@@ -529,8 +526,8 @@ class Ingestor:
         except queue.Empty:
             pass
 
-    def _finish(self, batch: Batch, storing: Future[IngestCounts]) -> IngestCounts:
-        counts = storing.result()
+    def _finish(self, batch: Batch, counts: IngestCounts) -> IngestCounts:
+        """After a batch's rows are stored: commit its Kafka offsets and count it."""
         faults.checkpoint("ingest.stored")
         self._commit(batch.offsets)
         self.totals.add(counts)
