@@ -1,0 +1,20 @@
+"""The report's explanation of the PySpark figures, from the jobs' own step timings."""
+
+from __future__ import annotations
+
+from retry_scheduler.bench_slow import _budget, _phases
+
+
+def test_the_budget_sentence_names_the_statements_against_the_target() -> None:
+    bulk = {"phases_s": {"select": 0.2, "read_produce_stage": 18.4, "mark": 13.5}}
+    compact = {"phases_s": {"read_and_count": 16.2, "delete": 7.36}}
+    text = _budget(1_000_000, bulk, compact)
+    assert "would leave 10 s for 1,000,000 jobs" in text
+    assert "marks them published took 13.5 s on its own" in text
+    assert "compaction 7.4 s" in text
+    assert _phases(bulk) == "select 0.2, read produce stage 18.4, mark 13.5"
+
+
+def test_no_budget_sentence_without_the_step_timings() -> None:
+    assert _budget(1_000_000, {"phases_s": {}}, {}) == ""
+    assert _phases({}) == "n/a"
