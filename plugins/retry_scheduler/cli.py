@@ -482,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated subset of: ingest, publish, claim, spark, lateness (default: all)",
     )
     bench.add_argument("--out", default="bench/out", metavar="DIR", help="report directory (bench/out)")
-    bench.add_argument("--ingest-records", type=int, metavar="N", help="records to ingest (200000)")
+    bench.add_argument("--ingest-records", type=int, metavar="N", help="records to ingest (500000)")
     bench.add_argument(
         "--publish-rows", type=int, metavar="N", help="due jobs to publish, also PgQueuer's (100000)"
     )
