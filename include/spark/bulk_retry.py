@@ -69,7 +69,13 @@ try:
     from retry_scheduler.headers import Header
     from retry_scheduler.jobs import OutgoingRow, Status, destination_headers
     from retry_scheduler.kafka import producer_config
-    from retry_scheduler.sparkjobs import JdbcTarget, JobArgumentError, jdbc_target
+    from retry_scheduler.sparkjobs import (
+        PAYLOAD_BYTES_SQL,
+        JdbcTarget,
+        JobArgumentError,
+        fetch_rows,
+        jdbc_target,
+    )
     from retry_scheduler.store import connect, like_pattern
 except ImportError as exc:  # pragma: no cover - depends on how the job is launched
     raise SystemExit(
@@ -98,12 +104,15 @@ OUTGOING_COLUMNS: LiteralString = (
     "dead_reason, dlq_topic"
 )
 SUMMARY_SQL: LiteralString = (
-    "SELECT destination, count(*), min(id), max(id) FROM ({inner}) AS selection "
+    "SELECT destination, count(*), min(id), max(id), max(payload_bytes) FROM ({inner}) AS selection "
     "GROUP BY destination ORDER BY destination"
 )
-SELECT_IDS_SQL: LiteralString = "SELECT id, destination FROM retry_jobs WHERE {where}"
+SELECT_IDS_SQL: LiteralString = (
+    f"SELECT id, destination, {PAYLOAD_BYTES_SQL} AS payload_bytes FROM retry_jobs WHERE {{where}}"
+)
 SELECT_FIRST_IDS_SQL: LiteralString = (
-    "SELECT id, destination FROM retry_jobs WHERE {where} ORDER BY id LIMIT %(limit)s"
+    f"SELECT id, destination, {PAYLOAD_BYTES_SQL} AS payload_bytes FROM retry_jobs WHERE {{where}} "
+    "ORDER BY id LIMIT %(limit)s"
 )
 STAGED_SQL: LiteralString = "SELECT count(*) FROM retry_bulk_delivered WHERE run_id = %s"
 #: ``dead_reason`` is cleared because the schema requires it exactly on dead jobs
@@ -260,6 +269,8 @@ class SelectionSummary:
     per_destination: dict[str, int]
     min_id: int | None
     max_id: int | None
+    #: The largest key + value + headers of the selection, in bytes: sizes the JDBC fetches.
+    max_payload_bytes: int = 0
 
     @property
     def count(self) -> int:
@@ -274,6 +285,7 @@ def summarize(database_url: str, selection: Selection) -> SelectionSummary:
         per_destination={r[0]: int(r[1]) for r in rows},
         min_id=min((int(r[2]) for r in rows), default=None),
         max_id=max((int(r[3]) for r in rows), default=None),
+        max_payload_bytes=max((int(r[4] or 0) for r in rows), default=0),
     )
 
 
@@ -471,7 +483,7 @@ def read_selection(
     partitions: int,
     fetchsize: int,
 ) -> DataFrame:
-    """The selected jobs, read over JDBC in ``partitions`` id ranges."""
+    """The selected jobs, read over JDBC in ``partitions`` id ranges, ``fetchsize`` rows per round trip."""
     assert summary.min_id is not None and summary.max_id is not None
     reader = spark.read.format("jdbc").options(**jdbc.options())
     try:
@@ -528,7 +540,7 @@ class Options:
     selection: Selection
     dry_run: bool
     partitions: int
-    fetchsize: int
+    fetchsize: int | None
     kafka_config: dict[str, Any]
     producer_conf: dict[str, Any]
     run_id: str
@@ -561,7 +573,11 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--limit", type=_positive("--limit", 2**62), help="only the first N jobs by id")
     parser.add_argument("--dry-run", action="store_true", help="count per destination, publish nothing")
     parser.add_argument("--partitions", type=_positive("--partitions", 10_000), default=8)
-    parser.add_argument("--fetchsize", type=_positive("--fetchsize", 1_000_000), default=10_000)
+    parser.add_argument(
+        "--fetchsize",
+        type=_positive("--fetchsize", 1_000_000),
+        help="rows per JDBC round trip (default: up to 10000, fewer for large records, 64 MiB at most)",
+    )
     parser.add_argument("--kafka-config", default="{}", help="extra librdkafka settings as a JSON object")
     parser.add_argument(
         "--run-id", help="name of this run (default: a new uuid); reuse it to resume a crashed run"
@@ -602,7 +618,10 @@ def parse_args(argv: list[str] | None = None) -> Options:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run a bulk retry; returns ``{"run_id", "selected", "published", "failed", "dry_run"}``."""
+    """Run a bulk retry; returns ``{"run_id", "selected", "published", "failed", "dry_run", "fetch_rows"}``.
+
+    ``fetch_rows`` is the JDBC fetch size the read used (None when nothing was read).
+    """
     opts = parse_args(argv)
     sel = opts.selection
     phases: dict[str, float] = {}  # seconds per step, for profiling (bench/README.md)
@@ -612,6 +631,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "published": 0,
         "failed": 0,
         "dry_run": opts.dry_run,
+        "fetch_rows": None,
         "phases_s": phases,
     }
     began = time.perf_counter()
@@ -654,7 +674,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sc = spark.sparkContext
     sc.setJobDescription(f"bulk retry {opts.run_id}")
     failed_count = sc.accumulator(0)
-    jobs = read_selection(spark, jdbc, sel, summary, opts.partitions, opts.fetchsize)
+    result["fetch_rows"] = fetchsize = opts.fetchsize or fetch_rows(summary.max_payload_bytes)
+    log.info(
+        "run %s reads %s rows per JDBC round trip (largest key + value + headers: %s bytes)",
+        opts.run_id, fetchsize, summary.max_payload_bytes,
+    )  # fmt: skip
+    jobs = read_selection(spark, jdbc, sel, summary, opts.partitions, fetchsize)
     deliveries = jobs.mapInArrow(
         partial(
             publish_batches,

@@ -55,7 +55,7 @@ if _PLUGINS.is_dir() and str(_PLUGINS) not in sys.path:
     sys.path.insert(0, str(_PLUGINS))
 
 from retry_scheduler.durations import parse_duration_ms  # noqa: E402
-from retry_scheduler.sparkjobs import JdbcTarget, jdbc_target  # noqa: E402
+from retry_scheduler.sparkjobs import PAYLOAD_BYTES_SQL, JdbcTarget, fetch_rows, jdbc_target  # noqa: E402
 from retry_scheduler.store import connect  # noqa: E402
 
 log = logging.getLogger("retry_scheduler.compact")
@@ -79,8 +79,6 @@ ARCHIVED_ID_SCHEMA = StructType(
         StructField("destination", StringType()),
     ]
 )
-#: Rows per JDBC round trip: a row may carry up to 1 MiB of key, value and headers.
-FETCH_SIZE = 1000
 _LOCK = (7311, "retry_compaction")
 _MAX_DURATION_MS = 36_500 * 86_400_000
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -279,8 +277,9 @@ def read_selection(
     window: Window,
     bounds: tuple[int, int],
     partitions: int,
+    fetchsize: int,
 ) -> DataFrame:
-    """The selected jobs, read over JDBC in ``partitions`` id ranges."""
+    """The selected jobs, read over JDBC in ``partitions`` id ranges, ``fetchsize`` rows per round trip."""
     columns = sql.SQL(", ").join(
         sql.SQL("status::text AS status") if c == "status" else sql.Identifier(c) for c in COLUMNS
     )
@@ -295,7 +294,7 @@ def read_selection(
         .option("lowerBound", str(bounds[0]))
         .option("upperBound", str(bounds[1]))
         .option("numPartitions", str(partitions))
-        .option("fetchsize", str(FETCH_SIZE))
+        .option("fetchsize", str(fetchsize))
         .load()
     )
 
@@ -372,6 +371,7 @@ def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
         "archived_new": 0,
         "deleted": 0,
         "days": [],
+        "fetch_rows": None,
         "started_at": started.isoformat(),
     }
     with connect(args.database_url, autocommit=True) as conn:
@@ -379,14 +379,21 @@ def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
             _take_lock(conn)  # a session lock: freed when this connection closes, even if the driver dies
         _check_columns(conn)
         row = conn.execute(
-            sql.SQL("SELECT min(id), max(id), count(*) FROM retry_jobs WHERE {}").format(window.predicate())
+            sql.SQL("SELECT min(id), max(id), count(*), max({}) FROM retry_jobs WHERE {}").format(
+                sql.SQL(PAYLOAD_BYTES_SQL), window.predicate()
+            )
         ).fetchone()
         assert row is not None
-        low, high, expected = row
-        log.info("compaction %s: %s processed jobs selected (%s)", run_id, expected, _describe(report))
+        low, high, expected, max_payload = row
+        # As many rows per JDBC round trip as fit 64 MiB: a row may carry up to 1 MiB of payload.
+        report["fetch_rows"] = fetchsize = fetch_rows(max_payload)
+        log.info(
+            "compaction %s: %s processed jobs selected (%s), %s rows per JDBC round trip",
+            run_id, expected, _describe(report), fetchsize,
+        )  # fmt: skip
         if expected:
             selection = with_partition_columns(
-                read_selection(spark, jdbc, conn, window, (low, high), args.partitions)
+                read_selection(spark, jdbc, conn, window, (low, high), args.partitions, fetchsize)
             )
             # One snapshot of the selection for counting, writing and verifying (spills to disk when large).
             selection = selection.persist(StorageLevel.MEMORY_AND_DISK)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from getpass import getuser
-from typing import Any
+from typing import Any, LiteralString
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from retry_scheduler.config import REPO_ROOT, Settings
@@ -27,6 +27,28 @@ COMPACT_APP = SPARK_DIR / "compact.py"
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
 DEFAULT_ARCHIVE = (REPO_ROOT / ".dev" / "archive").as_uri()
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+#: What one JDBC round trip of a Spark job may hold, per reading task.
+FETCH_BYTES = 64 * 2**20
+#: Rows per JDBC round trip when rows are small: fewer round trips gain little beyond this.
+MAX_FETCH_ROWS = 10_000
+#: A job row's columns besides key, value and headers (ids, topics, reason, times), about.
+ROW_OVERHEAD_BYTES = 512
+#: SQL of a job row's payload: key, value and pass-through headers, each up to the record limit.
+PAYLOAD_BYTES_SQL: LiteralString = (
+    "coalesce(octet_length(msg_key), 0) + coalesce(octet_length(msg_value), 0) "
+    "+ coalesce(octet_length(headers), 0)"
+)
+
+
+def fetch_rows(max_payload_bytes: int | None) -> int:
+    """Rows per JDBC round trip (``fetchsize``) for rows whose largest payload is ``max_payload_bytes``.
+
+    10 000 small rows per round trip, fewer as rows grow, so that one fetch holds at most
+    ``FETCH_BYTES`` (64 MiB): a selection of 1 MiB records fetches 63 rows at a time instead of
+    10 GiB that the Spark executor could not hold.
+    """
+    row_bytes = ROW_OVERHEAD_BYTES + max(0, max_payload_bytes or 0)
+    return max(1, min(MAX_FETCH_ROWS, FETCH_BYTES // row_bytes))
 
 
 class JobArgumentError(ValueError):

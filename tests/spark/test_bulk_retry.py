@@ -10,6 +10,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -22,7 +23,7 @@ from include.spark import bulk_retry
 from include.spark.bulk_retry import BulkRetryError, Selection
 from retry_scheduler import protocol
 from retry_scheduler.jobs import Job, OutgoingRow, Status, destination_headers, encode_headers
-from retry_scheduler.sparkjobs import JobArgumentError
+from retry_scheduler.sparkjobs import JobArgumentError, fetch_rows
 from retry_scheduler.store import Store
 from tests.kafkautil import Seen, consume, create_topics
 
@@ -184,7 +185,7 @@ def test_timestamps_without_zone_are_utc() -> None:
     )
     assert opts.selection.since == datetime(2026, 1, 31, 12, tzinfo=UTC)
     assert opts.selection.status is Status.DEAD  # the default
-    assert (opts.partitions, opts.fetchsize, opts.dry_run) == (8, 10_000, False)
+    assert (opts.partitions, opts.fetchsize, opts.dry_run) == (8, None, False)
 
 
 @pytest.mark.parametrize(
@@ -219,6 +220,16 @@ def test_libpq_url_becomes_a_jdbc_url_and_properties(url: str, jdbc: str, props:
 def test_urls_jdbc_cannot_use_are_refused(url: str, message: str) -> None:
     with pytest.raises(JobArgumentError, match=re.escape(message)):
         bulk_retry.jdbc_target(url)
+
+
+@pytest.mark.parametrize(
+    ("largest", "rows"),
+    [(None, 10_000), (0, 10_000), (6_000, 10_000), (1024 * 1024, 63), (900_000, 74), (10**12, 1)],
+)
+def test_jdbc_fetches_hold_at_most_64_mib(largest: int | None, rows: int) -> None:
+    assert fetch_rows(largest) == rows
+    if 1 < rows < 10_000:  # as many rows as fit 64 MiB, counting 512 bytes for the other columns
+        assert rows * (512 + (largest or 0)) <= 64 * 2**20 < (rows + 1) * (512 + (largest or 0))
 
 
 def test_producer_is_idempotent_whatever_the_extra_settings() -> None:
@@ -347,6 +358,7 @@ def test_dry_run_counts_per_destination_and_changes_nothing(
         "published": 0,
         "failed": 0,
         "dry_run": True,
+        "fetch_rows": None,  # nothing was read over JDBC
         "phases_s": {"select": result["phases_s"]["select"]},  # a dry run only counts
     }
     out = capsys.readouterr().out
@@ -375,6 +387,7 @@ def test_publishes_exactly_the_selection_like_the_publish_loop_and_marks_it(
     result = run(database_url, bootstrap_servers, "--destination", orders)
 
     assert (result["selected"], result["published"], result["failed"]) == (300, 300, 0)
+    assert result["fetch_rows"] == 10_000  # small records: the most rows per round trip
     seen = consume(bootstrap_servers, [orders], expected=300)
     assert len(seen) == 300
     jobs = {j.retry_id: j for j in dead_orders}
@@ -391,6 +404,30 @@ def test_publishes_exactly_the_selection_like_the_publish_loop_and_marks_it(
     for job in others:
         assert after[job.retry_id] == before[job.retry_id]  # untouched
     assert staged(database_url) == 0
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_large_records_are_read_a_few_rows_per_round_trip_and_published_whole(
+    spark: SparkSession, database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    orders = f"{topic_prefix}.orders"
+    create_topics(bootstrap_servers, [orders])
+    big = bytes(range(256)) * 3500  # 896 000 bytes, near the 1 MiB record limit
+    jobs = {j.retry_id: j for j in (replace(make_job(i, orders), value=big) for i in range(4))}
+    with Store(database_url) as store:
+        store.insert_jobs(list(jobs.values()))
+    largest = max(len(j.key or b"") + len(big) + len(encode_headers(j.headers) or b"") for j in jobs.values())
+
+    result = run(database_url, bootstrap_servers)
+
+    # 64 MiB per JDBC round trip: 74 rows of this size, not the 10 000 that small rows get.
+    assert result["fetch_rows"] == fetch_rows(largest) == 74
+    assert (result["selected"], result["published"], result["failed"]) == (4, 4, 0)
+    seen = consume(bootstrap_servers, [orders], expected=4)
+    assert sorted(r.header(protocol.ID) or "" for r in seen) == sorted(jobs)
+    assert_published_like_the_publish_loop(seen, jobs)
+    assert published_ids(database_url) == set(jobs)
 
 
 @pytest.mark.spark

@@ -20,7 +20,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from include.spark import compact
 from retry_scheduler.jobs import Job, Status
-from retry_scheduler.sparkjobs import JobArgumentError
+from retry_scheduler.sparkjobs import JobArgumentError, fetch_rows
 from retry_scheduler.store import Store
 
 pytestmark = pytest.mark.spark
@@ -482,3 +482,28 @@ def test_a_job_replayed_after_it_was_archived_is_not_deleted(
     assert (result["selected"], result["archived_new"], result["deleted"]) == (2, 2, 1)
     assert set(db_rows(database_url)) == {ids["dead"]}
     assert staged(database_url) == 0
+
+
+@pytest.mark.integration
+def test_large_records_are_read_a_few_rows_per_round_trip_and_archived_whole(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path
+) -> None:
+    now = datetime.now(UTC)
+    ids = seed(database_url, {f"big{i}": ("published", now - timedelta(days=8), "orders") for i in range(3)})
+    big = bytes(range(256)) * 3500  # 896 000 bytes, near the 1 MiB record limit
+    with psycopg.connect(database_url) as conn:
+        conn.execute("UPDATE retry_jobs SET msg_value = %s", (big,))
+    before = db_rows(database_url)
+    largest = max(
+        len(r["msg_key"] or b"") + len(r["msg_value"]) + len(r["headers"] or b"") for r in before.values()
+    )
+
+    result = run(database_url, tmp_path / "archive", "--older-than", "7d")
+
+    # 64 MiB per round trip: 74 rows of this size, not the 10 000 that small rows get.
+    assert result["fetch_rows"] == fetch_rows(largest) == 64 * 2**20 // (512 + largest)
+    assert result["selected"] == result["archived_new"] == result["deleted"] == 3
+    archived = {
+        row["id"]: bytes(row["msg_value"]) for row in read_archive(spark, tmp_path / "archive").collect()
+    }
+    assert archived == {i: big for i in ids.values()}
