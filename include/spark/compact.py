@@ -12,7 +12,8 @@ now minus that; ``--day D``: processed within the UTC day D), then:
 
 1. appends to ``<archive>/retry_jobs/day=YYYY-MM-DD/destination=TOPIC/`` only the rows whose id is not
    archived for that day yet, so a re-run after a crash archives nothing twice;
-2. verifies that every selected id is now in the archive, and raises, deleting nothing, if one is not;
+2. verifies that every selected job (still selected: one replayed meanwhile is left alone) is now in
+   the archive, and raises, deleting nothing, if one is not;
 3. stages the verified ids in ``retry_compaction_archived`` and deletes them from ``retry_jobs`` in
    bounded id-range batches, each its own transaction (a job that no longer matches the selection,
    e.g. replayed from the DLQ meanwhile, is kept);
@@ -33,7 +34,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -392,15 +393,13 @@ def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
             run_id, expected, _describe(report), fetchsize,
         )  # fmt: skip
         if expected:
-            selection = with_partition_columns(
-                read_selection(spark, jdbc, conn, window, (low, high), args.partitions, fetchsize)
-            )
-            # One snapshot of the selection for counting, writing and verifying (spills to disk when large).
-            selection = selection.persist(StorageLevel.MEMORY_AND_DISK)
-            try:
-                _archive_and_delete(spark, conn, jdbc, args, run_id, window, root, selection, report)
-            finally:
-                selection.unpersist()
+
+            def read() -> DataFrame:
+                return with_partition_columns(
+                    read_selection(spark, jdbc, conn, window, (low, high), args.partitions, fetchsize)
+                )
+
+            _archive_and_delete(spark, conn, jdbc, args, run_id, window, root, read, report)
     report["finished_at"] = datetime.now(UTC).isoformat()
     if args.dry_run:
         log.info("dry run: nothing written, nothing deleted: %s", report)
@@ -429,9 +428,18 @@ def _archive_and_delete(
     run_id: str,
     window: Window,
     root: str,
-    selection: DataFrame,
+    read: Callable[[], DataFrame],
     report: dict[str, Any],
 ) -> None:
+    """Count, archive, verify, stage and delete; ``read()`` reads the selection afresh over JDBC.
+
+    Only the selection's ids and days are kept (cached), not a copy of every column: the archive is
+    written from a second read, and verified against a third one, of the ids. What is deleted is
+    what is still selected and in the archive: a job that left the selection meanwhile (replayed
+    from the DLQ) is kept, one that joined it (processed during the run with an earlier time) is
+    left for the next run, and one of the selection that is still selected but not in the archive
+    stops the run before anything is deleted.
+    """
     phases: dict[str, float] = report.setdefault("phases_s", {})  # seconds per step, for profiling
     began = time.perf_counter()
 
@@ -440,26 +448,62 @@ def _archive_and_delete(
         phases[name] = round(time.perf_counter() - began, 3)
         began = time.perf_counter()
 
-    selected = selection.count()
-    days = sorted(row["day"] for row in selection.select("day").distinct().collect())  # a few strings
-    existing = read_archived_ids(spark, root, days)
-    already = found_in_archive(selection, existing).count()
-    report.update(selected=selected, days=days, already_archived=already, archived_new=selected - already)
-    lap("read_and_count")
-    if args.dry_run:
-        return
-    if selected > already:
-        write_archive(missing_from_archive(selection, existing), root)
-    lap("write_archive")
-    # A fresh read: the file listing of a DataFrame is fixed when it is created.
-    verified = found_in_archive(selection, read_archived_ids(spark, root, days))
-    found = verified.count()
-    lap("verify")
-    if found != selected:
-        raise ArchiveVerificationError(
-            f"{selected - found} of {selected} selected jobs are not in the archive at {root} after the "
-            "write; nothing was deleted. Check the archive's file system, then run the compaction again."
+    # The jobs this run archives: only their ids and days are kept, until the verification.
+    selection = read().select("id", "day").persist(StorageLevel.MEMORY_AND_DISK)
+    still_selected: DataFrame | None = None
+    try:
+        selected = selection.count()
+        days = sorted(row["day"] for row in selection.select("day").distinct().collect())  # a few strings
+        existing = read_archived_ids(spark, root, days)
+        already = found_in_archive(selection, existing).count()
+        report.update(selected=selected, days=days, already_archived=already, archived_new=selected - already)
+        lap("read_and_count")
+        if args.dry_run:
+            return
+        if selected > already:
+            # A second read, every column, straight to Parquet: no copy of the rows is kept in Spark.
+            write_archive(missing_from_archive(read(), existing), root)
+        lap("write_archive")
+        # Fresh reads: the jobs still selected, and the archive (a DataFrame's file listing is fixed
+        # when it is created).
+        still_selected = read().select("id").persist(StorageLevel.MEMORY_AND_DISK)
+        archived = read_archived_ids(spark, root, days)
+        verified = found_in_archive(still_selected, archived)
+        found = verified.count()
+        if found != still_selected.count():
+            lost = (
+                found_in_archive(still_selected, selection).join(archived, on="id", how="left_anti").count()
+            )
+            if lost:
+                raise ArchiveVerificationError(
+                    f"{lost} of {selected} selected jobs are not in the archive at {root} after the write; "
+                    "nothing was deleted. Check the archive's file system, then run the compaction again."
+                )
+            log.info("jobs processed during the run with an earlier time are left for the next run")
+        lap("verify")
+        _stage_and_delete(conn, jdbc, args, run_id, window, verified, found, report, lap)
+    finally:
+        selection.unpersist()
+        if still_selected is not None:
+            still_selected.unpersist()
+    if report["deleted"] < found:
+        log.warning(
+            "%s archived jobs changed since they were selected and were kept in retry_jobs",
+            found - report["deleted"],
         )
+
+
+def _stage_and_delete(
+    conn: psycopg.Connection[Any],
+    jdbc: JdbcTarget,
+    args: argparse.Namespace,
+    run_id: str,
+    window: Window,
+    verified: DataFrame,
+    found: int,
+    report: dict[str, Any],
+    lap: Callable[[str], None],
+) -> None:
     try:
         staged = stage_verified(conn, jdbc, run_id, verified)
         lap("stage_ids")
@@ -471,11 +515,6 @@ def _archive_and_delete(
         lap("delete")
     finally:
         _clear_staging(conn, run_id)
-    if report["deleted"] < found:
-        log.warning(
-            "%s archived jobs changed since they were selected and were kept in retry_jobs",
-            found - report["deleted"],
-        )
 
 
 # --- command line ---------------------------------------------------------------------------------

@@ -123,6 +123,7 @@ def test_database_url_becomes_jdbc_url_and_properties() -> None:
         "user": "svc",
         "password": "p@ss",
         "sslmode": "require",
+        "prepareThreshold": "-1",  # binary rows
     }
     assert compact.jdbc_target("postgres://svc@[::1]/x").url == "jdbc:postgresql://[::1]:5432/x"
     with pytest.raises(JobArgumentError, match="postgresql://"):
@@ -507,3 +508,48 @@ def test_large_records_are_read_a_few_rows_per_round_trip_and_archived_whole(
         row["id"]: bytes(row["msg_value"]) for row in read_archive(spark, tmp_path / "archive").collect()
     }
     assert archived == {i: big for i in ids.values()}
+
+
+@pytest.mark.integration
+def test_jobs_leaving_or_joining_the_selection_during_the_run_are_kept(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = datetime.now(UTC)
+    ids = seed(
+        database_url,
+        {
+            "kept_dead": ("dead", now - timedelta(days=40), "orders"),
+            "archived": ("published", now - timedelta(days=9), "orders"),
+            "late": ("pending", None, "orders"),
+        },
+    )
+    archive = tmp_path / "archive"
+    real_write: Callable[[DataFrame, str], None] = compact.write_archive
+
+    def write_while_others_work(rows: DataFrame, root: str) -> None:
+        with psycopg.connect(database_url, autocommit=True) as other:
+            # replayed from the DLQ after the run counted it: leaves the selection
+            other.execute(
+                "UPDATE retry_jobs SET status = 'pending', dead_reason = NULL WHERE id = %s",
+                (ids["kept_dead"],),
+            )
+        real_write(rows, root)
+        with psycopg.connect(database_url, autocommit=True) as other:
+            # marked published with an acknowledgement time inside the window: joins it
+            other.execute(
+                "UPDATE retry_jobs SET status = 'published', published_at = %s WHERE id = %s",
+                (now - timedelta(days=9), ids["late"]),
+            )
+
+    monkeypatch.setattr(compact, "write_archive", write_while_others_work)
+    result = run(database_url, archive, "--older-than", "7d", "--dead-retention", "30d")
+
+    assert (result["selected"], result["deleted"]) == (2, 1)
+    assert archived_ids(spark, archive) == [ids["archived"]]
+    assert set(db_rows(database_url)) == {ids["kept_dead"], ids["late"]}
+    assert staged(database_url) == 0
+
+    monkeypatch.undo()
+    again = run(database_url, archive, "--older-than", "7d", "--dead-retention", "30d")
+    assert (again["selected"], again["archived_new"], again["deleted"]) == (1, 1, 1)
+    assert set(db_rows(database_url)) == {ids["kept_dead"]}
