@@ -107,8 +107,9 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
             "Bulk retry reads the selection over JDBC, hands it to the Python workers as Arrow batches, "
             "produces every row with librdkafka, writes the acknowledged ids back over JDBC, then marks "
             "them with one `UPDATE` (a new version of every job row, with its index entries and WAL). "
-            "Compaction reads every column over JDBC into one cached snapshot, writes Parquet, reads the "
-            "ids back to verify, stages them over JDBC and deletes in batches. "
+            "Compaction reads the selection's ids and days over JDBC (kept for the counts), reads every "
+            "column again straight into Parquet, reads the ids back from both to verify, stages them over "
+            "JDBC and deletes in batches. "
             + _budget(rows, bulk, compact),
             "On a cluster the read, produce and Parquet steps scale out with the executors; the `UPDATE` "
             "and the `DELETE`s stay PostgreSQL's work.",
