@@ -109,8 +109,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
             "them with one `UPDATE` (a new version of every job row, with its index entries and WAL). "
             "Compaction reads the selection's ids and days over JDBC (kept for the counts), reads every "
             "column again straight into Parquet, reads the ids back from both to verify, stages them over "
-            "JDBC and deletes in batches. "
-            + _budget(rows, bulk, compact),
+            "JDBC and deletes in batches. " + _budget(rows, bulk, compact),
             "On a cluster the read, produce and Parquet steps scale out with the executors; the `UPDATE` "
             "and the `DELETE`s stay PostgreSQL's work.",
         ],
