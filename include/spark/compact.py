@@ -469,8 +469,8 @@ def _archive_and_delete(
         still_selected = read().select("id").persist(StorageLevel.MEMORY_AND_DISK)
         archived = read_archived_ids(spark, root, days)
         verified = found_in_archive(still_selected, archived)
-        found = verified.count()
-        if found != still_selected.count():
+        found, still = verified.count(), still_selected.count()
+        if found != still:
             lost = (
                 found_in_archive(still_selected, selection).join(archived, on="id", how="left_anti").count()
             )
@@ -479,7 +479,10 @@ def _archive_and_delete(
                     f"{lost} of {selected} selected jobs are not in the archive at {root} after the write; "
                     "nothing was deleted. Check the archive's file system, then run the compaction again."
                 )
-            log.info("jobs processed during the run with an earlier time are left for the next run")
+            log.info(
+                "%s jobs processed during the run with an earlier time are left for the next run",
+                still - found,
+            )
         lap("verify")
         _stage_and_delete(conn, jdbc, args, run_id, window, verified, found, report, lap)
     finally:
