@@ -110,10 +110,7 @@ SUMMARY_SQL: LiteralString = (
 SELECT_IDS_SQL: LiteralString = (
     f"SELECT id, destination, {PAYLOAD_BYTES_SQL} AS payload_bytes FROM retry_jobs WHERE {{where}}"
 )
-SELECT_FIRST_IDS_SQL: LiteralString = (
-    f"SELECT id, destination, {PAYLOAD_BYTES_SQL} AS payload_bytes FROM retry_jobs WHERE {{where}} "
-    "ORDER BY id LIMIT %(limit)s"
-)
+SELECT_FIRST_IDS_SQL: LiteralString = SELECT_IDS_SQL + " ORDER BY id LIMIT %(limit)s"
 STAGED_SQL: LiteralString = "SELECT count(*) FROM retry_bulk_delivered WHERE run_id = %s"
 #: ``dead_reason`` is cleared because the schema requires it exactly on dead jobs
 #: (``retry_jobs_dead_has_reason``); ``dead_at`` still says when the job died.

@@ -471,9 +471,9 @@ def _archive_and_delete(
         verified = found_in_archive(still_selected, archived)
         found, still = verified.count(), still_selected.count()
         if found != still:
-            lost = (
-                found_in_archive(still_selected, selection).join(archived, on="id", how="left_anti").count()
-            )
+            # Of this run's selection, still selected, and not in the archive: lost by the write.
+            ours = still_selected.join(selection.select("id"), on="id", how="left_semi")
+            lost = ours.join(archived, on="id", how="left_anti").count()
             if lost:
                 raise ArchiveVerificationError(
                     f"{lost} of {selected} selected jobs are not in the archive at {root} after the write; "
