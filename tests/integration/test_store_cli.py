@@ -41,7 +41,36 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (4, "0004_dlq_operations"),
         (5, "0005_throughput"),
         (6, "0006_transition_after"),
+        (7, "0007_bulk_marks_in_executors"),
     ]
+
+
+def test_migration_0007_marks_what_a_crashed_bulk_retry_had_staged_then_drops_the_staging(
+    database_url: str,
+) -> None:
+    with Store(database_url) as store:
+        store.insert_jobs(
+            [make_job(1, Status.DEAD, dead="exhausted"), make_job(2, Status.DEAD, dead="fatal")]
+        )
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        # The database as 0006 left it, with the acknowledgements of a bulk retry that crashed before marking.
+        conn.execute("DELETE FROM retry_schema_version WHERE version = 7")
+        conn.execute("CREATE UNLOGGED TABLE retry_bulk_delivered (run_id text, id bigint, acked_ms bigint)")
+        conn.execute(
+            "INSERT INTO retry_bulk_delivered SELECT 'crashed', id, 1800000000000 FROM retry_jobs "
+            "WHERE source_offset = 1"
+        )
+
+    assert migrate(database_url) == ["0007_bulk_marks_in_executors"]
+
+    with psycopg.connect(database_url) as conn:
+        jobs = conn.execute(
+            "SELECT source_offset, status::text, dead_reason, extract(epoch FROM published_at)"
+            " FROM retry_jobs ORDER BY source_offset"
+        ).fetchall()
+        staging = conn.execute("SELECT to_regclass('retry_bulk_delivered')").fetchone()
+    assert jobs == [(1, "published", None, 1_800_000_000), (2, "dead", "fatal", None)]
+    assert staging == (None,)
 
 
 def test_unmigrated_database_says_what_to_run(database_url: str) -> None:

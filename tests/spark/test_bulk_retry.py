@@ -16,8 +16,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 from pyspark.sql import SparkSession
-from pyspark.testing import assertDataFrameEqual
 
 from include.spark import bulk_retry
 from include.spark.bulk_retry import BulkRetryError, Selection
@@ -85,13 +85,6 @@ def rows(database_url: str) -> dict[str, tuple[Any, ...]]:
             "SELECT retry_id, status::text, published_at, lease_until, updated_at FROM retry_jobs"
         ).fetchall()
     return {r[0]: tuple(r[1:]) for r in found}
-
-
-def staged(database_url: str) -> int:
-    with psycopg.connect(database_url) as conn:
-        row = conn.execute("SELECT count(*) FROM retry_bulk_delivered").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def published_ids(database_url: str) -> set[str]:
@@ -172,6 +165,17 @@ def test_invalid_filters_are_refused_before_anything_runs(args: list[str], messa
         bulk_retry.parse_args(["--database-url", "postgresql://x/y", "--bootstrap-servers", "b:9092", *args])
 
 
+def test_mark_batch_must_be_a_positive_count(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bulk_retry.parse_args(
+            ["--database-url", "postgresql://x/y", "--bootstrap-servers", "b", "--mark-batch", "0"]
+        )
+    assert exit_.value.code == 2
+    assert "--mark-batch must be between 1 and 1000000" in capsys.readouterr().err
+    opts = bulk_retry.parse_args(["--database-url", "postgresql://x/y", "--bootstrap-servers", "b"])
+    assert opts.mark_batch == 10_000
+
+
 def test_status_must_be_dead_or_pending() -> None:
     with pytest.raises(SystemExit):
         bulk_retry.parse_args(["--database-url", "u", "--bootstrap-servers", "b", "--status", "published"])
@@ -241,19 +245,27 @@ def test_producer_is_idempotent_whatever_the_extra_settings() -> None:
     assert conf["linger.ms"] == 5
 
 
-def test_a_row_becomes_the_record_the_publish_loop_would_send() -> None:
-    job = make_job(8, "orders", partition=2)
-    # JDBC hands bytea columns over as bytearray
-    row = {
-        "id": 42, "destination": "orders", "destination_partition": 2, "key": bytearray(job.key or b""),
-        "value": bytearray(job.value or b""), "headers": bytearray(encode_headers(job.headers)),
-        "attempt": job.attempt, "policy": job.policy, "reason": job.reason, "error_class": job.error_class,
+def as_row(job_id: int, job: Job) -> dict[str, Any]:
+    """A job as a row of the selection: the columns of OUTGOING_COLUMNS, named like OutgoingRow's fields."""
+    return {
+        "id": job_id, "destination": job.destination, "destination_partition": job.destination_partition,
+        "key": job.key, "value": job.value, "headers": encode_headers(job.headers), "attempt": job.attempt,
+        "policy": job.policy, "reason": job.reason, "error_class": job.error_class,
         "consumer_group": job.consumer_group, "retry_id": job.retry_id, "original_topic": job.original_topic,
         "original_partition": job.original_partition, "original_offset": job.original_offset,
         "original_timestamp_ms": job.original_timestamp_ms, "dead_reason": job.dead_reason,
         "dlq_topic": job.dlq_topic,
     }  # fmt: skip
-    msg = bulk_retry.to_message(row)
+
+
+def test_a_row_becomes_the_record_the_publish_loop_would_send() -> None:
+    import pyarrow as pa
+
+    job = make_job(8, "orders", partition=2)
+    # Columns in another order than OutgoingRow's fields, as a query may return them.
+    row = dict(reversed(as_row(42, job).items()))
+    [outgoing] = bulk_retry.outgoing_rows(pa.RecordBatch.from_pylist([row]))
+    msg = bulk_retry.to_message(outgoing)
     assert (msg.job_id, msg.topic, msg.partition) == (42, "orders", 2)
     assert type(msg.key) is bytes and msg.key == job.key
     assert type(msg.value) is bytes and msg.value == job.value
@@ -271,43 +283,43 @@ class Tally:
         self.value += n
 
 
+def stored_rows(database_url: str) -> list[dict[str, Any]]:
+    """The stored jobs as rows of the selection, read with the bulk retry's own column list."""
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        return conn.execute(f"SELECT {bulk_retry.OUTGOING_COLUMNS} FROM retry_jobs ORDER BY id").fetchall()
+
+
 @pytest.mark.integration
-def test_arrow_batches_are_produced_and_acknowledged_in_bounded_batches(
-    bootstrap_servers: str, topic_prefix: str
+def test_arrow_batches_are_produced_and_their_acknowledged_jobs_marked_published(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
 ) -> None:
     import pyarrow as pa
 
     orders = f"{topic_prefix}.orders"
     create_topics(bootstrap_servers, [orders])
     jobs = [make_job(i, orders, partition=i % 3) for i in range(5)]
-
-    def as_row(n: int, job: Job) -> dict[str, Any]:
-        return {
-            "id": 100 + n, "destination": job.destination, "destination_partition": job.destination_partition,
-            "key": job.key, "value": job.value, "headers": encode_headers(job.headers), "attempt": job.attempt,
-            "policy": job.policy, "reason": job.reason, "error_class": job.error_class,
-            "consumer_group": job.consumer_group, "retry_id": job.retry_id, "original_topic": job.original_topic,
-            "original_partition": job.original_partition, "original_offset": job.original_offset,
-            "original_timestamp_ms": job.original_timestamp_ms, "dead_reason": job.dead_reason,
-            "dlq_topic": job.dlq_topic,
-        }  # fmt: skip
-
-    rows = [as_row(n, job) for n, job in enumerate(jobs)]
-    batches = [pa.RecordBatch.from_pylist(rows[:3]), pa.RecordBatch.from_pylist(rows[3:])]
+    with Store(database_url) as store:
+        store.insert_jobs(jobs)
+    selected = stored_rows(database_url)
+    batches = [pa.RecordBatch.from_pylist(selected[:3]), pa.RecordBatch.from_pylist(selected[3:])]
     failed = Tally()
-    acks = list(
+    out = list(
         bulk_retry.publish_batches(
-            iter(batches), ack_batch=2, producer_conf=bulk_retry.producer_settings(bootstrap_servers, {}),
+            iter(batches), database_url=database_url, mark_batch=2,
+            producer_conf=bulk_retry.producer_settings(bootstrap_servers, {}),
             missing=frozenset(), failed_count=failed, flush_timeout_s=30,
         )
     )  # fmt: skip
 
-    assert [batch.num_rows for batch in acks] == [2, 2, 1]
-    assert all(batch.schema.names == ["id", "acked_ms"] for batch in acks)
-    acked = pa.Table.from_batches(acks)
-    assert sorted(acked.column("id").to_pylist()) == [100, 101, 102, 103, 104]
-    assert all(abs(ms / 1000 - time.time()) < 60 for ms in acked.column("acked_ms").to_pylist())
+    # one row per partition for the driver: how many jobs it marked (in batches of 2, 2 and 1), and
+    # the seconds its UPDATEs took
+    [[partition]] = [batch.to_pylist() for batch in out]
+    assert partition["marked"] == 5
+    assert 0 < partition["mark_s"] < 60
     assert failed.value == 0
+    after = rows(database_url)
+    assert {r[0] for r in after.values()} == {"published"}
+    assert all(abs(r[1].timestamp() - time.time()) < 60 for r in after.values())  # published_at: the ack
     seen = consume(bootstrap_servers, [orders], expected=5)
     assert len(seen) == 5
     assert_published_like_the_publish_loop(seen, {j.retry_id: j for j in jobs})
@@ -317,20 +329,6 @@ def test_arrow_batches_are_produced_and_acknowledged_in_bounded_batches(
 def test_arrow_batches_for_the_workers_are_bounded_in_bytes(spark: SparkSession) -> None:
     session = bulk_retry._session()
     assert session.conf.get("spark.sql.execution.arrow.maxBytesPerBatch") == str(64 * 1024 * 1024)
-
-
-@pytest.mark.spark
-def test_staging_frame_tags_deliveries_with_the_run(spark: SparkSession) -> None:
-    deliveries = spark.createDataFrame(
-        [(3, 1_800_000_000_123), (7, 1_800_000_000_456)], "id int, acked_ms long"
-    )
-    expected = spark.createDataFrame(
-        [("run-1", 3, 1_800_000_000_123), ("run-1", 7, 1_800_000_000_456)],
-        "run_id string, id long, acked_ms long",
-    )
-    actual = bulk_retry.staging_frame(deliveries, "run-1")
-    assertDataFrameEqual(actual, expected)
-    assert actual.columns == ["run_id", "id", "acked_ms"]
 
 
 # --- against PostgreSQL and the broker -----------------------------------------------------------
@@ -360,13 +358,13 @@ def test_dry_run_counts_per_destination_and_changes_nothing(
         "failed": 0,
         "dry_run": True,
         "fetch_rows": None,  # nothing was read over JDBC
+        "marking_s": None,
         "phases_s": {"select": result["phases_s"]["select"]},  # a dry run only counts
     }
     out = capsys.readouterr().out
     assert re.search(rf"{re.escape(orders)}\s+12\n", out)
     assert re.search(rf"{re.escape(payments)}\s+5\n", out)
     assert rows(database_url) == before
-    assert staged(database_url) == 0
     assert consume(bootstrap_servers, [orders, payments], expected=0, timeout_s=10) == []
 
 
@@ -388,6 +386,7 @@ def test_publishes_exactly_the_selection_like_the_publish_loop_and_marks_it(
     result = run(database_url, bootstrap_servers, "--destination", orders)
 
     assert (result["selected"], result["published"], result["failed"]) == (300, 300, 0)
+    assert result["marking_s"] > 0
     assert result["fetch_rows"] == 10_000  # small records: the most rows per round trip
     seen = consume(bootstrap_servers, [orders], expected=300)
     assert len(seen) == 300
@@ -404,7 +403,6 @@ def test_publishes_exactly_the_selection_like_the_publish_loop_and_marks_it(
         assert abs(published_at.timestamp() - time.time()) < 120
     for job in others:
         assert after[job.retry_id] == before[job.retry_id]  # untouched
-    assert staged(database_url) == 0
 
 
 @pytest.mark.spark
@@ -446,78 +444,63 @@ def test_missing_destination_topic_counts_failed_and_leaves_jobs_dead(
     assert {r[0] for r in rows(database_url).values()} == {"dead"}
 
 
-def _crash(database_url: str, run_id: str) -> int:
-    raise RuntimeError("simulated crash between the acks and the marking")
+def fail_marking_after(database_url: str, rows: int) -> None:
+    """Make the database refuse every status update after the first ``rows``, as an outage in mid-run would."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("CREATE SEQUENCE test_marks")
+        conn.execute(
+            "CREATE FUNCTION test_fail_mark() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF nextval('test_marks') > {rows} THEN "
+            "RAISE EXCEPTION 'simulated outage while marking %', NEW.retry_id; END IF; RETURN NEW; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER test_fail_mark BEFORE UPDATE ON retry_jobs FOR EACH ROW EXECUTE FUNCTION test_fail_mark()"
+        )
+
+
+def mend_marking(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DROP TRIGGER test_fail_mark ON retry_jobs; DROP FUNCTION test_fail_mark()")
 
 
 @pytest.mark.spark
 @pytest.mark.integration
-def test_a_crash_before_marking_leaves_jobs_dead_and_a_rerun_publishes_them_again(
-    spark: SparkSession,
-    database_url: str,
-    bootstrap_servers: str,
-    topic_prefix: str,
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_failed_marking_stops_the_run_and_a_rerun_publishes_only_the_unmarked_jobs(
+    spark: SparkSession, database_url: str, bootstrap_servers: str, topic_prefix: str
 ) -> None:
     orders = f"{topic_prefix}.orders"
     create_topics(bootstrap_servers, [orders])
-    dead = [make_job(i, orders) for i in range(50)]
+    dead = {j.retry_id: j for j in (make_job(i, orders) for i in range(50))}
     with Store(database_url) as store:
-        store.insert_jobs(dead)
-    with monkeypatch.context() as patch:
-        patch.setattr(bulk_retry, "mark_delivered", _crash)
-        with pytest.raises(RuntimeError, match="simulated crash"):
-            run(database_url, bootstrap_servers, "--run-id", "crashed")
-    assert {r[0] for r in rows(database_url).values()} == {"dead"}
-    assert staged(database_url) == 50  # the acks were recorded, not applied
+        store.insert_jobs(list(dead.values()))
+    fail_marking_after(database_url, 30)  # three batches of 10 get marked, then the database fails
+    one_partition = ("--partitions", "1", "--mark-batch", "10")
 
-    result = run(database_url, bootstrap_servers)
+    with pytest.raises(Exception, match="marking 10 acknowledged jobs published failed") as failure:
+        run(database_url, bootstrap_servers, *one_partition)
 
-    assert (result["selected"], result["published"], result["failed"]) == (50, 50, 0)
-    assert published_ids(database_url) == {j.retry_id for j in dead}
-    first_marks = rows(database_url)
-    seen = consume(bootstrap_servers, [orders], expected=100)
-    assert len(seen) == 100
-    assert_published_like_the_publish_loop(seen, {j.retry_id: j for j in dead})
-    by_id: dict[str, list[Seen]] = {}
-    for record in seen:
-        by_id.setdefault(record.header(protocol.ID) or "", []).append(record)
-    assert all(len(copies) == 2 for copies in by_id.values())
-    for copies in by_id.values():  # the duplicate carries the same retry.id and retry.attempt
-        assert copies[0].headers == copies[1].headers
+    assert "simulated outage while marking rid-" in str(failure.value)
+    assert "the next run publishes them again with the same retry.id and retry.attempt" in str(failure.value)
+    first = published_ids(database_url)
+    # The batches before the failing one were committed; that batch and the rest stay dead.
+    assert len(first) == 30
+    assert {rows(database_url)[rid][0] for rid in set(dead) - first} == {"dead"}
+    mend_marking(database_url)
 
-    # Nothing is left to select, and resuming the crashed run marks nothing a second time.
-    again = run(database_url, bootstrap_servers, "--run-id", "crashed")
+    result = run(database_url, bootstrap_servers, *one_partition)
+
+    assert (result["selected"], result["published"], result["failed"]) == (50 - len(first),) * 2 + (0,)
+    assert published_ids(database_url) == set(dead)
+    seen = consume(bootstrap_servers, [orders], expected=50)
+    # every copy, duplicates too, carries its job's retry.id and retry.attempt
+    assert_published_like_the_publish_loop(seen, dead)
+    copies = Counter(r.header(protocol.ID) for r in seen)
+    assert set(copies) == set(dead)  # every job reached its destination
+    assert all(copies[rid] == 1 for rid in first)  # a marked job is never published again
+
+    # Nothing is left to select: a third run publishes and marks nothing.
+    again = run(database_url, bootstrap_servers)
     assert (again["selected"], again["published"]) == (0, 0)
-    assert rows(database_url) == first_marks
-    assert staged(database_url) == 0
-
-
-@pytest.mark.spark
-@pytest.mark.integration
-def test_resuming_a_crashed_run_marks_its_acknowledged_jobs_without_publishing_again(
-    spark: SparkSession,
-    database_url: str,
-    bootstrap_servers: str,
-    topic_prefix: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    orders = f"{topic_prefix}.orders"
-    create_topics(bootstrap_servers, [orders])
-    dead = [make_job(i, orders) for i in range(40)]
-    with Store(database_url) as store:
-        store.insert_jobs(dead)
-    with monkeypatch.context() as patch:
-        patch.setattr(bulk_retry, "mark_delivered", _crash)
-        with pytest.raises(RuntimeError):
-            run(database_url, bootstrap_servers, "--run-id", "crashed")
-
-    result = run(database_url, bootstrap_servers, "--run-id", "crashed")
-
-    assert (result["selected"], result["published"], result["failed"]) == (0, 40, 0)
-    assert published_ids(database_url) == {j.retry_id for j in dead}
-    assert len(consume(bootstrap_servers, [orders], expected=40)) == 40
-    assert staged(database_url) == 0
 
 
 def _glob(pattern: str, text: str | None) -> bool:
