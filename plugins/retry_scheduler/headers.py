@@ -123,21 +123,34 @@ def parse_headers(
             f"record has {len(headers)} headers, more than the {limits.max_headers} allowed"
         )
     raw: dict[str, bytes | None] = {}
+    texts: dict[str, str] = {}
+    faulty: list[str] = []
     passthrough: list[Header] = []
     size = record_bytes
+    max_text_bytes = limits.max_header_value_bytes
     for header in headers:
-        name = header[0]
-        size += len(name) + len(header[1] or b"")
+        name, value = header
+        size += len(name) + len(value or b"")
         if name not in _KNOWN:
             passthrough.append(header)
         elif name in raw:
             raise InvalidRecordError(f"header {name} appears more than once")
         else:
-            raw[name] = header[1]
+            raw[name] = value
+            if name not in _INT_HEADERS:
+                # Decoded here when it is valid UTF-8 within its size limit, the usual case.
+                if value is not None and (len(value) <= max_text_bytes or name == protocol.REASON):
+                    try:
+                        texts[name] = value.decode("utf-8")
+                        continue
+                    except UnicodeDecodeError:
+                        pass
+                faulty.append(name)
     if max_record_bytes is not None and size > max_record_bytes:
         raise InvalidRecordError(f"record is {size} bytes, more than the {max_record_bytes} allowed")
+    for name in faulty:
+        _text(name, raw[name], limits)  # raises the exact fault, after the checks above as ever
     get = raw.get
-    texts = {name: _text(name, value, limits) for name, value in raw.items() if name not in _INT_HEADERS}
 
     destination = texts.get(protocol.DESTINATION) or texts.get(protocol.ORIGINAL_TOPIC)
     if not destination:

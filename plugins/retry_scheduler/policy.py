@@ -99,6 +99,7 @@ class Policy:
     fatal_errors: Iterable[str] = ()
     dlq_topic: str = DEFAULT_DLQ_TOPIC
     _delays_ms: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _max_age_ms: int | None = field(init=False, repr=False, compare=False)
     _fatal: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -110,8 +111,7 @@ class Policy:
             )
         try:
             delays = tuple(parse_duration_ms(d) for d in (self.delays or ()))
-            if self.max_age is not None:
-                parse_duration_ms(self.max_age)
+            max_age_ms = None if self.max_age is None else parse_duration_ms(self.max_age)
         except ValueError as exc:
             raise PolicyError(f"policy {self.name!r}: {exc}") from None
         if self.delays is not None and not delays:
@@ -121,11 +121,12 @@ class Policy:
         if not self.dlq_topic:
             raise PolicyError(f"policy {self.name!r}: dlq_topic must not be empty")
         object.__setattr__(self, "_delays_ms", delays)
+        object.__setattr__(self, "_max_age_ms", max_age_ms)  # parsed once: decide() runs per record
         object.__setattr__(self, "_fatal", frozenset(self.fatal_errors))
 
     @property
     def max_age_ms(self) -> int | None:
-        return None if self.max_age is None else parse_duration_ms(self.max_age)
+        return self._max_age_ms
 
     def delay_ms(self, attempt: int, retry_id: str = "") -> int:
         """Delay before retry number ``attempt + 1`` (``attempt`` retries already made)."""

@@ -232,8 +232,28 @@ def test_new_retry_ids_are_version_4_uuids() -> None:
 
     from retry_scheduler.ingest import new_retry_id
 
-    ids = {new_retry_id() for _ in range(1000)}
-    assert len(ids) == 1000
-    for text in list(ids)[:50]:
+    ids = {new_retry_id() for _ in range(5000)}  # several refills of the pool
+    assert len(ids) == 5000
+    for text in ids:
         parsed = uuid.UUID(text)
         assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, text)
+
+
+def test_a_forked_process_does_not_reuse_its_parents_retry_ids() -> None:
+    import os
+
+    from retry_scheduler.ingest import new_retry_id
+
+    new_retry_id()  # the pool now holds ids this process will hand out
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's report is checked below
+        os.write(write_end, "\n".join(new_retry_id() for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        childs = set(pipe.read().split("\n"))
+    os.waitpid(child, 0)
+    parents = {new_retry_id() for _ in range(100)}
+    assert len(childs) == 100
+    assert not childs & parents
