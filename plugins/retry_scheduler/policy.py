@@ -51,17 +51,20 @@ class Backoff:
     factor: float = 2.0
     max: str | float = "1h"
     jitter: float = 0.0
+    _base_ms: int = field(init=False, repr=False, compare=False)
+    _max_ms: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.factor < 1:
             raise PolicyError(f"backoff factor {self.factor} must be >= 1")
         if not 0 <= self.jitter <= 1:
             raise PolicyError(f"backoff jitter {self.jitter} must be between 0 and 1")
-        parse_duration_ms(self.base)
-        parse_duration_ms(self.max)
+        # Parsed once: delay_ms runs for every record ingested.
+        object.__setattr__(self, "_base_ms", parse_duration_ms(self.base))
+        object.__setattr__(self, "_max_ms", parse_duration_ms(self.max))
 
     def delay_ms(self, attempt: int, spread: float) -> int:
-        base, cap = parse_duration_ms(self.base), parse_duration_ms(self.max)
+        base, cap = self._base_ms, self._max_ms
         # Cap the exponent first: factor**attempt overflows floats for large attempts.
         raw = float(cap) if attempt > 64 else min(float(cap), base * self.factor**attempt)
         jittered = raw * (1 + self.jitter * (2 * spread - 1))
