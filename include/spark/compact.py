@@ -473,7 +473,7 @@ def _archive_and_delete(
         if found != still:
             # Of this run's selection, still selected, and not in the archive: lost by the write.
             ours = still_selected.join(selection.select("id"), on="id", how="left_semi")
-            lost = ours.join(archived, on="id", how="left_anti").count()
+            lost = missing_from_archive(ours, archived).count()
             if lost:
                 raise ArchiveVerificationError(
                     f"{lost} of {selected} selected jobs are not in the archive at {root} after the write; "

@@ -219,6 +219,12 @@ def staged(database_url: str) -> int:
     return int(row[0])
 
 
+def replay_from_the_dlq(database_url: str, job_id: int) -> None:
+    """Someone replays a dead job while a compaction runs, on a connection of their own."""
+    with psycopg.connect(database_url, autocommit=True) as other:
+        other.execute("UPDATE retry_jobs SET status = 'pending', dead_reason = NULL WHERE id = %s", (job_id,))
+
+
 def read_archive(spark: SparkSession, archive: Path) -> DataFrame:
     return spark.read.parquet(str(archive / "retry_jobs"))
 
@@ -472,10 +478,7 @@ def test_a_job_replayed_after_it_was_archived_is_not_deleted(
 
     def stage_then_replay(*args: Any) -> int:
         staged_now = real_stage(*args)
-        with psycopg.connect(database_url, autocommit=True) as other:  # someone replays it from the DLQ
-            other.execute(
-                "UPDATE retry_jobs SET status = 'pending', dead_reason = NULL WHERE id = %s", (ids["dead"],)
-            )
+        replay_from_the_dlq(database_url, ids["dead"])
         return staged_now
 
     monkeypatch.setattr(compact, "stage_verified", stage_then_replay)
@@ -527,12 +530,7 @@ def test_jobs_leaving_or_joining_the_selection_during_the_run_are_kept(
     real_write: Callable[[DataFrame, str], None] = compact.write_archive
 
     def write_while_others_work(rows: DataFrame, root: str) -> None:
-        with psycopg.connect(database_url, autocommit=True) as other:
-            # replayed from the DLQ after the run counted it: leaves the selection
-            other.execute(
-                "UPDATE retry_jobs SET status = 'pending', dead_reason = NULL WHERE id = %s",
-                (ids["kept_dead"],),
-            )
+        replay_from_the_dlq(database_url, ids["kept_dead"])  # after the run counted it: leaves the selection
         real_write(rows, root)
         with psycopg.connect(database_url, autocommit=True) as other:
             # marked published with an acknowledgement time inside the window: joins it
