@@ -38,13 +38,15 @@ postgres: venv
 	$(BIN)/retry-scheduler dev postgres
 
 # Spark reads PostgreSQL over JDBC: Debian's driver locally (a cluster uses RETRY_SPARK_PACKAGES), and Java 17+.
+# Then the class archive that makes every Spark job's driver start faster (once per JDK and Spark version).
 JDBC_JAR ?= /usr/share/java/postgresql.jar
-spark-deps:
+spark-deps: venv
 	@command -v java >/dev/null || { echo "Spark needs Java 17+: apt-get install openjdk-17-jre-headless" >&2; exit 1; }
 	@test -f $(JDBC_JAR) || { \
 		if [ "$$(id -u)" = 0 ]; then (apt-get install -y -q libpostgresql-jdbc-java || \
 			(apt-get update -q && apt-get install -y -q libpostgresql-jdbc-java)) >/dev/null; \
 		else echo "Spark needs the PostgreSQL JDBC driver: sudo apt-get install libpostgresql-jdbc-java" >&2; exit 1; fi; }
+	$(BIN)/retry-scheduler dev spark-archive
 
 # The Dead letters page is tested in Debian's chromium, driven by Playwright (which cannot download its own here).
 CHROMIUM ?= /usr/bin/chromium

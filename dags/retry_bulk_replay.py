@@ -21,7 +21,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, get_current_context, task
 
 from retry_scheduler.notify import failure_notifiers
-from retry_scheduler.sparkjobs import BULK_RETRY_APP, jdbc_jars, spark_packages
+from retry_scheduler.sparkjobs import BULK_RETRY_APP, jdbc_jars, spark_conf, spark_packages
 
 
 @dag(
@@ -74,6 +74,7 @@ def retry_bulk_replay() -> None:
         application=str(BULK_RETRY_APP),
         conn_id="spark_default",
         jars=jdbc_jars(),
+        conf=spark_conf(),  # the class archive of `make spark-deps`, when there is one
         packages=spark_packages(),
         name="retry_bulk_replay",
         application_args=job_args(),  # type: ignore[arg-type]  # an XComArg, resolved at run time

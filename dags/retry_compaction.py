@@ -23,7 +23,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
 
 from retry_scheduler.notify import failure_notifiers
-from retry_scheduler.sparkjobs import COMPACT_APP, jdbc_jars, spark_packages
+from retry_scheduler.sparkjobs import COMPACT_APP, jdbc_jars, spark_conf, spark_packages
 
 
 @dag(
@@ -69,6 +69,7 @@ def retry_compaction() -> None:
         application=str(COMPACT_APP),
         conn_id="spark_default",
         jars=jdbc_jars(),
+        conf=spark_conf(),  # the class archive of `make spark-deps`, when there is one
         packages=spark_packages(),
         name="retry_compaction",
         application_args=job_args(),  # type: ignore[arg-type]  # an XComArg, resolved at run time

@@ -42,7 +42,13 @@ def _spark(app: str, job_args: list[str]) -> tuple[int, dict[str, Any], float]:
 
 def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
     """Bulk-retry ``spark_rows`` dead jobs to their destination, then compact them (now published)."""
-    from retry_scheduler.sparkjobs import BULK_RETRY_APP, COMPACT_APP, bulk_retry_args, compact_args
+    from retry_scheduler.sparkjobs import (
+        BULK_RETRY_APP,
+        COMPACT_APP,
+        bulk_retry_args,
+        compact_args,
+        spark_conf,
+    )
 
     if shutil.which("java") is None:
         return Result("spark", skipped="not measured in this run: no Java on PATH (make spark-deps)")
@@ -99,6 +105,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
             "result": compact,
         },
         "master": "local[*]",
+        "driver_options": spark_conf(),
         "limits": [
             f"Where the time went (seconds per step, from the jobs' own timings): bulk retry "
             f"{_phases(bulk)}; compaction {_phases(compact)}.",
@@ -123,7 +130,12 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
         "Both through `retry_scheduler.cli._spark_submit` (what `retry-scheduler bulk-retry|compact` "
         f"runs), Spark's start-up included: {startup_s:.1f} s for a job that does nothing, measured the same "
         f"way; without it {rows / max(0.001, bulk_s - startup_s):,.0f} and "
-        f"{rows / max(0.001, compact_s - startup_s):,.0f} rows/s.",
+        f"{rows / max(0.001, compact_s - startup_s):,.0f} rows/s. "
+        + (
+            "Each driver mapped the class archive of `make spark-deps` (`retry-scheduler dev spark-archive`)."
+            if spark_conf()
+            else "No class archive (`make spark-deps` writes one): each driver loaded Spark's classes afresh."
+        ),
     ]
     return result
 

@@ -269,20 +269,71 @@ def _cmd_dev_postgres(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_dev_spark_archive(args: argparse.Namespace, settings: Settings) -> int:
+    """Write the Spark driver's class-data sharing archive (``sparkjobs.class_archive()``) if missing.
+
+    Two warm-up jobs: the first leaves the archive as its JVM exits, the second must start with
+    ``-Xshare:on`` from it (a JVM that cannot map it refuses to start) before it is put in place.
+    """
+    import tempfile
+    import time
+
+    from retry_scheduler.sparkjobs import WARM_UP_APP, archive_complete, class_archive
+
+    archive = class_archive()
+    if archive is None:
+        print("no class archive: RETRY_SPARK_CLASS_ARCHIVE=off, or no java on PATH (make spark-deps)")
+        return 0
+    if archive_complete(archive) and not args.force:
+        print(f"class archive up to date: {archive}")
+        return 0
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_name(f".{archive.name}.partial")
+    partial.unlink(missing_ok=True)
+    print(f"writing the class archive of Spark's driver (two small warm-up jobs, about a minute): {archive}")
+    # The JVM archives every class the warm-up loaded as it exits; its notes on the classes it cannot
+    # archive (generated ones) are noise here, hence -Xlog:cds=off.
+    dump = f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off -Xlog:cds+dynamic=off"
+    with tempfile.TemporaryDirectory(prefix="retry-warm-up-") as scratch:
+        code = _spark_submit(str(WARM_UP_APP), [scratch], conf={"spark.driver.defaultJavaOptions": dump})
+        if code == 0 and partial.is_file():
+            began = time.perf_counter()
+            code = _spark_submit(
+                str(WARM_UP_APP), [scratch],
+                conf={"spark.driver.defaultJavaOptions": f"-Xshare:on -XX:SharedArchiveFile={partial}"},
+            )  # fmt: skip
+            took = time.perf_counter() - began
+    if code != 0 or not partial.is_file():
+        partial.unlink(missing_ok=True)
+        print(
+            f"no class archive: the warm-up job exited {code} (output above); Spark jobs start without one",
+            file=sys.stderr,
+        )
+        return code or 1
+    size = partial.stat().st_size
+    archive.with_suffix(".json").write_text(json.dumps({"bytes": size}) + "\n")
+    partial.replace(archive)
+    print(f"class archive written: {archive} ({size / 2**20:.0f} MiB); the warm-up took {took:.1f} s with it")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.demo import run_demo
 
     return run_demo(settings, records=args.records, timeout_s=args.timeout)
 
 
-def _spark_submit(app: str, job_args: list[str]) -> int:
-    """Run a job of include/spark with spark-submit in local mode; its progress goes to stderr."""
+def _spark_submit(app: str, job_args: list[str], conf: dict[str, str] | None = None) -> int:
+    """Run a job of include/spark with spark-submit in local mode; its progress goes to stderr.
+
+    ``conf`` replaces the default ``--conf`` of every job (``sparkjobs.spark_conf()``).
+    """
     import os
     import subprocess
     from pathlib import Path
 
     from retry_scheduler.config import REPO_ROOT
-    from retry_scheduler.sparkjobs import jdbc_jars, spark_packages
+    from retry_scheduler.sparkjobs import jdbc_jars, spark_conf, spark_packages
 
     spark_submit = Path(sys.executable).parent / "spark-submit"
     cmd = [
@@ -292,6 +343,8 @@ def _spark_submit(app: str, job_args: list[str]) -> int:
         "--conf",
         "spark.log.level=WARN",
     ]
+    for key, value in (spark_conf() if conf is None else conf).items():
+        cmd += ["--conf", f"{key}={value}"]
     if jars := jdbc_jars():
         cmd += ["--jars", jars]
     if packages := spark_packages():
@@ -412,6 +465,15 @@ def build_parser() -> argparse.ArgumentParser:
     dev_sub.add_parser(
         "postgres", help="make sure PostgreSQL answers at RETRY_DATABASE_URL (start one if not)"
     ).set_defaults(func=_cmd_dev_postgres)
+    spark_archive = dev_sub.add_parser(
+        "spark-archive",
+        help="write the class archive that makes Spark jobs start faster (make spark-deps runs it)",
+        description="Run a small Spark job once with -XX:ArchiveClassesAtExit, leaving a Java class-data "
+        "sharing archive in .dev/spark/ (or RETRY_SPARK_CLASS_ARCHIVE) that every later bulk-retry and "
+        "compaction driver maps instead of loading Spark's classes again. Nothing to do when it exists.",
+    )
+    spark_archive.add_argument("--force", action="store_true", help="write it again even if it exists")
+    spark_archive.set_defaults(func=_cmd_dev_spark_archive)
 
     demo = sub.add_parser(
         "demo",

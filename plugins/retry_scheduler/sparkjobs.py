@@ -7,22 +7,30 @@ same code with the same arguments.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from getpass import getuser
+from importlib.metadata import version
+from pathlib import Path
 from typing import Any, LiteralString
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from retry_scheduler.config import REPO_ROOT, Settings
 from retry_scheduler.durations import parse_duration_ms
 
+log = logging.getLogger(__name__)
+
 SPARK_DIR = REPO_ROOT / "include" / "spark"
 BULK_RETRY_APP = SPARK_DIR / "bulk_retry.py"
 COMPACT_APP = SPARK_DIR / "compact.py"
+WARM_UP_APP = SPARK_DIR / "warm_up.py"
 #: Debian's libpostgresql-jdbc-java; on a cluster set RETRY_SPARK_PACKAGES instead.
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
 DEFAULT_ARCHIVE = (REPO_ROOT / ".dev" / "archive").as_uri()
@@ -128,6 +136,62 @@ def jdbc_jars() -> str | None:
 def spark_packages() -> str | None:
     """Maven coordinates for ``spark-submit --packages`` on a cluster, e.g. ``org.postgresql:postgresql:42.7.4``."""
     return os.environ.get("RETRY_SPARK_PACKAGES") or None
+
+
+def class_archive() -> Path | None:
+    """Where the Spark driver JVM's class-data sharing archive of this machine is, or would be.
+
+    ``RETRY_SPARK_CLASS_ARCHIVE`` names the file, or turns the archive off (``off``). By default it
+    lives in ``.dev/spark/`` under a name that changes with the ``java`` binary and the PySpark
+    version, so that a JDK or Spark upgrade never maps an archive of other classes (the JVM checks
+    too, and ignores a mismatched one).
+    """
+    setting = os.environ.get("RETRY_SPARK_CLASS_ARCHIVE", "").strip()
+    if setting.lower() in ("off", "0", "false", "no"):
+        return None
+    if setting:
+        return Path(setting).expanduser()
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if java is None or not Path(java).exists():
+        return None
+    binary = Path(java).resolve()
+    key = f"{binary}:{binary.stat().st_mtime_ns}:pyspark-{version('pyspark')}"
+    return REPO_ROOT / ".dev" / "spark" / f"driver-classes-{hashlib.sha1(key.encode()).hexdigest()[:12]}.jsa"
+
+
+def spark_conf() -> dict[str, str]:
+    """``--conf`` of every job submission: the driver maps the class archive when there is one.
+
+    ``retry-scheduler dev spark-archive`` (run by ``make spark-deps``) writes the archive; it cuts
+    about a third of a job's start-up (bench/README.md). Set as ``spark.driver.defaultJavaOptions``,
+    so that ``spark.driver.extraJavaOptions`` stays the user's; a JVM that cannot use the archive
+    (another JDK, another class path) warns and starts without it.
+    """
+    archive = class_archive()
+    if archive is None or not archive_complete(archive):
+        return {}
+    return {"spark.driver.defaultJavaOptions": f"-XX:SharedArchiveFile={archive}"}
+
+
+def archive_complete(archive: Path) -> bool:
+    """Whether ``archive`` is there, whole: as many bytes as its note (``.json`` beside it) says.
+
+    A JVM that maps a truncated archive dies of SIGBUS, so a damaged one is never passed on; a
+    missing one would turn off the JDK's own class sharing too.
+    """
+    try:
+        size = archive.stat().st_size
+        note = json.loads(archive.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return False
+    if note.get("bytes") == size:
+        return True
+    log.warning(
+        "Spark class archive %s has %s bytes, %s expected: not used; run `retry-scheduler dev spark-archive "
+        "--force`", archive, size, note.get("bytes"),
+    )  # fmt: skip
+    return False
 
 
 def archive_uri() -> str:

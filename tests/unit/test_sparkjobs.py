@@ -1,9 +1,18 @@
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
-from retry_scheduler.config import Settings
-from retry_scheduler.sparkjobs import JobArgumentError, bulk_retry_args, compact_args
+from retry_scheduler.config import REPO_ROOT, Settings
+from retry_scheduler.sparkjobs import (
+    JobArgumentError,
+    bulk_retry_args,
+    class_archive,
+    compact_args,
+    spark_conf,
+)
 
 SETTINGS = Settings(
     database_url="postgresql://u@db/retry", kafka={"bootstrap.servers": "k:9092", "acks": "all"}
@@ -72,3 +81,39 @@ def test_postgres_url_from_connection_fields() -> None:
         == "postgresql://svc:p%40ss%2Fword@db:5432/retry"
     )
     assert postgres_url("127.0.0.1", 5432, None, None, None) == "postgresql://127.0.0.1:5432/retry_scheduler"
+
+
+def test_class_archive_is_named_by_the_java_binary_and_can_be_turned_off(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text("")
+    monkeypatch.delenv("RETRY_SPARK_CLASS_ARCHIVE", raising=False)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    first = class_archive()
+    assert first is not None and first.parent == REPO_ROOT / ".dev" / "spark" and first.suffix == ".jsa"
+    os.utime(java, ns=(0, 10**18))  # another JDK build at the same path: another archive
+    assert class_archive() not in (None, first)
+
+    monkeypatch.setenv("RETRY_SPARK_CLASS_ARCHIVE", str(tmp_path / "mine.jsa"))
+    assert class_archive() == tmp_path / "mine.jsa"
+    monkeypatch.setenv("RETRY_SPARK_CLASS_ARCHIVE", "off")
+    assert class_archive() is None
+    assert spark_conf() == {}
+
+
+def test_spark_conf_maps_the_archive_only_when_it_is_whole(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    archive = tmp_path / "driver.jsa"
+    monkeypatch.setenv("RETRY_SPARK_CLASS_ARCHIVE", str(archive))
+    assert spark_conf() == {}  # a missing file would turn off the JDK's own class sharing too
+    archive.write_bytes(b"archive")
+    assert spark_conf() == {}  # no note of its size: not written by `dev spark-archive`
+    (tmp_path / "driver.json").write_text('{"bytes": 7}')
+    assert spark_conf() == {"spark.driver.defaultJavaOptions": f"-XX:SharedArchiveFile={archive}"}
+
+    archive.write_bytes(b"arch")  # truncated: a JVM mapping it would die of SIGBUS
+    assert spark_conf() == {}
+    assert "has 4 bytes, 7 expected: not used; run `retry-scheduler dev spark-archive --force`" in caplog.text
