@@ -10,14 +10,16 @@ Processed jobs are ``published`` ones (processed at ``published_at``) and ``dead
 dead retention (processed at ``dead_at``). A run selects them (``--older-than``: processed before
 now minus that; ``--day D``: processed within the UTC day D), then:
 
-1. appends to ``<archive>/retry_jobs/day=YYYY-MM-DD/destination=TOPIC/`` only the rows whose id is not
-   archived for that day yet, so a re-run after a crash archives nothing twice;
-2. verifies that every selected job (still selected: one replayed meanwhile is left alone) is now in
+1. in one statement, counts them by day and stages their ids in ``retry_compaction_archived``;
+2. appends to ``<archive>/retry_jobs/day=YYYY-MM-DD/destination=TOPIC/`` only the rows whose id is not
+   archived for that day yet (one read of every column), so a re-run after a crash archives nothing
+   twice;
+3. verifies that every staged job still selected (one replayed meanwhile is left alone) is now in
    the archive, and raises, deleting nothing, if one is not;
-3. stages the verified ids in ``retry_compaction_archived`` and deletes them from ``retry_jobs`` in
-   bounded id-range batches, each its own transaction (a job that no longer matches the selection,
-   e.g. replayed from the DLQ meanwhile, is kept);
-4. writes ``<archive>/_manifests/<run_id>.json`` with the counts.
+4. deletes the staged jobs still selected from ``retry_jobs`` in bounded id-range batches, each its
+   own transaction (a job that no longer matches the selection, e.g. replayed from the DLQ
+   meanwhile, is kept);
+5. writes ``<archive>/_manifests/<run_id>.json`` with the counts.
 
 The archive keeps every column of ``retry_jobs`` (``status`` as text). A null destination is archived
 under ``destination=__none__``: the default allowlist lets no destination start with ``_``. Timestamps
@@ -202,12 +204,12 @@ def write_text_hadoop(spark: SparkSession, uri: str, text: str) -> None:
         stream.close()
 
 
-def read_archived_ids(spark: SparkSession, root: str, days: Sequence[str]) -> DataFrame:
-    """Ids already archived under ``root`` for ``days`` (only those day partitions are listed and read)."""
+def read_archived_ids(spark: SparkSession, root: str, days: Sequence[str]) -> DataFrame | None:
+    """Ids archived under ``root`` for ``days`` (only those day partitions are listed and read); None if none."""
     paths = [f"{root}/day={day}" for day in days]
     present = [p for p in paths if path_exists(spark, p)]
     if not present:
-        return spark.createDataFrame([], ARCHIVED_ID_SCHEMA).select("id")
+        return None
     return spark.read.schema(ARCHIVED_ID_SCHEMA).option("basePath", root).parquet(*present).select("id")
 
 
@@ -300,26 +302,67 @@ def read_selection(
     )
 
 
-def stage_verified(conn: psycopg.Connection[Any], jdbc: JdbcTarget, run_id: str, verified: DataFrame) -> int:
-    """Write the verified ids to the staging table; returns how many distinct ids it now holds for the run."""
-    # A retried run (same id) starts afresh.
-    conn.execute("DELETE FROM retry_compaction_archived WHERE run_id = %s", (run_id,))
-    verified.select(F.lit(run_id).alias("run_id"), F.col("id")).write.jdbc(
-        jdbc.url,
-        STAGING_TABLE,
-        mode="append",
-        properties={**jdbc.connection_properties(), "batchsize": "10000", "reWriteBatchedInserts": "true"},
+#: The UTC day (``YYYY-MM-DD``) a job was processed, as ``with_partition_columns`` computes it.
+_DAY_SQL = "to_char(CASE status WHEN 'published' THEN published_at ELSE dead_at END AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a run selected, counted in PostgreSQL: jobs per processed day, id bounds, largest payload."""
+
+    days: dict[str, int]
+    low: int | None
+    high: int | None
+    max_payload: int | None
+
+    @property
+    def count(self) -> int:
+        return sum(self.days.values())
+
+
+def select_and_stage(conn: psycopg.Connection[Any], window: Window, run_id: str | None) -> Selection:
+    """Count the selected jobs by day and, with a ``run_id``, stage their ids, in one statement.
+
+    The staged ids are the only ones a run may delete; a retried run (same id) starts afresh.
+    """
+    selected = sql.SQL("SELECT id, {} AS day, {} AS payload FROM retry_jobs WHERE {}").format(
+        sql.SQL(_DAY_SQL), sql.SQL(PAYLOAD_BYTES_SQL), window.predicate()
     )
-    row = conn.execute(
-        "SELECT count(DISTINCT id) FROM retry_compaction_archived WHERE run_id = %s", (run_id,)
-    ).fetchone()
-    return int(row[0]) if row else 0
+    summary = sql.SQL(
+        "SELECT day, count(*), min(id), max(id), max(payload) FROM selected GROUP BY day ORDER BY day"
+    )
+    if run_id is None:
+        query = sql.SQL("WITH selected AS ({}) {}").format(selected, summary)
+    else:
+        conn.execute("DELETE FROM retry_compaction_archived WHERE run_id = %s", (run_id,))
+        query = sql.SQL(
+            "WITH selected AS MATERIALIZED ({}), staged AS"
+            " (INSERT INTO retry_compaction_archived (run_id, id) SELECT {}, id FROM selected) {}"
+        ).format(selected, sql.Literal(run_id), summary)
+    rows = conn.execute(query).fetchall()
+    return Selection(
+        days={day: count for day, count, *_rest in rows},
+        low=min((row[2] for row in rows), default=None),
+        high=max((row[3] for row in rows), default=None),
+        max_payload=max((row[4] for row in rows), default=None),
+    )
+
+
+def read_staged_ids(
+    spark: SparkSession, jdbc: JdbcTarget, conn: psycopg.Connection[Any], run_id: str
+) -> DataFrame:
+    """The ids the run staged, over JDBC (only read to tell a lost row from one that joined the selection)."""
+    table = sql.SQL("(SELECT id FROM retry_compaction_archived WHERE run_id = {}) AS staged").format(
+        sql.Literal(run_id)
+    )
+    return spark.read.format("jdbc").options(**jdbc.options()).option("dbtable", table.as_string(conn)).load()
 
 
 def delete_archived(conn: psycopg.Connection[Any], run_id: str, window: Window, batch: int) -> int:
     """Delete the run's staged jobs from retry_jobs, ``batch`` ids at a time, each batch committed alone.
 
-    A job that no longer matches the selection (e.g. replayed since) is kept.
+    Only once the verification found every staged job still selected in the archive. A job that no
+    longer matches the selection (e.g. replayed since) is kept.
     """
     row = conn.execute(
         "SELECT min(id), max(id), count(*) FROM retry_compaction_archived WHERE run_id = %s", (run_id,)
@@ -379,27 +422,31 @@ def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
         if not args.dry_run:
             _take_lock(conn)  # a session lock: freed when this connection closes, even if the driver dies
         _check_columns(conn)
-        row = conn.execute(
-            sql.SQL("SELECT min(id), max(id), count(*), max({}) FROM retry_jobs WHERE {}").format(
-                sql.SQL(PAYLOAD_BYTES_SQL), window.predicate()
-            )
-        ).fetchone()
-        assert row is not None
-        low, high, expected, max_payload = row
-        # As many rows per JDBC round trip as fit 64 MiB: a row may carry up to 1 MiB of payload.
-        report["fetch_rows"] = fetchsize = fetch_rows(max_payload)
-        log.info(
-            "compaction %s: %s processed jobs selected (%s), %s rows per JDBC round trip",
-            run_id, expected, _describe(report), fetchsize,
-        )  # fmt: skip
-        if expected:
+        began = time.perf_counter()
+        try:
+            selection = select_and_stage(conn, window, None if args.dry_run else run_id)
+            phases: dict[str, float] = report.setdefault("phases_s", {})  # seconds per step, for profiling
+            phases["select_and_stage"] = round(time.perf_counter() - began, 3)
+            # As many rows per JDBC round trip as fit 64 MiB: a row may carry up to 1 MiB of payload.
+            report["fetch_rows"] = fetchsize = fetch_rows(selection.max_payload)
+            report.update(selected=selection.count, days=sorted(selection.days))
+            log.info(
+                "compaction %s: %s processed jobs selected (%s), %s rows per JDBC round trip",
+                run_id, selection.count, _describe(report), fetchsize,
+            )  # fmt: skip
+            if selection.count:
+                assert selection.low is not None and selection.high is not None
+                bounds = (selection.low, selection.high)
 
-            def read() -> DataFrame:
-                return with_partition_columns(
-                    read_selection(spark, jdbc, conn, window, (low, high), args.partitions, fetchsize)
-                )
+                def read() -> DataFrame:
+                    return with_partition_columns(
+                        read_selection(spark, jdbc, conn, window, bounds, args.partitions, fetchsize)
+                    )
 
-            _archive_and_delete(spark, conn, jdbc, args, run_id, window, root, read, report)
+                _archive_and_delete(spark, conn, jdbc, args, run_id, window, root, read, report)
+        finally:
+            if not args.dry_run:
+                _clear_staging(conn, run_id)
     report["finished_at"] = datetime.now(UTC).isoformat()
     if args.dry_run:
         log.info("dry run: nothing written, nothing deleted: %s", report)
@@ -431,16 +478,16 @@ def _archive_and_delete(
     read: Callable[[], DataFrame],
     report: dict[str, Any],
 ) -> None:
-    """Count, archive, verify, stage and delete; ``read()`` reads the selection afresh over JDBC.
+    """Archive, verify and delete the staged selection; ``read()`` reads the selection afresh over JDBC.
 
-    Only the selection's ids and days are kept (cached), not a copy of every column: the archive is
-    written from a second read, and verified against a third one, of the ids. What is deleted is
-    what is still selected and in the archive: a job that left the selection meanwhile (replayed
-    from the DLQ) is kept, one that joined it (processed during the run with an earlier time) is
-    left for the next run, and one of the selection that is still selected but not in the archive
-    stops the run before anything is deleted.
+    The archive is written from one read of every column (no copy of the rows is kept in Spark) and
+    verified against a fresh read of the ids still selected. What is deleted is what was staged, is
+    still selected and is in the archive: a job that left the selection meanwhile (replayed from the
+    DLQ) is kept, one that joined it (processed during the run with an earlier time) is left for the
+    next run, and a staged one still selected but not in the archive stops the run before anything
+    is deleted.
     """
-    phases: dict[str, float] = report.setdefault("phases_s", {})  # seconds per step, for profiling
+    phases: dict[str, float] = report["phases_s"]
     began = time.perf_counter()
 
     def lap(name: str) -> None:
@@ -448,31 +495,33 @@ def _archive_and_delete(
         phases[name] = round(time.perf_counter() - began, 3)
         began = time.perf_counter()
 
-    # The jobs this run archives: only their ids and days are kept, until the verification.
-    selection = read().select("id", "day").persist(StorageLevel.MEMORY_AND_DISK)
-    still_selected: DataFrame | None = None
+    selected, days = report["selected"], report["days"]
+    existing = read_archived_ids(spark, root, days)
+    # Ids are read from PostgreSQL for this only when the days already have an archive (a re-run).
+    already = 0 if existing is None else found_in_archive(read().select("id"), existing).count()
+    report.update(already_archived=already, archived_new=selected - already)
+    lap("count_archived")
+    if args.dry_run:
+        return
+    if selected > already:
+        rows = read()
+        write_archive(rows if existing is None else missing_from_archive(rows, existing), root)
+    lap("write_archive")
+    # Fresh reads: the jobs still selected, and the archive (a DataFrame's file listing is fixed when
+    # it is created).
+    still_selected = read().select("id").persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        selected = selection.count()
-        days = sorted(row["day"] for row in selection.select("day").distinct().collect())  # a few strings
-        existing = read_archived_ids(spark, root, days)
-        already = found_in_archive(selection, existing).count()
-        report.update(selected=selected, days=days, already_archived=already, archived_new=selected - already)
-        lap("read_and_count")
-        if args.dry_run:
-            return
-        if selected > already:
-            # A second read, every column, straight to Parquet: no copy of the rows is kept in Spark.
-            write_archive(missing_from_archive(read(), existing), root)
-        lap("write_archive")
-        # Fresh reads: the jobs still selected, and the archive (a DataFrame's file listing is fixed
-        # when it is created).
-        still_selected = read().select("id").persist(StorageLevel.MEMORY_AND_DISK)
         archived = read_archived_ids(spark, root, days)
-        verified = found_in_archive(still_selected, archived)
-        found, still = verified.count(), still_selected.count()
+        if archived is None:
+            raise ArchiveVerificationError(
+                f"no archive for days {days} at {root} after the write; nothing was deleted. Check the "
+                "archive's file system, then run the compaction again."
+            )
+        found = found_in_archive(still_selected, archived).count()
+        still = still_selected.count()
         if found != still:
-            # Of this run's selection, still selected, and not in the archive: lost by the write.
-            ours = still_selected.join(selection.select("id"), on="id", how="left_semi")
+            # Staged by this run, still selected, and not in the archive: lost by the write.
+            ours = still_selected.join(read_staged_ids(spark, jdbc, conn, run_id), on="id", how="left_semi")
             lost = missing_from_archive(ours, archived).count()
             if lost:
                 raise ArchiveVerificationError(
@@ -483,41 +532,17 @@ def _archive_and_delete(
                 "%s jobs processed during the run with an earlier time are left for the next run",
                 still - found,
             )
-        lap("verify")
-        _stage_and_delete(conn, jdbc, args, run_id, window, verified, found, report, lap)
     finally:
-        selection.unpersist()
-        if still_selected is not None:
-            still_selected.unpersist()
+        still_selected.unpersist()
+    lap("verify")
+    report["deleted"] = delete_archived(conn, run_id, window, args.delete_batch)
+    lap("delete")
     if report["deleted"] < found:
         log.warning(
-            "%s archived jobs changed since they were selected and were kept in retry_jobs",
+            "%s archived jobs were kept in retry_jobs: they left the selection during the run, or joined it "
+            "after it was staged (the next run deletes those)",
             found - report["deleted"],
         )
-
-
-def _stage_and_delete(
-    conn: psycopg.Connection[Any],
-    jdbc: JdbcTarget,
-    args: argparse.Namespace,
-    run_id: str,
-    window: Window,
-    verified: DataFrame,
-    found: int,
-    report: dict[str, Any],
-    lap: Callable[[str], None],
-) -> None:
-    try:
-        staged = stage_verified(conn, jdbc, run_id, verified)
-        lap("stage_ids")
-        if staged != found:
-            raise CompactionError(
-                f"staged {staged} ids for run {run_id}, expected {found}; nothing was deleted"
-            )
-        report["deleted"] = delete_archived(conn, run_id, window, args.delete_batch)
-        lap("delete")
-    finally:
-        _clear_staging(conn, run_id)
 
 
 # --- command line ---------------------------------------------------------------------------------

@@ -115,9 +115,9 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
             "produces every row with librdkafka and, while it goes on producing, marks the acknowledged "
             "jobs published from a thread of each worker, 10 000 per `UPDATE` (a new version of every job "
             "row, with its index entries and WAL). "
-            "Compaction reads the selection's ids and days over JDBC (kept for the counts), reads every "
-            "column again straight into Parquet, reads the ids back from both to verify, stages them over "
-            "JDBC and deletes in batches. " + _budget(rows, bulk, compact),
+            "Compaction counts the selection by day and stages its ids in one PostgreSQL statement, reads "
+            "every column over JDBC straight into Parquet, reads the ids still selected and the archive's "
+            "ids back to verify, and deletes in batches. " + _budget(rows, bulk, compact),
             "On a cluster the read, produce and Parquet steps scale out with the executors; the `UPDATE` "
             "and the `DELETE`s stay PostgreSQL's work.",
         ],

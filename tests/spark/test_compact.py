@@ -336,6 +336,7 @@ def test_the_same_day_twice_archives_nothing_twice(
     dry = run(database_url, archive, *argv, "--dry-run")
     assert (dry["selected"], dry["archived_new"], dry["deleted"], dry["manifest"]) == (3, 3, 0, None)
     assert len(db_rows(database_url)) == 7 and not archive.exists()
+    assert staged(database_url) == 0  # a dry run stages nothing either
 
     first = run(database_url, archive, *argv)
     assert (first["selected"], first["archived_new"], first["deleted"]) == (3, 3, 3)
@@ -474,14 +475,13 @@ def test_a_job_replayed_after_it_was_archived_is_not_deleted(
             "published": ("published", now - timedelta(days=9), "x"),
         },
     )
-    real_stage = compact.stage_verified
+    real_delete = compact.delete_archived
 
-    def stage_then_replay(*args: Any) -> int:
-        staged_now = real_stage(*args)
-        replay_from_the_dlq(database_url, ids["dead"])
-        return staged_now
+    def replay_then_delete(*args: Any) -> int:
+        replay_from_the_dlq(database_url, ids["dead"])  # archived and verified, not deleted yet
+        return real_delete(*args)
 
-    monkeypatch.setattr(compact, "stage_verified", stage_then_replay)
+    monkeypatch.setattr(compact, "delete_archived", replay_then_delete)
     result = run(database_url, tmp_path / "archive")
     assert (result["selected"], result["archived_new"], result["deleted"]) == (2, 2, 1)
     assert set(db_rows(database_url)) == {ids["dead"]}
