@@ -34,9 +34,11 @@ import json
 import logging
 import re
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -358,11 +360,15 @@ def read_staged_ids(
     return spark.read.format("jdbc").options(**jdbc.options()).option("dbtable", table.as_string(conn)).load()
 
 
-def delete_archived(conn: psycopg.Connection[Any], run_id: str, window: Window, batch: int) -> int:
+def delete_archived(
+    conn: psycopg.Connection[Any], run_id: str, window: Window, batch: int, *, workers: int = 1
+) -> int:
     """Delete the run's staged jobs from retry_jobs, ``batch`` ids at a time, each batch committed alone.
 
     Only once the verification found every staged job still selected in the archive. A job that no
-    longer matches the selection (e.g. replayed since) is kept.
+    longer matches the selection (e.g. replayed since) is kept. With ``workers`` > 1 that many
+    connections delete disjoint id ranges side by side; the first error stops them all and is raised
+    (the batches already committed stay deleted, the next run deletes the rest).
     """
     row = conn.execute(
         "SELECT min(id), max(id), count(*) FROM retry_compaction_archived WHERE run_id = %s", (run_id,)
@@ -374,12 +380,40 @@ def delete_archived(conn: psycopg.Connection[Any], run_id: str, window: Window, 
         "DELETE FROM retry_jobs WHERE id IN"
         " (SELECT id FROM retry_compaction_archived WHERE run_id = %s AND id BETWEEN %s AND %s) AND ({})"
     ).format(window.predicate())
-    deleted = 0
-    for start in range(low, high + 1, batch):
-        end = min(start + batch - 1, high)
-        with conn.transaction():
-            deleted += conn.execute(query, (run_id, start, end)).rowcount
-        log.info("deleted %s of %s archived jobs (ids through %s of %s)", deleted, staged, end, high)
+    ranges = [(start, min(start + batch - 1, high)) for start in range(low, high + 1, batch)]
+    deleted, done, lock, failed = 0, 0, threading.Lock(), threading.Event()
+
+    def delete(on: psycopg.Connection[Any], share: Sequence[tuple[int, int]]) -> None:
+        nonlocal deleted, done
+        for start, end in share:
+            if failed.is_set():
+                return
+            with on.transaction():
+                count = on.execute(query, (run_id, start, end)).rowcount
+            with lock:
+                deleted, done = deleted + count, done + 1
+                log.info(
+                    "deleted %s of %s archived jobs (%s of %s id ranges)", deleted, staged, done, len(ranges)
+                )
+
+    if workers <= 1 or len(ranges) == 1:
+        delete(conn, ranges)
+        return deleted
+    dsn = conn.info.dsn
+    password = conn.info.password
+
+    def worker(share: Sequence[tuple[int, int]]) -> None:
+        try:
+            with psycopg.connect(dsn, password=password, autocommit=True) as own:
+                delete(own, share)
+        except BaseException:
+            failed.set()
+            raise
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="compaction-delete") as pool:
+        futures = [pool.submit(worker, ranges[i::workers]) for i in range(min(workers, len(ranges)))]
+    for future in futures:
+        future.result()  # the first error, if any
     return deleted
 
 
@@ -535,7 +569,7 @@ def _archive_and_delete(
     finally:
         still_selected.unpersist()
     lap("verify")
-    report["deleted"] = delete_archived(conn, run_id, window, args.delete_batch)
+    report["deleted"] = delete_archived(conn, run_id, window, args.delete_batch, workers=args.delete_workers)
     lap("delete")
     if report["deleted"] < found:
         log.warning(
@@ -602,6 +636,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--delete-batch", type=_positive_int, default=50_000, help="ids per delete transaction"
+    )
+    parser.add_argument(
+        "--delete-workers",
+        type=_positive_int,
+        default=2,
+        help="connections deleting side by side (default 2)",
     )
     parser.add_argument("--partitions", type=_positive_int, default=8, help="parallel JDBC reads (default 8)")
     parser.add_argument("--run-id", type=_run_id, help="default: compact__<UTC time>_<random>")

@@ -145,6 +145,7 @@ def test_archive_paths_are_local_unless_a_uri(tmp_path: Path, monkeypatch: pytes
         ["--older-than", "7x"],
         ["--older-than", "1d", "--day", "2025-02-01"],
         ["--delete-batch", "0"],
+        ["--delete-workers", "0"],
         ["--run-id", "x'; DROP TABLE retry_jobs; --"],
     ],
 )
@@ -156,7 +157,7 @@ def test_bad_arguments_are_refused(argv: list[str]) -> None:
 def test_defaults() -> None:
     args = compact.parse_args(["--database-url", "postgresql://h/db", "--archive", "/a"])
     assert (args.older_than, args.day, args.dead_retention) == (7 * DAY_MS, None, 30 * DAY_MS)
-    assert (args.delete_batch, args.partitions, args.dry_run) == (50_000, 8, False)
+    assert (args.delete_batch, args.delete_workers, args.partitions, args.dry_run) == (50_000, 2, 8, False)
 
 
 def test_manifest_goes_through_hadoop_for_uris(spark: SparkSession, tmp_path: Path) -> None:
@@ -376,7 +377,7 @@ def test_a_crash_before_the_delete_is_finished_by_the_next_run(
     archive = tmp_path / "archive"
     argv = [*day_args(day, now, dead_boundary=noon), "--run-id", "scheduled__crash"]
 
-    def crash(*args: object) -> int:
+    def crash(*args: object, **kwargs: object) -> int:
         raise RuntimeError("driver killed")
 
     monkeypatch.setattr(compact, "delete_archived", crash)
@@ -432,6 +433,40 @@ def test_rows_missing_from_the_archive_stop_the_delete(
 
 
 @pytest.mark.integration
+def test_a_delete_failing_on_one_of_its_connections_is_raised_and_the_next_run_finishes(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path
+) -> None:
+    now = datetime.now(UTC)
+    ids = seed(database_url, {f"p{i}": ("published", now - timedelta(days=9), "orders") for i in range(12)})
+    archive = tmp_path / "archive"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN RAISE EXCEPTION 'disk full (test)'; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER refuse_delete BEFORE DELETE ON retry_jobs FOR EACH ROW"
+            f" WHEN (OLD.id = {ids['p5']}) EXECUTE FUNCTION refuse_delete()"
+        )
+    with pytest.raises(psycopg.errors.RaiseException, match="disk full"):
+        run(database_url, archive, "--delete-batch", "1", "--delete-workers", "3")
+    left = set(db_rows(database_url))
+    assert ids["p5"] in left and left <= set(ids.values())
+    assert archived_ids(spark, archive) == sorted(ids.values())  # archived before the delete began
+    assert staged(database_url) == 0
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DROP TRIGGER refuse_delete ON retry_jobs")
+        conn.execute("DROP FUNCTION refuse_delete()")
+    again = run(database_url, archive, "--delete-batch", "1", "--delete-workers", "3")
+    assert (again["selected"], again["already_archived"], again["archived_new"], again["deleted"]) == (
+        len(left), len(left), 0, len(left),
+    )  # fmt: skip
+    assert db_rows(database_url) == {}
+    assert archived_ids(spark, archive) == sorted(ids.values())  # nothing archived twice
+
+
+@pytest.mark.integration
 def test_each_run_leaves_a_manifest_with_its_counts(
     spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path
 ) -> None:
@@ -477,9 +512,9 @@ def test_a_job_replayed_after_it_was_archived_is_not_deleted(
     )
     real_delete = compact.delete_archived
 
-    def replay_then_delete(*args: Any) -> int:
+    def replay_then_delete(*args: Any, **kwargs: Any) -> int:
         replay_from_the_dlq(database_url, ids["dead"])  # archived and verified, not deleted yet
-        return real_delete(*args)
+        return real_delete(*args, **kwargs)
 
     monkeypatch.setattr(compact, "delete_archived", replay_then_delete)
     result = run(database_url, tmp_path / "archive")
