@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from retry_scheduler import sparkjobs
 from retry_scheduler.cli import _spark_submit, main
 from retry_scheduler.sparkjobs import WARM_UP_APP, spark_conf
 
@@ -22,10 +23,13 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 @pytest.fixture
 def archive(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    path = tmp_path / "spark" / "driver.jsa"
-    monkeypatch.setenv("RETRY_SPARK_CLASS_ARCHIVE", str(path))
+    """Where the archive goes by default, in a checkout at ``tmp_path`` (the real one's is left alone)."""
+    monkeypatch.setattr(sparkjobs, "REPO_ROOT", tmp_path)
+    monkeypatch.delenv("RETRY_SPARK_CLASS_ARCHIVE", raising=False)
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    path = sparkjobs.class_archive()
+    assert path is not None and path.parent == tmp_path / ".dev" / "spark"
     return path
 
 
@@ -39,8 +43,17 @@ def test_the_archive_is_written_once_and_the_next_driver_maps_it(
     archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert spark_conf() == {}
+    # An archive of an earlier JDK or Spark (another name in the same place) is removed.
+    archive.parent.mkdir(parents=True)
+    stale = [
+        archive.parent / "driver-classes-0123456789ab.jsa",
+        archive.parent / "driver-classes-0123456789ab.json",
+    ]
+    for path in stale:
+        path.write_text("from an earlier JDK")
     assert main(["dev", "spark-archive"]) == 0
     out = capsys.readouterr().out
+    assert not any(path.exists() for path in stale)
     assert f"class archive written: {archive}" in out
     assert archive.is_file() and archive.stat().st_size > 10 * 2**20
     assert json.loads(archive.with_suffix(".json").read_text()) == {"bytes": archive.stat().st_size}
