@@ -185,11 +185,12 @@ def archive_complete(archive: Path) -> bool:
         note = json.loads(archive.with_suffix(".json").read_text())
     except (OSError, ValueError):
         return False
-    if note.get("bytes") == size:
+    expected = note.get("bytes") if isinstance(note, dict) else None
+    if expected == size:
         return True
     log.warning(
         "Spark class archive %s has %s bytes, %s expected: not used; run `retry-scheduler dev spark-archive "
-        "--force`", archive, size, note.get("bytes"),
+        "--force`", archive, size, expected,
     )  # fmt: skip
     return False
 

@@ -117,3 +117,5 @@ def test_spark_conf_maps_the_archive_only_when_it_is_whole(
     archive.write_bytes(b"arch")  # truncated: a JVM mapping it would die of SIGBUS
     assert spark_conf() == {}
     assert "has 4 bytes, 7 expected: not used; run `retry-scheduler dev spark-archive --force`" in caplog.text
+    (tmp_path / "driver.json").write_text("[4]")  # not a note this project writes
+    assert spark_conf() == {}
