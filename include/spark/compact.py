@@ -361,7 +361,13 @@ def read_staged_ids(
 
 
 def delete_archived(
-    conn: psycopg.Connection[Any], run_id: str, window: Window, batch: int, *, workers: int = 1
+    conn: psycopg.Connection[Any],
+    database_url: str,
+    run_id: str,
+    window: Window,
+    batch: int,
+    *,
+    workers: int = 1,
 ) -> int:
     """Delete the run's staged jobs from retry_jobs, ``batch`` ids at a time, each batch committed alone.
 
@@ -399,12 +405,10 @@ def delete_archived(
     if workers <= 1 or len(ranges) == 1:
         delete(conn, ranges)
         return deleted
-    dsn = conn.info.dsn
-    password = conn.info.password
 
     def worker(share: Sequence[tuple[int, int]]) -> None:
         try:
-            with psycopg.connect(dsn, password=password, autocommit=True) as own:
+            with connect(database_url, autocommit=True) as own:
                 delete(own, share)
         except BaseException:
             failed.set()
@@ -569,7 +573,9 @@ def _archive_and_delete(
     finally:
         still_selected.unpersist()
     lap("verify")
-    report["deleted"] = delete_archived(conn, run_id, window, args.delete_batch, workers=args.delete_workers)
+    report["deleted"] = delete_archived(
+        conn, args.database_url, run_id, window, args.delete_batch, workers=args.delete_workers
+    )
     lap("delete")
     if report["deleted"] < found:
         log.warning(

@@ -86,6 +86,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
         raise BenchError(f"compaction exited {code} with {compact}; jobs left {left}")
 
     rows = sizes.spark_rows
+    driver_options = spark_conf()  # what _spark_submit passed to each driver
     bulk_rate, compact_rate = round(rows / bulk_s, 1), round(rows / compact_s, 1)
     result.figures = {"spark_bulk_rows_per_s": bulk_rate, "spark_compact_rows_per_s": compact_rate}
     result.details = {
@@ -105,7 +106,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
             "result": compact,
         },
         "master": "local[*]",
-        "driver_options": spark_conf(),
+        "driver_options": driver_options,
         "limits": [
             f"Where the time went (seconds per step, from the jobs' own timings): bulk retry "
             f"{_phases(bulk)}; compaction {_phases(compact)}.",
@@ -133,7 +134,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
         f"{rows / max(0.001, compact_s - startup_s):,.0f} rows/s. "
         + (
             "Each driver mapped the class archive of `make spark-deps` (`retry-scheduler dev spark-archive`)."
-            if spark_conf()
+            if driver_options
             else "No class archive (`make spark-deps` writes one): each driver loaded Spark's classes afresh."
         ),
     ]

@@ -275,11 +275,10 @@ def _cmd_dev_spark_archive(args: argparse.Namespace, settings: Settings) -> int:
     Two warm-up jobs: the first leaves the archive as its JVM exits, the second must start with
     ``-Xshare:on`` from it (a JVM that cannot map it refuses to start) before it is put in place.
     """
-    import os
     import tempfile
     import time
 
-    from retry_scheduler.sparkjobs import WARM_UP_APP, archive_complete, class_archive
+    from retry_scheduler.sparkjobs import WARM_UP_APP, archive_complete, class_archive, stale_class_archives
 
     archive = class_archive()
     if archive is None:
@@ -314,10 +313,8 @@ def _cmd_dev_spark_archive(args: argparse.Namespace, settings: Settings) -> int:
     size = partial.stat().st_size
     archive.with_suffix(".json").write_text(json.dumps({"bytes": size}) + "\n")
     partial.replace(archive)
-    if "RETRY_SPARK_CLASS_ARCHIVE" not in os.environ:  # archives of an earlier JDK or Spark: 170 MiB each
-        for stale in archive.parent.glob("driver-classes-*"):
-            if stale.stem != archive.stem:
-                stale.unlink(missing_ok=True)
+    for stale in stale_class_archives(archive):  # 170 MiB each
+        stale.unlink(missing_ok=True)
     print(f"class archive written: {archive} ({size / 2**20:.0f} MiB); the warm-up took {took:.1f} s with it")
     return 0
 

@@ -146,7 +146,7 @@ def class_archive() -> Path | None:
     version, so that a JDK or Spark upgrade never maps an archive of other classes (the JVM checks
     too, and ignores a mismatched one).
     """
-    setting = os.environ.get("RETRY_SPARK_CLASS_ARCHIVE", "").strip()
+    setting = _class_archive_setting()
     if setting.lower() in ("off", "0", "false", "no"):
         return None
     if setting:
@@ -157,7 +157,23 @@ def class_archive() -> Path | None:
         return None
     binary = Path(java).resolve()
     key = f"{binary}:{binary.stat().st_mtime_ns}:pyspark-{version('pyspark')}"
-    return REPO_ROOT / ".dev" / "spark" / f"driver-classes-{hashlib.sha1(key.encode()).hexdigest()[:12]}.jsa"
+    return (
+        REPO_ROOT / ".dev" / "spark" / f"{_ARCHIVE_PREFIX}{hashlib.sha1(key.encode()).hexdigest()[:12]}.jsa"
+    )
+
+
+_ARCHIVE_PREFIX = "driver-classes-"
+
+
+def _class_archive_setting() -> str:
+    return os.environ.get("RETRY_SPARK_CLASS_ARCHIVE", "").strip()
+
+
+def stale_class_archives(archive: Path) -> list[Path]:
+    """Archives and notes of an earlier JDK or Spark beside the default ``archive`` (none for a named one)."""
+    if _class_archive_setting():
+        return []
+    return [path for path in archive.parent.glob(f"{_ARCHIVE_PREFIX}*") if path.stem != archive.stem]
 
 
 def spark_conf() -> dict[str, str]:
