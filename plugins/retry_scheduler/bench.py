@@ -811,12 +811,13 @@ def run_bench(
     measurers = _measurers()
     with BenchEnv(settings, options.db_name, options.bootstrap, options.keep_db) as env:
         machine = bench_report.machine_info(env.url)
+        run_cpu = bench_report.cpu_times()
         for name in MEASUREMENTS:
             if name not in options.only:
                 results.append(Result(name, skipped="not selected with --only in this run"))
                 continue
             say(f"bench: {name} ...")
-            load_before = os.getloadavg()[0]
+            load_before, cpu_before = os.getloadavg()[0], bench_report.cpu_times()
             began = time.perf_counter()
             try:
                 result = measurers[name](env, options.sizes)
@@ -827,10 +828,13 @@ def run_bench(
             result.details.setdefault("wall_s", round(time.perf_counter() - began, 1))
             # Other work on the machine skews every figure: the 1-minute load average, before and after.
             result.details["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            # ... and how the CPU went meanwhile: a virtual machine's cores may be stolen by its host.
+            result.details["cpu"] = bench_report.cpu_shares(cpu_before, bench_report.cpu_times())
             results.append(result)
             say(
                 f"bench: {name} done in {time.perf_counter() - began:.0f} s: {result.skipped or result.figures}"
             )
+        machine["cpu_during_run"] = bench_report.cpu_shares(run_cpu, bench_report.cpu_times())
     report = bench_report.build_report(
         results,
         machine=machine,

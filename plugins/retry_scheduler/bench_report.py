@@ -11,6 +11,7 @@ import logging
 import os
 import platform
 import subprocess
+import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib import metadata
@@ -80,6 +81,51 @@ def _proc_field(path: str, name: str) -> str | None:
     return None
 
 
+#: The fields of /proc/stat's ``cpu`` line that ``cpu_times`` reads, in their order (clock ticks).
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times(path: str = "/proc/stat") -> dict[str, int] | None:
+    """The machine's CPU time so far, summed over its cores, by kind; None where there is no /proc/stat."""
+    try:
+        with open(path) as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    values = [int(v) for v in fields[1 : 1 + len(CPU_FIELDS)]]
+    return dict(zip(CPU_FIELDS, values + [0] * (len(CPU_FIELDS) - len(values)), strict=True))
+
+
+def cpu_shares(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, float] | None:
+    """How the machine's CPU time between two ``cpu_times`` went, in percent: ``busy`` (any work, ours
+    or not), ``idle`` (waiting for I/O included) and ``steal``: the time a virtual machine's cores were
+    ready to run while the hypervisor ran something else, which slows every figure."""
+    if before is None or after is None:
+        return None
+    delta = {name: after[name] - before[name] for name in CPU_FIELDS}
+    total = sum(delta.values())
+    if total <= 0:
+        return None
+    idle, steal = delta["idle"] + delta["iowait"], delta["steal"]
+    return {
+        "busy_pct": round(100 * (total - idle - steal) / total, 1),
+        "idle_pct": round(100 * idle / total, 1),
+        "steal_pct": round(100 * steal / total, 1),
+    }
+
+
+def cpu_text(shares: dict[str, float] | None) -> str | None:
+    """``cpu_shares`` as a phrase for the report; None when they are unknown."""
+    if not shares:
+        return None
+    return (
+        f"{shares['busy_pct']:g} % busy, {shares['idle_pct']:g} % idle, "
+        f"{shares['steal_pct']:g} % stolen by the hypervisor"
+    )
+
+
 def machine_info(database_url: str) -> dict[str, Any]:
     """Cores, memory, CPU, OS and the versions of everything the figures depend on."""
     import confluent_kafka
@@ -112,7 +158,36 @@ def machine_info(database_url: str) -> dict[str, Any]:
     except Exception:  # the broker may be an external Kafka
         info["tansu"] = None
     info["java"] = _first_line(["java", "-version"])
+    info["calibration"] = calibrate(database_url)
     return info
+
+
+def calibrate(database_url: str) -> dict[str, float]:
+    """Fixed tasks timed at the start of a run, to compare the machine's speed between runs (these
+    machines vary by 3-5x over a day): a Python loop of 10 million additions, PostgreSQL counting 5 million
+    generated rows, and the mean time of 200 committed one-row inserts (the write-ahead log's flush)."""
+    began = time.perf_counter()
+    total = 0
+    for i in range(10_000_000):
+        total += i
+    python_s = time.perf_counter() - began
+    with connect(database_url, autocommit=True) as conn:
+        began = time.perf_counter()
+        conn.execute("SELECT count(*) FROM generate_series(1, 5000000)").fetchone()
+        series_s = time.perf_counter() - began
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_calibration (n int)")
+        try:
+            began = time.perf_counter()
+            for n in range(200):
+                conn.execute("INSERT INTO bench_calibration VALUES (%s)", (n,))
+            commit_ms = (time.perf_counter() - began) / 200 * 1000
+        finally:
+            conn.execute("DROP TABLE bench_calibration")
+    return {
+        "python_loop_s": round(python_s, 3),
+        "pg_series_s": round(series_s, 3),
+        "pg_commit_ms": round(commit_ms, 3),
+    }
 
 
 def build_report(
@@ -233,6 +308,8 @@ def table(report: dict[str, Any]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     if report["quick"]:
         lines.append("(quick run: small sizes, the figures are no evidence for the targets)")
+    if cpu := cpu_text(report["machine"].get("cpu_during_run")):
+        lines.append(f"CPU of the machine during the run: {cpu}.")
     return "\n".join(lines)
 
 
@@ -416,6 +493,20 @@ def markdown(report: dict[str, Any]) -> str:
         f"{pkgs.get('confluent-kafka')} (librdkafka {machine.get('librdkafka')})",
         f"- Apache Airflow {pkgs.get('apache-airflow')}, PySpark {pkgs.get('pyspark')} ({machine.get('java')}), "
         f"psycopg {pkgs.get('psycopg')}, PgQueuer {pkgs.get('pgqueuer')}",
+    ]
+    if calibration := machine.get("calibration"):
+        lines.append(
+            f"- Machine speed at the start of the run (to compare runs; lower is faster): a Python loop of 10 "
+            f"million additions {calibration['python_loop_s']} s, PostgreSQL counting 5 million generated rows "
+            f"{calibration['pg_series_s']} s, a committed one-row insert {calibration['pg_commit_ms']} ms."
+        )
+    if cpu := cpu_text(machine.get("cpu_during_run")):
+        lines.append(
+            f"- CPU of the machine during the run: {cpu}. Stolen time is time this virtual machine's cores "
+            "were ready to run while the host ran something else: it slows every figure, and a database "
+            "baseline (COPY) and our Python loops by different factors, so the ratios move with it too."
+        )
+    lines += [
         "",
         "## Figures",
         "",
@@ -454,9 +545,11 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"- {limit}")
         if details.get("load_avg_1m"):
             before, after = details["load_avg_1m"]
+            cpu = cpu_text(details.get("cpu"))
             lines.append(
                 f"- Machine load (1-minute average) before / after: {before} / {after} on "
-                f"{machine.get('cores')} cores; other work on the machine slows every figure."
+                f"{machine.get('cores')} cores{f'; its CPU during this measurement: {cpu}' if cpu else ''}; "
+                "other work on the machine slows every figure."
             )
         lines.append("")
     lines += [

@@ -58,6 +58,11 @@ def test_every_key_is_reported(report: dict) -> None:
     assert machine["postgresql"].startswith("PostgreSQL")
     assert machine["packages"]["confluent-kafka"]
     assert "tansu" in machine
+    assert all(value > 0 for value in machine["calibration"].values())  # the machine's speed, timed
+    # How the machine's CPU went (busy, idle, stolen by the hypervisor): over the run and each measurement.
+    assert abs(sum(machine["cpu_during_run"].values()) - 100) <= 0.2
+    for name in ("ingest", "publish", "claim"):
+        assert set(report["measurements"][name]["details"]["cpu"]) == {"busy_pct", "idle_pct", "steal_pct"}
 
 
 def test_measured_figures_are_positive(report: dict) -> None:
@@ -114,6 +119,8 @@ def test_unmeasured_figures_are_null_with_a_reason(report: dict, report_dir: Pat
     for key in TARGETS:
         assert f"`{key}`" in md
     assert "not selected with --only" in md
+    assert "% stolen by the hypervisor" in md
+    assert "Machine speed at the start of the run" in md
 
 
 def test_the_benchmark_database_is_dropped(report: dict) -> None:
