@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import shutil
 import statistics
 import threading
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from retry_scheduler import protocol
 from retry_scheduler.bench import BenchError, Result, free_port
+from retry_scheduler.bench_report import ProcessCpu, cpu_use_text
 from retry_scheduler.store import connect, q
 
 if TYPE_CHECKING:
@@ -72,20 +74,23 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
     _code, _nothing, startup_s = _spark(str(probe), [])
 
     params = {"destination": destination, "status": "dead", "dry_run": False}
-    code, bulk, bulk_s = _spark(str(BULK_RETRY_APP), bulk_retry_args(params, settings))
+    with ProcessCpu() as bulk_cpu:
+        code, bulk, bulk_s = _spark(str(BULK_RETRY_APP), bulk_retry_args(params, settings))
     counts = dict(env.sql("bench_status_counts", fetch=True))
     if code != 0 or bulk.get("published") != sizes.spark_rows or counts.get("published") != sizes.spark_rows:
         raise BenchError(f"bulk retry exited {code} with {bulk}; jobs by status now {counts}")
 
     archive = (env.work_dir / "archive").resolve().as_uri()
-    code, compact, compact_s = _spark(
-        str(COMPACT_APP), compact_args(settings, older_than="0s", archive=archive)
-    )
+    with ProcessCpu() as compact_cpu:
+        code, compact, compact_s = _spark(
+            str(COMPACT_APP), compact_args(settings, older_than="0s", archive=archive)
+        )
     left = dict(env.sql("bench_status_counts", fetch=True))
     if code != 0 or left:
         raise BenchError(f"compaction exited {code} with {compact}; jobs left {left}")
 
     rows = sizes.spark_rows
+    cores = os.cpu_count()
     driver_options = spark_conf()  # what _spark_submit passed to each driver
     bulk_rate, compact_rate = round(rows / bulk_s, 1), round(rows / compact_s, 1)
     result.figures = {"spark_bulk_rows_per_s": bulk_rate, "spark_compact_rows_per_s": compact_rate}
@@ -98,18 +103,24 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
             "rows_per_s": bulk_rate,
             "rows_per_s_after_startup": round(rows / max(0.001, bulk_s - startup_s), 1),
             "result": bulk,
+            "cpu_s": bulk_cpu.seconds(),
         },
         "compact": {
             "seconds": round(compact_s, 1),
             "rows_per_s": compact_rate,
             "rows_per_s_after_startup": round(rows / max(0.001, compact_s - startup_s), 1),
             "result": compact,
+            "cpu_s": compact_cpu.seconds(),
         },
         "master": "local[*]",
         "driver_options": driver_options,
         "limits": [
             f"Where the time went (seconds per step, from the jobs' own timings): bulk retry "
             f"{_phases(bulk)}; compaction {_phases(compact)}.",
+            f"CPU seconds by process (sampled from /proc), bulk retry: "
+            f"{cpu_use_text(bulk_cpu.seconds(), bulk_s, cores)}; compaction: "
+            f"{cpu_use_text(compact_cpu.seconds(), compact_s, cores)}. 100 000 rows/s would give the "
+            f"{rows:,} jobs {rows / 100_000 * (cores or 1):.3g} CPU seconds in all, Spark's start-up included.",
             "What limits it: everything runs on this machine's 2 cores in `local[*]` mode, next to "
             "PostgreSQL and the broker, and the JVM and Spark start-up are counted (a user waits for them). "
             "Bulk retry reads the selection over JDBC, hands it to the Python workers as Arrow batches, "

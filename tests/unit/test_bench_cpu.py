@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from retry_scheduler.bench_report import cpu_shares, cpu_text, cpu_times
+from retry_scheduler.bench_report import (
+    ProcessCpu,
+    cpu_shares,
+    cpu_text,
+    cpu_times,
+    cpu_use_text,
+    process_kind,
+)
 
 STAT = "cpu  {user} 0 {system} {idle} {iowait} 0 {softirq} {steal} 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\nintr 1 2\n"
 
@@ -51,3 +61,59 @@ def test_this_machine_has_a_reading() -> None:
         sum(i * i for i in range(50_000))  # until a clock tick has passed
     assert shares is not None
     assert abs(sum(shares.values()) - 100) <= 0.2
+
+
+def test_processes_are_told_apart_by_name_and_command_line() -> None:
+    assert process_kind(os.getpid(), "python3", "") == "benchmark"
+    assert process_kind(1, "postgres", "postgres: postgres retry_bench 127.0.0.1(5) COPY") == "PostgreSQL"
+    assert process_kind(1, "java", "java -cp ... org.apache.spark.deploy.SparkSubmit") == "Spark JVM"
+    assert process_kind(1, "tansu-v0.6.0-51", "tansu broker") == "broker"
+    assert process_kind(1, "python3", "/venv/bin/python -m pyspark.daemon") == "Spark Python workers"
+    assert process_kind(1, "python3", "/venv/bin/python /repo/include/spark/bulk_retry.py --x") == (
+        "Spark Python driver"
+    )
+    assert process_kind(1, "python3", "/venv/bin/python -c 'ingest worker'") == "other"
+    assert process_kind(1, "bash", "bash") == "other"
+
+
+def test_cpu_of_a_busy_child_process_is_counted_for_its_kind() -> None:
+    # A real child process spinning for a second, started and ended inside the window.
+    with ProcessCpu(interval_s=0.05) as cpu:
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import time\nend = time.process_time() + 1\nwhile time.process_time() < end: pass",
+            ],
+            check=True,
+        )
+    used = cpu.seconds()
+    assert used["other"] >= 0.8, used  # its CPU second, less at most one sampling interval
+
+
+def test_children_that_end_between_samples_count_through_their_parent() -> None:
+    # Like PostgreSQL's short-lived backends: never sampled, reaped by their parent (here this process).
+    spin = "import time\nend = time.process_time() + 0.15\nwhile time.process_time() < end: pass"
+    with ProcessCpu(interval_s=60) as cpu:  # no sample between the first and the last
+        for _ in range(8):
+            subprocess.run([sys.executable, "-c", spin], check=True)
+    used = cpu.seconds()
+    assert used["benchmark"] >= 8 * 0.15, used
+    # Never seen alive: counted once, for the parent, not again as "other" (which has the machine's
+    # own background processes, far less than the children's 1.2 s).
+    assert used.get("other", 0) < 0.5, used
+
+
+def test_a_process_counts_as_the_program_it_execs(tmp_path: Path) -> None:
+    # As spark-submit, a shell script, execs the JVM: the same process, then named "java".
+    java = tmp_path / "java"
+    java.symlink_to(sys.executable)
+    spin = "import time\nend = time.process_time() + 1\nwhile time.process_time() < end: pass"
+    with ProcessCpu(interval_s=0.05) as cpu:
+        subprocess.run(["sh", "-c", f'sleep 0.2; exec "{java}" -c "$0"', spin], check=True)
+    assert cpu.seconds()["Spark JVM"] >= 0.8, cpu.seconds()
+
+
+def test_cpu_use_against_the_cores() -> None:
+    text = cpu_use_text({"PostgreSQL": 9.1, "Spark JVM": 5.2}, 12.0, 2)
+    assert text == "PostgreSQL 9.1, Spark JVM 5.2: 14.3 CPU seconds in 12.0 s of the 24.0 that 2 cores have"
