@@ -6,6 +6,7 @@ small frames and tables the Spark tests use.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -51,5 +52,8 @@ def spark(jdbc_jar: str) -> Iterator[SparkSession]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
+    # py4j says "Closing down clientserver connection" (INFO) from a finaliser at interpreter exit,
+    # after pytest has closed the streams a handler may still point at: a "Logging error" in the output.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()
