@@ -1,4 +1,5 @@
-"""How the benchmark reports the machine's CPU: busy, idle and stolen by the hypervisor."""
+"""How the benchmark reports the machine's CPU: busy, idle and stolen by the hypervisor, and the CPU seconds
+each kind of process used (PostgreSQL, the Spark JVM, its Python workers, ...)."""
 
 from __future__ import annotations
 
