@@ -91,6 +91,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
 
     rows = sizes.spark_rows
     cores = os.cpu_count()
+    bulk_cpu_s, compact_cpu_s = bulk_cpu.seconds(), compact_cpu.seconds()
     driver_options = spark_conf()  # what _spark_submit passed to each driver
     bulk_rate, compact_rate = round(rows / bulk_s, 1), round(rows / compact_s, 1)
     result.figures = {"spark_bulk_rows_per_s": bulk_rate, "spark_compact_rows_per_s": compact_rate}
@@ -103,14 +104,14 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
             "rows_per_s": bulk_rate,
             "rows_per_s_after_startup": round(rows / max(0.001, bulk_s - startup_s), 1),
             "result": bulk,
-            "cpu_s": bulk_cpu.seconds(),
+            "cpu_s": bulk_cpu_s,
         },
         "compact": {
             "seconds": round(compact_s, 1),
             "rows_per_s": compact_rate,
             "rows_per_s_after_startup": round(rows / max(0.001, compact_s - startup_s), 1),
             "result": compact,
-            "cpu_s": compact_cpu.seconds(),
+            "cpu_s": compact_cpu_s,
         },
         "master": "local[*]",
         "driver_options": driver_options,
@@ -118,8 +119,8 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
             f"Where the time went (seconds per step, from the jobs' own timings): bulk retry "
             f"{_phases(bulk)}; compaction {_phases(compact)}.",
             f"CPU seconds by process (sampled from /proc), bulk retry: "
-            f"{cpu_use_text(bulk_cpu.seconds(), bulk_s, cores)}; compaction: "
-            f"{cpu_use_text(compact_cpu.seconds(), compact_s, cores)}. 100 000 rows/s would give the "
+            f"{cpu_use_text(bulk_cpu_s, bulk_s, cores)}; compaction: "
+            f"{cpu_use_text(compact_cpu_s, compact_s, cores)}. 100 000 rows/s would give the "
             f"{rows:,} jobs {rows / 100_000 * (cores or 1):.3g} CPU seconds in all, Spark's start-up included.",
             "What limits it: everything runs on this machine's 2 cores in `local[*]` mode, next to "
             "PostgreSQL and the broker, and the JVM and Spark start-up are counted (a user waits for them). "
