@@ -19,6 +19,7 @@ from typing import Any, LiteralString, cast
 import psycopg
 from psycopg import sql
 from psycopg.adapt import PyFormat
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.types import TypeInfo
 
 from retry_scheduler.config import REPO_ROOT
@@ -59,10 +60,27 @@ def connect(database_url: str, *, autocommit: bool = False) -> psycopg.Connectio
     try:
         return psycopg.connect(database_url, autocommit=autocommit, connect_timeout=10)
     except psycopg.OperationalError as exc:
-        raise StoreError(
-            f"cannot connect to PostgreSQL at {redact_url(database_url)}: {str(exc).strip()}. "
-            "Is it running? Set RETRY_DATABASE_URL (or the retry_postgres connection) to a reachable server."
-        ) from exc
+        raise StoreError(_connect_advice(database_url, str(exc).strip())) from exc
+
+
+def _connect_advice(database_url: str, error: str) -> str:
+    try:
+        server = conninfo_to_dict(database_url)
+    except psycopg.ProgrammingError:
+        server = {}
+    name = server.get("dbname")
+    if name and f'database "{name}" does not exist' in error:
+        # The server answers: pointing at the server would send the user the wrong way.
+        host, port, user = server.get("host") or "localhost", server.get("port") or "5432", server.get("user")
+        createdb = f"createdb -h {host} -p {port}" + (f" -U {user}" if user else "") + f" {name}"
+        return (
+            f'PostgreSQL answers at {host}:{port} but has no database "{name}": create it ({createdb}, '
+            "or `retry-scheduler dev postgres` on a development machine), then run `retry-scheduler db migrate`"
+        )
+    return (
+        f"cannot connect to PostgreSQL at {redact_url(database_url)}: {error}. "
+        "Is it running? Set RETRY_DATABASE_URL (or the retry_postgres connection) to a reachable server."
+    )
 
 
 def redact_url(url: str) -> str:

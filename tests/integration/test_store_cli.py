@@ -8,6 +8,7 @@ import time
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from retry_scheduler.cli import main
 from retry_scheduler.jobs import Job, Status
@@ -170,3 +171,19 @@ def test_cli_reports_an_unreachable_database(
     monkeypatch.setenv("RETRY_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/nope")
     assert main(["status"]) == 2
     assert "cannot connect to PostgreSQL" in capsys.readouterr().err
+
+
+def test_cli_says_how_to_create_a_missing_database(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The server answers, but the database in the URL was never created: the usual first-run mistake.
+    missing = database_url.rsplit("/", 1)[0] + "/retry_never_created"
+    monkeypatch.setenv("RETRY_DATABASE_URL", missing)
+    assert main(["db", "migrate"]) == 2
+    err = capsys.readouterr().err
+    server = conninfo_to_dict(missing)
+    host, port, user = server["host"], server.get("port", "5432"), server["user"]
+    assert f'PostgreSQL answers at {host}:{port} but has no database "retry_never_created"' in err
+    assert f"createdb -h {host} -p {port} -U {user} retry_never_created" in err
+    assert "retry-scheduler dev postgres" in err
+    assert "Is it running?" not in err  # it is: that advice would send the user the wrong way
