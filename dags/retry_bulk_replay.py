@@ -17,11 +17,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
 from retry_scheduler.notify import failure_notifiers
-from retry_scheduler.sparkjobs import BULK_RETRY_APP, jdbc_jars, spark_conf, spark_packages
+from retry_scheduler.sparkjobs import BULK_RETRY_APP, spark_submit_operator
 
 
 @dag(
@@ -69,15 +68,11 @@ def retry_bulk_replay() -> None:
 
         return bulk_retry_args(get_current_context()["params"], settings_from_connections())
 
-    SparkSubmitOperator(
+    spark_submit_operator(
         task_id="bulk_retry",
-        application=str(BULK_RETRY_APP),
-        conn_id="spark_default",
-        jars=jdbc_jars(),
-        conf=spark_conf(),  # the class archive of `make spark-deps`, when there is one
-        packages=spark_packages(),
+        application=BULK_RETRY_APP,
         name="retry_bulk_replay",
-        application_args=job_args(),  # type: ignore[arg-type]  # an XComArg, resolved at run time
+        application_args=job_args(),
     )
 
 

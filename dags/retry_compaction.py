@@ -19,11 +19,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
 
 from retry_scheduler.notify import failure_notifiers
-from retry_scheduler.sparkjobs import COMPACT_APP, jdbc_jars, spark_conf, spark_packages
+from retry_scheduler.sparkjobs import COMPACT_APP, spark_submit_operator
 
 
 @dag(
@@ -64,15 +63,8 @@ def retry_compaction() -> None:
             settings_from_connections(), day=day, dead_retention=context["params"]["dead_retention"]
         )
 
-    SparkSubmitOperator(
-        task_id="compact",
-        application=str(COMPACT_APP),
-        conn_id="spark_default",
-        jars=jdbc_jars(),
-        conf=spark_conf(),  # the class archive of `make spark-deps`, when there is one
-        packages=spark_packages(),
-        name="retry_compaction",
-        application_args=job_args(),  # type: ignore[arg-type]  # an XComArg, resolved at run time
+    spark_submit_operator(
+        task_id="compact", application=COMPACT_APP, name="retry_compaction", application_args=job_args()
     )
 
 

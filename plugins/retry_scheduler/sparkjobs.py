@@ -19,11 +19,14 @@ from datetime import datetime
 from getpass import getuser
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, LiteralString
+from typing import TYPE_CHECKING, Any, LiteralString
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from retry_scheduler.config import REPO_ROOT, Settings
 from retry_scheduler.durations import parse_duration_ms
+
+if TYPE_CHECKING:
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +191,30 @@ def spark_conf() -> dict[str, str]:
     if archive is None or not archive_complete(archive):
         return {}
     return {"spark.driver.defaultJavaOptions": f"-XX:SharedArchiveFile={archive}"}
+
+
+def spark_submit_operator(
+    *, task_id: str, application: Path, name: str, application_args: Any
+) -> SparkSubmitOperator:
+    """The ``SparkSubmitOperator`` of a retry-scheduler DAG, with what every job submission takes.
+
+    The ``spark_default`` connection says where to submit; the JDBC driver (``jdbc_jars``) or
+    ``RETRY_SPARK_PACKAGES``, and the class archive of ``make spark-deps`` (``spark_conf``), are
+    added as ``retry-scheduler bulk-retry|compact`` adds them. ``application_args`` may be an
+    XComArg, resolved at run time.
+    """
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    return SparkSubmitOperator(
+        task_id=task_id,
+        application=str(application),
+        conn_id="spark_default",
+        jars=jdbc_jars(),
+        conf=spark_conf(),
+        packages=spark_packages(),
+        name=name,
+        application_args=application_args,
+    )
 
 
 def archive_complete(archive: Path) -> bool:

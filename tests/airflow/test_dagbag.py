@@ -57,3 +57,18 @@ def test_every_task_alerts_on_failure_through_every_channel(dagbag) -> None:
 def test_policies_module_is_not_parsed_as_a_dag(dagbag) -> None:
     assert not any("retry_policies" in path for path in dagbag.import_errors)
     assert all(not dag.fileloc.endswith("retry_policies.py") for dag in dagbag.dags.values())
+
+
+def test_spark_tasks_submit_like_the_cli(dagbag) -> None:
+    # Both PySpark DAGs submit with what `retry-scheduler bulk-retry|compact` passes: the job file,
+    # the JDBC driver and the class archive's --conf of this machine.
+    from retry_scheduler.sparkjobs import BULK_RETRY_APP, COMPACT_APP, jdbc_jars, spark_conf
+
+    for dag_id, task_id, app in (
+        ("retry_bulk_replay", "bulk_retry", BULK_RETRY_APP),
+        ("retry_compaction", "compact", COMPACT_APP),
+    ):
+        task = dagbag.dags[dag_id].get_task(task_id)
+        assert (task.application, task.name) == (str(app), dag_id)
+        assert task.jars == jdbc_jars() and task.jars
+        assert task.conf == spark_conf()
