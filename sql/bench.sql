@@ -119,6 +119,34 @@ SELECT 'bench.spark', mod(g, 3)::integer, g, 0, %(destination)s,
        now() - interval '1 hour', now() - interval '1 hour'
 FROM generate_series(1::bigint, %(count)s::bigint) AS g;
 
+-- name: bench_id_bounds
+SELECT coalesce(min(id), 0), coalesce(max(id), -1) FROM retry_jobs;
+
+-- name: bench_floor_bulk_read
+-- PostgreSQL's part of bulk retry, alone: the job's read of its share of the selection, the columns
+-- of include/spark/bulk_retry.py (OUTGOING_COLUMNS), as one binary stream.
+COPY (
+    SELECT id, destination, destination_partition, msg_key, msg_value, headers, attempt, policy, reason,
+           error_class, consumer_group, retry_id, original_topic, original_partition, original_offset,
+           (extract(epoch FROM first_seen_at) * 1000)::bigint, dead_reason, dlq_topic
+    FROM retry_jobs
+    WHERE status = 'dead' AND destination = %(destination)s AND id BETWEEN %(low)s AND %(high)s
+) TO STDOUT (FORMAT binary);
+
+-- name: bench_floor_bulk_mark
+-- ... and its marking, in one statement for the share (the job sends batches of ids and ack times).
+UPDATE retry_jobs
+SET status = 'published', published_at = now(), lease_until = NULL, dead_reason = NULL, updated_at = now()
+WHERE id BETWEEN %(low)s AND %(high)s AND status IN ('dead', 'pending');
+
+-- name: bench_floor_compact_read
+-- PostgreSQL's part of compaction, alone: the job's read of every column of its share of the selection.
+COPY (SELECT * FROM retry_jobs WHERE id BETWEEN %(low)s AND %(high)s) TO STDOUT (FORMAT binary);
+
+-- name: bench_floor_compact_delete
+-- ... and its delete, in one statement for the share (the job deletes in bounded batches).
+DELETE FROM retry_jobs WHERE id BETWEEN %(low)s AND %(high)s;
+
 -- name: bench_lateness_count
 SELECT count(*) FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';
 

@@ -89,6 +89,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
     if code != 0 or left:
         raise BenchError(f"compaction exited {code} with {compact}; jobs left {left}")
 
+    bulk_floor, compact_floor = _postgres_floors(env, sizes.spark_rows, destination)
     rows = sizes.spark_rows
     cores = os.cpu_count()
     bulk_cpu_s, compact_cpu_s = bulk_cpu.seconds(), compact_cpu.seconds()
@@ -113,6 +114,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
             "result": compact,
             "cpu_s": compact_cpu_s,
         },
+        "postgres_floor": {"bulk": bulk_floor, "compact": compact_floor},
         "master": "local[*]",
         "driver_options": driver_options,
         "limits": [
@@ -131,6 +133,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
             "Compaction counts the selection by day and stages its ids in one PostgreSQL statement, reads "
             "every column over JDBC straight into Parquet, reads the ids still selected and the archive's "
             "ids back to verify, and deletes in batches. " + _budget(rows, bulk, compact),
+            _floor_text(rows, bulk_floor, compact_floor),
             "On a cluster the read, produce and Parquet steps scale out with the executors; the `UPDATE` "
             "and the `DELETE`s stay PostgreSQL's work.",
         ],
@@ -151,6 +154,105 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
         ),
     ]
     return result
+
+
+def _postgres_floors(env: BenchEnv, rows: int, destination: str) -> tuple[dict[str, float], dict[str, float]]:
+    """PostgreSQL's part of bulk retry, then of compaction, alone, on a fresh set of the same dead jobs."""
+    with connect(env.url, autocommit=True) as conn:
+        conn.execute(q("bench_fill_dead"), {"count": rows, "destination": destination})
+        conn.execute(q("bench_vacuum_analyze"))
+    floors = (
+        postgres_floor(env, "bench_floor_bulk_read", "bench_floor_bulk_mark", {"destination": destination}),
+        postgres_floor(env, "bench_floor_compact_read", "bench_floor_compact_delete", {}),
+    )
+    for floor, done in zip(floors, ("marked published", "deleted"), strict=True):
+        if floor["rows"] != rows:
+            raise BenchError(f"PostgreSQL's part alone {done} {floor['rows']} jobs, not {rows}")
+    log.info(
+        "spark: PostgreSQL's part alone took %.1f s (bulk retry), %.1f s (compaction)",
+        *(f["seconds"] for f in floors),
+    )
+    return floors
+
+
+def postgres_floor(
+    env: BenchEnv, read: str, write: str, params: dict[str, Any], workers: int = 2
+) -> dict[str, float]:
+    """PostgreSQL's own part of a PySpark job, alone: a bound on the job's speed on this machine.
+
+    The ids of ``retry_jobs`` are split among ``workers`` connections working side by side (one per
+    core); each reads its share with ``read`` (a ``COPY ... TO STDOUT``, drained unparsed), then runs
+    ``write`` on it (the job's ``UPDATE`` or ``DELETE``, one statement for the share) and commits.
+    Nothing goes through Spark or Kafka: whatever its other parts cost, the job cannot read and store
+    its outcome faster than this.
+    """
+    [(low, high)] = env.sql("bench_id_bounds", fetch=True)
+    step = (high - low) // workers + 1
+    shares = [(low + i * step, min(high, low + (i + 1) * step - 1)) for i in range(workers)]
+    ready = threading.Barrier(workers + 1)
+    timings: list[tuple[float, float, int, int]] = []
+    errors: list[BaseException] = []
+
+    def work(share_low: int, share_high: int) -> None:
+        try:
+            with connect(env.url) as conn:
+                bound = params | {"low": share_low, "high": share_high}
+                ready.wait()
+                began, size = time.perf_counter(), 0
+                with conn.cursor().copy(q(read), bound) as copy:
+                    for block in copy:
+                        size += len(block)
+                read_done = time.perf_counter()
+                rows = conn.execute(q(write), bound).rowcount
+                conn.commit()
+                timings.append((read_done - began, time.perf_counter() - read_done, size, rows))
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+            ready.abort()
+
+    threads = [threading.Thread(target=work, args=share, name="floor") for share in shares]
+    for thread in threads:
+        thread.start()
+    with contextlib.suppress(threading.BrokenBarrierError):
+        ready.wait()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - began
+    if errors:
+        raise BenchError(f"PostgreSQL's part alone failed: {errors[0]}") from errors[0]
+    return {
+        "seconds": round(seconds, 2),
+        "read_s": round(max(t[0] for t in timings), 2),
+        "write_s": round(max(t[1] for t in timings), 2),
+        "read_bytes": sum(t[2] for t in timings),
+        "rows": sum(t[3] for t in timings),
+        "connections": workers,
+    }
+
+
+def _floor_text(rows: int, bulk: dict[str, float], compact: dict[str, float]) -> str:
+    budget_s = rows / 100_000
+    over = [
+        job for job, floor in (("bulk retry", bulk), ("compaction", compact)) if floor["seconds"] > budget_s
+    ]
+    verdict = (
+        f"so on this machine, at this hour, PostgreSQL alone rules the target out for {' and '.join(over)}"
+        if over
+        else "so PostgreSQL's part alone would fit in the target here: the rest of the time is Spark's, "
+        "Python's and the broker's"
+    )
+    return (
+        f"PostgreSQL's part alone, on a fresh set of the same {rows:,} dead jobs after the two jobs, with "
+        f"no Spark and nothing produced (`bench_slow.postgres_floor`: the ids split over "
+        f"{bulk['connections']} connections side by side, one per core, each reading its share as the "
+        f"job does, then writing it in one statement and committing): bulk retry's read and `UPDATE` "
+        f"{bulk['seconds']:.1f} s (read {bulk['read_s']:.1f}, `UPDATE` {bulk['write_s']:.1f}), at most "
+        f"{rows / bulk['seconds']:,.0f} rows/s; compaction's read of every column and `DELETE` "
+        f"{compact['seconds']:.1f} s (read {compact['read_s']:.1f}, `DELETE` {compact['write_s']:.1f}), at "
+        f"most {rows / compact['seconds']:,.0f} rows/s. "
+        f"100 000 rows/s leaves {budget_s:.3g} s, {verdict}."
+    )
 
 
 def _budget(rows: int, bulk: dict[str, Any], compact: dict[str, Any]) -> str:

@@ -54,3 +54,22 @@ def test_the_cpu_of_each_kind_of_process_is_reported(spark_report: dict) -> None
     limits = " ".join(details["limits"])
     assert "CPU seconds by process (sampled from /proc), bulk retry: " in limits
     assert f"100 000 rows/s would give the {ROWS:,} jobs" in limits
+
+
+def test_postgresql_alone_is_measured_as_the_bound(spark_report: dict) -> None:
+    # PostgreSQL's part of each job, alone, on a fresh set of the same jobs: every job read and
+    # written once, over two connections, and the report says what rate it would allow at most.
+    details = spark_report["measurements"]["spark"]["details"]
+    floors = details["postgres_floor"]
+    for job in ("bulk", "compact"):
+        floor = floors[job]
+        assert floor["rows"] == ROWS and floor["connections"] == 2
+        assert floor["read_bytes"] > ROWS * 100  # every row's key, value and columns were read
+        assert 0 < max(floor["read_s"], floor["write_s"]) <= floor["seconds"]
+    # The jobs' figures came first: the floor's fresh set is written and gone afterwards.
+    assert details["bulk"]["result"]["published"] == ROWS
+    limits = " ".join(details["limits"])
+    bulk_max = ROWS / floors["bulk"]["seconds"]
+    assert f"bulk retry's read and `UPDATE` {floors['bulk']['seconds']:.1f} s" in limits
+    assert f"at most {bulk_max:,.0f} rows/s" in limits
+    assert "PostgreSQL alone rules the target out" in limits or "would fit in the target here" in limits
