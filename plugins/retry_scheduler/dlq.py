@@ -35,7 +35,7 @@ from psycopg.types.json import Jsonb
 from retry_scheduler import protocol
 from retry_scheduler.durations import parse_duration_ms
 from retry_scheduler.jobs import decode_headers
-from retry_scheduler.store import connect, like_pattern, queries
+from retry_scheduler.store import connect, like_pattern, queries, require_migrated
 
 #: Jobs changed per transaction by replay and purge.
 BATCH = 10_000
@@ -202,6 +202,7 @@ def _connection(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     # Filters change the query's shape: plan each statement with its values, never a generic plan.
     conn.prepare_threshold = None
     try:
+        require_migrated(conn, database_url)
         yield conn
     finally:
         conn.close()

@@ -83,6 +83,22 @@ def _connect_advice(database_url: str, error: str) -> str:
     )
 
 
+def require_migrated(conn: psycopg.Connection[Any], database_url: str) -> None:
+    """Raise a :class:`StoreError` that says to migrate when the database has no retry schema yet.
+
+    Leaves no transaction open. Without it a command on a new database would end in a traceback
+    about a missing relation.
+    """
+    info = TypeInfo.fetch(conn, "retry_job_status")
+    if not conn.autocommit:
+        conn.rollback()
+    if info is None:
+        raise StoreError(
+            f"the database at {redact_url(database_url)} has no retry_jobs table: "
+            "run `retry-scheduler db migrate` first"
+        )
+
+
 def redact_url(url: str) -> str:
     """The URL with its password replaced by ``***``, for messages and logs."""
     return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
@@ -193,13 +209,7 @@ class Store:
         self._check_migrated()
 
     def _check_migrated(self) -> None:
-        info = TypeInfo.fetch(self.conn, "retry_job_status")
-        self.conn.rollback()
-        if info is None:
-            raise StoreError(
-                f"the database at {redact_url(self.database_url)} has no retry_jobs table: "
-                "run `retry-scheduler db migrate` first"
-            )
+        require_migrated(self.conn, self.database_url)
 
     def close(self) -> None:
         self.conn.close()
