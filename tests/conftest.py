@@ -62,6 +62,19 @@ def database_url(pg_template: str) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture
+def bare_database_url() -> Iterator[str]:
+    """A new database on the test server that was never migrated, as a first-time user has it."""
+    import psycopg
+
+    name = f"retry_test_bare_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield _db_url(name)
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
 def bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Tansu broker (memory only) for the whole session."""

@@ -77,7 +77,7 @@ try:
         fetch_rows,
         jdbc_target,
     )
-    from retry_scheduler.store import connect, like_pattern
+    from retry_scheduler.store import StoreError, connect, like_pattern, require_migrated
 except ImportError as exc:  # pragma: no cover - depends on how the job is launched
     raise SystemExit(
         f"bulk_retry cannot import {exc.name} in {sys.executable}: run it with the project's Python, "
@@ -282,6 +282,7 @@ class SelectionSummary:
 def summarize(database_url: str, selection: Selection) -> SelectionSummary:
     query, params = selection.summary_query()
     with connect(database_url) as conn:
+        require_migrated(conn, database_url)
         rows = conn.execute(query, params).fetchall()
     return SelectionSummary(
         per_destination={r[0]: int(r[1]) for r in rows},
@@ -750,7 +751,7 @@ if __name__ == "__main__":
     )
     try:
         outcome = main()
-    except (BulkRetryError, JobArgumentError) as exc:
+    except (BulkRetryError, JobArgumentError, StoreError) as exc:
         print(f"bulk_retry: {exc}", file=sys.stderr)
         sys.exit(2)
     finally:

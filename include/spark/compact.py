@@ -61,7 +61,7 @@ if _PLUGINS.is_dir() and str(_PLUGINS) not in sys.path:
 
 from retry_scheduler.durations import parse_duration_ms  # noqa: E402
 from retry_scheduler.sparkjobs import PAYLOAD_BYTES_SQL, JdbcTarget, fetch_rows, jdbc_target  # noqa: E402
-from retry_scheduler.store import connect  # noqa: E402
+from retry_scheduler.store import StoreError, connect  # noqa: E402
 
 log = logging.getLogger("retry_scheduler.compact")
 
@@ -678,6 +678,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 if __name__ == "__main__":
     try:
         result = main()
+    except ArchiveVerificationError:
+        raise  # nothing was deleted; the traceback shows where the archive and the selection differ
+    except (CompactionError, StoreError) as exc:
+        # Cannot start (no schema, another run in progress, PostgreSQL unreachable): say why, exit 2.
+        print(f"compact: {exc}", file=sys.stderr)
+        sys.exit(2)
     finally:
         active = SparkSession.getActiveSession()
         if active is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-import uuid
 
 import psycopg
 import pytest
@@ -14,7 +13,6 @@ from psycopg.conninfo import conninfo_to_dict
 from retry_scheduler.cli import main
 from retry_scheduler.jobs import Job, Status
 from retry_scheduler.store import Store, StoreError, migrate
-from tests.conftest import ADMIN_URL
 
 pytestmark = pytest.mark.integration
 
@@ -192,24 +190,13 @@ def test_cli_says_how_to_create_a_missing_database(
 
 
 def test_commands_on_a_database_never_migrated_say_to_migrate(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    bare_database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    name = f"retry_test_bare_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        monkeypatch.setenv("RETRY_DATABASE_URL", ADMIN_URL.rsplit("/", 1)[0] + f"/{name}")
-        for command in (
-            ["status"],
-            ["dlq", "list"],
-            ["dlq", "show", "1"],
-            ["dlq", "purge", "--dry-run"],
-            ["dlq", "replay", "--dry-run"],
-        ):
-            assert main(command) == 2, command
-            err = capsys.readouterr().err
-            assert "has no retry_jobs table: run `retry-scheduler db migrate` first" in err, (command, err)
-            assert "Traceback" not in err
-    finally:
-        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    monkeypatch.setenv("RETRY_DATABASE_URL", bare_database_url)
+    for command in (
+        ["status"], ["dlq", "list"], ["dlq", "show", "1"], ["dlq", "purge", "--dry-run"], ["dlq", "replay", "--dry-run"]
+    ):  # fmt: skip
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert "has no retry_jobs table: run `retry-scheduler db migrate` first" in err, (command, err)
+        assert "Traceback" not in err

@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 
 from include.spark import bulk_retry
 from include.spark.bulk_retry import BulkRetryError, Selection
-from retry_scheduler import protocol
+from retry_scheduler import cli, protocol
 from retry_scheduler.jobs import Job, OutgoingRow, Status, destination_headers, encode_headers
 from retry_scheduler.sparkjobs import JobArgumentError, fetch_rows
 from retry_scheduler.store import Store
@@ -572,3 +572,15 @@ def test_filters_error_class_time_window_and_limit(
     seen = consume(bootstrap_servers, [orders], expected=11)
     assert {r.header(protocol.ID) for r in seen} == expect_quoted | expect_combined
     assert len(seen) == 11
+
+
+def test_both_jobs_on_a_database_never_migrated_say_to_migrate(
+    bare_database_url: str, jdbc_jar: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Through spark-submit, as a user runs them: one line saying what to do, exit 2, no traceback.
+    monkeypatch.setenv("RETRY_DATABASE_URL", bare_database_url)
+    for command, job in ((["bulk-retry", "--dry-run"], "bulk_retry"), (["compact", "--dry-run"], "compact")):
+        assert cli.main(command) == 2, command
+        err = capfd.readouterr().err
+        assert f"{job}: the database" in err and "run `retry-scheduler db migrate` first" in err, err[-2000:]
+        assert "Traceback" not in err, err[-2000:]
