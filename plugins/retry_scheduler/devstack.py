@@ -91,7 +91,12 @@ def _terminate(proc: Proc, name: str, timeout: float = 20.0) -> None:
             if proc.poll() is not None and not _group_alive(proc.pid):
                 return
             time.sleep(0.2)
-        log.warning("%s still running %.0f s after %s", name, timeout, sig.name)
+        if sig is signal.SIGTERM:
+            # Usual for the scheduler, whose executor waits for running tasks (a retry_scheduler run
+            # lasts 90 s). Killing them is safe: the loops are at-least-once, and the next run resumes.
+            log.info("%s still running %.0f s after SIGTERM: sending SIGKILL", name, timeout)
+        else:
+            log.warning("%s still running %.0f s after SIGKILL", name, timeout)
 
 
 def _kafka_answers(bootstrap: str, timeout: float) -> bool:
