@@ -7,9 +7,11 @@ on a free port; tests isolate themselves with unique topic names.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +22,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_URL = os.environ.get("RETRY_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 TEMPLATE_DB = "retry_test_template"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Drop the root logger's handlers that point at pytest's capture streams before they close.
+
+    Importing Airflow configures logging while pytest captures output: the root logger gets a
+    handler (INFO) on pytest's capture file. At interpreter exit py4j's garbage-collection thread may
+    log through the root logger (``logging.info`` when the stopped JVM resets its connection), and a
+    handler on the closed file prints "--- Logging error ---" and a traceback after the summary.
+    """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        stream = getattr(handler, "stream", None)
+        if isinstance(handler, logging.StreamHandler) and stream not in (sys.__stderr__, sys.__stdout__):
+            root.removeHandler(handler)
 
 
 def _free_port() -> int:
