@@ -5,34 +5,22 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+
+from retry_scheduler import chaos
+from retry_scheduler.chaos import create_topics
+
+__all__ = ["Seen", "consume", "create_topics", "produce"]
 
 
-@dataclass(frozen=True)
-class Seen:
-    """A record as a consumer of a destination or DLQ topic sees it."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
+class Seen(chaos.Seen):
+    """A record as a consumer of a destination or DLQ topic sees it; ``header`` is strict for tests."""
 
     def header(self, name: str) -> str | None:
         values = [v for k, v in self.headers if k == name]
         assert len(values) <= 1, f"header {name} appears {len(values)} times"
         return None if not values or values[0] is None else values[0].decode()
-
-
-def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 3) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
-        future.result(10)
 
 
 def produce(bootstrap: str, topic: str, records: Sequence[dict], partition: int | None = None) -> None:
