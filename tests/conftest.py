@@ -21,7 +21,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_URL = os.environ.get("RETRY_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-TEMPLATE_DB = "retry_test_template"
+#: One template per test session (its pid in the name), so that two ``make test`` runs on one machine
+#: (two checkouts, or a CI clone beside a working copy) do not drop each other's template.
+TEMPLATE_PREFIX = "retry_test_template_"
+TEMPLATE_DB = f"{TEMPLATE_PREFIX}{os.getpid()}"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -50,20 +53,42 @@ def _db_url(name: str) -> str:
     return f"{base}/{name}"
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @pytest.fixture(scope="session")
-def pg_template() -> str:
+def pg_template() -> Iterator[str]:
+    """A migrated database that each test's database is copied from; dropped when the session ends.
+
+    Templates left by sessions that were killed (their pid no longer running) are dropped first.
+    """
     import psycopg
 
     from retry_scheduler.store import migrate
 
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (TEMPLATE_DB,)
-        )
-        conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}"')
+        names = [
+            r[0]
+            for r in conn.execute(
+                "SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (TEMPLATE_PREFIX,)
+            )
+        ]
+        for name in names:
+            suffix = name.removeprefix(TEMPLATE_PREFIX)
+            if name == TEMPLATE_DB or not suffix.isdigit() or not _pid_alive(int(suffix)):
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{TEMPLATE_DB}"')
     migrate(_db_url(TEMPLATE_DB))
-    return TEMPLATE_DB
+    yield TEMPLATE_DB
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}" WITH (FORCE)')
 
 
 @pytest.fixture
