@@ -7,6 +7,7 @@ on a free port; tests isolate themselves with unique topic names.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -91,30 +92,33 @@ def pg_template() -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}" WITH (FORCE)')
 
 
+@contextlib.contextmanager
+def _scratch_database(name: str, template: str | None = None) -> Iterator[str]:
+    """Create database ``name`` (a copy of ``template``, or empty), yield its URL, then drop it."""
+    import psycopg
+
+    copy = f' TEMPLATE "{template}"' if template else ""
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"{copy}')
+    try:
+        yield _db_url(name)
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
 def database_url(pg_template: str) -> Iterator[str]:
     """A fresh, migrated database for one test, dropped afterwards."""
-    import psycopg
-
-    name = f"retry_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
-    yield _db_url(name)
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with _scratch_database(f"retry_test_{uuid.uuid4().hex[:10]}", template=pg_template) as url:
+        yield url
 
 
 @pytest.fixture
 def bare_database_url() -> Iterator[str]:
     """A new database on the test server that was never migrated, as a first-time user has it."""
-    import psycopg
-
-    name = f"retry_test_bare_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield _db_url(name)
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with _scratch_database(f"retry_test_bare_{uuid.uuid4().hex[:8]}") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

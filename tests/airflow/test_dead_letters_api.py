@@ -29,7 +29,7 @@ from retry_scheduler.devstack import Proc, _airflow_bin, _spawn, _tail, _termina
 from retry_scheduler.jobs import encode_headers
 from retry_scheduler.store import migrate
 from tests.airflow.conftest import AIRFLOW_DB
-from tests.conftest import ADMIN_URL, ROOT, _db_url, _free_port
+from tests.conftest import ROOT, _db_url, _free_port, _scratch_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
@@ -54,16 +54,9 @@ class AirflowServer:
 @pytest.fixture(scope="module")
 def retry_db() -> Iterator[str]:
     """A migrated retry database for the module's api-server, dropped afterwards."""
-    name = f"retry_webui_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = _db_url(name)
-    try:
+    with _scratch_database(f"retry_webui_{uuid.uuid4().hex[:10]}") as url:
         migrate(url)
         yield url
-    finally:
-        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module")
