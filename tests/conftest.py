@@ -29,18 +29,24 @@ TEMPLATE_DB = f"{TEMPLATE_PREFIX}{os.getpid()}"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Drop the root logger's handlers that point at pytest's capture streams before they close.
+    """Keep what is logged at interpreter exit, after the summary, out of the output unless it warns.
 
-    Importing Airflow configures logging while pytest captures output: the root logger gets a
-    handler (INFO) on pytest's capture file. At interpreter exit py4j's garbage-collection thread may
-    log through the root logger (``logging.info`` when the stopped JVM resets its connection), and a
-    handler on the closed file prints "--- Logging error ---" and a traceback after the summary.
+    Importing Airflow configures logging while pytest captures output: the root logger gets a handler
+    (INFO) on pytest's capture file. At interpreter exit py4j's garbage-collection thread may log
+    through the root logger (``logging.info`` with a traceback, when the stopped JVM resets its
+    connection). A handler on the closed capture file would print "--- Logging error ---"; with no
+    handler at all, ``logging.info`` would call ``basicConfig`` and print the INFO message and its
+    traceback to stderr. So the capture handlers go, and the real stderr gets warnings and errors only.
     """
     root = logging.getLogger()
     for handler in list(root.handlers):
         stream = getattr(handler, "stream", None)
         if isinstance(handler, logging.StreamHandler) and stream not in (sys.__stderr__, sys.__stdout__):
             root.removeHandler(handler)
+    if not root.handlers:
+        warnings_only = logging.StreamHandler(sys.__stderr__)
+        warnings_only.setLevel(logging.WARNING)
+        root.addHandler(warnings_only)
 
 
 def _free_port() -> int:
