@@ -8,6 +8,7 @@ on a free port; tests isolate themselves with unique topic names.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import socket
@@ -96,6 +97,39 @@ def pg_template() -> Iterator[str]:
     yield TEMPLATE_DB
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}" WITH (FORCE)')
+
+
+def checkout_db_name(prefix: str) -> str:
+    """The name of this checkout's ``prefix`` database: ``prefix`` and a hash of the checkout's path."""
+    return f"{prefix}{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}"
+
+
+def checkout_database(prefix: str) -> str:
+    """Create this checkout's ``prefix`` database when missing (kept between test runs); its name.
+
+    Its comment names the checkout; other ``prefix`` databases whose checkout is gone (CI clones) are
+    dropped. Two checkouts on one machine (a CI clone beside a working copy) then never share it,
+    while each keeps its own between runs (migrating Airflow's takes a minute).
+    """
+    import psycopg
+    from psycopg import sql
+
+    name = checkout_db_name(prefix)
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        owners = conn.execute(
+            "SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database "
+            "WHERE starts_with(datname, %s)",
+            (prefix,),
+        ).fetchall()
+        for other, checkout in owners:
+            if other != name and checkout and not Path(checkout).is_dir():
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(other)))
+        if name not in {other for other, _ in owners}:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(str(ROOT)))
+            )
+    return name
 
 
 @contextlib.contextmanager

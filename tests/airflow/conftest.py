@@ -10,13 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
 import pytest
 
-from tests.conftest import ADMIN_URL, ROOT, _db_url
+from tests.conftest import ROOT, _db_url, checkout_database, checkout_db_name
 
-AIRFLOW_DB = "retry_airflow_test"
 AIRFLOW_HOME = ROOT / ".airflow-test"
+#: One metadata database per checkout, as AIRFLOW_HOME is, kept between runs.
+AIRFLOW_DB_PREFIX = "retry_airflow_test_"
+AIRFLOW_DB = checkout_db_name(AIRFLOW_DB_PREFIX)
 
 os.environ.update(
     {
@@ -35,11 +36,9 @@ os.environ.update(
 
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
-    """A migrated Airflow metadata database (kept between runs; migrate is idempotent)."""
+    """A migrated Airflow metadata database for this checkout (``checkout_database``; migrate is idempotent)."""
     AIRFLOW_HOME.mkdir(exist_ok=True)
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (AIRFLOW_DB,)).fetchone():
-            conn.execute(f'CREATE DATABASE "{AIRFLOW_DB}"')
+    checkout_database(AIRFLOW_DB_PREFIX)
     airflow = Path(sys.executable).parent / "airflow"
     subprocess.run([str(airflow), "db", "migrate"], check=True, env=os.environ.copy(), capture_output=True)
     return AIRFLOW_HOME

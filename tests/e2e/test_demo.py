@@ -6,7 +6,7 @@ import pytest
 
 from retry_scheduler.config import Settings
 from retry_scheduler.demo import run_demo
-from tests.conftest import _free_port
+from tests.conftest import _free_port, checkout_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
@@ -20,7 +20,7 @@ def test_demo_under_the_real_scheduler(database_url: str, tmp_path) -> None:
         timeout_s=240,
         say=lines.append,
         api_port=_free_port(),
-        metadata_db="retry_airflow_e2e",
+        metadata_db=checkout_database("retry_airflow_e2e_"),
         airflow_home=tmp_path / "airflow",
     )
     text = "\n".join(lines)
