@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from retry_scheduler.policy import Backoff, Policy
+from retry_scheduler.core.policy import Backoff, Policy
 
 DLQ_TOPIC = os.environ.get("CHAOS_DLQ_TOPIC", "chaos.dlq")
 

@@ -1,79 +1,8 @@
-"""
-### retry_bulk_replay
+"""The ``retry_bulk_replay`` DAG: manual, PySpark: re-publish a large filtered set of jobs.
 
-Re-publishes a large, filtered set of jobs with PySpark: for example every dead job of
-`payments` after a payment-provider outage. **Run it as a dry run first** (the default): the
-task log then shows how many jobs match, per destination, and nothing is sent.
-
-Spark reads the selected rows from PostgreSQL over JDBC in parallel partitions by id, the
-executors publish them with idempotent producers (same `retry.id`, `retry.attempt` raised,
-headers byte for byte as the normal publish path sends them), and exactly the acknowledged
-jobs are marked published with one set-based update. A re-run after a crash re-publishes at
-most the jobs that were not marked. Same job on the command line: `retry-scheduler bulk-retry`.
+Defined in ``retry_scheduler.airflow.dags.retry_bulk_replay``; this file only places it in the DAGs folder.
 """
 
-from __future__ import annotations
+from retry_scheduler.airflow.dags.retry_bulk_replay import retry_bulk_replay_dag
 
-from datetime import timedelta
-
-import pendulum
-from airflow.sdk import Param, dag, get_current_context, task
-
-from retry_scheduler.notify import failure_notifiers
-from retry_scheduler.sparkjobs import BULK_RETRY_APP, spark_submit_operator
-
-
-@dag(
-    dag_id="retry_bulk_replay",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    default_args={
-        "owner": "retry-scheduler",
-        "retries": 1,
-        "retry_delay": timedelta(seconds=30),
-        "on_failure_callback": failure_notifiers(),
-    },
-    params={
-        "destination": Param(
-            None,
-            type=["null", "string"],
-            pattern=r"^[A-Za-z0-9._-]{1,249}$",
-            title="Destination topic",
-            description="Only jobs for this destination (empty: every destination).",
-        ),
-        "status": Param(
-            "dead", enum=["dead", "pending"], title="Status", description="Which jobs to replay."
-        ),
-        "error_class": Param(
-            "", type="string", title="Error class", description="Glob on the error class, e.g. *Timeout*."
-        ),
-        "since": Param(None, type=["null", "string"], format="date-time", title="Failed since (UTC)"),
-        "until": Param(None, type=["null", "string"], format="date-time", title="Failed until (UTC)"),
-        "limit": Param(
-            0, type="integer", minimum=0, title="Limit", description="At most this many (0: all)."
-        ),
-        "dry_run": Param(True, type="boolean", title="Dry run", description="Only count; publish nothing."),
-    },
-    tags=["retry-scheduler", "spark", "operations"],
-    doc_md=__doc__,
-)
-def retry_bulk_replay() -> None:
-    @task
-    def job_args() -> list[str]:
-        """Validate the form and turn it into the job's arguments (connections read here, at run time)."""
-        from retry_scheduler.airflow_tasks import settings_from_connections
-        from retry_scheduler.sparkjobs import bulk_retry_args
-
-        return bulk_retry_args(get_current_context()["params"], settings_from_connections())
-
-    spark_submit_operator(
-        task_id="bulk_retry",
-        application=BULK_RETRY_APP,
-        name="retry_bulk_replay",
-        application_args=job_args(),
-    )
-
-
-retry_bulk_replay()
+dag = retry_bulk_replay_dag()

@@ -1,71 +1,8 @@
-"""
-### retry_compaction
+"""The ``retry_compaction`` DAG: daily, PySpark: archive processed jobs to Parquet and delete them from PostgreSQL.
 
-Every night, moves processed jobs out of PostgreSQL into Parquet so the hot table stays small:
-published jobs, and dead jobs older than their retention (`dead_retention`, 30 days). Each run's
-data interval is one UTC day, the day it archives (jobs processed that day); the run starts once
-the day is over. Catch-up and `airflow backfill create` re-run exactly the days asked for; a
-manual trigger archives the last complete day before the logical date it is given. Running a day twice neither duplicates
-archive rows nor deletes rows that are not in the archive: rows are deleted, in bounded batches,
-only after the archive was read back and found to hold every one of them.
-
-Archive: `RETRY_ARCHIVE_URI` (a local directory or any Hadoop-compatible URI), partitioned by
-`day` and `destination`, with a JSON manifest per run. Same job on the command line:
-`retry-scheduler compact`.
+Defined in ``retry_scheduler.airflow.dags.retry_compaction``; this file only places it in the DAGs folder.
 """
 
-from __future__ import annotations
+from retry_scheduler.airflow.dags.retry_compaction import retry_compaction_dag
 
-from datetime import timedelta
-
-import pendulum
-from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
-
-from retry_scheduler.notify import failure_notifiers
-from retry_scheduler.sparkjobs import COMPACT_APP, spark_submit_operator
-
-
-@dag(
-    dag_id="retry_compaction",
-    # A data interval per UTC day: the run for day D starts once D is over and archives exactly D.
-    schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
-    # Catch-up fills days missed while the scheduler was down; a day is safe to run again.
-    start_date=pendulum.datetime(2026, 11, 20, tz="UTC"),
-    catchup=True,
-    max_active_runs=1,
-    default_args={
-        "owner": "retry-scheduler",
-        "retries": 2,
-        "retry_delay": timedelta(minutes=5),
-        "on_failure_callback": failure_notifiers(),
-    },
-    params={
-        "dead_retention": Param(
-            "30d", type="string", pattern=r"^(\d+(ms|s|m|h|d))+$", title="Keep dead jobs in PostgreSQL for"
-        ),
-    },
-    tags=["retry-scheduler", "spark", "maintenance"],
-    doc_md=__doc__,
-)
-def retry_compaction() -> None:
-    @task
-    def job_args() -> list[str]:
-        """The day to archive is the run's data interval; connections are read here, at run time."""
-        from retry_scheduler.airflow_tasks import settings_from_connections
-        from retry_scheduler.sparkjobs import compact_args
-
-        context = get_current_context()
-        start = context["data_interval_start"]
-        if start is None:
-            raise ValueError("retry_compaction needs a data interval: trigger it with a logical date")
-        day = start.strftime("%Y-%m-%d")
-        return compact_args(
-            settings_from_connections(), day=day, dead_retention=context["params"]["dead_retention"]
-        )
-
-    spark_submit_operator(
-        task_id="compact", application=COMPACT_APP, name="retry_compaction", application_args=job_args()
-    )
-
-
-retry_compaction()
+dag = retry_compaction_dag()

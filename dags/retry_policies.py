@@ -6,7 +6,7 @@ Not a DAG file (listed in .airflowignore). ``POLICIES`` declares named policies,
 
 from __future__ import annotations
 
-from retry_scheduler.policy import Backoff, Policy
+from retry_scheduler.core.policy import Backoff, Policy
 
 POLICIES = [
     Policy("default", delays=["10s", "1m", "5m", "30m"], max_attempts=4, max_age="7d"),

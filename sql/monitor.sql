@@ -1,4 +1,4 @@
--- Named queries of retry_monitor (retry_scheduler.monitor, through retry_scheduler.store.Store).
+-- Named queries of retry_monitor (retry_scheduler.ops.monitor, through retry_scheduler.db.store.Store).
 -- The oldest overdue job and the publish lateness reuse oldest_overdue and lateness (queries.sql).
 
 -- name: monitor_dead_recent

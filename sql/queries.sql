@@ -1,8 +1,8 @@
--- Named queries used by retry_scheduler.store; each starts with a "-- name:" line.
+-- Named queries used by retry_scheduler.db.store; each starts with a "-- name:" line.
 -- Python passes parameters; it never formats SQL.
 
 -- name: copy_jobs
--- The ingest loop's write: new jobs straight into retry_jobs (columns: retry_scheduler.jobs.COPY_COLUMNS).
+-- The ingest loop's write: new jobs straight into retry_jobs (columns: retry_scheduler.core.jobs.COPY_COLUMNS).
 COPY retry_jobs (
     source_topic, source_partition, source_offset, source_timestamp_ms, destination, destination_partition,
     msg_key, msg_value, headers, attempt, policy, reason, error_class, consumer_group, retry_id,

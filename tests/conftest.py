@@ -79,7 +79,7 @@ def pg_template() -> Iterator[str]:
     """
     import psycopg
 
-    from retry_scheduler.store import migrate
+    from retry_scheduler.db.schema import migrate
 
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
         names = [

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from retry_scheduler import chaos
-from retry_scheduler.chaos import create_topics
+from bench import chaos
+from bench.chaos import create_topics
 
 __all__ = ["Seen", "consume", "create_topics", "produce"]
 

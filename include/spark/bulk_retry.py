@@ -66,18 +66,22 @@ try:
     from psycopg import sql
     from pyspark.sql import DataFrame, SparkSession
 
-    from retry_scheduler.config import Settings
-    from retry_scheduler.headers import Header
-    from retry_scheduler.jobs import OutgoingRow, Status, destination_headers
-    from retry_scheduler.kafka import producer_config
-    from retry_scheduler.sparkjobs import (
+    from retry_scheduler.core.config import Settings
+    from retry_scheduler.core.headers import Header
+    from retry_scheduler.core.jobs import OutgoingRow, Status, destination_headers
+
+    # destinations are inlined into the JDBC query: only Kafka's topic names pass
+    from retry_scheduler.core.protocol import TOPIC_NAME
+    from retry_scheduler.db.connection import StoreError, connect, require_migrated
+    from retry_scheduler.db.store import like_pattern
+    from retry_scheduler.loops.kafka import producer_config
+    from retry_scheduler.spark.jdbc import (
         PAYLOAD_BYTES_SQL,
         JdbcTarget,
         JobArgumentError,
         fetch_rows,
         jdbc_target,
     )
-    from retry_scheduler.store import StoreError, connect, like_pattern, require_migrated
 except ImportError as exc:  # pragma: no cover - depends on how the job is launched
     raise SystemExit(
         f"bulk_retry cannot import {exc.name} in {sys.executable}: run it with the project's Python, "
@@ -91,8 +95,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("retry_scheduler.bulk_retry")
 
-#: Kafka's own rule for topic names; destinations are inlined into the JDBC query, so only these pass.
-TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 SELECTABLE = (Status.DEAD, Status.PENDING)
 

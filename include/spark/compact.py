@@ -59,9 +59,9 @@ _PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 if _PLUGINS.is_dir() and str(_PLUGINS) not in sys.path:
     sys.path.insert(0, str(_PLUGINS))
 
-from retry_scheduler.durations import parse_duration_ms  # noqa: E402
-from retry_scheduler.sparkjobs import PAYLOAD_BYTES_SQL, JdbcTarget, fetch_rows, jdbc_target  # noqa: E402
-from retry_scheduler.store import StoreError, connect  # noqa: E402
+from retry_scheduler.core.durations import parse_duration_ms  # noqa: E402
+from retry_scheduler.db.connection import StoreError, connect  # noqa: E402
+from retry_scheduler.spark.jdbc import PAYLOAD_BYTES_SQL, JdbcTarget, fetch_rows, jdbc_target  # noqa: E402
 
 log = logging.getLogger("retry_scheduler.compact")
 

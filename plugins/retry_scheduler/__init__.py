@@ -1,0 +1,29 @@
+"""kafka-retry-scheduler: delayed retries and dead letters for Kafka, orchestrated by Apache Airflow.
+
+The SDK (:mod:`retry_scheduler.client`) needs only confluent-kafka. A policies module imports
+:class:`Policy` and :class:`Backoff` from here (``from retry_scheduler import Backoff, Policy``).
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from retry_scheduler.core.policy import Backoff, Policy
+
+try:
+    __version__ = metadata.version("kafka-retry-scheduler")
+except metadata.PackageNotFoundError:  # imported from a plugins folder, not installed
+    __version__ = "0+unknown"
+
+__all__ = ["Backoff", "Policy", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazily, so that importing the SDK does not import the policy code.
+    if name in ("Backoff", "Policy"):
+        from retry_scheduler.core import policy
+
+        return getattr(policy, name)
+    raise AttributeError(f"module 'retry_scheduler' has no attribute {name!r}")

@@ -29,7 +29,7 @@ from typing import Any, Protocol, cast
 
 from confluent_kafka import KafkaError, Producer
 
-from retry_scheduler import protocol
+from retry_scheduler.core import protocol
 
 DEFAULT_RETRY_TOPIC = "retry"
 MAX_REASON_CHARS = 2000

@@ -23,7 +23,8 @@ os.environ.update(
     {
         "AIRFLOW_HOME": str(AIRFLOW_HOME),
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        # The plugin loads by its entry point: the plugins folder holds nothing.
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(AIRFLOW_HOME / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": _db_url(AIRFLOW_DB).replace(

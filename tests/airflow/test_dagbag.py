@@ -41,7 +41,7 @@ def test_every_dag_follows_house_rules(dagbag) -> None:
 
 
 def test_every_task_alerts_on_failure_through_every_channel(dagbag) -> None:
-    from retry_scheduler.notify import EmailNotifier, LogNotifier, WebhookNotifier
+    from retry_scheduler.airflow.notifiers import EmailNotifier, LogNotifier, WebhookNotifier
 
     assert dagbag.dags
     for dag_id, dag in dagbag.dags.items():
@@ -62,7 +62,8 @@ def test_policies_module_is_not_parsed_as_a_dag(dagbag) -> None:
 def test_spark_tasks_submit_like_the_cli(dagbag) -> None:
     # Both PySpark DAGs submit with what `retry-scheduler bulk-retry|compact` passes: the job file,
     # the JDBC driver and the class archive's --conf of this machine.
-    from retry_scheduler.sparkjobs import BULK_RETRY_APP, COMPACT_APP, jdbc_jars, spark_conf
+    from retry_scheduler.spark.jdbc import jdbc_jars
+    from retry_scheduler.spark.submit import BULK_RETRY_APP, COMPACT_APP, spark_conf
 
     for dag_id, task_id, app in (
         ("retry_bulk_replay", "bulk_retry", BULK_RETRY_APP),

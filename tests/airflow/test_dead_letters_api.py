@@ -23,11 +23,11 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from retry_scheduler.airflow_api import api_token
-from retry_scheduler.config import Settings
-from retry_scheduler.devstack import Proc, _airflow_bin, _spawn, _tail, _terminate, airflow_env
-from retry_scheduler.jobs import encode_headers
-from retry_scheduler.store import migrate
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.jobs import encode_headers
+from retry_scheduler.db.schema import migrate
+from retry_scheduler.dev.airflow_api import api_token
+from retry_scheduler.dev.stack import Proc, _airflow_bin, _spawn, _tail, _terminate, airflow_env
 from tests.airflow.conftest import AIRFLOW_DB
 from tests.conftest import ROOT, _db_url, _free_port, _scratch_database
 
@@ -63,10 +63,10 @@ def retry_db() -> Iterator[str]:
 def airflow_server(
     airflow_db: Path, retry_db: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AirflowServer]:
-    """``airflow api-server`` configured like ``make up`` (plugins folder = the repo's plugins/)."""
+    """``airflow api-server`` configured like ``make up`` (the plugin loaded by its entry point)."""
     port = _free_port()
     home = tmp_path_factory.mktemp("airflow-webui")
-    env = airflow_env(Settings(database_url=retry_db), home, ROOT, port, metadata_db=AIRFLOW_DB)
+    env = airflow_env(Settings(database_url=retry_db), home, ROOT / "dags", port, metadata_db=AIRFLOW_DB)
     env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = ROLES
     (home / "simple_auth_manager_passwords.json").write_text(json.dumps(USERS))
     # The plugin must find the database through the retry_postgres connection, not this.

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Frame, FrameLocator, Page, expect, sync_playwright
 
-from retry_scheduler.config import Settings
-from retry_scheduler.publish import Publisher
-from retry_scheduler.store import Store
+from retry_scheduler.core.config import Settings
+from retry_scheduler.db.store import Store
+from retry_scheduler.loops.publish import Publisher
 from tests.airflow import test_dead_letters_api as api
 from tests.conftest import ROOT
 from tests.kafkautil import consume

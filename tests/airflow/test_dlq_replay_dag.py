@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from retry_scheduler.store import Store
+from retry_scheduler.db.store import Store
 from tests.conftest import ROOT
 from tests.integration.test_dlq import dead_job
 

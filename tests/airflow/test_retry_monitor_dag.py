@@ -8,8 +8,8 @@ from urllib.parse import quote
 
 import pytest
 
-from retry_scheduler.jobs import Status
-from retry_scheduler.store import Store
+from retry_scheduler.core.jobs import Status
+from retry_scheduler.db.store import Store
 from tests.conftest import ROOT, _free_port
 from tests.integration.test_monitor import WebhookReceiver, make_job
 from tests.integration.test_monitor import (

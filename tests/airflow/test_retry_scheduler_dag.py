@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from retry_scheduler import protocol as p
+from retry_scheduler.core import protocol as p
 from tests.conftest import ROOT
 from tests.kafkautil import consume, create_topics, produce
 

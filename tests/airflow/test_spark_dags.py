@@ -15,10 +15,10 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
-from retry_scheduler import protocol as p
-from retry_scheduler.cli import main
-from retry_scheduler.jobs import Job, Status
-from retry_scheduler.store import Store
+from retry_scheduler.cli.main import main
+from retry_scheduler.core import protocol as p
+from retry_scheduler.core.jobs import Job, Status
+from retry_scheduler.db.store import Store
 from tests.conftest import ROOT
 from tests.kafkautil import consume, create_topics
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from retry_scheduler.config import Settings
-from retry_scheduler.demo import run_demo
+from retry_scheduler.core.config import Settings
+from retry_scheduler.dev.demo import run_demo
 from tests.conftest import _free_port, checkout_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]

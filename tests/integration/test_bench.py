@@ -11,9 +11,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from retry_scheduler.bench import BenchOptions, Sizes, run_bench
-from retry_scheduler.bench_report import TARGETS
-from retry_scheduler.config import Settings
+from bench.measure import BenchOptions, Sizes, run_bench
+from bench.report import TARGETS
+from retry_scheduler.core.config import Settings
 from tests.conftest import ADMIN_URL
 
 pytestmark = pytest.mark.integration

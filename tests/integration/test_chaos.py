@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from retry_scheduler.chaos import FAULTS, run_chaos
+from bench.chaos import FAULTS, run_chaos
 
 pytestmark = pytest.mark.integration
 

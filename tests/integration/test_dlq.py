@@ -11,14 +11,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from retry_scheduler import dlq
-from retry_scheduler import protocol as p
-from retry_scheduler.cli import main
-from retry_scheduler.config import Settings
-from retry_scheduler.dlq import DlqError, DlqFilter, run_action
-from retry_scheduler.jobs import Job, Status
-from retry_scheduler.publish import Publisher
-from retry_scheduler.store import Store
+from retry_scheduler.cli.main import main
+from retry_scheduler.core import protocol as p
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.jobs import Job, Status
+from retry_scheduler.db.store import Store
+from retry_scheduler.loops.publish import Publisher
+from retry_scheduler.ops import dlq
+from retry_scheduler.ops.dlq import DlqError, DlqFilter, run_action
 from tests.kafkautil import consume, create_topics
 
 pytestmark = pytest.mark.integration

@@ -5,8 +5,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from retry_scheduler.handover import LoopTenure
-from retry_scheduler.store import Store
+from retry_scheduler.db.store import Store
+from retry_scheduler.loops.handover import LoopTenure
 
 pytestmark = pytest.mark.integration
 

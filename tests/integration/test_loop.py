@@ -10,12 +10,12 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
-from retry_scheduler import protocol as p
-from retry_scheduler.config import Settings
-from retry_scheduler.ingest import IngestCounts, Ingestor, IngestWorkerError
-from retry_scheduler.policy import Backoff, Policy, PolicyRegistry
-from retry_scheduler.publish import Publisher
-from retry_scheduler.store import Store
+from retry_scheduler.core import protocol as p
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.policy import Backoff, Policy, PolicyRegistry
+from retry_scheduler.db.store import Store
+from retry_scheduler.loops.ingest import IngestCounts, Ingestor, IngestWorkerError
+from retry_scheduler.loops.publish import Publisher
 from tests.kafkautil import consume, create_topics, produce
 
 pytestmark = pytest.mark.integration

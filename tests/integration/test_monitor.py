@@ -16,10 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from retry_scheduler import notify
-from retry_scheduler.jobs import Job, Status
-from retry_scheduler.monitor import Thresholds, run_monitor
-from retry_scheduler.notify import (
+from retry_scheduler.airflow import notifiers as notify
+from retry_scheduler.airflow.notifiers import (
     Alert,
     AlertNotifier,
     EmailNotifier,
@@ -27,7 +25,9 @@ from retry_scheduler.notify import (
     WebhookNotifier,
     alert_notifiers,
 )
-from retry_scheduler.store import Store
+from retry_scheduler.core.jobs import Job, Status
+from retry_scheduler.db.store import Store
+from retry_scheduler.ops.monitor import Thresholds, run_monitor
 from tests.conftest import _free_port
 
 pytestmark = pytest.mark.integration
@@ -228,7 +228,7 @@ def test_an_alert_the_webhook_refused_is_sent_again_next_run(
         store.insert_jobs([make_job(1, due_s_ago=300)])
     webhook.status = 500
 
-    with caplog.at_level(logging.ERROR, logger="retry_scheduler.notify"):
+    with caplog.at_level(logging.ERROR, logger="retry_scheduler.airflow.notifiers"):
         refused = run_monitor(database_url, Thresholds(), alert_notifiers())
     webhook.status = 200
     retried = run_monitor(database_url, Thresholds(), alert_notifiers())
@@ -368,7 +368,7 @@ def test_log_is_the_channel_when_no_connection_is_defined(
         store.insert_jobs([make_job(1, due_s_ago=120)])
         store.insert_jobs([make_job(10 + n, status=Status.DEAD) for n in range(3)])
 
-    with caplog.at_level(logging.INFO, logger="retry_scheduler.notify"):
+    with caplog.at_level(logging.INFO, logger="retry_scheduler.airflow.notifiers"):
         result = run_monitor(database_url, Thresholds(dead_per_hour=1), alert_notifiers())
 
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -390,7 +390,7 @@ def test_failure_callback_never_raises_when_the_channel_is_broken(
     monkeypatch.setenv("AIRFLOW_CONN_RETRY_ALERT_WEBHOOK", f"http://127.0.0.1:{_free_port()}/closed")
     context = {"ti": None, "exception": RuntimeError("kaput")}
 
-    with caplog.at_level(logging.ERROR, logger="retry_scheduler.notify"):
+    with caplog.at_level(logging.ERROR, logger="retry_scheduler.airflow.notifiers"):
         WebhookNotifier()(context)  # as Airflow calls it
         EmailNotifier(conn_id="retry_alert_webhook")(context)  # an http connection names no recipients
     log = caplog.text

@@ -7,13 +7,13 @@ import time
 import pytest
 from confluent_kafka import Consumer
 
-from retry_scheduler import protocol as p
 from retry_scheduler.client import RetryClient
-from retry_scheduler.config import Settings
-from retry_scheduler.ingest import Ingestor
-from retry_scheduler.policy import Policy, PolicyRegistry
-from retry_scheduler.publish import Publisher
-from retry_scheduler.store import Store
+from retry_scheduler.core import protocol as p
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.policy import Policy, PolicyRegistry
+from retry_scheduler.db.store import Store
+from retry_scheduler.loops.ingest import Ingestor
+from retry_scheduler.loops.publish import Publisher
 from tests.kafkautil import consume, create_topics, produce
 
 pytestmark = pytest.mark.integration

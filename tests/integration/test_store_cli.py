@@ -10,9 +10,11 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from retry_scheduler.cli import main
-from retry_scheduler.jobs import Job, Status
-from retry_scheduler.store import Store, StoreError, migrate
+from retry_scheduler.cli.main import main
+from retry_scheduler.core.jobs import Job, Status
+from retry_scheduler.db.connection import StoreError
+from retry_scheduler.db.schema import migrate
+from retry_scheduler.db.store import Store
 
 pytestmark = pytest.mark.integration
 

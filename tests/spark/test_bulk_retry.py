@@ -21,10 +21,11 @@ from pyspark.sql import SparkSession
 
 from include.spark import bulk_retry
 from include.spark.bulk_retry import BulkRetryError, Selection
-from retry_scheduler import cli, protocol
-from retry_scheduler.jobs import Job, OutgoingRow, Status, destination_headers, encode_headers
-from retry_scheduler.sparkjobs import JobArgumentError, fetch_rows
-from retry_scheduler.store import Store
+from retry_scheduler.cli import main as cli
+from retry_scheduler.core import protocol
+from retry_scheduler.core.jobs import Job, OutgoingRow, Status, destination_headers, encode_headers
+from retry_scheduler.db.store import Store
+from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
 from tests.kafkautil import Seen, consume, create_topics
 
 PLUS_TWO = timezone(timedelta(hours=2))

@@ -1,6 +1,6 @@
 """``retry-scheduler dev spark-archive``: a real warm-up job leaves a class archive the next driver maps.
 
-Each job runs with ``spark-submit`` (``cli._spark_submit``, what ``bulk-retry`` and ``compact`` run).
+Each job runs with ``spark-submit`` (``spark.submit.run_spark_submit``, what ``bulk-retry`` and ``compact`` run).
 ``-Xshare:on`` makes the JVM refuse to start unless it can map the archive, which is how these tests
 see that the driver really used it.
 """
@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from retry_scheduler import sparkjobs
-from retry_scheduler.cli import _spark_submit, main
-from retry_scheduler.sparkjobs import WARM_UP_APP, spark_conf
+from retry_scheduler.cli.main import main
+from retry_scheduler.spark import archive as sparkjobs
+from retry_scheduler.spark.submit import WARM_UP_APP, run_spark_submit, spark_conf
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 
 @pytest.fixture
 def archive(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """Where the archive goes by default, in a checkout at ``tmp_path`` (the real one's is left alone)."""
-    monkeypatch.setattr(sparkjobs, "REPO_ROOT", tmp_path)
+    """Where the archive goes by default, in a dev home at ``tmp_path`` (the real one's is left alone)."""
+    monkeypatch.setenv("RETRY_DEV_HOME", str(tmp_path / ".dev"))
     monkeypatch.delenv("RETRY_SPARK_CLASS_ARCHIVE", raising=False)
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
@@ -34,7 +34,9 @@ def archive(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def warm_up_with(options: str, scratch: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = _spark_submit(str(WARM_UP_APP), [str(scratch)], conf={"spark.driver.defaultJavaOptions": options})
+    code = run_spark_submit(
+        str(WARM_UP_APP), [str(scratch)], conf={"spark.driver.defaultJavaOptions": options}
+    )
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

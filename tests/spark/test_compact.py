@@ -19,9 +19,9 @@ from pyspark.sql.types import BinaryType, LongType, StringType, TimestampType
 from pyspark.testing import assertDataFrameEqual
 
 from include.spark import compact
-from retry_scheduler.jobs import Job, Status
-from retry_scheduler.sparkjobs import JobArgumentError, fetch_rows
-from retry_scheduler.store import Store
+from retry_scheduler.core.jobs import Job, Status
+from retry_scheduler.db.store import Store
+from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
 
 pytestmark = pytest.mark.spark
 
@@ -114,7 +114,7 @@ def test_selection_window_and_its_sql() -> None:
 
 
 def test_database_url_becomes_jdbc_url_and_properties() -> None:
-    # The same conversion as bulk retry (retry_scheduler.sparkjobs.jdbc_target): libpq parameters
+    # The same conversion as bulk retry (retry_scheduler.spark.submit.jdbc_target): libpq parameters
     # become JDBC properties, the port is explicit.
     jdbc = compact.jdbc_target("postgresql://svc:p%40ss@db.example:6543/retry?sslmode=require")
     assert jdbc.url == "jdbc:postgresql://db.example:6543/retry"

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from retry_scheduler.bench_report import (
+from bench.report import (
     ProcessCpu,
     cpu_shares,
     cpu_text,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retry_scheduler.bench_slow import _budget, _phases
+from bench.slow import _budget, _phases
 
 
 def test_the_budget_sentence_names_the_statements_against_the_target() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retry_scheduler.bench import timed_from
+from bench.measure import timed_from
 
 LOOP_BEGAN = (100.0, 500, 3)
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from retry_scheduler import protocol as p
 from retry_scheduler.client import RetryClient, build_retry_headers, error_class_name
+from retry_scheduler.core import protocol as p
 
 
 class FakeRecord:

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from retry_scheduler import faults
-from retry_scheduler import protocol as p
-from retry_scheduler.config import Settings
-from retry_scheduler.ingest import Ingestor
-from retry_scheduler.jobs import OutgoingRow
-from retry_scheduler.policy import PolicyRegistry
-from retry_scheduler.publish import Publisher
+from retry_scheduler.core import protocol as p
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.jobs import OutgoingRow
+from retry_scheduler.core.policy import PolicyRegistry
+from retry_scheduler.loops import faults
+from retry_scheduler.loops.ingest import Ingestor
+from retry_scheduler.loops.publish import Publisher
 
 PLUGINS = str(Path(__file__).resolve().parents[2] / "plugins")
 
@@ -53,7 +53,7 @@ def _run(code: str, fault: str | None) -> subprocess.CompletedProcess[str]:
 
 
 REACH = """
-from retry_scheduler import faults
+from retry_scheduler.loops import faults
 for i in range(5):
     faults.checkpoint("ingest.consumed")
     faults.checkpoint("ingest.stored")
@@ -74,7 +74,7 @@ def test_without_a_plan_checkpoints_do_nothing() -> None:
 
 
 def test_a_malformed_plan_fails_at_import_naming_the_variable() -> None:
-    done = _run("import retry_scheduler.faults", "publish.produced")
+    done = _run("import retry_scheduler.loops.faults", "publish.produced")
     assert done.returncode == 1
     assert "RETRY_FAULT entry 'publish.produced' must look like CHECKPOINT:N" in done.stderr
 
@@ -214,7 +214,7 @@ def test_ingest_checkpoints_sit_between_consume_row_commit_and_offset_commit(
         def acquire(self, *args: Any) -> bool:
             return True
 
-    monkeypatch.setattr("retry_scheduler.ingest.IngestLock", FreeLock)
+    monkeypatch.setattr("retry_scheduler.loops.ingest.IngestLock", FreeLock)
     registry = PolicyRegistry.of([])
     ingestor = Ingestor(Settings(), registry, recorder, consumer=recorder)  # type: ignore[arg-type]
     assert ingestor.ingest_batch().stored == 2

@@ -4,11 +4,10 @@ import re
 
 import pytest
 
-from retry_scheduler import protocol as p
-from retry_scheduler.config import DEFAULT_DESTINATION_ALLOWLIST, Settings
-from retry_scheduler.headers import InvalidRecordError, Limits, parse_headers, truncate_reason
-from retry_scheduler.ingest import Record, job_from_record, limits_for
-from retry_scheduler.jobs import (
+from retry_scheduler.core import protocol as p
+from retry_scheduler.core.config import DEFAULT_DESTINATION_ALLOWLIST, Settings
+from retry_scheduler.core.headers import InvalidRecordError, Limits, parse_headers, truncate_reason
+from retry_scheduler.core.jobs import (
     OutgoingRow,
     Status,
     decode_headers,
@@ -16,7 +15,8 @@ from retry_scheduler.jobs import (
     dlq_headers,
     encode_headers,
 )
-from retry_scheduler.policy import Policy, PolicyRegistry
+from retry_scheduler.core.policy import Policy, PolicyRegistry
+from retry_scheduler.loops.ingest import Record, job_from_record, limits_for
 
 LIMITS = Limits(re.compile(DEFAULT_DESTINATION_ALLOWLIST), frozenset({"retry", "retry.dlq"}))
 NOW = 1_800_000_000_000
@@ -210,8 +210,8 @@ def test_dlq_headers_of_invalid_record_replace_only_what_we_set() -> None:
 
 
 def test_the_copy_row_matches_the_copy_statement_and_round_trips() -> None:
-    from retry_scheduler.jobs import COPY_COLUMNS, COPY_TYPES, Job
-    from retry_scheduler.store import queries
+    from retry_scheduler.core.jobs import COPY_COLUMNS, COPY_TYPES, Job
+    from retry_scheduler.db.schema import queries
 
     statement = queries()["copy_jobs"].split("COPY retry_jobs (", 1)[1]
     listed = statement[: statement.index(")")]
@@ -230,7 +230,7 @@ def test_the_copy_row_matches_the_copy_statement_and_round_trips() -> None:
 def test_new_retry_ids_are_version_4_uuids() -> None:
     import uuid
 
-    from retry_scheduler.ingest import new_retry_id
+    from retry_scheduler.loops.ingest import new_retry_id
 
     ids = {new_retry_id() for _ in range(5000)}  # several refills of the pool
     assert len(ids) == 5000
@@ -242,7 +242,7 @@ def test_new_retry_ids_are_version_4_uuids() -> None:
 def test_a_forked_process_does_not_reuse_its_parents_retry_ids() -> None:
     import os
 
-    from retry_scheduler.ingest import new_retry_id
+    from retry_scheduler.loops.ingest import new_retry_id
 
     new_retry_id()  # the pool now holds ids this process will hand out
     read_end, write_end = os.pipe()

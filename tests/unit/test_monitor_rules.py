@@ -10,16 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from retry_scheduler.monitor import (
-    CHECKS,
-    Incident,
-    Reading,
-    Thresholds,
-    ThresholdsError,
-    announced,
-    evaluate,
-)
-from retry_scheduler.notify import (
+from retry_scheduler.airflow.notifiers import (
     Alert,
     AlertConfigError,
     EmailNotifier,
@@ -28,6 +19,15 @@ from retry_scheduler.notify import (
     alert_from_context,
     email_recipients,
     webhook_target,
+)
+from retry_scheduler.ops.monitor import (
+    CHECKS,
+    Incident,
+    Reading,
+    Thresholds,
+    ThresholdsError,
+    announced,
+    evaluate,
 )
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
@@ -287,7 +287,7 @@ def test_alerts_and_the_log_channel_work_without_airflow() -> None:
         "import logging, sys\n"
         "sys.modules['airflow'] = None\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(levelname)s %(message)s')\n"
-        "from retry_scheduler.notify import Alert, LogNotifier, WebhookNotifier\n"
+        "from retry_scheduler.airflow.notifiers import Alert, LogNotifier, WebhookNotifier\n"
         "alert = Alert('t', 'x', 'firing', {'check': 'c'})\n"
         "print(WebhookNotifier().send(alert), LogNotifier().send(alert))\n"
     )

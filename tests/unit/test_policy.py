@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from retry_scheduler.durations import format_duration_ms, parse_duration_ms
-from retry_scheduler.policy import (
+from retry_scheduler.core.durations import format_duration_ms, parse_duration_ms
+from retry_scheduler.core.policy import (
     Backoff,
     Policy,
     PolicyError,
@@ -132,9 +132,9 @@ def test_registry_rejects_mapping_to_undeclared_policy() -> None:
 
 
 def test_the_repository_policies_module_loads() -> None:
-    from retry_scheduler.config import Settings
+    from retry_scheduler.core.config import Settings
 
-    reg = load_policies(Settings().policies_path)
+    reg = load_policies(Settings().policies_file)
     assert "default" in reg.policies
     assert reg.resolve(None, "demo.orders").name == "demo"
 

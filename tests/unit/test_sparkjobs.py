@@ -5,14 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from retry_scheduler.config import REPO_ROOT, Settings
-from retry_scheduler.sparkjobs import (
-    JobArgumentError,
-    bulk_retry_args,
-    class_archive,
-    compact_args,
-    spark_conf,
-)
+from retry_scheduler.core.config import Settings, dev_home
+from retry_scheduler.spark.archive import class_archive
+from retry_scheduler.spark.jdbc import JobArgumentError
+from retry_scheduler.spark.submit import bulk_retry_args, compact_args, spark_conf
 
 SETTINGS = Settings(
     database_url="postgresql://u@db/retry", kafka={"bootstrap.servers": "k:9092", "acks": "all"}
@@ -74,7 +70,7 @@ def test_compact_rejects_bad_arguments(kwargs: dict, message: str) -> None:
 
 
 def test_postgres_url_from_connection_fields() -> None:
-    from retry_scheduler.airflow_tasks import postgres_url
+    from retry_scheduler.airflow.hook import postgres_url
 
     assert (
         postgres_url("db", 5432, "svc", "p@ss/word", "retry")
@@ -92,7 +88,7 @@ def test_class_archive_is_named_by_the_java_binary_and_can_be_turned_off(
     monkeypatch.delenv("RETRY_SPARK_CLASS_ARCHIVE", raising=False)
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
     first = class_archive()
-    assert first is not None and first.parent == REPO_ROOT / ".dev" / "spark" and first.suffix == ".jsa"
+    assert first is not None and first.parent == dev_home() / "spark" and first.suffix == ".jsa"
     os.utime(java, ns=(0, 10**18))  # another JDK build at the same path: another archive
     assert class_archive() not in (None, first)
 

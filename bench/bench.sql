@@ -1,0 +1,156 @@
+-- Named queries of the benchmark harness (bench.measure); each starts with a "-- name:" line.
+-- They run only in the throwaway benchmark database, never in a deployment's retry database.
+
+-- name: bench_truncate
+TRUNCATE retry_jobs RESTART IDENTITY;
+
+-- name: bench_max_id
+SELECT coalesce(max(id), 0) FROM retry_jobs;
+
+-- name: bench_analyze
+-- After a bulk load: the statistics autovacuum would gather within a minute (the steady state).
+ANALYZE retry_jobs;
+
+-- name: bench_analyze_pgqueuer
+ANALYZE pgqueuer;
+
+-- name: bench_status_counts
+SELECT status::text, count(*) FROM retry_jobs GROUP BY status;
+
+-- name: bench_create_copy_table
+-- The COPY baseline of the ingest benchmark: same columns, defaults, constraints and indexes.
+CREATE TABLE bench_copy (LIKE retry_jobs INCLUDING ALL);
+
+-- name: bench_drop_copy_table
+DROP TABLE IF EXISTS bench_copy;
+
+-- name: bench_copy_count
+SELECT count(*) FROM bench_copy;
+
+-- name: bench_export_rows
+-- The rows an ingest run stored, as the binary COPY stream of the columns ingest writes.
+COPY (
+    SELECT source_topic, source_partition, source_offset, source_timestamp_ms, destination,
+           destination_partition, msg_key, msg_value, headers, attempt, policy, reason, error_class,
+           consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
+           due_at, status, dead_reason, dlq_topic, dead_at
+    FROM retry_jobs WHERE id > %(after_id)s ORDER BY id
+) TO STDOUT (FORMAT BINARY);
+
+-- name: bench_copy_rows
+COPY bench_copy (
+    source_topic, source_partition, source_offset, source_timestamp_ms, destination,
+    destination_partition, msg_key, msg_value, headers, attempt, policy, reason, error_class,
+    consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
+    due_at, status, dead_reason, dlq_topic, dead_at
+) FROM STDIN (FORMAT BINARY);
+
+-- name: bench_naive_select
+-- The naive poller of hand-made retry services: due rows, oldest first, a page at a time.
+SELECT id, destination, destination_partition, msg_key, msg_value, headers, attempt, policy, reason,
+       error_class, consumer_group, retry_id, original_topic, original_partition, original_offset,
+       (extract(epoch FROM first_seen_at) * 1000)::bigint, dead_reason, dlq_topic
+FROM retry_jobs
+WHERE status = 'pending' AND due_at <= now()
+ORDER BY due_at
+LIMIT %(limit)s;
+
+-- name: bench_naive_mark
+UPDATE retry_jobs SET status = 'published', published_at = now() WHERE id = %(id)s;
+
+-- name: bench_fill_history
+-- Processed history for the claim benchmark, source offsets %(first)s..%(last)s: published (85 percent), dead and already on
+-- the DLQ (10 percent), and pending jobs due in the future (5 percent), spread over the last week.
+INSERT INTO retry_jobs (
+    source_topic, source_partition, source_offset, source_timestamp_ms, destination, msg_key, msg_value,
+    attempt, policy, reason, error_class, consumer_group, retry_id, original_topic, first_seen_at, due_at,
+    status, dead_reason, dlq_topic, published_at, dead_at, dlq_published_at
+)
+SELECT 'bench.history', mod(g, 3)::integer, g, 0, 'bench.orders-' || mod(g, 8),
+       convert_to('order-' || g, 'UTF8'), convert_to(repeat(md5(g::text), 3), 'UTF8'),
+       mod(g, 4)::integer, 'default',
+       CASE WHEN mod(g, 20) IN (1, 2) THEN 'TimeoutError: payment service did not answer within 30 s' END,
+       CASE WHEN mod(g, 20) IN (1, 2) THEN 'TimeoutError' END,
+       'orders-service', md5(g::text), 'bench.orders-' || mod(g, 8), t.at, t.due,
+       (CASE mod(g, 20) WHEN 0 THEN 'pending' WHEN 1 THEN 'dead' WHEN 2 THEN 'dead' ELSE 'published' END)::retry_job_status,
+       CASE WHEN mod(g, 20) IN (1, 2) THEN 'exhausted' END,
+       'retry.dlq',
+       CASE WHEN mod(g, 20) > 2 THEN t.due + interval '10 milliseconds' END,
+       CASE WHEN mod(g, 20) IN (1, 2) THEN t.at END,
+       CASE WHEN mod(g, 20) IN (1, 2) THEN t.at + interval '10 milliseconds' END
+FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g,
+     LATERAL (
+         SELECT now() - mod(g, 604800) * interval '1 second' AS at,
+                CASE WHEN mod(g, 20) = 0 THEN now() + interval '1 day' + mod(g, 3600) * interval '1 second'
+                     ELSE now() - mod(g, 604800) * interval '1 second' + interval '10 seconds' END AS due
+     ) AS t;
+
+-- name: bench_fill_due
+-- The due backlog of the claim benchmark: %(count)s pending jobs due over the last minute.
+INSERT INTO retry_jobs (
+    source_topic, source_partition, source_offset, source_timestamp_ms, destination, msg_key, msg_value,
+    attempt, policy, consumer_group, retry_id, original_topic, first_seen_at, due_at, status, dlq_topic
+)
+SELECT 'bench.due', mod(g, 3)::integer, g, 0, 'bench.orders-' || mod(g, 8),
+       convert_to('due-' || g, 'UTF8'), convert_to(repeat(md5(g::text), 3), 'UTF8'),
+       1, 'default', 'orders-service', md5('due' || g), 'bench.orders-' || mod(g, 8),
+       now() - interval '2 minutes', now() - interval '1 minute' + g * interval '1 microsecond',
+       'pending', 'retry.dlq'
+FROM generate_series(1::bigint, %(count)s::bigint) AS g;
+
+-- name: bench_vacuum_analyze
+VACUUM (ANALYZE) retry_jobs;
+
+-- name: bench_table_size
+SELECT count(*), pg_total_relation_size('retry_jobs') FROM retry_jobs;
+
+-- name: bench_fill_dead
+-- The PySpark benchmark: %(count)s dead jobs of one destination, already on the DLQ topic.
+INSERT INTO retry_jobs (
+    source_topic, source_partition, source_offset, source_timestamp_ms, destination, msg_key, msg_value,
+    attempt, policy, reason, error_class, consumer_group, retry_id, original_topic, original_partition,
+    first_seen_at, due_at, status, dead_reason, dlq_topic, dead_at, dlq_published_at
+)
+SELECT 'bench.spark', mod(g, 3)::integer, g, 0, %(destination)s,
+       convert_to('order-' || g, 'UTF8'), convert_to(repeat(md5(g::text), 8), 'UTF8'),
+       4, 'default', 'TimeoutError: payment service did not answer within 30 s', 'TimeoutError',
+       'orders-service', md5(g::text), %(destination)s, mod(g, 3)::integer,
+       now() - interval '2 hours', now() - interval '1 hour', 'dead', 'exhausted', 'retry.dlq',
+       now() - interval '1 hour', now() - interval '1 hour'
+FROM generate_series(1::bigint, %(count)s::bigint) AS g;
+
+-- name: bench_id_bounds
+SELECT coalesce(min(id), 0), coalesce(max(id), -1) FROM retry_jobs;
+
+-- name: bench_floor_bulk_read
+-- PostgreSQL's part of bulk retry, alone: the job's read of its share of the selection, the columns
+-- of include/spark/bulk_retry.py (OUTGOING_COLUMNS), as one binary stream.
+COPY (
+    SELECT id, destination, destination_partition, msg_key, msg_value, headers, attempt, policy, reason,
+           error_class, consumer_group, retry_id, original_topic, original_partition, original_offset,
+           (extract(epoch FROM first_seen_at) * 1000)::bigint, dead_reason, dlq_topic
+    FROM retry_jobs
+    WHERE status = 'dead' AND destination = %(destination)s AND id BETWEEN %(low)s AND %(high)s
+) TO STDOUT (FORMAT binary);
+
+-- name: bench_floor_bulk_mark
+-- ... and its marking, in one statement for the share (the job sends batches of ids and ack times).
+UPDATE retry_jobs
+SET status = 'published', published_at = now(), lease_until = NULL, dead_reason = NULL, updated_at = now()
+WHERE id BETWEEN %(low)s AND %(high)s AND status IN ('dead', 'pending');
+
+-- name: bench_floor_compact_read
+-- PostgreSQL's part of compaction, alone: the job's read of every column of its share of the selection.
+COPY (SELECT * FROM retry_jobs WHERE id BETWEEN %(low)s AND %(high)s) TO STDOUT (FORMAT binary);
+
+-- name: bench_floor_compact_delete
+-- ... and its delete, in one statement for the share (the job deletes in bounded batches).
+DELETE FROM retry_jobs WHERE id BETWEEN %(low)s AND %(high)s;
+
+-- name: bench_lateness_count
+SELECT count(*) FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';
+
+-- name: bench_lateness
+-- Publish lateness (acknowledgement minus due time) of every retry of the lateness benchmark.
+SELECT extract(epoch FROM published_at - due_at)::float8
+FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';

@@ -1,0 +1,891 @@
+"""``retry-scheduler bench``: measure the service against baselines run in the same process and run.
+
+Every figure is measured on the real PostgreSQL (a throwaway database, ``retry_bench``, migrated
+with :func:`retry_scheduler.db.store.migrate` and dropped at the end) and the embedded Kafka-protocol
+broker (a Tansu started on a free port, memory storage), through the service's own code paths:
+:class:`~retry_scheduler.loops.ingest.Ingestor` fed from a real retry topic, and
+:class:`~retry_scheduler.loops.publish.Publisher` on due jobs stored with
+:meth:`~retry_scheduler.db.store.Store.insert_jobs`. Each baseline runs right after its figure, on the
+same server, with the same rows. The report (``report.json``, ``report.md``, PNG plots) is written
+by :mod:`bench.report`; the baselines live in :mod:`bench.baselines`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import statistics
+import tempfile
+import time
+import urllib.parse
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import psycopg
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from psycopg import sql
+
+from bench.queries import bq
+from retry_scheduler.core import protocol
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.jobs import Job, OutgoingRow, Status
+from retry_scheduler.core.policy import Policy, PolicyRegistry
+from retry_scheduler.db.connection import connect, redact_url
+from retry_scheduler.db.schema import migrate
+from retry_scheduler.db.store import Store
+from retry_scheduler.loops.ingest import Ingestor
+from retry_scheduler.loops.publish import Publisher
+
+log = logging.getLogger(__name__)
+
+#: Every measurement the harness knows, in the order it runs them.
+MEASUREMENTS = ("ingest", "publish", "claim", "spark", "lateness")
+#: Partitions of every benchmark topic: a multiple of the ingest worker processes (2), as a deployment
+#: would choose, so that each worker has an equal share.
+PARTITIONS = 6
+#: A realistic failed record: a ~250-byte JSON order, a key, and the headers the SDK sets.
+VALUE = (
+    b'{"order_id": "%08d", "customer": "c-4711", "currency": "EUR", "amount": 129.90, '
+    b'"items": [{"sku": "SKU-1001", "qty": 2}, {"sku": "SKU-2002", "qty": 1}], '
+    b'"shipping": {"country": "DE", "zip": "10115", "method": "express"}, "note": "%s"}'
+)
+#: Jobs of the benchmarks never expire on their own: a policy without max_age.
+BENCH_POLICIES = PolicyRegistry.of([Policy("default", delays=["1h"], max_attempts=10)])
+
+
+_DROP_DB = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+_CREATE_DB = sql.SQL("CREATE DATABASE {}")
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not run (broker, database or a measurement failed); the message says why."""
+
+
+@dataclass
+class Result:
+    """One measurement: the report's figures it produced, their baselines, sizes and notes."""
+
+    name: str
+    figures: dict[str, float | int | None] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    #: Why the figures are missing (None when measured).
+    skipped: str | None = None
+    #: Raw samples for the plots (e.g. every lateness), not written to report.json.
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+    finished_at: str | None = None
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each measurement does. ``quick`` sizes are for ``make test``: no figure is evidence."""
+
+    ingest_records: int = 500_000
+    ingest_warmup: int = 5_000
+    publish_rows: int = 100_000
+    pgqueuer_rows: int = 100_000
+    pgqueuer_batch_sizes: tuple[int, ...] = (10, 100, 1000)
+    naive_rows: int = 5_000
+    claim_small: int = 10_000
+    claim_large: int = 10_000_000
+    claim_due: int = 5_000
+    claim_limit: int = 1_000
+    claim_repeats: int = 21
+    spark_rows: int = 1_000_000
+    lateness_rate: int = 1_000
+    lateness_seconds: int = 300
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(
+            ingest_records=2_000,
+            ingest_warmup=500,
+            publish_rows=2_000,
+            pgqueuer_rows=2_000,
+            pgqueuer_batch_sizes=(10,),
+            naive_rows=200,
+            claim_small=10_000,
+            claim_large=50_000,
+            claim_due=2_000,
+            claim_repeats=3,
+            spark_rows=20_000,
+            lateness_rate=50,
+            lateness_seconds=30,
+        )
+
+
+# -- environment: a throwaway database and a broker ---------------------------------------------------
+
+
+def with_database(url: str, dbname: str) -> str:
+    """``url`` pointing at database ``dbname`` (a ``postgresql://`` URL or a libpq key=value string)."""
+    if "://" in url:
+        parts = urllib.parse.urlsplit(url)
+        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, ""))
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo(url, dbname=dbname)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BenchEnv:
+    """A migrated throwaway database on the configured server and a broker, for one benchmark run."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db_name: str = "retry_bench",
+        bootstrap: str | None = None,
+        keep_db: bool = False,
+        work_dir: Path | None = None,
+    ) -> None:
+        self.base = settings
+        self.db_name = db_name
+        self.admin_url = with_database(settings.database_url, "postgres")
+        self.url = with_database(settings.database_url, db_name)
+        self.bootstrap = bootstrap
+        self.keep_db = keep_db
+        self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="retry-bench-"))
+        self.tag = uuid.uuid4().hex[:6]
+        self._broker: Any = None
+
+    def __enter__(self) -> BenchEnv:
+        try:
+            self._create_database()
+            migrate(self.url)
+            if self.bootstrap is None:
+                from retry_scheduler.dev.stack import start_broker
+
+                port = free_port()
+                self._broker = start_broker(
+                    port, "127.0.0.1", self.work_dir / "tansu.log", say=lambda m: log.info("%s", m)
+                )
+                self.bootstrap = f"127.0.0.1:{port}"
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._broker is not None:
+            self._broker.terminate()
+            try:
+                self._broker.wait(10)
+            except Exception:
+                self._broker.kill()
+            self._broker = None
+        if not self.keep_db:
+            with contextlib.suppress(Exception), connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(_DROP_DB.format(sql.Identifier(self.db_name)))
+
+    def _create_database(self) -> None:
+        with connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(_DROP_DB.format(sql.Identifier(self.db_name)))
+            conn.execute(_CREATE_DB.format(sql.Identifier(self.db_name)))
+        log.info("created the benchmark database %s", redact_url(self.url))
+
+    @contextlib.contextmanager
+    def extra_database(self, suffix: str) -> Iterator[str]:
+        """A second migrated throwaway database on the same server, dropped afterwards."""
+        name = f"{self.db_name}_{suffix}"
+        with connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(_DROP_DB.format(sql.Identifier(name)))
+            conn.execute(_CREATE_DB.format(sql.Identifier(name)))
+        url = with_database(self.url, name)
+        try:
+            migrate(url)
+            yield url
+        finally:
+            with contextlib.suppress(Exception), connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(_DROP_DB.format(sql.Identifier(name)))
+
+    @contextlib.contextmanager
+    def dropped_afterwards(self, name: str) -> Iterator[None]:
+        """Drop database ``name`` (made by someone else, e.g. Airflow's metadata) when the block ends."""
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception), connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(_DROP_DB.format(sql.Identifier(name)))
+
+    def settings(self, name: str, **changes: Any) -> Settings:
+        """Service settings for one measurement: its own retry topic and consumer group."""
+        assert self.bootstrap is not None
+        return self.base.with_overrides(
+            database_url=self.url,
+            kafka={"bootstrap.servers": self.bootstrap},
+            retry_topic=f"retry-bench-{self.tag}-{name}",
+            delay_topics={},
+            consumer_group=f"bench-{self.tag}-{name}",
+            create_topics=True,
+            **changes,
+        )
+
+    def create_topics(self, topics: Sequence[str], partitions: int = PARTITIONS) -> None:
+        assert self.bootstrap is not None
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
+            future.result(15)
+
+    def sql(self, name: str, params: dict[str, Any] | None = None, *, fetch: bool = False) -> list[Any]:
+        """Run one named query of ``bench/bench.sql`` in its own transaction."""
+        with connect(self.url, autocommit=True) as conn:
+            cur = conn.execute(bq(name), params)
+            return cur.fetchall() if fetch else []
+
+    def count_records(self, topic: str, expected: int, timeout_s: float = 60) -> int:
+        """Read ``topic`` from the beginning and count its records (until ``expected`` and idle for 1 s).
+
+        Counted by reading rather than from the high watermarks, which Tansu does not report as
+        record counts.
+        """
+        assert self.bootstrap is not None
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"bench-count-{self.tag}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        seen = 0
+        try:
+            parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            # From offset 0 (a new topic), not OFFSET_BEGINNING: see bench.chaos.read_topics.
+            consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+            deadline = time.monotonic() + timeout_s
+            idle_since = time.monotonic()
+            while time.monotonic() < deadline:
+                batch = [m for m in consumer.consume(10_000, 0.2) if m.error() is None]
+                seen += len(batch)
+                if batch:
+                    idle_since = time.monotonic()
+                elif seen >= expected and time.monotonic() - idle_since > 1.0:
+                    break
+        finally:
+            consumer.close()
+        return seen
+
+
+# -- timing wrappers around the real components ------------------------------------------------------
+
+
+class TimedStore(Store):
+    """The service's Store, adding up the seconds spent in each database operation."""
+
+    def __init__(self, database_url: str) -> None:
+        super().__init__(database_url)
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - began
+
+    def claim_due(self, limit: int) -> list[OutgoingRow]:
+        with self._timed("claim_due"):
+            return super().claim_due(limit)
+
+    def claim_dead(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
+        with self._timed("claim_dead"):
+            return super().claim_dead(limit, lease_ms, worker)
+
+    def mark_published(self, acked: Sequence[tuple[int, int]]) -> int:
+        with self._timed("mark_published"):
+            return super().mark_published(acked)
+
+
+def _rate(count: int, seconds: float) -> float:
+    return round(count / seconds, 1) if seconds > 0 else 0.0
+
+
+def _ratio(value: float, baseline: float) -> float:
+    """``value / baseline`` to four significant digits (a small ratio keeps its precision)."""
+    return float(f"{value / baseline:.4g}")
+
+
+# -- the records and jobs of the benchmarks ----------------------------------------------------------
+
+
+def retry_record(i: int, destination: str, at_ms: int) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """Key, value and headers of a failed record as the SDK sends it to a retry topic."""
+    headers = [
+        (protocol.DESTINATION, destination.encode()),
+        (protocol.ORIGINAL_TOPIC, destination.encode()),
+        (protocol.ORIGINAL_PARTITION, str(i % PARTITIONS).encode()),
+        (protocol.ORIGINAL_OFFSET, str(i).encode()),
+        (protocol.ATTEMPT, str(i % 4).encode()),
+        (protocol.AT, str(at_ms).encode()),
+        (protocol.REASON, b"TimeoutError: payment service did not answer within 30 s"),
+        (protocol.ERROR_CLASS, b"TimeoutError"),
+        (protocol.GROUP, b"orders-service"),
+        ("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    ]
+    return f"order-{i}".encode(), VALUE % (i, b"x" * 40), headers
+
+
+def due_job(i: int, source_topic: str, destination: str, due_ms: int) -> Job:
+    """A pending job due at ``due_ms``, with the columns an ingested record would have."""
+    _key, value, headers = retry_record(i, destination, due_ms)
+    return Job(
+        source_topic=source_topic, source_partition=i % PARTITIONS, source_offset=i,
+        source_timestamp_ms=due_ms - 60_000, destination=destination, destination_partition=i % PARTITIONS,
+        key=f"order-{i}".encode(), value=value, headers=(headers[-1],), attempt=i % 4, policy="default",
+        reason="TimeoutError: payment service did not answer within 30 s", error_class="TimeoutError",
+        consumer_group="orders-service", retry_id=str(uuid.uuid4()), original_topic=destination,
+        original_partition=i % PARTITIONS, original_offset=i, original_timestamp_ms=due_ms - 60_000,
+        due_ms=due_ms, status=Status.PENDING, dead_reason=None, dlq_topic="retry.dlq",
+    )  # fmt: skip
+
+
+def insert_due_jobs(url: str, count: int, source_topic: str, destination: str) -> float:
+    """Store ``count`` jobs due a second ago with the service's own insert; returns the seconds taken."""
+    began = time.perf_counter()
+    due_ms = int(time.time() * 1000) - 1000
+    with Store(url) as store:
+        for start in range(0, count, 5000):
+            store.insert_jobs(
+                [
+                    due_job(i, source_topic, destination, due_ms)
+                    for i in range(start, min(count, start + 5000))
+                ]
+            )
+    return time.perf_counter() - began
+
+
+def produce_records(
+    bootstrap: str, topic: str, count: int, destination: str, at_ms: int, first: int = 0
+) -> float:
+    """Produce ``count`` retry records (numbered from ``first``) as fast as one producer can; returns
+    the seconds taken."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 50,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 500_000,
+            "enable.idempotence": True,
+        }
+    )
+    errors: list[str] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    began = time.perf_counter()
+    for i in range(first, first + count):
+        key, value, headers = retry_record(i, destination, at_ms)
+        while True:
+            try:
+                producer.produce(
+                    topic, key=key, value=value, headers=cast(Any, headers), on_delivery=delivered
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 1000 == 0:
+            producer.poll(0)
+    if producer.flush(120) or errors:
+        raise BenchError(f"producing the retry records failed: {errors[:3] or 'not acknowledged in 120 s'}")
+    return time.perf_counter() - began
+
+
+# -- ingest -------------------------------------------------------------------------------------------
+
+
+def measure_ingest(env: BenchEnv, sizes: Sizes) -> Result:
+    """Ingest a retry topic into ``retry_jobs``; baseline: a binary COPY of the same rows."""
+    from bench.baselines import copy_baseline
+
+    result = Result("ingest")
+    settings = env.settings("ingest")
+    total = sizes.ingest_records + sizes.ingest_warmup
+    env.sql("bench_truncate")
+    env.create_topics([settings.retry_topic])
+    destination = f"bench.orders-{env.tag}"
+    # Due in a day: the jobs stay pending, so the publish loop (not running here) would find nothing.
+    at_ms = int(time.time() * 1000) + 86_400_000
+    bootstrap = env.bootstrap or ""
+    produce_records(bootstrap, settings.retry_topic, sizes.ingest_warmup, destination, at_ms)
+
+    store = Store(settings.database_url)
+    began = time.perf_counter()
+    ingestor = Ingestor(settings, BENCH_POLICIES, store)
+    try:
+        if not ingestor.acquire(30):
+            raise BenchError("the ingest lock of the benchmark database is held by someone else")
+        assigned_s = time.perf_counter() - began
+        stored = 0
+        deadline = time.monotonic() + 120
+        # Setup, not timed: lock, assignment, committed offsets and the first fetches, until the
+        # warm-up records are stored. Then the measured records are produced, before the clock starts.
+        while stored < sizes.ingest_warmup:
+            stored += ingestor.ingest_batch(0.5).stored
+            if time.monotonic() > deadline:
+                raise BenchError(f"ingest: only {stored} of {sizes.ingest_warmup} warm-up rows in 120 s")
+        setup_s = time.perf_counter() - began
+        produce_s = produce_records(
+            bootstrap,
+            settings.retry_topic,
+            sizes.ingest_records,
+            destination,
+            at_ms,
+            first=sizes.ingest_warmup,
+        )
+        log.info(
+            "ingest: %s records produced to %s in %.1f s",
+            sizes.ingest_records,
+            settings.retry_topic,
+            produce_s,
+        )
+        with connect(settings.database_url) as conn:
+            row = conn.execute(bq("bench_max_id")).fetchone()
+        after_id = int(row[0]) if row else 0
+        stored_before = loop_stored_before = ingestor.totals.stored
+        loop_batches_before = ingestor.totals.batches
+        run_began = time.perf_counter()
+        first_stored: list[tuple[float, int, int]] = []
+
+        def all_stored() -> bool:
+            totals = ingestor.totals
+            if not first_stored and totals.stored > stored_before:
+                # The loop is up: its worker processes started and stored their first batch.
+                first_stored.append((time.perf_counter(), totals.stored, totals.batches))
+            return totals.stored >= total
+
+        # The ingest task's own loop: worker processes sharing the partitions, each pipelined (the
+        # next batch is built while this one is stored).
+        ingestor.run(600, should_stop=all_stored, grace_s=0)
+        run_ended = time.perf_counter()
+        timed_began, stored_before, batches_before = timed_from(
+            (run_began, loop_stored_before, loop_batches_before),
+            first_stored[0] if first_stored else None,
+            ingestor.totals.stored,
+        )
+        whole_run = timed_began == run_began
+        loop_start_s = timed_began - run_began
+        elapsed = run_ended - timed_began
+        stored, batches = ingestor.totals.stored, ingestor.totals.batches - batches_before
+        if stored < total:
+            raise BenchError(f"ingest: only {stored} of {total} rows stored in 600 s")
+    finally:
+        ingestor.close()
+        store.close()
+    timed_rows = stored - stored_before
+    counts_by_status = dict(env.sql("bench_status_counts", fetch=True))
+    if counts_by_status != {"pending": total}:
+        raise BenchError(f"ingest stored {counts_by_status}, expected {total} pending jobs")
+    rate = _rate(timed_rows, elapsed)
+    copy = copy_baseline(settings.database_url, after_id, sizes.ingest_records)
+    result.figures = {
+        "ingest_msgs_per_s": rate,
+        "ingest_vs_copy": _ratio(rate, copy["rows_per_s"]) if copy["rows_per_s"] else None,
+    }
+    result.details = {
+        "records": total,
+        "timed_rows": timed_rows,
+        "warmup_rows": sizes.ingest_warmup,
+        "first_batch_rows": stored_before - sizes.ingest_warmup,
+        "seconds": round(elapsed, 3),
+        "rows_per_s": rate,
+        "batches": batches,
+        "ingest_batch": settings.ingest_batch,
+        "partitions": PARTITIONS,
+        "record_bytes": len(retry_record(0, destination, 0)[1]),
+        "produce_s": round(produce_s, 3),
+        "setup_s": round(setup_s, 3),
+        "lock_and_assignment_s": round(assigned_s, 3),
+        "loop_start_s": round(loop_start_s, 3),
+        "loop_start_timed": whole_run,
+        "ingest_workers": settings.ingest_workers,
+        "baseline": copy,
+    }
+    result.details["limits"] = _ingest_limits(result.details, timed_rows, copy)
+    result.notes = [
+        f"{timed_rows} records ({result.details['record_bytes']}-byte values, 10 headers) ingested from a "
+        f"{PARTITIONS}-partition retry topic in {elapsed:.2f} s by the ingest task's loop: "
+        f"{settings.ingest_workers} worker processes, each with its share of the partitions, its consumer "
+        f"and its connection, each building the next batch while PostgreSQL stores the last one. The "
+        f"records were produced beforehand, in {produce_s:.1f} s.",
+        f"Setup excluded from the rate: {setup_s:.2f} s for the ingest lock, partition assignment, the "
+        f"stored-offset lookup and {sizes.ingest_warmup} warm-up rows; then "
+        + (
+            "nothing more: the loop stored every record in the first batches it reported, so its start "
+            "(spawning the worker processes, their imports and connections) is inside the timed run."
+            if whole_run
+            else f"{loop_start_s:.2f} s for the loop's start (spawning the worker processes, their imports "
+            f"and connections) and its first batch ({stored_before - sizes.ingest_warmup} rows)."
+        )
+        + " The loop starts once per Airflow run (every minute, each run lasting 90 s).",
+        f"Baseline: binary COPY of the very same {copy['rows']} rows into bench_copy (LIKE retry_jobs "
+        f"INCLUDING ALL) in {copy['seconds']:.2f} s.",
+    ]
+    return result
+
+
+def timed_from(
+    loop_began: tuple[float, int, int], first_report: tuple[float, int, int] | None, stored_at_end: int
+) -> tuple[float, int, int]:
+    """Where the ingest rate's clock starts: ``(time, rows stored, batches)`` at that moment.
+
+    From the loop's first report of stored rows, so that starting the worker processes is not counted
+    against the steady rate; but from the loop's start when that first report already held every row
+    (a small ``--quick`` run), or never came, since then nothing would be left to time.
+    """
+    if first_report is None or first_report[1] >= stored_at_end:
+        return loop_began
+    return first_report
+
+
+def _ingest_limits(details: dict[str, Any], rows: int, copy: dict[str, Any]) -> list[str]:
+    """Where the time per record goes (see bench/README.md for the profile)."""
+    wall_us = 1e6 * details["seconds"] / rows
+    copy_us = 1e6 / copy["rows_per_s"] if copy.get("rows_per_s") else float("nan")
+    workers = details["ingest_workers"]
+    return [
+        f"Per record: {wall_us:.1f} us of wall time with {workers} worker processes; the raw COPY costs "
+        f"{copy_us:.1f} us per row on one connection. In each worker the Python part (consuming, parsing "
+        "the headers, the policy, building the row) runs while PostgreSQL stores the previous batch.",
+        "What limits it: CPython's per-record work, on a machine whose two cores also run PostgreSQL and "
+        "the broker. Profiled in a one-process copy of the loop: the thread that consumes and builds needs "
+        "11-13 us of CPU per record (building the row about 7, with `retry_scheduler.core.headers.parse_headers` "
+        "half of it; the message accessors about 3, `headers()` making a list of ten tuples; consuming "
+        "1.3), the thread that stores 1.2 us. One worker process per core is the most that pays here "
+        "(three were slower than two). Before this layout (one process, a staging table and `INSERT ... "
+        "ON CONFLICT`, a `Job` object per record) the same benchmark gave 11 785 records/s "
+        "(bench/README.md).",
+        "The ratio depends on the hour: the raw COPY's speed changes with the machine far more than the "
+        "loop's CPU-bound Python does. Four earlier full runs gave 0.42-0.49 with the COPY at "
+        "89 000-155 000 rows/s; at 230 000-250 000 rows/s this code gives 0.37-0.40.",
+    ]
+
+
+# -- publish ------------------------------------------------------------------------------------------
+
+
+def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
+    """Publish due jobs (claim, produce, ack, mark); baselines: PgQueuer and the naive poller."""
+    from bench.baselines import naive_poller, pgqueuer_baseline
+
+    result = Result("publish")
+    settings = env.settings("publish")
+    destination = f"bench.out-{env.tag}"
+    env.sql("bench_truncate")
+    env.create_topics([destination])
+    load_s = insert_due_jobs(settings.database_url, sizes.publish_rows, "bench.publish", destination)
+    # The statistics autovacuum gathers within a minute of a bulk insert: measure that steady state,
+    # not the first minute, when the planner still believes the table empty (see the report).
+    env.sql("bench_analyze")
+    log.info("publish: %s due jobs stored in %.1f s", sizes.publish_rows, load_s)
+
+    stores: list[TimedStore] = []
+
+    def timed_store(url: str) -> Store:
+        stores.append(TimedStore(url))
+        return stores[-1]
+
+    began = time.perf_counter()
+    publisher = Publisher(settings, timed_store(settings.database_url), store_factory=timed_store)
+    try:
+        # Setup: the producer's connection and the destination's metadata.
+        publisher.topics.ensure([destination], create=True)
+        publisher.producer.list_topics(destination, timeout=10)
+        setup_s = time.perf_counter() - began
+        timed_began = time.perf_counter()
+        # The publish task's own loop, with its helper publishers, until every job is out.
+        counts = publisher.run(
+            600, should_stop=lambda: publisher.published_so_far() >= sizes.publish_rows, grace_s=0
+        )
+        elapsed = time.perf_counter() - timed_began
+        published = counts.published
+        if counts.failed or published < sizes.publish_rows:
+            raise BenchError(f"publish: {counts.failed} failed deliveries, {published} published")
+    finally:
+        publisher.close()
+        for store in stores:
+            store.close()
+    db_seconds: defaultdict[str, float] = defaultdict(float)
+    for store in stores:
+        for name, seconds in store.seconds.items():
+            db_seconds[name] += seconds
+    on_topic = env.count_records(destination, sizes.publish_rows)
+    if on_topic != sizes.publish_rows:
+        raise BenchError(f"publish: {on_topic} records on {destination}, expected {sizes.publish_rows}")
+    rate = _rate(published, elapsed)
+
+    naive = naive_poller(env, settings, sizes.naive_rows, destination)
+    pgq = pgqueuer_baseline(env.url, sizes.pgqueuer_rows, sizes.pgqueuer_batch_sizes)
+    result.figures = {
+        "publish_rows_per_s": rate,
+        "publish_vs_pgqueuer": _ratio(rate, pgq["rows_per_s"]) if pgq.get("rows_per_s") else None,
+        "publish_vs_naive": _ratio(rate, naive["rows_per_s"]) if naive["rows_per_s"] else None,
+    }
+    result.details = {
+        "rows": published,
+        "seconds": round(elapsed, 3),
+        "rows_per_s": rate,
+        "publish_batch": settings.publish_batch,
+        "publish_workers": settings.publish_workers,
+        "partitions": PARTITIONS,
+        "records_on_topic": on_topic,
+        "load_s": round(load_s, 3),
+        "setup_s": round(setup_s, 3),
+        "db_seconds": {k: round(v, 3) for k, v in sorted(db_seconds.items())},
+        "baseline_pgqueuer": pgq,
+        "vs_pgqueuer_best_tuned": (
+            _ratio(rate, pgq["best_tuned"]["rows_per_s"]) if pgq.get("best_tuned") else None
+        ),
+        "baseline_naive": naive,
+    }
+    result.details["limits"] = _publish_limits(result.details, published)
+    result.notes = [
+        f"{published} due jobs claimed, produced (idempotent, acks=all), acknowledged and marked published "
+        f"in {elapsed:.2f} s by the publish task's loop ({settings.publish_workers} publishers side by side, "
+        f"batches of up to {settings.publish_batch}); all {on_topic} records "
+        f"checked on the destination topic. Setup excluded: {setup_s:.2f} s (producer connection, metadata).",
+        pgq["note"],
+        naive["note"],
+    ]
+    if pgq.get("best_tuned"):
+        best = pgq["best_tuned"]
+        result.notes.append(
+            f"Against PgQueuer at its fastest batch size here ({best['batch_size']}, "
+            f"{best['rows_per_s']:,.0f} jobs/s) the ratio is {result.details['vs_pgqueuer_best_tuned']:.2f}x."
+        )
+    return result
+
+
+def _publish_limits(details: dict[str, Any], rows: int) -> list[str]:
+    db = details["db_seconds"]
+    claim_us = 1e6 * (db.get("claim_due", 0) + db.get("claim_dead", 0)) / rows
+    mark_us = 1e6 * db.get("mark_published", 0) / rows
+    wall_us = 1e6 * details["seconds"] / rows
+    workers = details["publish_workers"]
+    return [
+        f"Per job, added over the {workers} publishers: {claim_us:.1f} us claiming (one `SELECT ... FOR "
+        f"UPDATE SKIP LOCKED`: row locks, nothing written) and {mark_us:.1f} us marking published (one "
+        f"`UPDATE` from `unnest`, in the same transaction); {wall_us:.1f} us of wall time per job in all. "
+        "The rest of each publisher's time is Python building the records' headers and producing them, "
+        "and waiting for the broker's acknowledgements; while one publisher waits, the other works.",
+        "What limits it: the one write per job that the guarantee rests on (`published` only after the "
+        "acknowledgement): a new row version with its primary-key and source-key index entries, and WAL. "
+        "Two cores are shared by PostgreSQL, the broker and the Python publishers.",
+    ]
+
+
+# -- claim cost ---------------------------------------------------------------------------------------
+
+
+def build_claim_table(url: str, total: int, due: int) -> dict[str, Any]:
+    """``retry_jobs`` at ``url`` with ``total`` rows: history from generate_series, then the due backlog.
+
+    Vacuumed and analysed afterwards, as autovacuum leaves a table that grew slowly.
+    """
+    began = time.perf_counter()
+    with connect(url, autocommit=True) as conn:
+        conn.execute(bq("bench_truncate"))
+        history = total - due
+        step = 1_000_000
+        for start in range(0, history, step):
+            conn.execute(bq("bench_fill_history"), {"first": start + 1, "last": min(history, start + step)})
+            log.info("claim: %s of %s history rows", min(history, start + step), history)
+        conn.execute(bq("bench_fill_due"), {"count": due})
+        conn.execute(bq("bench_vacuum_analyze"))
+        row = conn.execute(bq("bench_table_size")).fetchone()
+    assert row is not None
+    return {"rows": int(row[0]), "bytes": int(row[1]), "build_s": round(time.perf_counter() - began, 1)}
+
+
+def measure_claim(env: BenchEnv, sizes: Sizes) -> Result:
+    """Claim 1 000 due jobs with a small and with a large table: the cost must follow the backlog.
+
+    The small table lives in a second throwaway database, so that the claims can alternate between
+    the two: a load that comes and goes on the machine then weighs on both alike.
+    """
+    result = Result("claim")
+    with env.extra_database("small") as small_url:
+        tables = {
+            "small": build_claim_table(small_url, sizes.claim_small, sizes.claim_due),
+            "large": build_claim_table(env.url, sizes.claim_large, sizes.claim_due),
+        }
+        times: dict[str, list[float]] = {"small": [], "large": []}
+        with Store(small_url) as small, Store(env.url) as large:
+            stores = {"small": small, "large": large}
+            for i in range(sizes.claim_repeats + 1):
+                for label, store in stores.items():
+                    with store.conn.transaction():
+                        began = time.perf_counter()
+                        rows = store.claim_due(sizes.claim_limit)
+                        took = time.perf_counter() - began
+                        raise psycopg.Rollback()  # the claim only locks: ending its transaction frees them
+                    if len(rows) != sizes.claim_limit:
+                        raise BenchError(f"claim: {len(rows)} jobs claimed, expected {sizes.claim_limit}")
+                    if i:  # the first claim of each warms the caches
+                        times[label].append(took)
+    runs = {
+        label: {
+            **tables[label],
+            "claim_median_ms": round(statistics.median(times[label]) * 1000, 3),
+            "claim_ms": [round(t * 1000, 3) for t in times[label]],
+        }
+        for label in ("small", "large")
+    }
+    ratio = runs["large"]["claim_median_ms"] / runs["small"]["claim_median_ms"]
+    result.figures = {"claim_cost_ratio_10m_vs_10k": round(ratio, 3)}
+    result.details = {
+        "limit": sizes.claim_limit,
+        "due_backlog": sizes.claim_due,
+        "repeats": sizes.claim_repeats,
+        "small": runs["small"],
+        "large": runs["large"],
+        "sizes_match_target": (sizes.claim_small, sizes.claim_large) == (10_000, 10_000_000),
+    }
+    result.notes = [
+        f"Store.claim_due({sizes.claim_limit}): median of {sizes.claim_repeats} claims each (after one "
+        f"warm-up; each in a transaction rolled back after it; small and large alternating): "
+        f"{runs['small']['claim_median_ms']:.2f} ms with {runs['small']['rows']:,} rows vs "
+        f"{runs['large']['claim_median_ms']:.2f} ms with {runs['large']['rows']:,} rows "
+        f"({runs['large']['bytes'] / 2**30:.1f} GiB with indexes, built in {runs['large']['build_s']:.0f} s); "
+        f"both hold the same backlog of {sizes.claim_due} due jobs, the rest is published and dead history "
+        "and jobs due later.",
+    ]
+    return result
+
+
+# -- the run ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchOptions:
+    out: Path
+    quick: bool = False
+    only: tuple[str, ...] = MEASUREMENTS
+    sizes: Sizes = field(default_factory=Sizes)
+    db_name: str = "retry_bench"
+    bootstrap: str | None = None
+    keep_db: bool = False
+
+
+def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
+    from bench.slow import measure_lateness, measure_spark
+
+    return {
+        "ingest": measure_ingest,
+        "publish": measure_publish,
+        "claim": measure_claim,
+        "spark": measure_spark,
+        "lateness": measure_lateness,
+    }
+
+
+def run_bench(
+    settings: Settings, options: BenchOptions, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Run the selected measurements and write the report; returns report.json's content."""
+    from bench import report as bench_report
+
+    unknown = sorted(set(options.only) - set(MEASUREMENTS))
+    if unknown:
+        raise BenchError(
+            f"unknown measurement(s) {', '.join(unknown)}; choose from {', '.join(MEASUREMENTS)}"
+        )
+    options.out.mkdir(parents=True, exist_ok=True)
+    run_id = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
+    started = datetime.now(UTC).isoformat()
+    results: list[Result] = []
+    measurers = _measurers()
+    with BenchEnv(settings, options.db_name, options.bootstrap, options.keep_db) as env:
+        machine = bench_report.machine_info(env.url)
+        run_cpu = bench_report.cpu_times()
+        for name in MEASUREMENTS:
+            if name not in options.only:
+                results.append(Result(name, skipped="not selected with --only in this run"))
+                continue
+            say(f"bench: {name} ...")
+            load_before, cpu_before = os.getloadavg()[0], bench_report.cpu_times()
+            began = time.perf_counter()
+            try:
+                result = measurers[name](env, options.sizes)
+            except Exception as exc:
+                log.exception("bench: %s failed", name)
+                result = Result(name, skipped=f"failed in this run: {type(exc).__name__}: {exc}")
+            result.finished_at = datetime.now(UTC).isoformat()
+            result.details.setdefault("wall_s", round(time.perf_counter() - began, 1))
+            # Other work on the machine skews every figure: the 1-minute load average, before and after.
+            result.details["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            # ... and how the CPU went meanwhile: a virtual machine's cores may be stolen by its host.
+            result.details["cpu"] = bench_report.cpu_shares(cpu_before, bench_report.cpu_times())
+            results.append(result)
+            say(
+                f"bench: {name} done in {time.perf_counter() - began:.0f} s: {result.skipped or result.figures}"
+            )
+        machine["cpu_during_run"] = bench_report.cpu_shares(run_cpu, bench_report.cpu_times())
+    report = bench_report.build_report(
+        results,
+        machine=machine,
+        run_id=run_id,
+        started_at=started,
+        quick=options.quick,
+        sizes=options.sizes,
+    )
+    bench_report.write_report(report, results, options.out)
+    say(bench_report.table(report))
+    say(f"report: {options.out / 'report.md'} (and report.json, PNG plots)")
+    return report
+
+
+def main(settings: Settings, args: Any, say: Callable[[str], None] = print) -> int:
+    """The ``retry-scheduler bench`` command; exit 1 when a measured figure misses its target."""
+    sizes = Sizes.quick() if args.quick else Sizes()
+    changes = {
+        name: value
+        for name, value in (
+            ("ingest_records", args.ingest_records),
+            ("publish_rows", args.publish_rows),
+            ("pgqueuer_rows", args.publish_rows),
+            ("naive_rows", args.naive_rows),
+            ("claim_large", args.claim_rows),
+            ("lateness_seconds", args.lateness_seconds),
+        )
+        if value is not None
+    }
+    if changes:
+        from dataclasses import replace
+
+        sizes = replace(sizes, **changes)
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip()) if args.only else MEASUREMENTS
+    options = BenchOptions(
+        out=Path(args.out),
+        quick=args.quick,
+        only=only,
+        sizes=sizes,
+        db_name=args.db_name,
+        keep_db=args.keep_db,
+    )
+    report = run_bench(settings, options, say)
+    missed = [k for k, t in report["targets"].items() if t["pass"] is False]
+    if missed and not args.quick:
+        say(f"bench: missed target(s): {', '.join(missed)} (see the report for what limits them)")
+        return 1
+    return 0
+
+
+__all__ = ["MEASUREMENTS", "BenchEnv", "BenchError", "BenchOptions", "Result", "Sizes", "main", "run_bench"]

@@ -1,0 +1,26 @@
+"""The DAGs of the service, as factories: a deployment's DAGs folder holds one thin file per DAG.
+
+Each factory builds its DAG when called, so a DAG file is two lines::
+
+    from retry_scheduler.airflow.dags.retry_scheduler import retry_scheduler_dag
+
+    dag = retry_scheduler_dag()
+
+The DAG belongs to the file that called the factory (its ``fileloc``), so Airflow finds, parses and
+runs it from the DAGs folder like any other DAG.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
+
+
+def in_dag_file(dag: DAG) -> DAG:
+    """Give *dag* the file of the factory's caller: the DAG file Airflow parsed, not this package."""
+    caller = sys._getframe(2)
+    dag.fileloc = caller.f_code.co_filename
+    return dag

@@ -1,0 +1,113 @@
+"""
+### dlq_replay
+
+Replays or purges **dead** jobs (kept in PostgreSQL, published to the DLQ topic) selected by
+the form's filter. **Run it as a dry run first** (the default): the task log then says how
+many jobs match and which would be left alone, and nothing changes.
+
+* **replay** makes the jobs due now; the `retry_scheduler` DAG's publish loop sends them to
+  their destination with `retry.attempt` raised (set *reset attempts* to start the policy's
+  schedule again). Jobs that went dead as `invalid` are left alone: their headers named no
+  usable destination.
+* **purge** deletes the jobs whose record is already on the DLQ topic; a dead job not yet
+  published there is kept, since it exists nowhere else.
+
+Every run, dry or not, writes an audit row (`retry_dlq_audit`: action, filter, counts, the
+Airflow user who triggered it and the run id). The same operations: the *Dead letters* page
+(`/retry-scheduler/`) and `retry-scheduler dlq list|show|replay|purge`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Param, dag, get_current_context, task
+
+from retry_scheduler.airflow.dags import in_dag_file
+from retry_scheduler.airflow.notifiers import failure_notifiers
+from retry_scheduler.core.protocol import TOPIC_PATTERN
+
+DEAD_REASONS = ["exhausted", "expired", "fatal", "requested", "invalid"]
+
+
+@dag(
+    dag_id="dlq_replay",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    dagrun_timeout=timedelta(hours=6),
+    default_args={
+        "owner": "retry-scheduler",
+        # a retry continues where a failed run stopped: replayed or purged jobs are no longer dead
+        "retries": 1,
+        "retry_delay": timedelta(seconds=30),
+        "on_failure_callback": failure_notifiers(),
+    },
+    params={
+        "action": Param("replay", enum=["replay", "purge"], title="Action"),
+        "destination": Param(
+            None,
+            type=["null", "string"],
+            pattern=f"^{TOPIC_PATTERN}$",
+            title="Destination topic",
+            description="Only dead jobs for this destination (empty: every destination).",
+        ),
+        "dead_reason": Param(None, type=["null", "string"], enum=[None, *DEAD_REASONS], title="Dead reason"),
+        "error_class": Param(
+            None,
+            type=["null", "string"],
+            maxLength=500,
+            title="Error class",
+            description="Glob on the error class, e.g. *TimeoutError.",
+        ),
+        "search": Param(
+            None,
+            type=["null", "string"],
+            maxLength=500,
+            title="Reason text",
+            description="Only jobs whose reason or error class contains this text (any case).",
+        ),
+        "since": Param(None, type=["null", "string"], format="date-time", title="Went dead since (UTC)"),
+        "until": Param(None, type=["null", "string"], format="date-time", title="Went dead until (UTC)"),
+        "ids": Param(
+            None,
+            type=["null", "string"],
+            pattern=r"^[0-9][0-9,\s]*$",
+            title="Job ids",
+            description="Only these jobs: ids separated by commas (from the Dead letters page).",
+        ),
+        "limit": Param(
+            0,
+            type="integer",
+            minimum=0,
+            title="Limit",
+            description="At most this many, oldest first (0: all).",
+        ),
+        "reset_attempts": Param(
+            False, type="boolean", title="Reset attempts", description="Replay from attempt 0."
+        ),
+        "dry_run": Param(True, type="boolean", title="Dry run", description="Only count; change nothing."),
+    },
+    tags=["retry-scheduler", "operations"],
+    doc_md=__doc__,
+)
+def dlq_replay() -> None:
+    @task
+    def operate() -> dict:
+        """Replay or purge the selected dead jobs (or only count them on a dry run)."""
+        from retry_scheduler.airflow.tasks import run_dlq_operation
+
+        context = get_current_context()
+        dag_run = context["dag_run"]
+        return run_dlq_operation(
+            dict(context["params"]), getattr(dag_run, "triggering_user_name", None), dag_run.run_id
+        )
+
+    operate()
+
+
+def dlq_replay_dag() -> DAG:
+    """Build the ``dlq_replay`` DAG; call it from a file in the DAGs folder."""
+    return in_dag_file(dlq_replay())

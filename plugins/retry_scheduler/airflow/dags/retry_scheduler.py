@@ -1,0 +1,73 @@
+"""
+### retry_scheduler
+
+Moves failed Kafka records from the retry topics back to their destinations when they are due.
+
+* **ingest** consumes the retry topics (`retry` and the per-delay topics) into the PostgreSQL
+  table `retry_jobs`, committing Kafka offsets only after the rows are committed.
+* **publish** claims due jobs (`FOR UPDATE SKIP LOCKED`, with a lease), produces them with an
+  idempotent producer, and marks them published once the broker acknowledged them. Dead jobs
+  go to their policy's DLQ topic.
+
+Both tasks loop for `loop_seconds` (default 90 s) and a run starts every minute, so runs
+overlap by about 30 s. A loop whose time is up also keeps going until the next run's loop is
+alive (heartbeats in `retry_loops`, grace `RETRY_LOOP_GRACE_MS`, 60 s), so even a late run
+leaves no gap. Overlapping publishers are safe because claims skip locked rows; one ingest
+loop at a time owns the retry topics (an advisory lock), the next one taking over at once.
+Counts are in the task logs and in XCom.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Param, dag, get_current_context, task
+
+from retry_scheduler.airflow.dags import in_dag_file
+from retry_scheduler.airflow.notifiers import failure_notifiers
+
+LOOP_SECONDS = 90
+
+
+@dag(
+    dag_id="retry_scheduler",
+    schedule=timedelta(minutes=1),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=3,
+    dagrun_timeout=timedelta(minutes=10),
+    default_args={
+        "owner": "retry-scheduler",
+        "retries": 2,
+        "retry_delay": timedelta(seconds=5),
+        "on_failure_callback": failure_notifiers(),
+    },
+    params={
+        "loop_seconds": Param(
+            LOOP_SECONDS, type="integer", minimum=1, maximum=3600, description="How long each task loops."
+        )
+    },
+    tags=["retry-scheduler", "kafka"],
+    doc_md=__doc__,
+)
+def retry_scheduler() -> None:
+    @task(execution_timeout=timedelta(minutes=5))
+    def ingest() -> dict:
+        from retry_scheduler.airflow.tasks import run_ingest
+
+        return run_ingest(float(get_current_context()["params"]["loop_seconds"]))
+
+    @task(execution_timeout=timedelta(minutes=5))
+    def publish() -> dict:
+        from retry_scheduler.airflow.tasks import run_publish
+
+        return run_publish(float(get_current_context()["params"]["loop_seconds"]))
+
+    ingest()
+    publish()
+
+
+def retry_scheduler_dag() -> DAG:
+    """Build the ``retry_scheduler`` DAG; call it from a file in the DAGs folder."""
+    return in_dag_file(retry_scheduler())

@@ -1,0 +1,302 @@
+"""Alerts and the channels that carry them: a webhook (Slack-compatible JSON), e-mail, the log.
+
+Each notifier is an Airflow ``BaseNotifier`` configured by a connection read when it sends, never
+when a DAG file is parsed: ``retry_alert_webhook`` and ``retry_alert_email``. It serves twice:
+
+* as a task ``on_failure_callback`` (``failure_notifiers()`` in every DAG's ``default_args``): the
+  failure context becomes an :class:`Alert` naming the DAG, task, run and log;
+* from ``retry_monitor`` (``retry_scheduler.ops.monitor``), which calls ``send(alert)`` directly.
+
+A channel whose connection is not defined is off: it says so once in the log and does nothing. A
+delivery that fails is logged and reported by ``send`` returning False, never raised: a broken
+alert channel must not fail the task it reports on.
+
+:class:`Alert` (:mod:`retry_scheduler.ops.alerts`) and its formatting need no Airflow; the notifiers work without it too.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
+
+from retry_scheduler.ops.alerts import Alert, alert_from_context
+
+log = logging.getLogger(__name__)
+
+WEBHOOK_CONN_ID = "retry_alert_webhook"
+EMAIL_CONN_ID = "retry_alert_email"
+DEFAULT_TIMEOUT_S = 10.0
+_DEFAULT_EMAIL_BACKEND = "airflow.utils.email.send_email_smtp"
+
+
+class AlertConfigError(ValueError):
+    """An alert connection is defined but unusable; the message names the connection and the field."""
+
+
+class _PlainNotifier:
+    """Stands in for Airflow's BaseNotifier where Airflow is not installed."""
+
+    def __init__(self) -> None:
+        pass
+
+    def __call__(self, context: Any) -> None:
+        self.notify(context)
+
+    def notify(self, context: Any) -> None:
+        raise NotImplementedError
+
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseNotifier
+else:
+    try:
+        from airflow.sdk import BaseNotifier
+    except ImportError:  # the ``service`` install: Alert and the log notifier work without Airflow
+        BaseNotifier = _PlainNotifier
+
+# Connections found undefined in this process: each is reported once, not on every alert.
+_reported_off: set[str] = set()
+
+
+def _connection(conn_id: str) -> Any | None:
+    """The Airflow connection, or None when it is not defined (or Airflow is not installed)."""
+    try:
+        from airflow.sdk import BaseHook
+        from airflow.sdk.exceptions import AirflowNotFoundException
+    except ImportError:
+        return None
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
+
+
+class AlertNotifier(BaseNotifier):
+    """A channel: ``send(alert)`` for the monitor, ``notify(context)`` as a task failure callback."""
+
+    #: How the channel is named in log lines ("webhook alerts are off").
+    kind: ClassVar[str] = "alert"
+    #: Whether a delivery reaches a person (the monitor retries an incident nobody was told about).
+    reaches_people: ClassVar[bool] = True
+
+    def __init__(self, conn_id: str | None = None) -> None:
+        super().__init__()
+        self.conn_id = conn_id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(conn_id={self.conn_id!r})"
+
+    def notify(self, context: Any) -> None:
+        """The Airflow callback: never raises, so a broken channel cannot fail the task."""
+        try:
+            alert = alert_from_context(context)
+        except Exception:
+            log.exception("cannot build a failure alert from the task context")
+            return
+        self.send(alert)
+
+    def send(self, alert: Alert) -> bool | None:
+        """Deliver ``alert``: True when delivered, False when delivery failed, None when the channel is off."""
+        conn = None
+        if self.conn_id is not None:
+            try:
+                conn = _connection(self.conn_id)
+            except Exception as exc:  # a secrets backend down: as much a failed delivery as a refused post
+                log.error(
+                    "%s alert %r not delivered: cannot read connection %s: %s",
+                    self.kind,
+                    alert.headline,
+                    self.conn_id,
+                    exc,
+                )
+                return False
+            if conn is None:
+                if self.conn_id not in _reported_off:
+                    _reported_off.add(self.conn_id)
+                    log.info("connection %s not defined: %s alerts are off", self.conn_id, self.kind)
+                return None
+        try:
+            self.deliver(alert, conn)
+        except Exception as exc:
+            log.error("%s alert %r not delivered: %s: %s", self.kind, alert.headline, type(exc).__name__, exc)
+            return False
+        return True
+
+    def deliver(self, alert: Alert, conn: Any) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class WebhookTarget:
+    url: str
+    headers: dict[str, str]
+    timeout_s: float
+
+    @property
+    def safe_url(self) -> str:
+        """Scheme and host only: the path of a Slack webhook URL is its secret."""
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+
+
+def webhook_target(conn: Any, conn_id: str = WEBHOOK_CONN_ID) -> WebhookTarget:
+    """The URL, headers and timeout from an http connection.
+
+    ``host`` may hold the full URL (``https://hooks.slack.com/services/...``); otherwise the URL is
+    built from the parts, as ``AIRFLOW_CONN_RETRY_ALERT_WEBHOOK='https://host:port/path'`` gives them
+    (scheme in the connection type, or in ``schema`` when that is http/https, path in ``schema`` or
+    the extra's ``endpoint``). Extra: ``{"headers": {...}, "timeout": 10, "endpoint": "/path"}``.
+    """
+    extra = dict(conn.extra_dejson or {})
+    headers = extra.get("headers") or {}
+    if isinstance(headers, str):  # a URI's query string gives strings
+        try:
+            headers = json.loads(headers)
+        except ValueError:
+            raise AlertConfigError(f"connection {conn_id}: extra 'headers' must be a JSON object") from None
+    if not isinstance(headers, dict):
+        raise AlertConfigError(f"connection {conn_id}: extra 'headers' must be a JSON object")
+    try:
+        timeout_s = float(extra.get("timeout", DEFAULT_TIMEOUT_S))
+    except (TypeError, ValueError):
+        raise AlertConfigError(f"connection {conn_id}: extra 'timeout' must be a number of seconds") from None
+    host = (conn.host or "").strip()
+    if not host:
+        raise AlertConfigError(f"connection {conn_id} has no host: set it to the webhook URL")
+    endpoint = str(extra.get("endpoint") or "")
+    if "://" in host:
+        url = host.rstrip("/") + "/" + endpoint.lstrip("/") if endpoint else host
+    else:
+        schema = (conn.schema or "").strip()
+        if schema.lower() in ("http", "https"):
+            scheme, path = schema.lower(), endpoint
+        else:
+            scheme = "https" if (conn.conn_type or "").lower() == "https" else "http"
+            path = schema or endpoint
+        port = f":{conn.port}" if conn.port else ""
+        url = f"{scheme}://{host}{port}/{path.lstrip('/')}"
+    if conn.login:
+        token = base64.b64encode(f"{conn.login}:{conn.password or ''}".encode()).decode()
+        headers = {"Authorization": f"Basic {token}", **headers}
+    return WebhookTarget(url, {str(k): str(v) for k, v in headers.items()}, timeout_s)
+
+
+class WebhookNotifier(AlertNotifier):
+    """Posts the alert as JSON to the ``retry_alert_webhook`` URL; a Slack incoming webhook works as is."""
+
+    kind = "webhook"
+
+    def __init__(self, conn_id: str = WEBHOOK_CONN_ID) -> None:
+        super().__init__(conn_id)
+
+    def deliver(self, alert: Alert, conn: Any) -> None:
+        target = webhook_target(conn, self.conn_id or WEBHOOK_CONN_ID)
+        body = json.dumps(alert.webhook_payload(), default=str).encode()
+        request = urllib.request.Request(
+            target.url,
+            data=body,
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "User-Agent": "kafka-retry-scheduler",
+                **target.headers,
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=target.timeout_s) as response:
+                status = response.status
+        except urllib.error.HTTPError as exc:
+            detail = exc.read(300).decode("utf-8", "replace")
+            raise RuntimeError(f"{target.safe_url} answered HTTP {exc.code}: {detail}") from None
+        except OSError as exc:
+            raise RuntimeError(f"cannot reach {target.safe_url}: {exc}") from None
+        log.info("webhook alert %r posted to %s (HTTP %s)", alert.headline, target.safe_url, status)
+
+
+def email_recipients(conn: Any, conn_id: str = EMAIL_CONN_ID) -> list[str]:
+    """Recipients: the extra's ``to`` (a list or a comma-separated string), else the login."""
+    raw = conn.extra_dejson.get("to") or conn.login
+    if isinstance(raw, str):
+        raw = raw.replace(";", ",").split(",")
+    recipients = [str(r).strip() for r in raw or [] if str(r).strip()]
+    if not recipients:
+        raise AlertConfigError(
+            f'connection {conn_id} names no recipients: set its extra to {{"to": ["ops@example.com"]}}'
+        )
+    return recipients
+
+
+class EmailNotifier(AlertNotifier):
+    """E-mails the alert through Airflow's e-mail setup; recipients from ``retry_alert_email``.
+
+    Sends the way Airflow 3.3 sends its own failure e-mails: through the SMTP connection named by
+    ``[email] email_conn_id`` (default ``smtp_default``; the extra ``smtp_conn_id`` of
+    ``retry_alert_email`` overrides it), or through ``[email] email_backend`` when that is set to
+    another backend (SES, SendGrid...). The sender is the extra's ``from_email``, else
+    ``[email] from_email``, else the SMTP connection's ``from_email``.
+    """
+
+    kind = "e-mail"
+
+    def __init__(self, conn_id: str = EMAIL_CONN_ID) -> None:
+        super().__init__(conn_id)
+
+    def deliver(self, alert: Alert, conn: Any) -> None:
+        from airflow.sdk.configuration import conf
+
+        conn_id = self.conn_id or EMAIL_CONN_ID
+        to = email_recipients(conn, conn_id)
+        extra = conn.extra_dejson
+        from_email = extra.get("from_email") or conf.get("email", "from_email", fallback=None)
+        backend = conf.get("email", "email_backend", fallback=_DEFAULT_EMAIL_BACKEND)
+        if backend and backend != _DEFAULT_EMAIL_BACKEND:
+            send = conf.getimport("email", "email_backend")
+            send(
+                to,
+                alert.headline,
+                alert.email_html(),
+                conn_id=conf.get("email", "email_conn_id", fallback=None),
+                from_email=from_email,
+            )
+        else:
+            from airflow.providers.smtp.hooks.smtp import SmtpHook
+
+            smtp_conn_id = extra.get("smtp_conn_id") or conf.get(
+                "email", "email_conn_id", fallback=SmtpHook.default_conn_name
+            )
+            with SmtpHook(smtp_conn_id=smtp_conn_id) as hook:
+                hook.send_email_smtp(
+                    to=to, subject=alert.headline, html_content=alert.email_html(), from_email=from_email
+                )
+        log.info("e-mail alert %r sent to %s", alert.headline, ", ".join(to))
+
+
+class LogNotifier(AlertNotifier):
+    """Logs the alert: ERROR for a failed task, WARNING for a monitor incident starting or ending."""
+
+    kind = "log"
+    reaches_people = False
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def deliver(self, alert: Alert, conn: Any) -> None:
+        level = logging.ERROR if alert.severity == "failure" else logging.WARNING
+        details = ", ".join(f"{k}={v}" for k, v in alert.fields.items() if v is not None and k != "log_url")
+        log.log(level, "ALERT %s: %s%s", alert.headline, alert.text, f" ({details})" if details else "")
+
+
+def alert_notifiers() -> list[AlertNotifier]:
+    """Every channel: webhook, e-mail and log (the first two off until their connection is defined)."""
+    return [WebhookNotifier(), EmailNotifier(), LogNotifier()]
+
+
+def failure_notifiers() -> list[AlertNotifier]:
+    """The ``on_failure_callback`` of every task of every DAG: all the channels."""
+    return alert_notifiers()

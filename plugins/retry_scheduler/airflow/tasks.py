@@ -1,0 +1,96 @@
+"""The bodies of the DAGs' Python tasks: the loops, the DLQ operation, the monitor check.
+
+The DAG definitions (:mod:`retry_scheduler.airflow.dags`) call these. Settings come from the
+service's connections through :class:`~retry_scheduler.airflow.hook.RetrySchedulerHook`, read when
+the task runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from retry_scheduler.airflow.hook import settings_from_connections
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.policy import load_policies
+from retry_scheduler.db.store import Store
+from retry_scheduler.loops.ingest import Ingestor
+from retry_scheduler.loops.publish import Publisher
+
+log = logging.getLogger(__name__)
+
+
+def run_ingest(loop_seconds: float, settings: Settings | None = None) -> dict[str, Any]:
+    """Ingest the retry topics for ``loop_seconds``; returns the counts (pushed as XCom)."""
+    settings = settings or settings_from_connections()
+    registry = load_policies(settings.policies_file)
+    with Store(settings.database_url) as store:
+        ingestor = Ingestor(settings, registry, store)
+        try:
+            counts = ingestor.run(loop_seconds)
+        finally:
+            ingestor.close()
+    result = counts.as_dict()
+    log.info("ingest run: %s", result)
+    return result
+
+
+def run_publish(loop_seconds: float, settings: Settings | None = None) -> dict[str, Any]:
+    """Publish due and dead jobs for ``loop_seconds``; returns the counts (pushed as XCom)."""
+    settings = settings or settings_from_connections()
+    with Store(settings.database_url) as store:
+        publisher = Publisher(settings, store)
+        try:
+            counts = publisher.run(loop_seconds)
+        finally:
+            publisher.close()
+        result = counts.as_dict()
+        late = store.status(window_s=int(loop_seconds) + 60)["lateness"]
+        result["lateness_p99_s"] = late.p99_s
+        result["early"] = late.early
+    log.info("publish run: %s", result)
+    return result
+
+
+def run_dlq_operation(params: dict[str, Any], actor: str | None, run_id: str | None) -> dict[str, Any]:
+    """The ``dlq_replay`` DAG's task: replay or purge the dead jobs of the form's filter, audited.
+
+    ``actor`` is the Airflow user who triggered the run (recorded in ``retry_dlq_audit``).
+    """
+    from retry_scheduler.ops.dlq import DlqFilter, run_action
+
+    settings = settings_from_connections()
+    flt = DlqFilter.from_params(params)
+    action = params.get("action", "replay")
+    dry_run = bool(params.get("dry_run", True))
+
+    def progress(done: int, total: int) -> None:
+        log.info("%s: %d of %d jobs done", action, done, total)
+
+    outcome = run_action(
+        settings.database_url,
+        action,
+        flt,
+        actor=actor or "airflow",
+        source="dag",
+        dry_run=dry_run,
+        reset_attempts=bool(params.get("reset_attempts", False)),
+        run_id=run_id,
+        progress=progress,
+    )
+    log.info("%s", outcome.summary())
+    if dry_run and outcome.would_affect:
+        log.info("nothing was changed: trigger again with dry_run unticked to %s these jobs", action)
+    return outcome.as_json()
+
+
+def run_monitor_task() -> dict[str, Any]:
+    """The ``check`` task of the ``retry_monitor`` DAG: connections and the Variable read at run time."""
+    from airflow.sdk import Variable
+
+    from retry_scheduler.airflow.notifiers import alert_notifiers
+    from retry_scheduler.ops.monitor import VARIABLE, Thresholds, run_monitor
+
+    raw = Variable.get(VARIABLE, default=None)
+    thresholds = Thresholds.from_json(raw if raw is None else str(raw))
+    return run_monitor(settings_from_connections().database_url, thresholds, alert_notifiers())

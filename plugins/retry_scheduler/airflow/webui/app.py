@@ -1,0 +1,316 @@
+"""The Dead letters page: a FastAPI app the Airflow api-server serves at ``/retry-scheduler/``.
+
+Registered by :mod:`retry_scheduler.airflow.plugin`. The page (``static/index.html`` + vanilla JS and
+CSS, no build step, nothing from the internet) talks to the JSON API under ``/retry-scheduler/api/``,
+which is a thin layer over :mod:`retry_scheduler.ops.dlq`.
+
+Security, all of it Airflow's own:
+
+- **Who**: the user comes from Airflow's ``get_user`` (``airflow.api_fastapi.core_api.security``):
+  the ``Authorization: Bearer`` JWT, else the ``_token`` cookie the Airflow UI sets at login. A page
+  request without a login is redirected to the auth manager's login URL with a ``next`` back here;
+  an API request gets 401.
+- **What**: through Airflow's ``requires_access_dag`` for the runs of the ``dlq_replay`` DAG, the
+  DAG that replays and purges dead jobs: reading needs ``GET`` (who may see that DAG's runs may see
+  the jobs it acts on), replay and purge need ``POST``, which is exactly what triggering a run of
+  it needs. The audit actor is the Airflow user name.
+- **CSRF**: the cookie is sent by the browser on its own, so state-changing calls must be
+  ``Content-Type: application/json`` (a cross-site form cannot send that without a CORS preflight,
+  which this app never grants) and must not come from another site (``Sec-Fetch-Site``).
+
+Airflow's security module takes seconds to import and this module is imported by every Airflow
+process that loads plugins, so it is imported on the first request, not here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict
+
+from retry_scheduler.airflow.hook import RetrySchedulerHook
+from retry_scheduler.core.config import DEFAULT_DATABASE_URL
+from retry_scheduler.db.connection import StoreError
+from retry_scheduler.ops import dlq
+
+log = logging.getLogger(__name__)
+
+#: The DAG whose permissions guard the page: its runs replay and purge dead jobs too.
+DAG_ID = "dlq_replay"
+#: How long the database URL read from the connection is reused.
+URL_TTL_S = 30.0
+#: The page's files, installed with the package.
+STATIC_DIR = Path(str(resources.files("retry_scheduler.airflow.webui").joinpath("static")))
+STATIC_TYPES = {
+    "app.js": "text/javascript",
+    "app.css": "text/css",
+    "icon.svg": "image/svg+xml",
+}
+# Scripts, styles and images from this app only (no inline script: data can never become code);
+# framed only by Airflow's own UI, which shows the page in its navigation.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+_bearer = HTTPBearer(auto_error=False)
+_url_lock = threading.Lock()
+_url_cache: tuple[float, str] | None = None
+
+
+def database_url() -> str:
+    """The retry database: the ``retry_postgres`` connection when defined, else ``RETRY_DATABASE_URL``.
+
+    Read on the first request and again every :data:`URL_TTL_S` seconds, never at import.
+    """
+    global _url_cache
+    with _url_lock:
+        if _url_cache and time.monotonic() - _url_cache[0] < URL_TTL_S:
+            return _url_cache[1]
+        url = RetrySchedulerHook().database_url(in_task=False)
+        if url is None:
+            url = os.environ.get("RETRY_DATABASE_URL") or DEFAULT_DATABASE_URL
+        _url_cache = (time.monotonic(), url)
+        return url
+
+
+async def current_user(
+    request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Any:
+    """The Airflow user of the request (bearer token, else the UI's cookie); 401/403 when none."""
+    from airflow.api_fastapi.core_api.security import get_user
+
+    return await get_user(request, _oauth_token=None, bearer_credentials=bearer)
+
+
+def authorize(request: Request, user: Any, method: Literal["GET", "POST"]) -> None:
+    """403 unless the auth manager lets ``user`` read (GET) or trigger (POST) ``dlq_replay`` runs."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    check = requires_access_dag(method=method, access_entity=DagAccessEntity.RUN, param_dag_id=DAG_ID)
+    check(request, user)
+
+
+def may(request: Request, user: Any, method: Literal["GET", "POST"]) -> bool:
+    """Whether :func:`authorize` lets ``user`` through (for the page and ``/api/me``)."""
+    try:
+        authorize(request, user, method)
+    except HTTPException:
+        return False
+    return True
+
+
+UserDep = Annotated[Any, Depends(current_user)]
+
+
+def reader(request: Request, user: UserDep) -> Any:
+    """Dependency of every read: a logged-in user who may see ``dlq_replay`` runs."""
+    authorize(request, user, "GET")
+    return user
+
+
+def operator(request: Request, user: UserDep) -> Any:
+    """Dependency of replay and purge: may trigger ``dlq_replay``, and the request is not forgeable."""
+    authorize(request, user, "POST")
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise HTTPException(415, "send the request as JSON (Content-Type: application/json)")
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        raise HTTPException(403, "cross-site requests are refused")
+    return user
+
+
+class ActionBody(BaseModel):
+    """A replay or purge: the filter (as on the list), or ``ids``; a dry run unless said otherwise."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    destination: str | None = None
+    dead_reason: str | None = None
+    error_class: str | None = None
+    search: str | None = None
+    since: str | None = None
+    until: str | None = None
+    ids: list[int] = []
+    limit: int | None = None
+    reset_attempts: bool = False
+    dry_run: bool = True
+
+
+app = FastAPI(
+    title="Dead letters",
+    description="Browse, replay and purge the dead jobs of kafka-retry-scheduler.",
+    docs_url=None,
+    redoc_url=None,
+    openapi_url=None,  # served below, to logged-in users only
+)
+
+
+@app.exception_handler(dlq.DlqError)
+async def _bad_request(request: Request, exc: dlq.DlqError) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=422)
+
+
+@app.exception_handler(StoreError)
+async def _no_database(request: Request, exc: StoreError) -> JSONResponse:
+    log.error("dead letters: %s", exc)
+    return JSONResponse({"detail": str(exc)}, status_code=503)
+
+
+@app.middleware("http")
+async def _headers(request: Request, call_next: Any) -> Response:
+    response: Response = await call_next(request)
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
+
+
+def _forbidden_page(user: Any) -> HTMLResponse:
+    name = str(user.get_name()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return HTMLResponse(
+        "<!doctype html><title>Dead letters</title><h1>Dead letters</h1>"
+        f"<p>{name}, you are not allowed to see the runs of the {DAG_ID} DAG, so not its dead letters "
+        "either. Ask an Airflow admin.</p>",
+        status_code=403,
+    )
+
+
+@app.get("/", include_in_schema=False)
+async def page(
+    request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Response:
+    """The page; without a login, Airflow's login page with a way back here."""
+    try:
+        user = await current_user(request, bearer)
+    except HTTPException as exc:
+        if exc.status_code not in (401, 403):
+            raise
+        from airflow.api_fastapi.app import get_auth_manager
+
+        return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)))
+    if not await run_in_threadpool(may, request, user, "GET"):
+        return _forbidden_page(user)
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+
+@app.get("/static/{name}", include_in_schema=False)
+def static(name: str, user: UserDep) -> FileResponse:
+    if name not in STATIC_TYPES:
+        raise HTTPException(404, "no such file")
+    return FileResponse(STATIC_DIR / name, media_type=STATIC_TYPES[name])
+
+
+@app.get("/api/openapi.json", include_in_schema=False)
+def openapi(user: Annotated[Any, Depends(reader)]) -> dict[str, Any]:
+    return app.openapi()
+
+
+@app.get("/api/me")
+def me(request: Request, user: Annotated[Any, Depends(reader)]) -> dict[str, Any]:
+    """Who is logged in and whether they may replay and purge."""
+    return {
+        "user": user.get_name(),
+        "can_operate": may(request, user, "POST"),
+        "dag_id": DAG_ID,
+        "count_cap": dlq.COUNT_CAP,
+        "show_bytes": dlq.SHOW_BYTES,
+        "max_page": dlq.MAX_PAGE,
+    }
+
+
+@app.get("/api/dead-letters")
+def dead_letters(
+    user: Annotated[Any, Depends(reader)],
+    destination: str | None = None,
+    dead_reason: str | None = None,
+    error_class: str | None = None,
+    search: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    cursor: str | None = None,
+    page_size: Annotated[int, Query(ge=1, le=dlq.MAX_PAGE)] = 50,
+    count: bool = True,
+) -> dict[str, Any]:
+    """Dead jobs newest first, a page at a time: pass the previous page's ``next_cursor`` for the next.
+
+    ``total`` is capped (``total_capped``); ``count=false`` skips it (-1) when paging one filter.
+    """
+    flt = dlq.DlqFilter.from_params(
+        {
+            "destination": destination,
+            "dead_reason": dead_reason,
+            "error_class": error_class,
+            "search": search,
+            "since": since,
+            "until": until,
+        }
+    )
+    return dlq.list_dead(database_url(), flt, page_size=page_size, cursor=cursor, count=count).as_json()
+
+
+@app.get("/api/dead-letters/{job_id}")
+def dead_letter(job_id: int, user: Annotated[Any, Depends(reader)]) -> dict[str, Any]:
+    """Every field of one job; key, value and header values as ``{encoding, text, size, truncated}``."""
+    try:
+        return dlq.show(database_url(), job_id)
+    except dlq.DlqError as exc:  # the only one show() raises: no such job
+        raise HTTPException(404, str(exc)) from None
+
+
+@app.get("/api/facets")
+def facets(user: Annotated[Any, Depends(reader)]) -> list[dict[str, Any]]:
+    """Dead jobs per destination and dead reason (the filter menus)."""
+    return dlq.facets(database_url())
+
+
+@app.get("/api/audit")
+def audit(
+    user: Annotated[Any, Depends(reader)], limit: Annotated[int, Query(ge=1, le=200)] = 20
+) -> list[dict[str, Any]]:
+    """The latest replays and purges (dry runs included), newest first."""
+    return dlq.recent_audit(database_url(), limit)
+
+
+def _act(action: dlq.Action, body: ActionBody, user: Any) -> dict[str, Any]:
+    if action == "purge" and body.reset_attempts:
+        raise dlq.DlqError("reset_attempts applies to replay only")
+    params = body.model_dump(exclude={"reset_attempts", "dry_run"})
+    outcome = dlq.run_action(
+        database_url(),
+        action,
+        dlq.DlqFilter.from_params(params),
+        actor=str(user.get_name()),
+        source="ui",
+        dry_run=body.dry_run,
+        reset_attempts=body.reset_attempts,
+    )
+    log.info("dead letters page, %s: %s", user.get_name(), outcome.summary())
+    return {**outcome.as_json(), "summary": outcome.summary()}
+
+
+@app.post("/api/replay")
+def replay(body: ActionBody, user: Annotated[Any, Depends(operator)]) -> dict[str, Any]:
+    """Make the selected dead jobs due now (``dry_run`` defaults to true: say ``false`` to act)."""
+    return _act("replay", body, user)
+
+
+@app.post("/api/purge")
+def purge(body: ActionBody, user: Annotated[Any, Depends(operator)]) -> dict[str, Any]:
+    """Delete the selected dead jobs already on their DLQ topic (``dry_run`` defaults to true)."""
+    return _act("purge", body, user)

@@ -1,0 +1,1 @@
+"""The ``retry-scheduler`` command line, one module per command group."""

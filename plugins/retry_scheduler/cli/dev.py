@@ -1,0 +1,137 @@
+"""Dev tooling commands: ``dev up|postgres|spark-archive`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from retry_scheduler.core.config import Settings, dev_home
+
+#: DAGs that run all the time; ``dev up`` unpauses them (Airflow creates every DAG paused).
+ALWAYS_ON_DAGS = ("retry_scheduler", "retry_monitor")
+
+
+def _cmd_dev_up(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.dev.airflow_api import api_token, unpause_dag
+    from retry_scheduler.dev.stack import DevStack
+
+    with DevStack(settings) as stack:
+        if not args.paused:
+            token = api_token(stack.base_url)
+            for dag_id in ALWAYS_ON_DAGS:
+                unpause_dag(stack.base_url, token, dag_id)
+            print(f"Unpaused {', '.join(ALWAYS_ON_DAGS)}: the service is running (Ctrl-C stops everything)")
+        stack.wait()
+    return 0
+
+
+def _cmd_dev_postgres(args: argparse.Namespace, settings: Settings) -> int:
+    """Make sure PostgreSQL answers at RETRY_DATABASE_URL; start one from the machine's binaries if not."""
+    from retry_scheduler.dev.stack import ensure_postgres
+
+    proc = ensure_postgres(settings.database_url, dev_home() / "postgres")
+    if proc is None:
+        print("PostgreSQL answers at RETRY_DATABASE_URL")
+    else:
+        # Left running in its own session for the commands that follow (make test); pid printed to stop it.
+        print(
+            f"started PostgreSQL (pid {proc.pid}, data in {dev_home() / 'postgres'}); stop it with: kill {proc.pid}"
+        )
+    return 0
+
+
+def _cmd_dev_spark_archive(args: argparse.Namespace, settings: Settings) -> int:
+    """Write the Spark driver's class-data sharing archive (``spark.archive.class_archive()``) if missing.
+
+    Two warm-up jobs: the first leaves the archive as its JVM exits, the second must start with
+    ``-Xshare:on`` from it (a JVM that cannot map it refuses to start) before it is put in place.
+    """
+    import tempfile
+    import time
+
+    from retry_scheduler.spark.archive import archive_complete, class_archive, stale_class_archives
+    from retry_scheduler.spark.submit import WARM_UP_APP, run_spark_submit
+
+    archive = class_archive()
+    if archive is None:
+        print("no class archive: RETRY_SPARK_CLASS_ARCHIVE=off, or no java on PATH (make spark-deps)")
+        return 0
+    if archive_complete(archive) and not args.force:
+        print(f"class archive up to date: {archive}")
+        return 0
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_name(f".{archive.name}.partial")
+    partial.unlink(missing_ok=True)
+    print(f"writing the class archive of Spark's driver (two small warm-up jobs, about a minute): {archive}")
+    # The JVM archives every class the warm-up loaded as it exits; its notes on the classes it cannot
+    # archive (generated ones) are noise here, hence -Xlog:cds=off.
+    dump = f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off -Xlog:cds+dynamic=off"
+    with tempfile.TemporaryDirectory(prefix="retry-warm-up-") as scratch:
+        code = run_spark_submit(WARM_UP_APP, [scratch], conf={"spark.driver.defaultJavaOptions": dump})
+        if code == 0 and partial.is_file():
+            began = time.perf_counter()
+            code = run_spark_submit(
+                WARM_UP_APP, [scratch],
+                conf={"spark.driver.defaultJavaOptions": f"-Xshare:on -XX:SharedArchiveFile={partial}"},
+            )  # fmt: skip
+            took = time.perf_counter() - began
+    if code != 0 or not partial.is_file():
+        partial.unlink(missing_ok=True)
+        print(
+            f"no class archive: the warm-up job exited {code} (output above); Spark jobs start without one",
+            file=sys.stderr,
+        )
+        return code or 1
+    size = partial.stat().st_size
+    archive.with_suffix(".json").write_text(json.dumps({"bytes": size}) + "\n")
+    partial.replace(archive)
+    for stale in stale_class_archives(archive):  # 170 MiB each
+        stale.unlink(missing_ok=True)
+    print(f"class archive written: {archive} ({size / 2**20:.0f} MiB); the warm-up took {took:.1f} s with it")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.dev.demo import run_demo
+
+    return run_demo(settings, records=args.records, timeout_s=args.timeout)
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``dev`` and ``demo``."""
+    dev = sub.add_parser("dev", help="embedded development stack")
+    dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="ACTION")
+    up = dev_sub.add_parser(
+        "up",
+        help="run broker, PostgreSQL and Airflow in the foreground until Ctrl-C",
+        description="Start the embedded Kafka-protocol broker on localhost:9092, make sure PostgreSQL "
+        "answers (starting one from the machine's binaries if needed), migrate, run Airflow "
+        "(UI on http://localhost:8080, login admin/admin) and unpause the retry_scheduler and "
+        "retry_monitor DAGs, until Ctrl-C.",
+    )
+    up.add_argument("--paused", action="store_true", help="leave every DAG paused (Airflow's default)")
+    up.set_defaults(func=_cmd_dev_up)
+    dev_sub.add_parser(
+        "postgres", help="make sure PostgreSQL answers at RETRY_DATABASE_URL (start one if not)"
+    ).set_defaults(func=_cmd_dev_postgres)
+    spark_archive = dev_sub.add_parser(
+        "spark-archive",
+        help="write the class archive that makes Spark jobs start faster (make spark-deps runs it)",
+        description="Run a small Spark job once with -XX:ArchiveClassesAtExit, leaving a Java class-data "
+        "sharing archive in .dev/spark/ (or RETRY_SPARK_CLASS_ARCHIVE) that every later bulk-retry and "
+        "compaction driver maps instead of loading Spark's classes again. Nothing to do when it exists.",
+    )
+    spark_archive.add_argument("--force", action="store_true", help="write it again even if it exists")
+    spark_archive.set_defaults(func=_cmd_dev_spark_archive)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run an end-to-end scenario under the real Airflow scheduler",
+        description="Bring the dev stack up, send a mixed workload (recovering, exhausting, fatal and "
+        "malformed records), wait for every record's outcome, print a summary and stop the stack.",
+    )
+    demo.add_argument("--records", type=int, default=200, help="records in the workload (default 200)")
+    demo.add_argument("--timeout", type=float, default=600, help="seconds to wait for the outcome")
+    demo.set_defaults(func=_cmd_demo)

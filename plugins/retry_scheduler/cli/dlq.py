@@ -1,0 +1,216 @@
+"""``retry-scheduler dlq``: list, show, replay, purge and audit dead jobs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from retry_scheduler.core.config import Settings
+
+
+def _dlq_filter(args: argparse.Namespace) -> Any:
+    from retry_scheduler.ops.dlq import DlqFilter
+
+    return DlqFilter.from_params(
+        {
+            "destination": args.destination,
+            "dead_reason": args.dead_reason,
+            "error_class": args.error_class,
+            "search": args.search,
+            "since": args.since,
+            "until": args.until,
+            "ids": getattr(args, "ids", None),
+            "limit": getattr(args, "limit", None),
+        }
+    )
+
+
+def _cmd_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.ops.dlq import list_dead, to_json
+
+    page = list_dead(settings.database_url, _dlq_filter(args), page_size=args.page_size, cursor=args.cursor)
+    if args.json:
+        print(to_json(page.as_json()))
+        return 0
+    total = f"{page.total}+" if page.total_capped else str(page.total)
+    print(f"{total} dead job(s) match; newest first")
+    if page.jobs:
+        print(
+            f"{'id':>10}  {'dead at (UTC)':<19}  {'destination':<24} {'reason':<9} {'error class':<28} reason"
+        )
+    for job in page.jobs:
+        print(
+            f"{job.id:>10}  {job.dead_at.strftime('%Y-%m-%d %H:%M:%S'):<19}  {job.destination or '-':<24} "
+            f"{job.dead_reason:<9} {(job.error_class or '-')[:28]:<28} {(job.reason or '')[:60]!r}"
+        )
+    if page.next_cursor:
+        print(f"more: retry-scheduler dlq list ... --cursor {page.next_cursor}")
+    return 0
+
+
+def _cmd_dlq_show(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.ops.dlq import show, to_json
+
+    job = show(settings.database_url, args.id, limit=args.bytes)
+    if args.json:
+        print(to_json(job))
+        return 0
+
+    def shown(rendered: dict[str, Any] | None) -> str:
+        if rendered is None:
+            return "(null)"
+        note = f"  [{rendered['encoding']}, {rendered['size']} bytes" + (
+            ", truncated]" if rendered["truncated"] else "]"
+        )
+        return (rendered["text"] if rendered["encoding"] == "hex" else repr(rendered["text"])) + note
+
+    for name, value in job.items():
+        if name not in ("key", "value", "headers"):
+            print(f"{name:>22}: {value}")
+    print(f"{'key':>22}: {shown(job['key'])}")
+    print(f"{'value':>22}: {shown(job['value'])}")
+    for header in job["headers"]:
+        print(f"{'header ' + header['name']:>22}: {shown(header['value'])}")
+    return 0
+
+
+def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
+    """Replay or purge: always a dry run first (printed and audited), then the action if confirmed."""
+    import getpass
+
+    from retry_scheduler.ops.dlq import run_action, to_json
+
+    flt = _dlq_filter(args)
+    actor = f"cli:{getpass.getuser()}"
+    reset = bool(getattr(args, "reset_attempts", False))
+    plan = run_action(
+        settings.database_url,
+        args.dlq_command,
+        flt,
+        actor=actor,
+        source="cli",
+        dry_run=True,
+        reset_attempts=reset,
+    )
+    print(to_json(plan.as_json()) if args.json else plan.summary())
+    if args.dry_run or plan.would_affect == 0:
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(
+                f"retry-scheduler: not confirmed: add --yes to {args.dlq_command} these jobs "
+                "(or --dry-run to only count)",
+                file=sys.stderr,
+            )
+            return 2
+        answer = input(f"{args.dlq_command} {plan.would_affect} dead job(s)? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing done")
+            return 1
+
+    def progress(done: int, total: int) -> None:
+        print(f"  {done}/{total}", file=sys.stderr)
+
+    outcome = run_action(
+        settings.database_url,
+        args.dlq_command,
+        flt,
+        actor=actor,
+        source="cli",
+        dry_run=False,
+        reset_attempts=reset,
+        progress=progress,
+    )
+    print(to_json(outcome.as_json()) if args.json else outcome.summary())
+    return 0
+
+
+def _cmd_dlq_audit(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.ops.dlq import recent_audit, to_json
+
+    rows = recent_audit(settings.database_url, args.limit)
+    if args.json:
+        print(to_json(rows))
+        return 0
+    for row in rows:
+        mode = "dry run" if row["dry_run"] else f"{row['affected']} done"
+        print(
+            f"{row['id']:>6}  {row['at'][:19]}  {row['action']:<6} {mode:<10} of {row['matched']:<8} "
+            f"by {row['actor']} ({row['source']}{', ' + row['run_id'] if row['run_id'] else ''})  "
+            f"filter {json.dumps(row['filter'])}"
+        )
+    return 0
+
+
+def _add_dlq_filters(parser: argparse.ArgumentParser, *, for_action: bool) -> None:
+    from retry_scheduler.core import protocol
+
+    parser.add_argument("--destination", metavar="TOPIC", help="only dead jobs for this destination")
+    parser.add_argument("--dead-reason", choices=protocol.DEAD_REASONS, help="only this dead reason")
+    parser.add_argument("--error-class", metavar="GLOB", help="glob on the error class, e.g. '*Timeout*'")
+    parser.add_argument("--search", metavar="TEXT", help="text in the reason or error class (any case)")
+    parser.add_argument(
+        "--since", metavar="TIME", help="went dead at or after this ISO-8601 time, or this long ago (2h)"
+    )
+    parser.add_argument(
+        "--until", metavar="TIME", help="went dead before this ISO-8601 time, or this long ago"
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    if for_action:
+        parser.add_argument("--ids", metavar="ID,ID", help="only these job ids")
+        parser.add_argument("--limit", type=int, metavar="N", help="at most N jobs, oldest first")
+        parser.add_argument("--dry-run", action="store_true", help="only count (and audit the dry run)")
+        parser.add_argument("--yes", action="store_true", help="do it without asking (after the dry run)")
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``dlq`` and its actions."""
+    dlq = sub.add_parser(
+        "dlq",
+        help="browse, replay and purge dead jobs (same as the Dead letters page and the dlq_replay DAG)",
+        description="Dead jobs are kept in PostgreSQL and published to their policy's DLQ topic. "
+        "Replay makes them due now (the publish loop sends them to their destination); purge deletes "
+        "those already on the DLQ topic. Both always run a dry run first and write an audit row.",
+    )
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+
+    listing = dlq_sub.add_parser("list", help="dead jobs, newest first, a page at a time")
+    _add_dlq_filters(listing, for_action=False)
+    listing.add_argument("--page-size", type=int, default=50, metavar="N", help="jobs per page (50)")
+    listing.add_argument("--cursor", help="continue after the page that printed this cursor")
+    listing.set_defaults(func=_cmd_dlq_list)
+
+    show = dlq_sub.add_parser("show", help="every field of one job, key, value and headers")
+    show.add_argument("id", type=int, help="job id (from dlq list)")
+    show.add_argument("--bytes", type=int, default=4096, metavar="N", help="show at most N bytes per value")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.set_defaults(func=_cmd_dlq_show)
+
+    replay = dlq_sub.add_parser(
+        "replay",
+        help="make dead jobs due now; the publish loop sends them to their destination",
+        description="Select dead jobs by filter or --ids, show the dry run, and after confirmation make "
+        "them due now with their attempt kept (or reset with --reset-attempts). Invalid jobs are left "
+        "alone: their headers named no usable destination.",
+    )
+    _add_dlq_filters(replay, for_action=True)
+    replay.add_argument(
+        "--reset-attempts", action="store_true", help="start the policy's schedule again (attempt 0)"
+    )
+    replay.set_defaults(func=_cmd_dlq_act)
+
+    purge = dlq_sub.add_parser(
+        "purge",
+        help="delete dead jobs whose record is already on the DLQ topic",
+        description="Select dead jobs by filter or --ids, show the dry run, and after confirmation delete "
+        "them from PostgreSQL. A dead job not yet published to its DLQ topic is kept.",
+    )
+    _add_dlq_filters(purge, for_action=True)
+    purge.set_defaults(func=_cmd_dlq_act)
+
+    audit = dlq_sub.add_parser("audit", help="who replayed or purged what, newest first")
+    audit.add_argument("--limit", type=int, default=20, metavar="N", help="rows (20)")
+    audit.add_argument("--json", action="store_true", help="machine-readable output")
+    audit.set_defaults(func=_cmd_dlq_audit)

@@ -1,0 +1,110 @@
+"""``bench`` and ``chaos``: the harness of the repository's ``bench/``, run from a checkout."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from retry_scheduler.core.config import ConfigError, Settings
+
+
+def harness_module(name: str) -> ModuleType:
+    """Import ``bench.NAME`` from the repository checkout in the current directory.
+
+    The benchmark and chaos harness are not installed with the package: they drive it from outside.
+    """
+    root = Path.cwd()
+    if not (root / "bench" / "__init__.py").is_file():
+        raise ConfigError(
+            "the benchmark and chaos harness ship with the repository, not the package: run this from "
+            "the root of a kafka-retry-scheduler checkout (make bench, make chaos)"
+        )
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module(f"bench.{name}")
+
+
+def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    """Measure the service against baselines run in the same run; write the report."""
+    measure = harness_module("measure")
+    BenchError, main = measure.BenchError, measure.main
+
+    try:
+        return main(settings, args)
+    except BenchError as exc:
+        print(f"retry-scheduler bench: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
+    """Fault-injection trials and the bad-input corpus on a private PostgreSQL and broker."""
+    chaos = harness_module("chaos")
+    ChaosError, run_chaos = chaos.ChaosError, chaos.run_chaos
+
+    try:
+        report = run_chaos(
+            trials=args.trials,
+            seed=args.seed,
+            records=args.records,
+            out_dir=Path(args.out),
+            bad_input=not args.no_bad_input,
+        )
+    except ChaosError as exc:
+        print(f"retry-scheduler chaos: {exc}", file=sys.stderr)
+        return 2
+    keys = ("trials", "messages", "lost", "duplicates", "duplicates_unidentified", "bad_input_kinds",
+            "bad_input_lost", "duration_s")  # fmt: skip
+    print(json.dumps({k: report[k] for k in keys}))
+    return 0 if report["passed"] else 1
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``bench`` and ``chaos``."""
+    bench = sub.add_parser(
+        "bench",
+        help="measure throughput, lateness and claim cost against baselines; write bench/out/report.*",
+        description="Create a throwaway database (retry_bench) on the server of RETRY_DATABASE_URL and start "
+        "an embedded broker on a free port, run each measurement through the service's own code with its "
+        "baseline in the same run (ingest vs PostgreSQL COPY, publish vs PgQueuer and a naive poller, claim "
+        "cost with 10 million rows vs 10 000, PySpark bulk retry and compaction, lateness under the Airflow "
+        "scheduler), then write report.json, report.md and PNG plots and print a table. Exits 1 when a "
+        "measured figure misses its target (never with --quick).",
+    )
+    bench.add_argument(
+        "--quick", action="store_true", help="small sizes (as in make test): no evidence for the targets"
+    )
+    bench.add_argument(
+        "--only",
+        metavar="NAMES",
+        help="comma-separated subset of: ingest, publish, claim, spark, lateness (default: all)",
+    )
+    bench.add_argument("--out", default="bench/out", metavar="DIR", help="report directory (bench/out)")
+    bench.add_argument("--ingest-records", type=int, metavar="N", help="records to ingest (500000)")
+    bench.add_argument(
+        "--publish-rows", type=int, metavar="N", help="due jobs to publish, also PgQueuer's (100000)"
+    )
+    bench.add_argument("--naive-rows", type=int, metavar="N", help="due jobs for the naive poller (5000)")
+    bench.add_argument("--claim-rows", type=int, metavar="N", help="rows of the large claim table (10000000)")
+    bench.add_argument("--lateness-seconds", type=int, metavar="S", help="length of the lateness run (300)")
+    bench.add_argument("--db-name", default="retry_bench", help="the throwaway database (retry_bench)")
+    bench.add_argument("--keep-db", action="store_true", help="keep the database afterwards, to look at it")
+    bench.set_defaults(func=_cmd_bench)
+
+    chaos = sub.add_parser(
+        "chaos",
+        help="fault injection: kill -9 workers, freeze the broker, restart PostgreSQL; count lost records",
+        description="Start a private PostgreSQL and broker, send a bad-input corpus to a running service, "
+        "then run trials that each send a workload and inject one fault at a random point; after recovery "
+        "count lost and duplicate records. Writes chaos.json; exits 1 unless nothing was lost.",
+    )
+    chaos.add_argument("--trials", type=int, default=100, metavar="N", help="fault trials (100)")
+    chaos.add_argument("--records", type=int, default=2500, metavar="N", help="records per trial (2500)")
+    chaos.add_argument("--seed", type=int, metavar="S", help="random seed (printed; random by default)")
+    chaos.add_argument("--out", default="bench/out", metavar="DIR", help="where chaos.json goes (bench/out)")
+    chaos.add_argument("--no-bad-input", action="store_true", help="skip the bad-input corpus")
+    chaos.set_defaults(func=_cmd_chaos)

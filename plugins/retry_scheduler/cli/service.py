@@ -1,0 +1,119 @@
+"""Commands of the running service: ``db migrate``, ``status``, ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import threading
+from typing import Any
+
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.jobs import Status
+
+log = logging.getLogger("retry_scheduler")
+
+
+def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.db.schema import migrate
+
+    applied = migrate(settings.database_url)
+    print(f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied else "schema is up to date")
+    return 0
+
+
+def status_report(settings: Settings, destination: str | None, window_s: int) -> dict[str, Any]:
+    """The figures of ``status --json``: one key per job status, plus dead reasons and lateness."""
+    from retry_scheduler.db.store import Store
+
+    with Store(settings.database_url) as store:
+        raw = store.status(destination=destination, window_s=window_s)
+    late = raw["lateness"]
+    report: dict[str, Any] = {s.value: int(raw["counts"].get(s.value, 0)) for s in Status}
+    report["dead_by_reason"] = raw["dead_by_reason"]
+    report["oldest_overdue"] = raw["oldest_overdue"]
+    report["lateness"] = {
+        "window_s": window_s,
+        "published": late.count,
+        "p50_s": late.p50_s,
+        "p99_s": late.p99_s,
+        "max_s": late.max_s,
+        "early": late.early,
+    }
+    report["destination"] = destination
+    return report
+
+
+def _fmt_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
+
+
+def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    report = status_report(settings, args.destination, args.window)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    scope = f" for destination {args.destination}" if args.destination else ""
+    print(f"retry jobs{scope}")
+    for status in Status:
+        line = f"  {status.value:<10} {report[status.value]:>10}"
+        if status is Status.DEAD and report["dead_by_reason"]:
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(report["dead_by_reason"].items()))
+            line += f"  ({reasons})"
+        print(line)
+    overdue = report["oldest_overdue"]
+    print(
+        "  oldest overdue: none"
+        if overdue is None
+        else f"  oldest overdue: job {overdue['id']} for {overdue['destination']}, "
+        f"due {overdue['due_at']} ({overdue['overdue_s']}s ago)"
+    )
+    late = report["lateness"]
+    print(
+        f"  lateness, last {late['window_s']}s: {late['published']} published, p50 {_fmt_s(late['p50_s'])}, "
+        f"p99 {_fmt_s(late['p99_s'])}, max {_fmt_s(late['max_s'])}, early {late['early']}"
+    )
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the ingest and publish loops outside Airflow (debugging, benchmarks, chaos tests)."""
+    from retry_scheduler.airflow.tasks import run_ingest, run_publish
+
+    results: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def body(name: str) -> None:
+        try:
+            fn = run_ingest if name == "ingest" else run_publish
+            results[name] = fn(args.seconds, settings)
+        except BaseException as exc:
+            errors.append(exc)
+            log.exception("%s loop failed", name)
+
+    loops = ["ingest", "publish"] if args.only is None else [args.only]
+    threads = [threading.Thread(target=body, args=(name,), name=name) for name in loops]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps(results, indent=2, default=str))
+    return 1 if errors else 0
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``db``, ``status`` and ``run``."""
+    db = sub.add_parser("db", help="database schema")
+    db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    db_sub.add_parser("migrate", help="apply pending migrations (idempotent)").set_defaults(func=_cmd_migrate)
+
+    status = sub.add_parser("status", help="jobs by status, oldest overdue job, lateness")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--destination", metavar="TOPIC", help="only jobs for this destination")
+    status.add_argument("--window", type=int, default=300, metavar="SECONDS", help="lateness window (300)")
+    status.set_defaults(func=_cmd_status)
+
+    run = sub.add_parser("run", help="run the ingest and publish loops without Airflow")
+    run.add_argument("--seconds", type=float, default=60, help="how long to loop (default 60)")
+    run.add_argument("--only", choices=["ingest", "publish"], help="run one loop only")
+    run.set_defaults(func=_cmd_run)

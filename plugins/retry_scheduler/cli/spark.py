@@ -1,0 +1,71 @@
+"""The PySpark commands: ``bulk-retry`` and ``compact``, run with spark-submit."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from retry_scheduler.core.config import Settings
+
+
+def _cmd_bulk_retry(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.spark.submit import BULK_RETRY_APP, bulk_retry_args, run_spark_submit
+
+    params = {
+        "destination": args.destination,
+        "status": args.status,
+        "error_class": args.error_class,
+        "since": args.since,
+        "until": args.until,
+        "limit": args.limit,
+        "dry_run": args.dry_run,
+    }
+    return run_spark_submit(BULK_RETRY_APP, bulk_retry_args(params, settings))
+
+
+def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.spark.submit import COMPACT_APP, compact_args, run_spark_submit
+
+    job_args = compact_args(
+        settings,
+        older_than=args.older_than,
+        archive=args.archive,
+        dead_retention=args.dead_retention,
+        dry_run=args.dry_run,
+    )
+    return run_spark_submit(COMPACT_APP, job_args)
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``bulk-retry`` and ``compact``."""
+    bulk = sub.add_parser(
+        "bulk-retry",
+        help="re-publish a large filtered set of jobs with PySpark (same job as the retry_bulk_replay DAG)",
+        description="Select jobs by destination, status, error class and time window and publish them "
+        "back to their destinations with Spark (local mode). Try --dry-run first: it only counts.",
+    )
+    bulk.add_argument("--destination", metavar="TOPIC", help="only jobs for this destination")
+    bulk.add_argument("--status", choices=["dead", "pending"], default="dead", help="which jobs (dead)")
+    bulk.add_argument("--error-class", metavar="GLOB", help="glob on the error class, e.g. '*Timeout*'")
+    bulk.add_argument("--since", metavar="TIME", help="failed at or after this ISO-8601 time")
+    bulk.add_argument("--until", metavar="TIME", help="failed before this ISO-8601 time")
+    bulk.add_argument("--limit", type=int, metavar="N", help="at most N jobs, oldest first")
+    bulk.add_argument("--dry-run", action="store_true", help="only count the selected jobs")
+    bulk.set_defaults(func=_cmd_bulk_retry)
+
+    compact = sub.add_parser(
+        "compact",
+        help="archive processed jobs to Parquet and delete them (same job as the retry_compaction DAG)",
+        description="Archive published jobs, and dead jobs past their retention, processed more than "
+        "--older-than ago, to Parquet partitioned by day and destination; verify the archive, then delete "
+        "those rows from PostgreSQL in bounded batches.",
+    )
+    compact.add_argument(
+        "--older-than", default="7d", metavar="DURATION", help="processed before now - this (7d)"
+    )
+    compact.add_argument("--archive", metavar="URI", help="local directory or Hadoop URI (RETRY_ARCHIVE_URI)")
+    compact.add_argument(
+        "--dead-retention", default="30d", metavar="DURATION", help="keep dead jobs this long (30d)"
+    )
+    compact.add_argument("--dry-run", action="store_true", help="only count what would be archived")
+    compact.set_defaults(func=_cmd_compact)

@@ -1,0 +1,198 @@
+"""Service settings, read from the environment with embedded-dev defaults.
+
+Every knob has a default that works with ``make up`` on one machine; production
+deployments override them with environment variables (or, inside Airflow, with
+the ``retry_postgres`` / ``retry_kafka`` connections, see ``retry_scheduler.airflow``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from retry_scheduler.core.durations import parse_duration_ms
+from retry_scheduler.core.protocol import TOPIC_PATTERN
+
+#: The policies module's file name, looked up next to the DAGs.
+POLICIES_FILE = "retry_policies.py"
+
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/retry_scheduler"
+DEFAULT_BOOTSTRAP_SERVERS = "localhost:9092"
+#: Destinations must match this unless configured otherwise: any topic not starting with ``_`` or ``retry``.
+DEFAULT_DESTINATION_ALLOWLIST = rf"^(?!_)(?!retry){TOPIC_PATTERN}$"
+
+
+def dags_folder(env: Mapping[str, str] | None = None) -> Path:
+    """Airflow's DAGs folder as the environment gives it, without importing Airflow.
+
+    ``AIRFLOW__CORE__DAGS_FOLDER`` when set, else ``$AIRFLOW_HOME/dags`` (``~/airflow/dags``).
+    """
+    env = os.environ if env is None else env
+    if env.get("AIRFLOW__CORE__DAGS_FOLDER"):
+        return Path(env["AIRFLOW__CORE__DAGS_FOLDER"]).expanduser()
+    return Path(env.get("AIRFLOW_HOME") or "~/airflow").expanduser() / "dags"
+
+
+def default_policies_path(env: Mapping[str, str] | None = None) -> Path:
+    """Where the policies module is when ``RETRY_POLICIES`` does not say.
+
+    ``retry_policies.py`` next to the DAGs (Airflow's DAGs folder), else in ``./dags`` (a project
+    checkout run from its root), else the policies shipped in the package (only ``default``).
+    """
+    for folder in (dags_folder(env), Path("dags")):
+        if (folder / POLICIES_FILE).is_file():
+            return (folder / POLICIES_FILE).resolve()
+    return Path(str(resources.files("retry_scheduler.core").joinpath("default_policies.py")))
+
+
+def dev_home(env: Mapping[str, str] | None = None) -> Path:
+    """Where the dev tooling keeps its state (PostgreSQL, Spark's class archive, the archive directory).
+
+    ``RETRY_DEV_HOME`` when set, else ``.dev`` in the current directory (the repository root for
+    the Makefile's targets). Absolute, so child processes agree on it.
+    """
+    env = os.environ if env is None else env
+    return Path(env.get("RETRY_DEV_HOME") or ".dev").expanduser().resolve()
+
+
+class ConfigError(ValueError):
+    """A setting is missing or malformed; the message names it and says what is expected."""
+
+
+def _parse_delay_topics(raw: str) -> dict[str, int]:
+    """Parse ``retry.5m=5m,retry.1h=1h`` into ``{"retry.5m": 300000, ...}``."""
+    topics: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        name, sep, delay = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(
+                f"RETRY_DELAY_TOPICS entry {item!r} must look like TOPIC=DELAY, e.g. retry.5m=5m"
+            )
+        topics[name.strip()] = parse_duration_ms(delay.strip())
+    return topics
+
+
+def _env_bool(env: dict[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if raw.lower() in {"0", "false", "no", "off"}:
+        return False
+    raise ConfigError(f"{name}={raw!r} must be true or false")
+
+
+def _env_int(env: dict[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} must be an integer") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the ingest and publish loops need to know.
+
+    Times are in milliseconds, sizes in bytes.
+    """
+
+    database_url: str = DEFAULT_DATABASE_URL
+    kafka: dict[str, Any] = field(default_factory=lambda: {"bootstrap.servers": DEFAULT_BOOTSTRAP_SERVERS})
+    #: The header-driven retry topic.
+    retry_topic: str = "retry"
+    #: Per-delay retry topics: topic -> delay counted from the record timestamp.
+    delay_topics: dict[str, int] = field(default_factory=dict)
+    consumer_group: str = "retry-scheduler"
+    destination_allowlist: str = DEFAULT_DESTINATION_ALLOWLIST
+    #: Create missing destination and DLQ topics through the admin API before producing.
+    create_topics: bool = False
+    #: Records whose key + value + headers exceed this are dead (invalid).
+    max_record_bytes: int = 1024 * 1024
+    max_headers: int = 256
+    #: ``retry.*`` header values longer than this are invalid (``retry.reason`` is truncated instead).
+    max_header_value_bytes: int = 1024
+    max_reason_chars: int = 2000
+    ingest_batch: int = 5000
+    #: Processes the ingest task shares the retry-topic partitions among (at most one per partition).
+    ingest_workers: int = 2
+    publish_batch: int = 2000
+    #: Publishers working side by side in the publish task, each with its own connection and producer.
+    publish_workers: int = 2
+    #: A claimed job not marked within this is claimable again: a dead job's lease on its way to the
+    #: DLQ, and the longest a publisher may hold due jobs locked in an idle transaction.
+    lease_ms: int = 60_000
+    #: librdkafka delivery timeout; must stay well under the lease.
+    delivery_timeout_ms: int = 30_000
+    #: Longest the publish loop sleeps before looking for due jobs again.
+    poll_interval_ms: int = 100
+    #: A loop whose time is up goes on for at most this long until a newer loop is alive.
+    loop_grace_ms: int = 60_000
+    #: The policies module; empty: found by :func:`default_policies_path`.
+    policies_path: str = ""
+
+    def __post_init__(self) -> None:
+        if self.delivery_timeout_ms >= self.lease_ms:
+            raise ConfigError(
+                f"delivery timeout ({self.delivery_timeout_ms} ms) must be shorter than the claim "
+                f"lease ({self.lease_ms} ms), or a job in flight could be claimed twice"
+            )
+        if self.ingest_workers < 1:
+            raise ConfigError(f"RETRY_INGEST_WORKERS must be at least 1, not {self.ingest_workers}")
+        if self.publish_workers < 1:
+            raise ConfigError(f"RETRY_PUBLISH_WORKERS must be at least 1, not {self.publish_workers}")
+        try:
+            re.compile(self.destination_allowlist)
+        except re.error as exc:
+            raise ConfigError(f"RETRY_DESTINATION_ALLOWLIST is not a valid regex: {exc}") from None
+
+    @property
+    def policies_file(self) -> Path:
+        """The policies module to load: ``policies_path`` when set, else :func:`default_policies_path`."""
+        return Path(self.policies_path) if self.policies_path else default_policies_path()
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return str(self.kafka["bootstrap.servers"])
+
+    @property
+    def retry_topics(self) -> list[str]:
+        """Every topic the ingest loop consumes."""
+        return [self.retry_topic, *sorted(self.delay_topics)]
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        """Build settings from environment variables (see README, "Configuration")."""
+        env = dict(os.environ if env is None else env)
+        defaults = cls()
+        kafka = {"bootstrap.servers": env.get("KAFKA_BOOTSTRAP_SERVERS") or DEFAULT_BOOTSTRAP_SERVERS}
+        return cls(
+            database_url=env.get("RETRY_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            kafka=kafka,
+            retry_topic=env.get("RETRY_TOPIC") or defaults.retry_topic,
+            delay_topics=_parse_delay_topics(env.get("RETRY_DELAY_TOPICS", "")),
+            consumer_group=env.get("RETRY_CONSUMER_GROUP") or defaults.consumer_group,
+            destination_allowlist=env.get("RETRY_DESTINATION_ALLOWLIST") or DEFAULT_DESTINATION_ALLOWLIST,
+            create_topics=_env_bool(env, "RETRY_CREATE_TOPICS", defaults.create_topics),
+            max_record_bytes=_env_int(env, "RETRY_MAX_RECORD_BYTES", defaults.max_record_bytes),
+            ingest_batch=_env_int(env, "RETRY_INGEST_BATCH", defaults.ingest_batch),
+            ingest_workers=_env_int(env, "RETRY_INGEST_WORKERS", defaults.ingest_workers),
+            publish_batch=_env_int(env, "RETRY_PUBLISH_BATCH", defaults.publish_batch),
+            publish_workers=_env_int(env, "RETRY_PUBLISH_WORKERS", defaults.publish_workers),
+            lease_ms=_env_int(env, "RETRY_LEASE_MS", defaults.lease_ms),
+            delivery_timeout_ms=_env_int(env, "RETRY_DELIVERY_TIMEOUT_MS", defaults.delivery_timeout_ms),
+            poll_interval_ms=_env_int(env, "RETRY_POLL_INTERVAL_MS", defaults.poll_interval_ms),
+            loop_grace_ms=_env_int(env, "RETRY_LOOP_GRACE_MS", defaults.loop_grace_ms),
+            policies_path=env.get("RETRY_POLICIES") or defaults.policies_path,
+        )

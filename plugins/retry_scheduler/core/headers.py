@@ -1,0 +1,218 @@
+"""Parse and validate the ``retry.*`` header protocol of a record sent to a retry topic.
+
+:func:`parse_headers` either returns a typed :class:`RetryHeaders` or raises
+:class:`InvalidRecordError` whose message names the fault; the ingest loop turns that
+into a dead job (``retry.dead-reason=invalid``), so bad input never stops ingestion.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from retry_scheduler.core import protocol
+
+#: A Kafka header as confluent-kafka hands it over: key and value (None = null value).
+Header = tuple[str, bytes | None]
+
+#: Epoch milliseconds accepted in time headers: 1970 .. year 9999.
+MAX_EPOCH_MS = 253_402_300_799_999
+MAX_INT32 = 2**31 - 1
+_INT = re.compile(r"-?[0-9]{1,20}")
+_TRUNCATED = "...[truncated]"
+
+
+class InvalidRecordError(ValueError):
+    """The record's retry headers cannot be understood; the message says what is wrong."""
+
+
+class RetryHeaders(NamedTuple):
+    """The ``retry.*`` headers of one record, validated, plus the headers that pass through.
+
+    A named tuple: the ingest loop builds one per record, and a tuple is the cheapest to build.
+    """
+
+    destination: str
+    destination_partition: int | None
+    original_topic: str | None
+    original_partition: int | None
+    original_offset: int | None
+    original_timestamp_ms: int | None
+    attempt: int
+    at_ms: int | None
+    policy: str | None
+    reason: str | None
+    error_class: str | None
+    group: str | None
+    send_to_dlq: bool
+    retry_id: str | None
+    passthrough: tuple[Header, ...]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Validation limits (see ``Settings``)."""
+
+    destination_allowlist: re.Pattern[str]
+    forbidden_destinations: frozenset[str] = frozenset()
+    max_headers: int = 256
+    max_header_value_bytes: int = 1024
+    max_reason_chars: int = 2000
+
+
+def _text(name: str, raw: bytes | None, limits: Limits) -> str:
+    if raw is None:
+        raise InvalidRecordError(f"header {name} is null")
+    if name != protocol.REASON and len(raw) > limits.max_header_value_bytes:
+        raise InvalidRecordError(
+            f"header {name} is {len(raw)} bytes, more than the {limits.max_header_value_bytes} allowed"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRecordError(
+            f"header {name} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
+
+
+def _int(name: str, text: str, low: int, high: int) -> int:
+    stripped = text.strip()
+    if not _INT.fullmatch(stripped):
+        raise InvalidRecordError(f"header {name}={text[:40]!r} is not an integer")
+    value = int(stripped)
+    if not low <= value <= high:
+        raise InvalidRecordError(f"header {name}={value} is out of range [{low}, {high}]")
+    return value
+
+
+def truncate_reason(reason: str, max_chars: int) -> str:
+    """Cut an error message to ``max_chars``, saying that it was cut."""
+    if len(reason) <= max_chars:
+        return reason
+    return reason[: max(0, max_chars - len(_TRUNCATED))] + _TRUNCATED
+
+
+def _int_header(name: str, raw: bytes | None, low: int, high: int, limits: Limits) -> int:
+    # Fast path: plain ASCII digits, the form every well-behaved producer sends.
+    if raw is not None and len(raw) <= 20 and raw.isdigit():
+        value = int(raw)
+        if low <= value <= high:
+            return value
+    return _int(name, _text(name, raw, limits), low, high)  # the exact fault, or a sign or spaces
+
+
+def parse_headers(
+    headers: Sequence[Header] | None,
+    limits: Limits,
+    *,
+    record_bytes: int = 0,
+    max_record_bytes: int | None = None,
+) -> RetryHeaders:
+    """Validate the retry headers of one record; raise :class:`InvalidRecordError` on any fault.
+
+    With ``max_record_bytes``, the record (``record_bytes`` of key and value, plus its headers) must
+    not be larger. On the ingest loop's hot path (tens of thousands of records a second): one pass
+    over the headers, then each ``retry.*`` header decoded once.
+    """
+    if headers is None:
+        headers = ()
+    if len(headers) > limits.max_headers:
+        raise InvalidRecordError(
+            f"record has {len(headers)} headers, more than the {limits.max_headers} allowed"
+        )
+    raw: dict[str, bytes | None] = {}
+    texts: dict[str, str] = {}
+    faulty: list[str] = []
+    passthrough: list[Header] = []
+    size = record_bytes
+    max_text_bytes = limits.max_header_value_bytes
+    for header in headers:
+        name, value = header
+        size += len(name) + len(value or b"")
+        if name not in _KNOWN:
+            passthrough.append(header)
+        elif name in raw:
+            raise InvalidRecordError(f"header {name} appears more than once")
+        else:
+            raw[name] = value
+            if name not in _INT_HEADERS:
+                # Decoded here when it is valid UTF-8 within its size limit, the usual case.
+                if value is not None and (len(value) <= max_text_bytes or name == protocol.REASON):
+                    try:
+                        texts[name] = value.decode("utf-8")
+                        continue
+                    except UnicodeDecodeError:
+                        pass
+                faulty.append(name)
+    if max_record_bytes is not None and size > max_record_bytes:
+        raise InvalidRecordError(f"record is {size} bytes, more than the {max_record_bytes} allowed")
+    for name in faulty:
+        _text(name, raw[name], limits)  # raises the exact fault, after the checks above as ever
+    get = raw.get
+
+    destination = texts.get(protocol.DESTINATION) or texts.get(protocol.ORIGINAL_TOPIC)
+    if not destination:
+        raise InvalidRecordError(f"no destination: set {protocol.DESTINATION} or {protocol.ORIGINAL_TOPIC}")
+    if destination in limits.forbidden_destinations or not limits.destination_allowlist.fullmatch(
+        destination
+    ):
+        raise InvalidRecordError(f"destination {destination!r} is not allowed by the destination allowlist")
+
+    send_to = texts.get(protocol.SEND_TO)
+    if send_to is not None:
+        send_to = send_to.strip().lower()
+        if send_to not in (protocol.SEND_TO_RETRY, protocol.SEND_TO_DLQ):
+            raise InvalidRecordError(f"header {protocol.SEND_TO}={send_to[:40]!r} must be 'retry' or 'dlq'")
+
+    partition = offset = timestamp = at_ms = None
+    attempt = 0
+    if protocol.ORIGINAL_PARTITION in raw:
+        partition = _int_header(
+            protocol.ORIGINAL_PARTITION, get(protocol.ORIGINAL_PARTITION), 0, MAX_INT32, limits
+        )
+    if protocol.ORIGINAL_OFFSET in raw:
+        offset = _int_header(protocol.ORIGINAL_OFFSET, get(protocol.ORIGINAL_OFFSET), 0, 2**63 - 1, limits)
+    if protocol.ORIGINAL_TIMESTAMP in raw:
+        timestamp = _int_header(
+            protocol.ORIGINAL_TIMESTAMP, get(protocol.ORIGINAL_TIMESTAMP), 0, MAX_EPOCH_MS, limits
+        )
+    if protocol.ATTEMPT in raw:
+        attempt = _int_header(protocol.ATTEMPT, get(protocol.ATTEMPT), 0, MAX_INT32, limits)
+    if protocol.AT in raw:
+        at_ms = _int_header(protocol.AT, get(protocol.AT), 0, MAX_EPOCH_MS, limits)
+    original_topic = texts.get(protocol.ORIGINAL_TOPIC)
+    # The original partition only means something on the original topic.
+    same_topic = original_topic is None or original_topic == destination
+    reason = texts.get(protocol.REASON)
+    return RetryHeaders(
+        destination,
+        partition if same_topic else None,
+        original_topic,
+        partition,
+        offset,
+        timestamp,
+        attempt,
+        at_ms,
+        texts.get(protocol.POLICY) or None,
+        None if reason is None else truncate_reason(reason, limits.max_reason_chars),
+        texts.get(protocol.ERROR_CLASS) or None,
+        texts.get(protocol.GROUP) or None,
+        send_to == protocol.SEND_TO_DLQ,
+        texts.get(protocol.ID) or None,
+        tuple(passthrough),
+    )
+
+
+_KNOWN = protocol.KNOWN
+#: Integer headers, parsed from their bytes (``_int_header``) rather than decoded first.
+_INT_HEADERS = frozenset(
+    {
+        protocol.ORIGINAL_PARTITION,
+        protocol.ORIGINAL_OFFSET,
+        protocol.ORIGINAL_TIMESTAMP,
+        protocol.ATTEMPT,
+        protocol.AT,
+    }
+)

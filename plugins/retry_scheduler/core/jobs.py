@@ -1,0 +1,206 @@
+"""The retry job: one row of ``retry_jobs``, its status machine, and the headers it goes out with."""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from retry_scheduler.core import protocol
+from retry_scheduler.core.headers import Header
+
+
+class Status(enum.StrEnum):
+    """Job status. ``pending`` waits for its due time; ``dead`` is kept for people to look at."""
+
+    PENDING = "pending"
+    PUBLISHED = "published"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A failed record and what to do with it. Times are epoch milliseconds."""
+
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    #: The record's timestamp (ms); with topic, partition and offset it identifies the source record.
+    source_timestamp_ms: int
+    destination: str | None
+    destination_partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+    attempt: int
+    policy: str
+    reason: str | None
+    error_class: str | None
+    consumer_group: str | None
+    retry_id: str
+    original_topic: str | None
+    original_partition: int | None
+    original_offset: int | None
+    original_timestamp_ms: int
+    due_ms: int
+    status: Status
+    dead_reason: str | None
+    dlq_topic: str
+    id: int | None = None
+
+    def copy_row(self) -> tuple[Any, ...]:
+        """The job as the ingest loop COPYs it into ``retry_jobs`` (``COPY_COLUMNS``, ``COPY_TYPES``)."""
+        return (
+            self.source_topic, self.source_partition, self.source_offset, self.source_timestamp_ms,
+            self.destination, self.destination_partition, self.key, self.value, encode_headers(self.headers),
+            self.attempt, self.policy, self.reason, self.error_class, self.consumer_group, self.retry_id,
+            self.original_topic, self.original_partition, self.original_offset,
+            pg_time(self.original_timestamp_ms), pg_time(self.due_ms), self.status.value, self.dead_reason,
+            self.dlq_topic, pg_time(self.due_ms) if self.status is Status.DEAD else None,
+        )  # fmt: skip
+
+    @classmethod
+    def from_copy_row(cls, row: Sequence[Any]) -> Job:
+        """Inverse of :meth:`copy_row`."""
+        return cls(
+            source_topic=row[0], source_partition=row[1], source_offset=row[2], source_timestamp_ms=row[3],
+            destination=row[4], destination_partition=row[5], key=row[6], value=row[7],
+            headers=tuple(decode_headers(row[8])), attempt=row[9], policy=row[10], reason=row[11],
+            error_class=row[12], consumer_group=row[13], retry_id=row[14], original_topic=row[15],
+            original_partition=row[16], original_offset=row[17], original_timestamp_ms=ms_of_pg_time(row[18]),
+            due_ms=ms_of_pg_time(row[19]), status=Status(row[20]), dead_reason=row[21], dlq_topic=row[22],
+        )  # fmt: skip
+
+
+#: The columns the ingest loop writes with one binary COPY, in order.
+COPY_COLUMNS = (
+    "source_topic", "source_partition", "source_offset", "source_timestamp_ms", "destination",
+    "destination_partition", "msg_key", "msg_value", "headers", "attempt", "policy", "reason", "error_class",
+    "consumer_group", "retry_id", "original_topic", "original_partition", "original_offset", "first_seen_at",
+    "due_at", "status", "dead_reason", "dlq_topic", "dead_at",
+)  # fmt: skip
+#: Where the dead reason sits in such a row (None: the job is pending).
+DEAD_REASON_AT = COPY_COLUMNS.index("dead_reason")
+#: Their types on the wire. In binary COPY a ``timestamptz`` is the 8 bytes of an ``int8`` counting
+#: microseconds since 2000-01-01 UTC (``pg_time``), and an enum is its label as ``text``: sending them
+#: so spares the ingest loop building a datetime per timestamp.
+COPY_TYPES = [
+    "text", "int4", "int8", "int8", "text", "int4", "bytea", "bytea", "bytea", "int4", "text", "text", "text",
+    "text", "text", "text", "int4", "int8", "int8", "int8", "text", "text", "text", "int8",
+]  # fmt: skip
+
+_PG_EPOCH_MS = 946_684_800_000
+
+
+def pg_time(ms: int) -> int:
+    """Epoch milliseconds as a binary-COPY ``timestamptz``: microseconds since 2000-01-01 UTC."""
+    return (ms - _PG_EPOCH_MS) * 1000
+
+
+def ms_of_pg_time(us: int) -> int:
+    return us // 1000 + _PG_EPOCH_MS
+
+
+_HEADER = struct.Struct(">Hi")
+
+
+def encode_headers(headers: Iterable[Header]) -> bytes:
+    """Pack headers (order and repeats kept, null values kept) into one ``bytea``."""
+    parts: list[bytes] = []
+    for name, value in headers:
+        key = name.encode("utf-8", "surrogateescape")
+        if value is None:
+            parts += (_HEADER.pack(len(key), -1), key)
+        else:
+            parts += (_HEADER.pack(len(key), len(value)), key, value)
+    return b"".join(parts)
+
+
+def decode_headers(blob: bytes | memoryview | None) -> list[Header]:
+    """Inverse of :func:`encode_headers`."""
+    if not blob:
+        return []
+    data = bytes(blob)
+    out: list[Header] = []
+    pos = 0
+    while pos < len(data):
+        key_len, value_len = _HEADER.unpack_from(data, pos)
+        pos += _HEADER.size
+        key = data[pos : pos + key_len].decode("utf-8", "surrogateescape")
+        pos += key_len
+        if value_len < 0:
+            out.append((key, None))
+        else:
+            out.append((key, data[pos : pos + value_len]))
+            pos += value_len
+    return out
+
+
+def _common(row: OutgoingRow) -> list[Header]:
+    out: list[Header] = [(protocol.ID, row.retry_id.encode())]
+    if row.original_topic is not None:
+        out.append((protocol.ORIGINAL_TOPIC, row.original_topic.encode()))
+    if row.original_partition is not None:
+        out.append((protocol.ORIGINAL_PARTITION, str(row.original_partition).encode()))
+    if row.original_offset is not None:
+        out.append((protocol.ORIGINAL_OFFSET, str(row.original_offset).encode()))
+    out.append((protocol.ORIGINAL_TIMESTAMP, str(row.original_timestamp_ms).encode()))
+    return out
+
+
+class OutgoingRow(NamedTuple):
+    """The columns a claimed job is published from (a named tuple: the publish loop builds thousands a
+    second)."""
+
+    id: int
+    destination: str | None
+    destination_partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: bytes | None
+    attempt: int
+    policy: str
+    reason: str | None
+    error_class: str | None
+    consumer_group: str | None
+    retry_id: str
+    original_topic: str | None
+    original_partition: int | None
+    original_offset: int | None
+    original_timestamp_ms: int
+    dead_reason: str | None
+    dlq_topic: str
+
+
+def destination_headers(row: OutgoingRow) -> list[Header]:
+    """Headers of a retry published back to its destination: attempt raised, id and origin kept."""
+    return [
+        *decode_headers(row.headers),
+        (protocol.ATTEMPT, str(row.attempt + 1).encode()),
+        *_common(row),
+    ]
+
+
+def dlq_headers(row: OutgoingRow) -> list[Header]:
+    """Headers of a dead record on the DLQ topic: why it died and where it was going."""
+    passthrough: Sequence[Header] = decode_headers(row.headers)
+    if row.dead_reason == protocol.DEAD_INVALID:
+        # The raw headers of an invalid record are kept for diagnosis, minus the ones we set.
+        replaced = {protocol.ID, protocol.DEAD_REASON, protocol.REASON}
+        passthrough = [h for h in passthrough if h[0] not in replaced]
+        extra: list[Header] = [(protocol.ID, row.retry_id.encode())]
+    else:
+        extra = [(protocol.ATTEMPT, str(row.attempt).encode()), *_common(row)]
+        if row.destination:
+            extra.append((protocol.DESTINATION, row.destination.encode()))
+        extra.append((protocol.POLICY, row.policy.encode()))
+        if row.error_class:
+            extra.append((protocol.ERROR_CLASS, row.error_class.encode()))
+        if row.consumer_group:
+            extra.append((protocol.GROUP, row.consumer_group.encode()))
+    extra.append((protocol.DEAD_REASON, (row.dead_reason or "").encode()))
+    if row.reason:
+        extra.append((protocol.REASON, row.reason.encode()))
+    return [*passthrough, *extra]

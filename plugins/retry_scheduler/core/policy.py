@@ -1,0 +1,247 @@
+"""Retry policies: when a failed record is retried, and when it is dead.
+
+Policies are declared in Python, in one module next to the DAGs (``dags/retry_policies.py``),
+and reviewed like code::
+
+    from retry_scheduler.core.policy import Backoff, Policy
+
+    POLICIES = [
+        Policy("default", delays=["10s", "1m", "5m"], max_attempts=3, max_age="1d"),
+        Policy("payments", backoff=Backoff(base="1s", factor=2, max="10m", jitter=0.2),
+               max_attempts=8, fatal_errors=["InvalidCardError"], dlq_topic="payments.dlq"),
+    ]
+    DESTINATIONS = {"payments": "payments"}   # destination topic -> policy name
+
+Everything here is a pure function of its inputs (the clock is a parameter), so the
+strategy is tested with a frozen clock and tables of cases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from retry_scheduler.core import protocol
+from retry_scheduler.core.durations import parse_duration_ms
+
+DEFAULT_POLICY = "default"
+DEFAULT_DLQ_TOPIC = "retry.dlq"
+
+
+class PolicyError(ValueError):
+    """A policy declaration is wrong; the message names the policy and the field."""
+
+
+class UnknownPolicyError(LookupError):
+    """A record names a policy that is not declared."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff: ``base * factor**attempt``, capped at ``max``, spread by ``jitter``.
+
+    ``jitter`` is a fraction (0.2 = +/-20 %). The spread is derived from the job's ``retry.id``
+    and attempt, so the same failure always gets the same due time (re-ingestion is stable).
+    """
+
+    base: str | float = "1s"
+    factor: float = 2.0
+    max: str | float = "1h"
+    jitter: float = 0.0
+    _base_ms: int = field(init=False, repr=False, compare=False)
+    _max_ms: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.factor < 1:
+            raise PolicyError(f"backoff factor {self.factor} must be >= 1")
+        if not 0 <= self.jitter <= 1:
+            raise PolicyError(f"backoff jitter {self.jitter} must be between 0 and 1")
+        # Parsed once: delay_ms runs for every record ingested.
+        object.__setattr__(self, "_base_ms", parse_duration_ms(self.base))
+        object.__setattr__(self, "_max_ms", parse_duration_ms(self.max))
+
+    def delay_ms(self, attempt: int, spread: float) -> int:
+        base, cap = self._base_ms, self._max_ms
+        # Cap the exponent first: factor**attempt overflows floats for large attempts.
+        raw = float(cap) if attempt > 64 else min(float(cap), base * self.factor**attempt)
+        jittered = raw * (1 + self.jitter * (2 * spread - 1))
+        return int(min(cap, max(0.0, jittered)))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with one failed record: retry at ``due_ms``, or dead for ``dead_reason``."""
+
+    due_ms: int
+    dead_reason: str | None = None
+
+    @property
+    def is_dead(self) -> bool:
+        return self.dead_reason is not None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A named retry policy.
+
+    Give either ``delays`` (a schedule: attempt n waits ``delays[n]``, the last entry repeats)
+    or ``backoff``. ``max_attempts`` counts retries: a record that already had that many is
+    dead (``exhausted``). ``max_age`` bounds the time since the first failure (``expired``).
+    ``fatal_errors`` lists exception classes that are dead at once (``fatal``); a name matches
+    the class exactly or as the last dotted part (``ValueError`` matches ``builtins.ValueError``).
+    """
+
+    name: str
+    delays: Sequence[str | float] | None = None
+    backoff: Backoff | None = None
+    max_attempts: int = 5
+    max_age: str | float | None = None
+    fatal_errors: Iterable[str] = ()
+    dlq_topic: str = DEFAULT_DLQ_TOPIC
+    _delays_ms: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _max_age_ms: int | None = field(init=False, repr=False, compare=False)
+    _fatal: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise PolicyError("a policy needs a name")
+        if (self.delays is None) == (self.backoff is None):
+            raise PolicyError(
+                f"policy {self.name!r}: give exactly one of delays=[...] or backoff=Backoff(...)"
+            )
+        try:
+            delays = tuple(parse_duration_ms(d) for d in (self.delays or ()))
+            max_age_ms = None if self.max_age is None else parse_duration_ms(self.max_age)
+        except ValueError as exc:
+            raise PolicyError(f"policy {self.name!r}: {exc}") from None
+        if self.delays is not None and not delays:
+            raise PolicyError(f"policy {self.name!r}: delays must not be empty")
+        if self.max_attempts < 0:
+            raise PolicyError(f"policy {self.name!r}: max_attempts must be >= 0")
+        if not self.dlq_topic:
+            raise PolicyError(f"policy {self.name!r}: dlq_topic must not be empty")
+        object.__setattr__(self, "_delays_ms", delays)
+        object.__setattr__(self, "_max_age_ms", max_age_ms)  # parsed once: decide() runs per record
+        object.__setattr__(self, "_fatal", frozenset(self.fatal_errors))
+
+    @property
+    def max_age_ms(self) -> int | None:
+        return self._max_age_ms
+
+    def delay_ms(self, attempt: int, retry_id: str = "") -> int:
+        """Delay before retry number ``attempt + 1`` (``attempt`` retries already made)."""
+        if self.backoff is not None:
+            return self.backoff.delay_ms(attempt, _spread(retry_id, attempt))
+        return self._delays_ms[min(attempt, len(self._delays_ms) - 1)]
+
+    def is_fatal(self, error_class: str | None) -> bool:
+        if not error_class or not self._fatal:
+            return False
+        return error_class in self._fatal or error_class.rsplit(".", 1)[-1] in self._fatal
+
+    def decide(
+        self,
+        *,
+        attempt: int,
+        first_seen_ms: int,
+        base_ms: int,
+        now_ms: int,
+        retry_id: str = "",
+        error_class: str | None = None,
+        at_ms: int | None = None,
+        send_to_dlq: bool = False,
+    ) -> Decision:
+        """Decide the fate of a record that failed after ``attempt`` retries.
+
+        ``base_ms`` is when the delay starts counting (the record's timestamp); ``at_ms`` an
+        explicit due time from ``retry.at``, which wins over the computed one.
+        """
+        # Fatal first: an SDK that classified the error fatal also asks for the DLQ.
+        if self.is_fatal(error_class):
+            return Decision(now_ms, protocol.DEAD_FATAL)
+        if send_to_dlq:
+            return Decision(now_ms, protocol.DEAD_REQUESTED)
+        if attempt >= self.max_attempts:
+            return Decision(now_ms, protocol.DEAD_EXHAUSTED)
+        due = at_ms if at_ms is not None else base_ms + self.delay_ms(attempt, retry_id)
+        max_age = self.max_age_ms
+        if max_age is not None and max(now_ms, due) - first_seen_ms > max_age:
+            return Decision(now_ms, protocol.DEAD_EXPIRED)
+        return Decision(due)
+
+
+def _spread(retry_id: str, attempt: int) -> float:
+    digest = hashlib.blake2b(f"{retry_id}/{attempt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+@dataclass(frozen=True)
+class PolicyRegistry:
+    """Named policies plus the destination -> policy mapping; ``default`` always exists."""
+
+    policies: Mapping[str, Policy]
+    destinations: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if DEFAULT_POLICY not in self.policies:
+            raise PolicyError("the policy 'default' must exist")
+        for dest, name in self.destinations.items():
+            if name not in self.policies:
+                raise PolicyError(f"destination {dest!r} maps to undeclared policy {name!r}")
+
+    @classmethod
+    def of(cls, policies: Iterable[Policy], destinations: Mapping[str, str] | None = None) -> PolicyRegistry:
+        """Build a registry; adds a conservative ``default`` when none is declared."""
+        by_name: dict[str, Policy] = {}
+        for policy in policies:
+            if policy.name in by_name:
+                raise PolicyError(f"policy {policy.name!r} is declared twice")
+            by_name[policy.name] = policy
+        by_name.setdefault(DEFAULT_POLICY, DEFAULT)
+        return cls(by_name, dict(destinations or {}))
+
+    def get(self, name: str) -> Policy:
+        try:
+            return self.policies[name]
+        except KeyError:
+            known = ", ".join(sorted(self.policies))
+            raise UnknownPolicyError(f"unknown policy {name!r} (declared: {known})") from None
+
+    def resolve(self, name: str | None, destination: str | None) -> Policy:
+        """The record's named policy, else its destination's, else ``default``."""
+        if name:
+            return self.get(name)
+        if destination and destination in self.destinations:
+            return self.policies[self.destinations[destination]]
+        return self.policies[DEFAULT_POLICY]
+
+    @property
+    def dlq_topics(self) -> set[str]:
+        return {p.dlq_topic for p in self.policies.values()}
+
+
+#: Used when the policies module declares no ``default``.
+DEFAULT = Policy(DEFAULT_POLICY, delays=["10s", "1m", "5m", "30m"], max_attempts=4, max_age="7d")
+
+
+def load_policies(path: str | Path) -> PolicyRegistry:
+    """Import the policies module at *path* and return its registry.
+
+    The module declares ``POLICIES`` (a list of :class:`Policy`) and optionally
+    ``DESTINATIONS`` (destination topic -> policy name).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PolicyError(f"policies module {path} does not exist (set RETRY_POLICIES to its path)")
+    spec = importlib.util.spec_from_file_location("retry_policies", path)
+    if spec is None or spec.loader is None:
+        raise PolicyError(f"cannot import policies module {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    policies = getattr(module, "POLICIES", None)
+    if policies is None:
+        raise PolicyError(f"{path} must define POLICIES = [Policy(...), ...]")
+    return PolicyRegistry.of(policies, getattr(module, "DESTINATIONS", {}))

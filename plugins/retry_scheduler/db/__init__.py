@@ -1,0 +1,1 @@
+"""PostgreSQL: connections, the migrations and named queries shipped in the package, the job store."""

@@ -1,0 +1,63 @@
+"""Connections to PostgreSQL, with errors that say what to do, and URLs fit to print."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.types import TypeInfo
+
+
+class StoreError(RuntimeError):
+    """The database cannot be reached or is not migrated; the message says what to do."""
+
+
+def connect(database_url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+    """Open a connection, with an error that says what to check when it fails."""
+    try:
+        return psycopg.connect(database_url, autocommit=autocommit, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise StoreError(_connect_advice(database_url, str(exc).strip())) from exc
+
+
+def _connect_advice(database_url: str, error: str) -> str:
+    try:
+        server = conninfo_to_dict(database_url)
+    except psycopg.ProgrammingError:
+        server = {}
+    name = server.get("dbname")
+    if name and f'database "{name}" does not exist' in error:
+        # The server answers: pointing at the server would send the user the wrong way.
+        host, port, user = server.get("host") or "localhost", server.get("port") or "5432", server.get("user")
+        createdb = f"createdb -h {host} -p {port}" + (f" -U {user}" if user else "") + f" {name}"
+        return (
+            f'PostgreSQL answers at {host}:{port} but has no database "{name}": create it ({createdb}, '
+            "or `retry-scheduler dev postgres` on a development machine), then run `retry-scheduler db migrate`"
+        )
+    return (
+        f"cannot connect to PostgreSQL at {redact_url(database_url)}: {error}. "
+        "Is it running? Set RETRY_DATABASE_URL (or the retry_postgres connection) to a reachable server."
+    )
+
+
+def require_migrated(conn: psycopg.Connection[Any], database_url: str) -> None:
+    """Raise a :class:`StoreError` that says to migrate when the database has no retry schema yet.
+
+    Leaves no transaction open. Without it a command on a new database would end in a traceback
+    about a missing relation.
+    """
+    info = TypeInfo.fetch(conn, "retry_job_status")
+    if not conn.autocommit:
+        conn.rollback()
+    if info is None:
+        raise StoreError(
+            f"the database at {redact_url(database_url)} has no retry_jobs table: "
+            "run `retry-scheduler db migrate` first"
+        )
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ``***``, for messages and logs."""
+    return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)

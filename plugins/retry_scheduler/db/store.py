@@ -1,0 +1,309 @@
+"""The job store: bulk insert of new jobs, claiming and marking, loop heartbeats, status.
+
+Its SQL is the named queries of ``sql/queries.sql`` (:mod:`retry_scheduler.db.schema`); this module
+passes parameters and never formats SQL.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+import psycopg
+from psycopg.adapt import PyFormat
+
+from retry_scheduler.core.jobs import COPY_TYPES, DEAD_REASON_AT, Job, OutgoingRow
+from retry_scheduler.db.connection import StoreError, connect, require_migrated
+from retry_scheduler.db.schema import q
+
+log = logging.getLogger(__name__)
+
+#: ``!`` escapes LIKE wildcards: unlike a backslash it means the same with any standard_conforming_strings.
+LIKE_ESCAPE = "!"
+
+
+def like_pattern(glob: str) -> str:
+    """Translate a ``*`` glob into a LIKE pattern (escape ``!``): ``%`` and ``_`` match themselves."""
+    escaped = "".join(LIKE_ESCAPE + c if c in f"%_{LIKE_ESCAPE}" else c for c in glob)
+    return escaped.replace("*", "%")
+
+
+class IngestLock:
+    """A session-level advisory lock making one ingest loop at a time own the retry topics.
+
+    Held on its own connection: if the process dies, PostgreSQL ends the session and frees it.
+    """
+
+    _NAMESPACE = 7311
+
+    def __init__(self, database_url: str, name: str, poll_s: float = 0.05) -> None:
+        self.conn = connect(database_url, autocommit=True)
+        self.name = name
+        self.poll_s = poll_s
+
+    def acquire(self, timeout_s: float, on_wait: Callable[[], None] = lambda: None) -> bool:
+        """Try for ``timeout_s``; ``on_wait`` runs between tries (the waiting loop heartbeats)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            row = self.conn.execute(
+                "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (self._NAMESPACE, self.name)
+            ).fetchone()
+            if row and row[0]:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            on_wait()
+            time.sleep(self.poll_s)
+
+    def release(self) -> None:
+        self.conn.close()  # ends the session, which frees the lock
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """Publish lateness over a window, in seconds."""
+
+    count: int
+    p50_s: float | None
+    p99_s: float | None
+    max_s: float | None
+    early: int
+
+
+class Store:
+    """One connection to the retry database and the operations of the ingest and publish loops."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self.conn = connect(database_url)
+        # COPY picks a dumper by column type; for bytea psycopg's registry answers with the DB-API
+        # ``Binary`` wrapper's Python dumper. Registering the one for ``bytes`` again makes it the C one.
+        self.conn.adapters.register_dumper(bytes, self.conn.adapters.get_dumper(bytes, PyFormat.BINARY))
+        self._check_migrated()
+
+    def _check_migrated(self) -> None:
+        require_migrated(self.conn, self.database_url)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def insert_jobs(self, jobs: Sequence[Job]) -> list[str | None]:
+        """Store jobs (see :meth:`insert_rows`); duplicates of stored records are ignored."""
+        return self.insert_rows([job.copy_row() for job in jobs])
+
+    def insert_rows(
+        self,
+        rows: Sequence[Sequence[Any]],
+        *,
+        consumer_group: str | None = None,
+        offsets: Mapping[tuple[str, int], int] | None = None,
+    ) -> list[str | None]:
+        """Store new jobs (rows of ``jobs.COPY_COLUMNS``) and, in the same transaction, the next
+        ``offsets`` to read of ``consumer_group``'s retry-topic partitions.
+
+        The rows go straight into ``retry_jobs`` with one binary COPY. If one of them is stored
+        already (the same source record, read again), the batch goes through a staging table instead
+        and only the new ones are stored. Returns the dead reason (None for pending) of each row
+        stored. Commits before returning, so the caller may then commit the Kafka offsets.
+        """
+        if not rows:
+            return []
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            try:
+                with self.conn.transaction(), cur.copy(q("copy_jobs")) as copy:
+                    copy.set_types(COPY_TYPES)
+                    for row in rows:
+                        copy.write_row(row)
+                stored = [row[DEAD_REASON_AT] for row in rows]
+            except psycopg.errors.UniqueViolation:
+                stored = self._insert_new_only(cur, rows)
+                log.info(
+                    "%s of %s records were stored already (read again)", len(rows) - len(stored), len(rows)
+                )
+            if offsets:
+                keys = sorted(offsets)
+                cur.execute(
+                    q("save_ingest_offsets"),
+                    {
+                        "group": consumer_group,
+                        "topics": [k[0] for k in keys],
+                        "partitions": [k[1] for k in keys],
+                        "offsets": [offsets[k] for k in keys],
+                    },
+                )
+        return stored
+
+    def _insert_new_only(self, cur: psycopg.Cursor[Any], rows: Sequence[Sequence[Any]]) -> list[str | None]:
+        cur.execute(q("create_stage"))
+        with cur.copy(q("copy_stage")) as copy:
+            copy.set_types(COPY_TYPES)
+            for row in rows:
+                copy.write_row(row)
+        cur.execute(q("insert_from_stage"))
+        return [row[0] for row in cur.fetchall()]
+
+    def ingest_offsets(self, consumer_group: str) -> dict[tuple[str, int], int]:
+        """The next offset to read of every retry-topic partition ``consumer_group`` stored rows from."""
+        with self.conn.transaction():
+            rows = self.conn.execute(q("ingest_offsets"), {"group": consumer_group}).fetchall()
+        return {(topic, partition): offset for topic, partition, offset in rows}
+
+    def _require_transaction(self, what: str) -> None:
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            raise StoreError(f"{what} must be called inside a transaction, or its locks end at once")
+
+    def claim_due(self, limit: int) -> list[OutgoingRow]:
+        """Lock up to ``limit`` due pending jobs (oldest due first) that no one else holds.
+
+        Nothing is written: the row locks last until the caller's transaction ends (``with
+        store.conn.transaction():``), and the caller marks the jobs inside it. A publisher that dies
+        before its commit loses its locks with its session, and the jobs are due again at once.
+        """
+        self._require_transaction("claim_due")
+        with self.conn.transaction():
+            # Binary results: bytea columns come as bytes, not as hex text to decode.
+            rows = self.conn.execute(q("claim_due"), {"limit": limit}, binary=True).fetchall()
+        return [OutgoingRow(*row) for row in rows]
+
+    def claim_dead(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
+        """Lease dead jobs whose record has not reached the DLQ topic yet."""
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                q("claim_dead"), {"limit": limit, "lease_ms": lease_ms, "worker": worker}
+            ).fetchall()
+        return [OutgoingRow(*row) for row in rows]
+
+    def limit_idle_transactions(self, timeout_ms: int) -> None:
+        """End this session if a transaction stays idle longer than ``timeout_ms`` (a stuck publisher
+        then releases the jobs it locked)."""
+        with self.conn.transaction():
+            self.conn.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (str(timeout_ms),)
+            )
+
+    def _mark(self, query: str, params: dict[str, Any]) -> int:
+        with self.conn.transaction():
+            return self.conn.execute(q(query), params).rowcount
+
+    def mark_published(self, acked: Sequence[tuple[int, int]]) -> int:
+        """Mark jobs published; ``acked`` holds ``(job id, acknowledgement time in ms)``."""
+        if not acked:
+            return 0
+        return self._mark("mark_published", {"ids": [a[0] for a in acked], "acked_ms": [a[1] for a in acked]})
+
+    def mark_dlq_published(self, acked: Sequence[tuple[int, int]]) -> int:
+        if not acked:
+            return 0
+        return self._mark(
+            "mark_dlq_published", {"ids": [a[0] for a in acked], "acked_ms": [a[1] for a in acked]}
+        )
+
+    def mark_failed(self, failed: Sequence[tuple[int, str]]) -> int:
+        """Record delivery failures; the jobs become claimable again after a short backoff."""
+        if not failed:
+            return 0
+        return self._mark("mark_failed", {"ids": [f[0] for f in failed], "errors": [f[1] for f in failed]})
+
+    def mark_invalid(self, invalid: Sequence[tuple[int, str]]) -> int:
+        """Make pending jobs dead (``invalid``) when publishing showed their headers unusable; ``(id, reason)``."""
+        if not invalid:
+            return 0
+        return self._mark(
+            "mark_invalid", {"ids": [i[0] for i in invalid], "reasons": [i[1] for i in invalid]}
+        )
+
+    def seconds_until_next_due(self) -> float | None:
+        """Seconds until the earliest pending job is due (negative when overdue), None if none."""
+        with self.conn.transaction():
+            row = self.conn.execute(q("next_due")).fetchone()
+        return None if row is None or row[0] is None else row[0].total_seconds()
+
+    def loop_heartbeat(self, worker: str, kind: str) -> datetime:
+        """Record that loop ``worker`` is alive; returns when it started."""
+        with self.conn.transaction():
+            row = self.conn.execute(q("loop_heartbeat"), {"worker": worker, "kind": kind}).fetchone()
+        assert row is not None
+        return cast(datetime, row[0])
+
+    def loop_relieved(self, worker: str, kind: str, started_at: datetime, alive_s: float) -> bool:
+        """Whether a loop of ``kind`` started after ``started_at`` is alive."""
+        params = {"worker": worker, "kind": kind, "started_at": started_at, "alive_s": alive_s}
+        with self.conn.transaction():
+            row = self.conn.execute(q("loop_relieved"), params).fetchone()
+        return bool(row and row[0])
+
+    def loop_finish(self, worker: str) -> None:
+        with self.conn.transaction():
+            self.conn.execute(q("loop_finish"), {"worker": worker})
+
+    def status(self, destination: str | None = None, window_s: int = 300) -> dict[str, Any]:
+        """Counts by status, dead jobs by reason, the oldest overdue job and recent lateness."""
+        params = {"destination": destination, "window_s": window_s}
+        with self.conn.transaction():
+            counts = dict(self.conn.execute(q("status_counts"), params).fetchall())
+            dead = dict(self.conn.execute(q("dead_by_reason"), params).fetchall())
+            overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
+            late = self.conn.execute(q("lateness"), params).fetchone()
+        assert late is not None
+        return {
+            "counts": counts,
+            "dead_by_reason": dead,
+            "oldest_overdue": None
+            if overdue is None
+            else {
+                "id": overdue[0],
+                "destination": overdue[1],
+                "due_at": overdue[2].isoformat(),
+                "overdue_s": round(overdue[3], 3),
+            },
+            "lateness": Lateness(int(late[0]), late[1], late[2], late[3], int(late[4])),
+        }
+
+    def monitor_reading(self, window_s: int, dead_window_s: int = 3600) -> dict[str, Any]:
+        """What retry_monitor checks: the oldest overdue job, lateness over ``window_s``, recent dead jobs.
+
+        Unlike ``status`` it counts nothing over the whole table: each figure comes from a partial index.
+        """
+        params = {"destination": None, "window_s": window_s}
+        with self.conn.transaction():
+            now = self.conn.execute(q("monitor_now")).fetchone()
+            overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
+            late = self.conn.execute(q("lateness"), params).fetchone()
+            dead = self.conn.execute(q("monitor_dead_recent"), {"window_s": dead_window_s}).fetchall()
+        assert now is not None and late is not None
+        return {
+            "now": now[0],
+            "oldest_overdue": None
+            if overdue is None
+            else {"id": overdue[0], "destination": overdue[1], "due_at": overdue[2], "overdue_s": overdue[3]},
+            "lateness": Lateness(int(late[0]), late[1], late[2], late[3], int(late[4])),
+            "dead_by_destination": {row[0]: int(row[1]) for row in dead},
+        }
+
+    def lock_alerts(self, checks: Sequence[str]) -> dict[str, tuple[bool, datetime | None, bool]]:
+        """Lock the incident rows of ``checks`` (created on first use) until the caller's transaction ends.
+
+        Returns ``check -> (firing, since, announced)``. The caller holds the transaction
+        (``with store.conn.transaction():``): the row locks are what keep overlapping monitor runs from
+        announcing one incident twice.
+        """
+        self._require_transaction("lock_alerts")
+        with self.conn.transaction():
+            self.conn.execute(q("alert_ensure"), {"checks": list(checks)})
+            rows = self.conn.execute(q("alert_lock"), {"checks": list(checks)}).fetchall()
+        return {row[0]: (bool(row[1]), row[2], bool(row[3])) for row in rows}
+
+    def save_alerts(self, states: Sequence[dict[str, Any]]) -> None:
+        """Record each check's state: the parameters of the ``alert_update`` query, one dict per check."""
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            cur.executemany(q("alert_update"), states)

@@ -1,0 +1,606 @@
+"""Ingest: consume retry topics in batches, store jobs in PostgreSQL, then commit offsets.
+
+At-least-once: a batch's rows and its next offsets are committed in one PostgreSQL transaction,
+and the Kafka offsets only after that. A new loop starts from the offsets stored with the rows, so a
+crash in between stores nothing twice; when Kafka has no offset for the group, the partition is read
+from its start and the unique source identity skips the records stored already.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
+
+import retry_scheduler
+from retry_scheduler.core import protocol
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers
+from retry_scheduler.core.jobs import COPY_COLUMNS, DEAD_REASON_AT, Job, Status, encode_headers, pg_time
+from retry_scheduler.core.policy import PolicyRegistry, UnknownPolicyError
+from retry_scheduler.db.store import IngestLock, Store
+from retry_scheduler.loops import faults
+from retry_scheduler.loops.handover import LoopTenure
+from retry_scheduler.loops.kafka import TopicManager, make_consumer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Record:
+    """The parts of a consumed Kafka record the scheduler uses."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[Header] = ()
+
+
+def limits_for(settings: Settings, registry: PolicyRegistry) -> Limits:
+    return Limits(
+        destination_allowlist=re.compile(settings.destination_allowlist),
+        # Publishing to a retry or DLQ topic would loop or hide the record.
+        forbidden_destinations=frozenset(settings.retry_topics) | frozenset(registry.dlq_topics),
+        max_headers=settings.max_headers,
+        max_header_value_bytes=settings.max_header_value_bytes,
+        max_reason_chars=settings.max_reason_chars,
+    )
+
+
+def _raw_retry_id(headers: Sequence[Header]) -> str | None:
+    for name, value in headers:
+        if name == protocol.ID and value:
+            try:
+                text = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+            return text if 0 < len(text) <= 200 else None
+    return None
+
+
+def new_retry_id() -> str:
+    """A random (version 4) UUID as text, for a record that carries no ``retry.id``.
+
+    Made 1 024 at a time from one read of the system's random source: the ingest loop needs one for
+    most records, and with a read (a system call) per id, making ids was a tenth of the loop's samples.
+    """
+    try:
+        return _ids.pop()
+    except IndexError:
+        h = os.urandom(16 * _ID_BATCH).hex()
+        _ids.extend(
+            f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-4{h[i + 13 : i + 16]}-{_VARIANT[h[i + 16]]}{h[i + 17 : i + 20]}-{h[i + 20 : i + 32]}"
+            for i in range(0, len(h), 32)
+        )
+        return _ids.pop()
+
+
+_VARIANT = {c: "89ab"[int(c, 16) % 4] for c in "0123456789abcdef"}
+_ID_BATCH = 1024
+_ids: list[str] = []
+# A forked child must not hand out the ids its parent may hand out too.
+os.register_at_fork(after_in_child=_ids.clear)
+
+
+class RowBuilder:
+    """Turns consumed records into ``retry_jobs`` rows (``jobs.COPY_COLUMNS``): pending with a due
+    time, or dead with a reason. A bad record never raises: it becomes a dead (``invalid``) row.
+
+    The ingest loop's hot path: it builds the row tuple that COPY sends, with no object in between.
+    """
+
+    def __init__(self, settings: Settings, registry: PolicyRegistry, limits: Limits) -> None:
+        self.registry = registry
+        self.limits = limits
+        self.max_record_bytes = settings.max_record_bytes
+        self.delay_topics = settings.delay_topics
+        self.default = registry.resolve(None, None)
+
+    def row(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp_ms: int | None,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header] | None,
+        now_ms: int,
+    ) -> tuple[Any, ...]:
+        seen_ms = timestamp_ms or now_ms
+        try:
+            parsed = parse_headers(
+                headers,
+                self.limits,
+                record_bytes=len(key or b"") + len(value or b""),
+                max_record_bytes=self.max_record_bytes,
+            )
+            try:
+                policy = self.registry.resolve(parsed.policy, parsed.destination)
+            except UnknownPolicyError as exc:
+                raise InvalidRecordError(str(exc)) from None
+        except InvalidRecordError as exc:
+            default, now = self.default, pg_time(now_ms)
+            return (
+                topic, partition, offset, timestamp_ms or 0, None, None, key, value, encode_headers(headers or ()),
+                0, default.name, str(exc), None, None, _raw_retry_id(headers or ()) or new_retry_id(), None, None,
+                None, pg_time(seen_ms), now, Status.DEAD.value, protocol.DEAD_INVALID, default.dlq_topic, now,
+            )  # fmt: skip
+
+        retry_id = parsed.retry_id or new_retry_id()
+        first_seen = parsed.original_timestamp_ms or seen_ms
+        at_ms = parsed.at_ms
+        if at_ms is None and topic in self.delay_topics:
+            at_ms = seen_ms + self.delay_topics[topic]
+        decision = policy.decide(
+            attempt=parsed.attempt,
+            first_seen_ms=first_seen,
+            base_ms=seen_ms,
+            now_ms=now_ms,
+            retry_id=retry_id,
+            error_class=parsed.error_class,
+            at_ms=at_ms,
+            send_to_dlq=parsed.send_to_dlq,
+        )
+        dead, due = decision.dead_reason, pg_time(decision.due_ms)
+        return (
+            topic, partition, offset, timestamp_ms or 0, parsed.destination, parsed.destination_partition, key,
+            value, encode_headers(parsed.passthrough), parsed.attempt, policy.name, parsed.reason,
+            parsed.error_class, parsed.group, retry_id,
+            # A record that names no origin came from its destination.
+            parsed.original_topic or parsed.destination, parsed.original_partition, parsed.original_offset,
+            pg_time(first_seen), due, _DEAD if dead else _PENDING, dead, policy.dlq_topic, due if dead else None,
+        )  # fmt: skip
+
+
+_DEAD, _PENDING = Status.DEAD.value, Status.PENDING.value
+
+
+def job_from_record(
+    record: Record,
+    *,
+    settings: Settings,
+    registry: PolicyRegistry,
+    limits: Limits,
+    now_ms: int,
+) -> Job:
+    """Turn one consumed record into a job: pending with a due time, or dead with a reason."""
+    row = RowBuilder(settings, registry, limits).row(
+        record.topic, record.partition, record.offset, record.timestamp_ms, record.key, record.value,
+        record.headers, now_ms,
+    )  # fmt: skip
+    return Job.from_copy_row(row)
+
+
+@dataclass
+class IngestCounts:
+    """What one ingest run did; logged and returned to Airflow as XCom."""
+
+    consumed: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    pending: int = 0
+    dead: Counter[str] = field(default_factory=Counter)
+    batches: int = 0
+
+    def add(self, other: IngestCounts) -> None:
+        self.consumed += other.consumed
+        self.stored += other.stored
+        self.duplicates += other.duplicates
+        self.pending += other.pending
+        self.dead.update(other.dead)
+        self.batches += other.batches
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IngestCounts:
+        """Inverse of :meth:`as_dict` (counts come back from worker processes as dicts)."""
+        return cls(
+            d["consumed"], d["stored"], d["duplicates"], d["pending"], Counter(d["dead"]), d["batches"]
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "consumed": self.consumed,
+            "stored": self.stored,
+            "duplicates": self.duplicates,
+            "pending": self.pending,
+            "dead": dict(self.dead),
+            "batches": self.batches,
+        }
+
+
+class IngestBusyError(RuntimeError):
+    """Another ingest loop holds the retry topics; this one got no turn in time."""
+
+
+#: Where ``retry_scheduler`` is imported from: put on a worker process's PYTHONPATH.
+_PACKAGE_ROOT = Path(retry_scheduler.__file__).resolve().parents[1]
+#: Partitions of a retry topic the ingest loop creates: a multiple of 1, 2, 3 and 6 worker processes.
+RETRY_TOPIC_PARTITIONS = 6
+
+
+@dataclass
+class Batch:
+    """Consumed records turned into rows, and the next offset of each partition they came from."""
+
+    rows: list[tuple[Any, ...]]
+    offsets: dict[tuple[str, int], int]
+
+
+class Ingestor:
+    """Consumes the retry topics and stores their records as jobs.
+
+    One ingest loop at a time owns the retry topics: it holds a PostgreSQL advisory lock and
+    assigns itself every partition. Overlapping Airflow runs hand over when the lock is released,
+    in well under a second, where a consumer-group rebalance would stall ingestion for seconds.
+
+    The next offset of each partition is stored in PostgreSQL with the rows, in one transaction,
+    and a new owner starts from there: a batch is never stored twice, so rows are copied straight
+    into ``retry_jobs``. The group's Kafka offsets are committed after each batch as well (for lag
+    monitoring, and as the start of a partition PostgreSQL has no offset for).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: PolicyRegistry,
+        store: Store,
+        consumer: Consumer | None = None,
+        clock: Callable[[], float] = time.time,
+        share: Sequence[tuple[str, int, int]] | None = None,
+    ) -> None:
+        """``share``: a worker process's partitions (topic, partition, start offset), given by the
+        loop that holds the ingest lock; an ingestor with a share takes no lock of its own."""
+        self.settings = settings
+        self.registry = registry
+        self.store = store
+        self.limits = limits_for(settings, registry)
+        self.rows = RowBuilder(settings, registry, self.limits)
+        self.clock = clock
+        self.share = share
+        if consumer is None:
+            if share is None:
+                # Our own retry topics are created when missing, whatever the destination setting,
+                # with partitions enough to share evenly among the ingest worker processes.
+                TopicManager(settings).ensure(
+                    settings.retry_topics, create=True, partitions=RETRY_TOPIC_PARTITIONS
+                )
+            consumer = make_consumer(settings)
+        self.consumer = consumer
+        self.totals = IngestCounts()
+        self._control: Store | None = None
+        self._lock: IngestLock | None = None
+        self._assigned: set[tuple[str, int]] = set()
+        self._refreshed_at = 0.0
+
+    def acquire(
+        self, timeout_s: float, on_wait: Callable[[], None] = lambda: None, *, assign: bool = True
+    ) -> bool:
+        """Wait up to ``timeout_s`` for the ingest lock, then (with ``assign``) take every retry-topic
+        partition. An ingestor with a ``share`` only assigns itself its share."""
+        if self.share is not None:
+            if not self._assigned:
+                self.consumer.assign([TopicPartition(t, p, start) for t, p, start in self.share])
+                self._assigned = {(t, p) for t, p, _ in self.share}
+                self._refreshed_at = float("inf")  # a share never changes
+            return True
+        if self._lock is None:
+            lock = IngestLock(self.settings.database_url, self.settings.consumer_group)
+            if not lock.acquire(timeout_s, on_wait):
+                lock.release()
+                return False
+            self._lock = lock
+            if assign:
+                self._refresh_assignment()
+        return True
+
+    def partitions(self) -> list[tuple[str, int]]:
+        """Every partition of the retry topics the broker knows, sorted."""
+        topics = self.consumer.list_topics(timeout=10).topics
+        return sorted(
+            (topic, p)
+            for topic in self.settings.retry_topics
+            if topic in topics
+            for p in topics[topic].partitions
+        )
+
+    def plan(self) -> list[tuple[str, int, int]]:
+        """Every retry-topic partition with its start offset (see :func:`start_offset`)."""
+        return self._with_starts(self.partitions())
+
+    def _with_starts(self, partitions: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
+        if not partitions:
+            return []
+        stored = (self._control or self.store).ingest_offsets(self.settings.consumer_group)
+        committed = {
+            (tp.topic, tp.partition): tp.offset
+            for tp in self.consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=10)
+        }
+        return [(t, p, start_offset(stored.get((t, p)), committed.get((t, p)))) for t, p in partitions]
+
+    def _refresh_assignment(self) -> None:
+        """Assign partitions not assigned yet (new topics or partitions), each from its start offset."""
+        if self.share is not None:
+            return
+        self._refreshed_at = time.monotonic()
+        new = [tp for tp in self.partitions() if tp not in self._assigned]
+        if new:
+            self.consumer.incremental_assign([TopicPartition(t, p, o) for t, p, o in self._with_starts(new)])
+            self._assigned |= set(new)
+            log.info(
+                "ingesting %s partitions of %s", len(self._assigned), ", ".join(self.settings.retry_topics)
+            )
+
+    def close(self) -> None:
+        # Offsets are committed after every batch; releasing the lock hands over to the next loop.
+        self.consumer.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def read_batch(self, timeout_s: float = 0.2) -> Batch | None:
+        """Consume up to one batch and build its rows; None when nothing came."""
+        if self._lock is None and not self.acquire(30):
+            raise IngestBusyError("another ingest loop holds the retry topics (lock held for 30 s)")
+        if time.monotonic() - self._refreshed_at > 10:
+            self._refresh_assignment()
+        messages = self.consumer.consume(self.settings.ingest_batch, timeout_s)
+        now_ms = int(self.clock() * 1000)
+        build = self.rows.row
+        rows: list[tuple[Any, ...]] = []
+        offsets: dict[tuple[str, int], int] = {}
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error on %s [%s]: %s", msg.topic(), msg.partition(), err)
+                continue
+            topic, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
+            ts_type, ts = msg.timestamp()
+            rows.append(
+                build(
+                    topic, partition, offset, ts if ts_type != 0 and ts > 0 else None, msg.key(), msg.value(),
+                    cast(Sequence[Header], msg.headers()), now_ms,
+                )
+            )  # fmt: skip
+            offsets[(topic, partition)] = offset + 1  # a partition's records come in order
+        return Batch(rows, offsets) if rows else None
+
+    def store_batch(self, batch: Batch) -> IngestCounts:
+        """Store a batch's rows and its next offsets in one transaction."""
+        stored = self.store.insert_rows(
+            batch.rows, consumer_group=self.settings.consumer_group, offsets=batch.offsets
+        )
+        counts = IngestCounts(consumed=len(batch.rows), stored=len(stored), batches=1)
+        counts.duplicates = counts.consumed - counts.stored
+        counts.pending = stored.count(None)
+        counts.dead.update(reason for reason in stored if reason)
+        for row in batch.rows:
+            if row[DEAD_REASON_AT] == protocol.DEAD_INVALID:
+                log.warning("invalid record %s[%s]@%s is dead: %s", row[0], row[1], row[2], row[_REASON_AT])
+        return counts
+
+    def ingest_batch(self, timeout_s: float = 0.2) -> IngestCounts:
+        """Consume up to one batch, store it, then commit its offsets."""
+        batch = self.read_batch(timeout_s)
+        if batch is None:
+            return IngestCounts()
+        faults.checkpoint("ingest.consumed")
+        return self._finish(batch, self.store_batch(batch))
+
+    def _commit(self, next_offsets: dict[tuple[str, int], int]) -> None:
+        offsets = [TopicPartition(t, p, o) for (t, p), o in next_offsets.items()]
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except Exception as exc:  # a rebalance may revoke the partitions first
+            # Safe: the rows and PostgreSQL's offsets are committed; the next loop starts from those.
+            log.warning("Kafka offset commit failed (PostgreSQL holds the offsets): %s", exc)
+
+    def run(
+        self, duration_s: float, should_stop: Callable[[], bool] = lambda: False, grace_s: float | None = None
+    ) -> IngestCounts:
+        """Ingest for ``duration_s`` (then until a newer loop takes over, within the grace); returns totals.
+
+        With ``ingest_workers`` above 1 and more than one partition, this loop holds the ingest lock
+        and worker processes share the partitions, each with its own consumer and connection (header
+        parsing is CPU work in Python: one process per core). Otherwise it ingests itself.
+        """
+        grace = self.settings.loop_grace_ms / 1000 if grace_s is None else grace_s
+        # The writer thread has ``store`` to itself; heartbeats and offset lookups use another connection.
+        self._control = Store(self.settings.database_url)
+        tenure = LoopTenure(self._control, "ingest", duration_s, grace)
+        go_on = lambda: tenure.go_on() and not should_stop()  # noqa: E731
+        try:
+            workers = self.settings.ingest_workers
+            if not self.acquire(tenure.remaining_s(), on_wait=tenure.beat, assign=workers == 1):
+                log.info("another ingest loop held the retry topics all along: nothing to do")
+                return IngestCounts()
+            plan = self.plan() if workers > 1 else []
+            if len(plan) > 1:
+                while go_on():
+                    self._run_workers(plan, workers, go_on)
+                    plan = self.plan()
+            else:
+                self.pipeline(go_on)
+        finally:
+            tenure.finish()
+            self._control.close()
+            self._control = None
+        return self.totals
+
+    def pipeline(
+        self, go_on: Callable[[], bool], on_batch: Callable[[IngestCounts], None] = lambda counts: None
+    ) -> None:
+        """Ingest while ``go_on()``: while PostgreSQL stores one batch (in a writer thread), the next one
+        is consumed and built. A batch's Kafka offsets are committed only after its rows."""
+        if self.share is not None:
+            self.acquire(0)  # assigns the share
+        elif not self._assigned:
+            self._refresh_assignment()
+        with ThreadPoolExecutor(1, thread_name_prefix="ingest-writer") as writer:
+            storing: tuple[Batch, Future[IngestCounts]] | None = None
+            while True:
+                more = go_on()
+                batch = self.read_batch(timeout_s=0.2) if more else None
+                if batch is not None:
+                    faults.checkpoint("ingest.consumed")
+                if storing is not None:
+                    previous, written = storing
+                    on_batch(self._finish(previous, written.result()))
+                    storing = None
+                if batch is not None:
+                    storing = (batch, writer.submit(self.store_batch, batch))
+                elif not more:
+                    break
+
+    def _run_workers(self, plan: list[tuple[str, int, int]], workers: int, go_on: Callable[[], bool]) -> None:
+        """Ingest ``plan``'s partitions in worker processes until ``go_on()`` says no or the retry
+        topics gain partitions (then the caller plans again). A worker that dies stops them all."""
+        shares = [plan[i::workers] for i in range(min(workers, len(plan)))]
+        results: queue.Queue[dict[str, Any]] = queue.Queue()
+        procs = [self._start_worker(share, n, results) for n, share in enumerate(shares, start=1)]
+        log.info("ingesting %s partitions in %s worker processes", len(plan), len(procs))
+        planned = {(t, p) for t, p, _ in plan}
+        checked = time.monotonic()
+        try:
+            while go_on():
+                self._collect(results, 0.2)
+                for n, proc in enumerate(procs, start=1):
+                    if proc.poll() is not None:
+                        raise IngestWorkerError(
+                            f"ingest-worker-{n} exited with code {proc.returncode}: stopping the ingest loop "
+                            "(the next one starts from the offsets stored with the rows)"
+                        )
+                if time.monotonic() - checked > 10:
+                    checked = time.monotonic()
+                    if set(self.partitions()) != planned:
+                        log.info("the retry topics changed: sharing their partitions again")
+                        break
+        finally:
+            for proc in procs:  # end of input: each worker stops after the batch in hand
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            self._collect(results, 0)
+
+    def _start_worker(
+        self, share: list[tuple[str, int, int]], n: int, results: queue.Queue[dict[str, Any]]
+    ) -> Any:
+        """A worker process (``python -c``, so that nothing of this process's ``__main__`` is run again):
+        its settings, policies and share go in pickled on stdin; its counts come out as JSON lines."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from retry_scheduler.loops.ingest import worker_main; worker_main()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(pickle.dumps((self.settings, self.registry, share, f"ingest-worker-{n}")))
+        proc.stdin.flush()
+        lines = proc.stdout
+
+        def relay() -> None:
+            for line in lines:
+                try:
+                    results.put(json.loads(line))
+                except ValueError:  # something else wrote to the worker's stdout
+                    log.warning("ingest-worker-%s: %s", n, line.decode(errors="replace").rstrip())
+
+        threading.Thread(target=relay, name=f"ingest-worker-{n}-counts", daemon=True).start()
+        return proc
+
+    def _collect(self, results: queue.Queue[dict[str, Any]], wait_s: float) -> None:
+        try:
+            counts = results.get(timeout=wait_s) if wait_s else results.get_nowait()
+            while True:
+                self.totals.add(IngestCounts.from_dict(counts))
+                counts = results.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _finish(self, batch: Batch, counts: IngestCounts) -> IngestCounts:
+        """After a batch's rows are stored: commit its Kafka offsets and count it."""
+        faults.checkpoint("ingest.stored")
+        self._commit(batch.offsets)
+        self.totals.add(counts)
+        log.info(
+            "ingested %s records: %s stored, %s duplicates, %s pending, dead %s",
+            counts.consumed, counts.stored, counts.duplicates, counts.pending, dict(counts.dead),
+        )  # fmt: skip
+        return counts
+
+
+class IngestWorkerError(RuntimeError):
+    """An ingest worker process died; the loop stops so that a new one starts from the stored offsets."""
+
+
+def worker_main() -> None:
+    """An ingest worker process: reads its settings, policies and share of the partitions (pickled) on
+    stdin, ingests them, writes each batch's counts as a JSON line on stdout, and stops after the batch
+    in hand when stdin ends (its loop stopped it, or died)."""
+    settings, registry, share, name = pickle.load(sys.stdin.buffer)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    stop = threading.Event()
+
+    def watch_input() -> None:
+        sys.stdin.buffer.read()  # returns at end of input
+        stop.set()
+
+    threading.Thread(target=watch_input, name="stdin", daemon=True).start()
+
+    def report(counts: IngestCounts) -> None:
+        sys.stdout.write(json.dumps(counts.as_dict()) + "\n")
+        sys.stdout.flush()
+
+    with Store(settings.database_url) as store:
+        ingestor = Ingestor(settings, registry, store, share=share)
+        try:
+            ingestor.pipeline(lambda: not stop.is_set(), report)
+        finally:
+            ingestor.consumer.close()
+
+
+def start_offset(stored: int | None, committed: int | None) -> int:
+    """Where to start reading a partition: PostgreSQL's offset (stored with the rows), when Kafka also
+    knows the group's offset there.
+
+    Without a Kafka offset the broker may be a new one, or the topic created again, whose offsets
+    start over: PostgreSQL's would then skip records. So the partition is read from the group's
+    reset position (``auto.offset.reset``, earliest) instead, and records stored already are skipped
+    (``Store.insert_rows``).
+    """
+    if stored is not None and committed is not None and committed >= 0:
+        return stored
+    return OFFSET_STORED
+
+
+_REASON_AT = COPY_COLUMNS.index("reason")

@@ -1,0 +1,87 @@
+"""Kafka clients of the service: consumer, idempotent producer, topic creation."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from retry_scheduler.core.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+def consumer_config(settings: Settings) -> dict[str, Any]:
+    return {
+        # Embedded and small deployments: a 6 s session keeps group joins quick.
+        "session.timeout.ms": 6000,
+        "topic.metadata.refresh.interval.ms": 5000,
+        **settings.kafka,
+        "group.id": settings.consumer_group,
+        # Offsets are committed by hand, only after the rows are committed in PostgreSQL.
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+    }
+
+
+def producer_config(settings: Settings) -> dict[str, Any]:
+    return {
+        "linger.ms": 2,
+        "compression.type": "lz4",
+        # librdkafka itself refuses records over 1 000 000 bytes, less than RETRY_MAX_RECORD_BYTES, and an
+        # oversize record still goes to the DLQ: the broker, which accepted it once, judges what fits.
+        "message.max.bytes": min(1_000_000_000, max(64 * 1024 * 1024, 2 * settings.max_record_bytes)),
+        **settings.kafka,
+        "enable.idempotence": True,
+        "acks": "all",
+        "delivery.timeout.ms": settings.delivery_timeout_ms,
+    }
+
+
+def make_consumer(settings: Settings) -> Consumer:
+    return Consumer(consumer_config(settings))
+
+
+def make_producer(settings: Settings) -> Producer:
+    return Producer(producer_config(settings))
+
+
+def admin_client(settings: Settings) -> AdminClient:
+    return AdminClient({k: v for k, v in settings.kafka.items() if not k.startswith("session.")})
+
+
+class TopicManager:
+    """Knows which topics exist and creates missing ones where configuration allows."""
+
+    def __init__(self, settings: Settings, admin: AdminClient | None = None) -> None:
+        self.settings = settings
+        self.admin = admin or admin_client(settings)
+        self.known: set[str] = set()
+
+    def refresh(self) -> None:
+        self.known = set(self.admin.list_topics(timeout=10).topics)
+
+    def ensure(self, topics: Iterable[str], *, create: bool, partitions: int = 3) -> list[str]:
+        """Return the topics still missing after creating what ``create`` allows."""
+        wanted = set(topics) - self.known
+        if not wanted:
+            return []
+        self.refresh()
+        missing = sorted(wanted - self.known)
+        if not missing or not create:
+            return missing
+        futures = self.admin.create_topics([NewTopic(t, partitions, 1) for t in missing])
+        for topic, future in futures.items():
+            try:
+                future.result(timeout=15)
+                log.info("created topic %s", topic)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    log.warning("could not create topic %s: %s", topic, exc)
+                    continue
+            self.known.add(topic)
+        return sorted(set(missing) - self.known)

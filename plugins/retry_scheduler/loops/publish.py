@@ -1,0 +1,301 @@
+"""Publish: claim due jobs, produce them to their destination (dead ones to the DLQ), mark them.
+
+A job is marked published only after the broker acknowledged it, in the transaction that locked it.
+A crash between produce and mark ends that transaction: the job is due again at once and is
+produced again with the same ``retry.id`` and ``retry.attempt`` (at-least-once).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.jobs import OutgoingRow, destination_headers, dlq_headers
+from retry_scheduler.db.store import Store
+from retry_scheduler.loops import faults
+from retry_scheduler.loops.handover import LoopTenure, new_worker_id
+from retry_scheduler.loops.kafka import TopicManager, make_producer
+
+log = logging.getLogger(__name__)
+
+#: Delivery errors after which the producer's idempotence state is broken for good (seen when the broker
+#: fenced its epoch bump after requests timed out in flight): only a new producer can publish again.
+_BROKEN_PRODUCER = frozenset(
+    {KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FATAL}
+)
+
+
+@dataclass
+class PublishCounts:
+    """What one publish run did; logged and returned to Airflow as XCom."""
+
+    claimed: int = 0
+    published: int = 0
+    dead_published: int = 0
+    failed: int = 0
+    lateness_max_s: float = 0.0
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: PublishCounts) -> None:
+        self.claimed += other.claimed
+        self.published += other.published
+        self.dead_published += other.dead_published
+        self.failed += other.failed
+        self.lateness_max_s = max(self.lateness_max_s, other.lateness_max_s)
+        for k, v in other.errors.items():
+            self.errors[k] = self.errors.get(k, 0) + v
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "claimed": self.claimed,
+            "published": self.published,
+            "dead_published": self.dead_published,
+            "failed": self.failed,
+            "errors": dict(self.errors),
+        }
+
+
+class Publisher:
+    """Publishes due jobs and dead jobs; many publishers may run at once (SKIP LOCKED)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        producer: Producer | None = None,
+        topics: TopicManager | None = None,
+        clock: Callable[[], float] = time.time,
+        store_factory: Callable[[str], Store] = Store,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.store_factory = store_factory
+        self.producer = producer or make_producer(settings)
+        self.topics = topics or TopicManager(settings)
+        self.clock = clock
+        self.worker = new_worker_id("publish")
+        # A publisher that hangs inside its transaction (not dead: its session stays) releases its
+        # jobs after the lease time, as a dead one does at once.
+        store.limit_idle_transactions(settings.lease_ms)
+        self.totals = PublishCounts()
+        self.helpers: list[Publisher] = []
+        self.error: Exception | None = None
+
+    def close(self) -> None:
+        self.producer.flush(self.settings.delivery_timeout_ms / 1000)
+
+    def _produce_all(
+        self, rows: list[OutgoingRow], to_dlq: bool
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, str]], list[tuple[int, str]]]:
+        """Produce and wait for the acks: the acknowledged, the failed (to retry) and the unroutable jobs."""
+        acked: list[tuple[int, int]] = []
+        failed: list[tuple[int, str]] = []
+        unroutable: list[tuple[int, str]] = []
+        broken: list[KafkaError] = []
+
+        def delivered(job_id: int) -> Callable[[KafkaError | None, Message], None]:
+            def callback(err: KafkaError | None, _msg: Message) -> None:
+                if err is None:
+                    acked.append((job_id, int(self.clock() * 1000)))
+                else:
+                    failed.append((job_id, f"delivery failed: {err.str()}"))
+                    if err.fatal() or err.code() in _BROKEN_PRODUCER:
+                        broken.append(err)
+
+            return callback
+
+        targets = {row.dlq_topic if to_dlq else row.destination for row in rows}
+        missing = set(self.topics.ensure((t for t in targets if t), create=self.settings.create_topics))
+        for row in rows:
+            topic = row.dlq_topic if to_dlq else row.destination
+            if not topic:
+                failed.append((row.id, "job has no destination"))
+                continue
+            if topic in missing:
+                failed.append(
+                    (row.id, f"topic {topic} does not exist: create it, or set RETRY_CREATE_TOPICS=true")
+                )
+                continue
+            kwargs: dict[str, Any] = {
+                "key": row.key,
+                "value": row.value,
+                "headers": dlq_headers(row) if to_dlq else destination_headers(row),
+                "on_delivery": delivered(row.id),
+            }
+            if not to_dlq and row.destination_partition is not None:
+                kwargs["partition"] = row.destination_partition
+            while True:
+                try:
+                    self.producer.produce(topic, **kwargs)
+                    break
+                except BufferError:
+                    self.producer.poll(0.05)  # local queue full: let deliveries drain
+                except KafkaException as exc:
+                    partition = kwargs.get("partition")
+                    if partition is not None and self._lacks_partition(exc, topic, partition):
+                        # Retrying cannot help: the job is dead (invalid) and goes to the DLQ instead.
+                        unroutable.append(
+                            (
+                                row.id,
+                                f"header retry.original-partition={partition}: topic {topic} has no such partition",
+                            )
+                        )
+                    else:
+                        failed.append((row.id, f"produce failed: {exc}"))
+                        if exc.args[0].fatal() or exc.args[0].code() in _BROKEN_PRODUCER:
+                            broken.append(exc.args[0])
+                    break
+            self.producer.poll(0)
+        remaining = self.producer.flush(self.settings.delivery_timeout_ms / 1000 + 5)
+        if remaining:
+            log.warning("%s messages still unacknowledged after flush; their jobs stay leased", remaining)
+        if broken:
+            log.warning("the producer cannot publish any more (%s): replacing it", broken[0].str())
+            old, self.producer = self.producer, make_producer(self.settings)
+            old.purge()
+            old.flush(0)
+        return acked, failed, unroutable
+
+    def _lacks_partition(self, exc: KafkaException, topic: str, partition: int) -> bool:
+        """Whether ``exc`` says the partition is unknown and fresh metadata confirms ``topic`` lacks it."""
+        if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+            return False
+        try:
+            meta = self.producer.list_topics(topic, timeout=10).topics.get(topic)
+        except KafkaException:
+            return False
+        return meta is not None and meta.error is None and partition not in meta.partitions
+
+    def publish_once(self) -> PublishCounts:
+        """One round: dead jobs to their DLQ topic, then due jobs to their destination.
+
+        Due jobs are claimed, produced, acknowledged and marked inside one transaction that holds
+        their row locks (see ``Store.claim_due``): one write per job. Dead jobs take a lease instead,
+        which also tells DLQ operations that a job is being sent right now.
+        """
+        counts = PublishCounts()
+        s = self.settings
+        failed: list[tuple[int, str]] = []
+        dead_rows = self.store.claim_dead(s.publish_batch, s.lease_ms, self.worker)
+        if dead_rows:
+            acked_dead, failed_dead, _ = self._produce_all(dead_rows, to_dlq=True)
+            faults.checkpoint("publish.dlq_produced")
+            counts.dead_published = self.store.mark_dlq_published(acked_dead)
+            failed += failed_dead
+        with self.store.conn.transaction():
+            due_rows = self.store.claim_due(s.publish_batch)
+            if due_rows:
+                acked, failed_due, unroutable = self._produce_all(due_rows, to_dlq=False)
+                faults.checkpoint("publish.produced")
+                counts.published = self.store.mark_published(acked)
+                failed += failed_due
+                if unroutable:
+                    log.warning(
+                        "%s jobs are dead (invalid): %s",
+                        self.store.mark_invalid(unroutable),
+                        unroutable[0][1],
+                    )
+            if failed:
+                counts.failed = self.store.mark_failed(failed)
+        counts.claimed = len(dead_rows) + len(due_rows)
+        if failed:
+            for _, error in failed:
+                counts.errors[error] = counts.errors.get(error, 0) + 1
+            log.warning("%s deliveries failed, will retry after backoff: %s", len(failed), counts.errors)
+        return counts
+
+    def run(
+        self, duration_s: float, should_stop: Callable[[], bool] = lambda: False, grace_s: float | None = None
+    ) -> PublishCounts:
+        """Publish for ``duration_s`` (then until a newer loop takes over, within the grace),
+        waking up as jobs fall due.
+
+        With ``publish_workers`` above 1, helper publishers (each with its own connection and
+        producer, in threads) work beside this one: while one waits for PostgreSQL or the broker,
+        another produces. SKIP LOCKED keeps their jobs apart. A helper's error stops them all and is
+        raised here.
+        """
+        grace = self.settings.loop_grace_ms / 1000 if grace_s is None else grace_s
+        tenure = LoopTenure(self.store, "publish", duration_s, grace)
+        stop = threading.Event()
+        self.helpers = []
+        threads: list[threading.Thread] = []
+        try:
+            for n in range(1, self.settings.publish_workers):
+                helper = Publisher(
+                    self.settings,
+                    self.store_factory(self.settings.database_url),
+                    clock=self.clock,
+                    store_factory=self.store_factory,
+                )
+                self.helpers.append(helper)
+                threads.append(
+                    threading.Thread(
+                        target=helper.work,
+                        args=(stop,),
+                        kwargs={"helper": True},
+                        name=f"publish-{n}",
+                        daemon=True,
+                    )
+                )
+                threads[-1].start()
+            self.work(stop, lambda: tenure.go_on() and not should_stop(), tenure.remaining_s)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+            for helper in self.helpers:
+                helper.close()
+                helper.store.close()
+            tenure.finish()
+        for helper in self.helpers:
+            if helper.error is not None:
+                raise helper.error
+        total = PublishCounts()
+        for publisher in (self, *self.helpers):
+            total.add(publisher.totals)
+        return total
+
+    def published_so_far(self) -> int:
+        """Jobs published by this publisher and its helpers in the current ``run`` (read while it runs)."""
+        return sum(p.totals.published for p in (self, *self.helpers))
+
+    def work(
+        self,
+        stop: threading.Event,
+        go_on: Callable[[], bool] = lambda: True,
+        remaining_s: Callable[[], float] = lambda: float("inf"),
+        *,
+        helper: bool = False,
+    ) -> None:
+        """Publish rounds until ``stop`` is set or ``go_on`` says no; adds to ``totals``.
+
+        A helper keeps its error in ``error`` (raised by ``run``) instead of raising it in its thread.
+        """
+        poll_s = self.settings.poll_interval_ms / 1000
+        try:
+            while not stop.is_set() and go_on():
+                batch = self.publish_once()
+                if batch.claimed:
+                    log.info(
+                        "claimed %s jobs: %s published, %s to DLQ, %s failed",
+                        batch.claimed, batch.published, batch.dead_published, batch.failed,
+                    )  # fmt: skip
+                self.totals.add(batch)
+                if batch.claimed >= self.settings.publish_batch:
+                    continue  # more may be waiting
+                wait = self.store.seconds_until_next_due()
+                nap = poll_s if wait is None else min(poll_s, max(0.0, wait))
+                stop.wait(min(nap, remaining_s()))
+        except Exception as exc:
+            stop.set()  # one publisher failing stops them all: the task fails and Airflow retries it
+            if not helper:
+                raise
+            self.error = exc

@@ -1,0 +1,92 @@
+"""An alert: a monitor incident starting or ending, or a failed task, rendered for each channel."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+_MAX_ERROR_CHARS = 2000
+
+Severity = Literal["firing", "resolved", "failure"]
+_TAGS: dict[str, str] = {"firing": "FIRING", "resolved": "RESOLVED", "failure": "FAILED"}
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One notification: a monitor incident starting or ending, or a failed task."""
+
+    title: str
+    text: str
+    severity: Severity
+    #: Structured details: dag_id, task_id, run_id, log_url for a failure; check, value, threshold... for
+    #: a monitor incident. Values are JSON-serialisable.
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def headline(self) -> str:
+        return f"[{_TAGS[self.severity]}] {self.title}"
+
+    def summary(self) -> str:
+        """The plain-text message (Slack's ``text``, the log line)."""
+        lines = [self.headline, self.text]
+        if self.fields.get("log_url"):
+            lines.append(f"Log: {self.fields['log_url']}")
+        return "\n".join(line for line in lines if line)
+
+    def webhook_payload(self) -> dict[str, Any]:
+        """JSON body: a top-level ``text`` (what a Slack incoming webhook shows) plus the structured alert."""
+        return {
+            "text": self.summary(),
+            "alert": {
+                "title": self.title,
+                "text": self.text,
+                "severity": self.severity,
+                "fields": dict(self.fields),
+                "source": "kafka-retry-scheduler",
+            },
+        }
+
+    def email_html(self) -> str:
+        rows = "".join(
+            f"<tr><th align='left'>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+            for k, v in self.fields.items()
+            if v is not None
+        )
+        text = html.escape(self.text).replace("\n", "<br>")
+        return f"<p><b>{html.escape(self.headline)}</b></p><p>{text}</p><table>{rows}</table>"
+
+
+def alert_from_context(context: Mapping[str, Any]) -> Alert:
+    """The Alert for a task-failure callback context (Airflow's ``ti``, ``exception``...)."""
+    ti = context.get("ti") or context.get("task_instance")
+    dag = context.get("dag")
+    dag_id = getattr(ti, "dag_id", None) or getattr(dag, "dag_id", None) or "?"
+    task_id = getattr(ti, "task_id", None) or "?"
+    run_id = getattr(ti, "run_id", None) or context.get("run_id")
+    try_number = getattr(ti, "try_number", None)
+    try:
+        log_url = getattr(ti, "log_url", None)
+    except Exception:  # a property reading the config; an alert without the link is still an alert
+        log_url = None
+    error = context.get("exception")
+    reason = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error or "")
+    if len(reason) > _MAX_ERROR_CHARS:
+        reason = reason[:_MAX_ERROR_CHARS] + "..."
+    text = f"Task {task_id} of DAG {dag_id} failed in run {run_id}" + (
+        f" (try {try_number})" if try_number else ""
+    )
+    return Alert(
+        title=f"{dag_id}.{task_id} failed",
+        text=f"{text}: {reason}" if reason else text,
+        severity="failure",
+        fields={
+            "dag_id": dag_id,
+            "task_id": task_id,
+            "run_id": run_id,
+            "try_number": try_number,
+            "log_url": log_url,
+            "error": reason or None,
+        },
+    )

@@ -1,0 +1,489 @@
+"""Dead-letter operations: browse, show, replay and purge dead jobs, each change audited.
+
+One implementation behind the three ways in: the ``dlq_replay`` DAG, the Dead letters page of
+the Airflow UI (``retry_scheduler.airflow.webui.app``) and ``retry-scheduler dlq``. They share
+:class:`DlqFilter`, so a filter means the same everywhere.
+
+- **Replay** makes dead jobs due now; the normal publish loop sends them to their destination
+  with ``retry.attempt`` raised (reset to 0 first when asked). Jobs that went dead as
+  ``invalid`` are left alone: their headers named no usable destination.
+- **Purge** deletes dead jobs whose record is already on the DLQ topic. A dead job whose record
+  has not reached the DLQ topic yet exists nowhere else, so it is kept.
+- Both work in batches of :data:`BATCH` jobs, one transaction each, so a million-job purge
+  neither holds a million row locks nor loses its progress; the audit row of the operation is
+  updated in the same transaction as each batch, so its count is exact even after a crash.
+- A dry run computes the same selection and writes an audit row, changing nothing.
+
+Listing is newest first with keyset pagination on ``(dead_at, id)`` and a capped count, so a
+page stays fast with millions of dead jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, LiteralString
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from retry_scheduler.core import protocol
+from retry_scheduler.core.durations import parse_duration_ms
+from retry_scheduler.core.jobs import decode_headers
+from retry_scheduler.core.protocol import TOPIC_NAME
+from retry_scheduler.db.connection import connect, require_migrated
+from retry_scheduler.db.schema import queries
+from retry_scheduler.db.store import like_pattern
+
+#: Jobs changed per transaction by replay and purge.
+BATCH = 10_000
+#: ``count`` stops here: the page shows "10 000+" rather than counting a million rows.
+COUNT_CAP = 10_000
+#: Longest key, value or header value shown in full; longer ones are cut (the size is shown).
+SHOW_BYTES = 4096
+#: Most ids one operation may name explicitly.
+MAX_IDS = 10_000
+MAX_PAGE = 500
+
+Action = Literal["replay", "purge"]
+Source = Literal["dag", "ui", "cli"]
+
+# The filter's fixed SQL fragments; each applies when its parameter is given.
+_FRAGMENTS: dict[str, LiteralString] = {
+    "destination": "destination = %(destination)s",
+    "dead_reason": "dead_reason = %(dead_reason)s",
+    "error_class": "error_class LIKE %(error_class)s ESCAPE '!'",
+    # Same expression as the trigram index of migration 0004.
+    "search": "(coalesce(reason, '') || ' ' || coalesce(error_class, '')) ILIKE %(search)s ESCAPE '!'",
+    "since": "dead_at >= %(since)s",
+    "until": "dead_at < %(until)s",
+    "ids": "id = ANY(%(ids)s)",
+}
+
+
+class DlqError(ValueError):
+    """A filter or request is invalid, or the job asked for does not exist; the message says which."""
+
+
+def _time(name: str, value: Any) -> datetime | None:
+    """An aware time from ISO-8601, or from a duration meaning that long ago (``"2h"``)."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, datetime):
+        parsed = value
+    else:
+        text = str(value).strip()
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            try:
+                return datetime.now(UTC) - timedelta(milliseconds=parse_duration_ms(text))
+            except ValueError:
+                raise DlqError(
+                    f"{name}={value!r} is neither an ISO-8601 time like 2026-11-21T10:00:00Z "
+                    "nor a duration ago like 2h"
+                ) from None
+    if parsed.tzinfo is None:
+        raise DlqError(f"{name}={value!r} needs a time zone, e.g. 2026-11-21T10:00:00Z")
+    return parsed
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if value in (None, "", []):
+        return ()
+    items = re.split(r"[\s,]+", value.strip()) if isinstance(value, str) else list(value)
+    try:
+        ids = tuple(sorted({int(i) for i in items if str(i) != ""}))
+    except (TypeError, ValueError):
+        raise DlqError(f"ids must be job ids (whole numbers), separated by commas: got {value!r}") from None
+    if any(i < 1 for i in ids):
+        raise DlqError("ids must be positive")
+    if len(ids) > MAX_IDS:
+        raise DlqError(f"at most {MAX_IDS} ids at once; use a filter for more")
+    return ids
+
+
+@dataclass(frozen=True)
+class DlqFilter:
+    """Which dead jobs an operation is about. Empty fields do not filter."""
+
+    destination: str | None = None
+    dead_reason: str | None = None
+    error_class: str | None = None  # glob: * matches anything
+    search: str | None = None  # text in the reason or error class, any case
+    since: datetime | None = None  # went dead at or after
+    until: datetime | None = None  # went dead before
+    ids: tuple[int, ...] = ()
+    limit: int | None = None  # replay/purge: at most this many, oldest first
+
+    def __post_init__(self) -> None:
+        if self.destination is not None and not TOPIC_NAME.fullmatch(self.destination):
+            raise DlqError(f"destination {self.destination!r} is not a valid topic name")
+        if self.dead_reason is not None and self.dead_reason not in protocol.DEAD_REASONS:
+            raise DlqError(
+                f"dead reason {self.dead_reason!r} is not one of {', '.join(protocol.DEAD_REASONS)}"
+            )
+        for name in ("error_class", "search"):
+            value = getattr(self, name)
+            if value is not None and not (0 < len(value) <= 500 and value.isprintable()):
+                raise DlqError(f"{name.replace('_', ' ')} must be 1-500 printable characters")
+        if self.since and self.until and self.since >= self.until:
+            raise DlqError(
+                f"since ({self.since.isoformat()}) must be before until ({self.until.isoformat()})"
+            )
+        if self.limit is not None and (isinstance(self.limit, bool) or self.limit < 1):
+            raise DlqError("limit must be a positive whole number (or empty for no limit)")
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> DlqFilter:
+        """Build from a form, query string or DAG params: strings are trimmed, empty means unset."""
+
+        def text(name: str) -> str | None:
+            value = params.get(name)
+            return None if value is None or str(value).strip() == "" else str(value).strip()
+
+        limit = params.get("limit")
+        try:
+            limit_n = None if limit in (None, "", 0, "0") else int(limit)
+        except (TypeError, ValueError):
+            raise DlqError(f"limit must be a whole number: got {limit!r}") from None
+        return cls(
+            destination=text("destination"),
+            dead_reason=text("dead_reason"),
+            error_class=text("error_class"),
+            search=text("search"),
+            since=_time("since", params.get("since")),
+            until=_time("until", params.get("until")),
+            ids=_ids(params.get("ids")),
+            limit=limit_n,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The filter as JSON-friendly values (for the audit row and the API), unset fields left out."""
+        out: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            if value in (None, ()):
+                continue
+            out[key] = (
+                value.isoformat() if isinstance(value, datetime) else list(value) if key == "ids" else value
+            )
+        return out
+
+    def where(self) -> tuple[sql.Composable, dict[str, Any]]:
+        """The WHERE clause (fixed fragments ANDed) and its parameters."""
+        fragments: list[LiteralString] = ["status = 'dead'"]
+        params: dict[str, Any] = {}
+        values: dict[str, Any] = {
+            "destination": self.destination,
+            "dead_reason": self.dead_reason,
+            "error_class": like_pattern(self.error_class) if self.error_class else None,
+            "search": f"%{like_pattern(self.search)}%" if self.search else None,
+            "since": self.since,
+            "until": self.until,
+            "ids": list(self.ids) or None,
+        }
+        for name, value in values.items():
+            if value is not None:
+                fragments.append(_FRAGMENTS[name])
+                params[name] = value
+        return sql.SQL(" AND ").join(sql.SQL(f) for f in fragments), params
+
+
+def _query(name: str, where: sql.Composable) -> sql.Composed:
+    return sql.SQL(queries()[name]).format(where=where)
+
+
+@contextmanager
+def _connection(database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    conn = connect(database_url)
+    # Filters change the query's shape: plan each statement with its values, never a generic plan.
+    conn.prepare_threshold = None
+    try:
+        require_migrated(conn, database_url)
+        yield conn
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class DeadJob:
+    """A row of the dead-letter list."""
+
+    id: int
+    dead_at: datetime
+    destination: str | None
+    dead_reason: str
+    error_class: str | None
+    reason: str | None  # first 300 characters
+    attempt: int
+    policy: str
+    retry_id: str
+    dlq_topic: str
+    dlq_published_at: datetime | None
+    first_seen_at: datetime
+    value_size: int | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of dead jobs, newest first, and how to get the next one."""
+
+    jobs: list[DeadJob]
+    total: int  # capped at COUNT_CAP
+    total_capped: bool
+    next_cursor: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "jobs": [j.as_json() for j in self.jobs],
+            "total": self.total,
+            "total_capped": self.total_capped,
+            "next_cursor": self.next_cursor,
+        }
+
+
+def _cursor(job: DeadJob) -> str:
+    return f"{job.dead_at.isoformat()}_{job.id}"
+
+
+def _parse_cursor(cursor: str | None) -> tuple[datetime | None, int | None]:
+    if not cursor:
+        return None, None
+    at, _, job_id = cursor.rpartition("_")
+    try:
+        return datetime.fromisoformat(at), int(job_id)
+    except ValueError:
+        raise DlqError(f"cursor {cursor!r} is not one this service handed out") from None
+
+
+def list_dead(
+    database_url: str, flt: DlqFilter, page_size: int = 50, cursor: str | None = None, count: bool = True
+) -> Page:
+    """A page of dead jobs matching ``flt``, newest first; ``cursor`` is the previous page's ``next_cursor``."""
+    if not 1 <= page_size <= MAX_PAGE:
+        raise DlqError(f"page size must be 1-{MAX_PAGE}")
+    after_at, after_id = _parse_cursor(cursor)
+    where, params = flt.where()
+    with _connection(database_url) as conn:
+        rows = conn.execute(
+            _query("dlq_page", where),
+            {**params, "after_at": after_at, "after_id": after_id, "page_size": page_size + 1},
+        ).fetchall()
+        total = -1
+        if count:
+            counted = conn.execute(_query("dlq_count", where), {**params, "cap": COUNT_CAP + 1}).fetchone()
+            total = int(counted[0]) if counted else 0
+    jobs = [DeadJob(*row) for row in rows[:page_size]]
+    more = len(rows) > page_size
+    return Page(
+        jobs=jobs,
+        total=min(total, COUNT_CAP),
+        total_capped=total > COUNT_CAP,
+        next_cursor=_cursor(jobs[-1]) if more and jobs else None,
+    )
+
+
+def facets(database_url: str) -> list[dict[str, Any]]:
+    """Dead jobs per destination and dead reason, for the filter menus."""
+    with _connection(database_url) as conn:
+        rows = conn.execute(sql.SQL(queries()["dlq_facets"])).fetchall()
+    return [{"destination": r[0] or None, "dead_reason": r[1], "count": int(r[2])} for r in rows]
+
+
+def render_bytes(data: bytes | memoryview | None, limit: int = SHOW_BYTES) -> dict[str, Any] | None:
+    """How to show a key, value or header value: UTF-8 text as text, anything else as hex; cut at ``limit``.
+
+    The text is returned as data (never as markup): the page escapes it.
+    """
+    if data is None:
+        return None
+    raw = bytes(data)
+    shown = raw[:limit]
+    try:
+        text = shown.decode("utf-8")
+        # Control characters (other than whitespace) mean binary, not text.
+        encoding = "utf-8" if all(c.isprintable() or c in "\t\n\r" for c in text) else "hex"
+    except UnicodeDecodeError as exc:
+        # A multi-byte character cut at the limit is still text.
+        if len(raw) > limit and exc.start >= len(shown) - 3:
+            text, encoding = shown[: exc.start].decode("utf-8"), "utf-8"
+            encoding = encoding if all(c.isprintable() or c in "\t\n\r" for c in text) else "hex"
+        else:
+            encoding = "hex"
+    if encoding == "hex":
+        text = shown.hex(" ")
+    return {"encoding": encoding, "text": text, "size": len(raw), "truncated": len(raw) > limit}
+
+
+def show(database_url: str, job_id: int, limit: int = SHOW_BYTES) -> dict[str, Any]:
+    """Every field of one job, with key, value and headers rendered by :func:`render_bytes`."""
+    with _connection(database_url) as conn:
+        cur = conn.execute(sql.SQL(queries()["dlq_job"]), {"id": job_id})
+        row = cur.fetchone()
+        names = [d.name for d in cur.description or []]
+    if row is None:
+        raise DlqError(f"there is no job {job_id} (purged or compacted, or never stored)")
+    job = dict(zip(names, row, strict=True))
+    out: dict[str, Any] = {
+        k: v.isoformat() if isinstance(v, datetime) else v
+        for k, v in job.items()
+        if k not in ("msg_key", "msg_value", "headers")
+    }
+    out["key"] = render_bytes(job["msg_key"], limit)
+    out["value"] = render_bytes(job["msg_value"], limit)
+    out["headers"] = [{"name": n, "value": render_bytes(v, limit)} for n, v in decode_headers(job["headers"])]
+    return out
+
+
+@dataclass
+class Outcome:
+    """What a replay or purge did (or, on a dry run, would do)."""
+
+    action: Action
+    dry_run: bool
+    filter: dict[str, Any]
+    matched: int  # dead jobs the filter selected
+    would_affect: int  # of those, the ones the action applies to
+    affected: int  # changed (0 on a dry run)
+    skipped: dict[str, int] = field(default_factory=dict)  # selected but left alone, by cause
+    audit_id: int | None = None
+    reset_attempts: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        verb = {"replay": "replayed", "purge": "purged"}[self.action]
+        left = "; ".join(f"{n} {cause}" for cause, n in self.skipped.items() if n)
+        head = (
+            f"dry run: {self.would_affect} of {self.matched} selected dead jobs would be {verb}"
+            if self.dry_run
+            else f"{self.affected} of {self.matched} selected dead jobs {verb}"
+        )
+        return head + (f" (left alone: {left})" if left else "") + f" [audit {self.audit_id}]"
+
+
+def _skipped(action: Action, plan: tuple[int, int, int, int]) -> dict[str, int]:
+    _matched, invalid, not_on_dlq, in_flight = plan
+    if action == "replay":
+        return {"invalid, no usable destination": invalid, "being sent to the DLQ topic now": in_flight}
+    return {"not yet on the DLQ topic": not_on_dlq}
+
+
+def run_action(
+    database_url: str,
+    action: Action,
+    flt: DlqFilter,
+    *,
+    actor: str,
+    source: Source,
+    dry_run: bool,
+    reset_attempts: bool = False,
+    run_id: str | None = None,
+    progress: Callable[[int, int], None] = lambda done, total: None,
+) -> Outcome:
+    """Replay or purge the dead jobs of ``flt`` (dry run: only count), writing one audit row.
+
+    ``progress(done, total)`` is called after each batch.
+    """
+    if action not in ("replay", "purge"):
+        raise DlqError(f"action {action!r} must be replay or purge")
+    if not actor:
+        raise DlqError("an operation needs an actor (who asked for it) for the audit")
+    where, params = flt.where()
+    with _connection(database_url) as conn:
+        if flt.limit is not None:
+            # Fix the limited selection first, so the batches cannot drift to other jobs.
+            with conn.transaction():
+                got = conn.execute(
+                    _query("dlq_selected_ids", where), {**params, "limit": flt.limit}
+                ).fetchone()
+            ids = tuple(got[0] or []) if got else ()
+            if ids:  # when nothing matched, the filter stays as it is and the plan below counts 0
+                where, params = DlqFilter(ids=ids).where()
+        with conn.transaction():
+            plan_row = conn.execute(_query("dlq_plan", where), {**params, "limit": flt.limit}).fetchone()
+        assert plan_row is not None
+        plan = (int(plan_row[0]), int(plan_row[1]), int(plan_row[2]), int(plan_row[3]))
+        skipped = _skipped(action, plan)
+        outcome = Outcome(
+            action=action,
+            dry_run=dry_run,
+            filter=flt.as_dict(),
+            matched=plan[0],
+            would_affect=max(0, plan[0] - sum(skipped.values())),
+            affected=0,
+            skipped=skipped,
+            reset_attempts=reset_attempts,
+        )
+        with conn.transaction():
+            audit = conn.execute(
+                sql.SQL(queries()["dlq_audit_start"]),
+                {
+                    "action": action,
+                    "dry_run": dry_run,
+                    "actor": actor,
+                    "source": source,
+                    "run_id": run_id,
+                    "filter": Jsonb(outcome.filter),
+                    "reset_attempts": reset_attempts,
+                    "matched": outcome.matched,
+                    "skipped": Jsonb({k: v for k, v in skipped.items() if v}),
+                },
+            ).fetchone()
+        assert audit is not None
+        outcome.audit_id = int(audit[0])
+        if not dry_run and outcome.matched:
+            batch_query = _query("dlq_replay_batch" if action == "replay" else "dlq_purge_batch", where)
+            after_id = 0
+            while True:
+                with conn.transaction():
+                    done = [
+                        r[0]
+                        for r in conn.execute(
+                            batch_query,
+                            {
+                                **params,
+                                "after_id": after_id,
+                                "batch": BATCH,
+                                "reset_attempts": reset_attempts,
+                            },
+                        ).fetchall()
+                    ]
+                    if done:
+                        conn.execute(
+                            sql.SQL(queries()["dlq_audit_progress"]),
+                            {"affected": len(done), "audit_id": outcome.audit_id},
+                        )
+                if not done:
+                    break
+                outcome.affected += len(done)
+                after_id = max(done)
+                progress(outcome.affected, outcome.would_affect)
+        with conn.transaction():
+            conn.execute(sql.SQL(queries()["dlq_audit_finish"]), {"audit_id": outcome.audit_id})
+    return outcome
+
+
+def recent_audit(database_url: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The latest audit rows, newest first."""
+    with _connection(database_url) as conn:
+        cur = conn.execute(sql.SQL(queries()["dlq_audit_recent"]), {"limit": limit})
+        names = [d.name for d in cur.description or []]
+        rows = cur.fetchall()
+    return [
+        {k: v.isoformat() if isinstance(v, datetime) else v for k, v in zip(names, row, strict=True)}
+        for row in rows
+    ]
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(value, indent=2, default=str)

@@ -1,0 +1,356 @@
+"""retry_monitor: backlog, lateness and DLQ-growth checks that alert once per incident.
+
+Three checks, each against a threshold (:class:`Thresholds`, overridden by the Airflow Variable
+``retry_monitor_thresholds``; ``null`` turns a check off):
+
+* ``oldest_overdue``: how long the oldest pending job has been past its due time, in seconds
+  (publishing stalled or behind);
+* ``lateness_p99``: p99 publish lateness (acknowledged minus due) of the jobs published in the last
+  ``interval_s`` seconds; no publication in the interval: nothing to judge, not crossed;
+* ``dead_per_hour``: jobs that went dead in the last hour and are still dead.
+
+A check is crossed when its value is above its threshold. Its incident state lives in
+``retry_alerts``, one row per check: a new incident sends one ``firing`` alert, a crossed check
+whose incident was announced sends nothing, and a check back under sends one ``resolved`` alert.
+
+Delivery is at-least-once. A run locks the rows (``SELECT ... FOR UPDATE``), reads the figures,
+sends, and only then records what it sent and commits, in one transaction: an overlapping run
+waits on the locks and then sees the incident as announced, while a crash between sending and
+committing makes the next run announce the incident again (a duplicate, never a lost alert). An
+incident counts as announced once a channel that reaches a person (webhook or e-mail) took it, or
+the log when neither is configured; while every configured such channel fails, each run tries
+again. An incident that ends before anyone was told ends silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from retry_scheduler.db.store import Store
+from retry_scheduler.ops.alerts import Alert
+
+if TYPE_CHECKING:
+    from retry_scheduler.airflow.notifiers import AlertNotifier
+
+log = logging.getLogger(__name__)
+
+VARIABLE = "retry_monitor_thresholds"
+CHECKS = ("oldest_overdue", "lateness_p99", "dead_per_hour")
+_DEAD_WINDOW_S = 3600
+
+
+class ThresholdsError(ValueError):
+    """The thresholds Variable is not valid; the message names the key and what it must be."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When each check fires (above the value); ``None`` turns a check off."""
+
+    oldest_overdue_s: float | None = 60.0
+    lateness_p99_s: float | None = 2.0
+    dead_per_hour: float | None = 1000.0
+    #: The lateness window, in seconds: jobs published in the last ``interval_s``.
+    interval_s: int = 300
+
+    @classmethod
+    def from_json(cls, raw: str | None) -> Thresholds:
+        """The defaults with the overrides of a JSON object, e.g. ``{"oldest_overdue_s": 120}``."""
+        if raw is None or not raw.strip():
+            return cls()
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise ThresholdsError(f"Variable {VARIABLE} is not valid JSON: {exc}") from None
+        return cls.from_mapping(data)
+
+    @classmethod
+    def from_mapping(cls, data: object) -> Thresholds:
+        known = [f.name for f in fields(cls)]
+        if not isinstance(data, dict):
+            raise ThresholdsError(
+                f'Variable {VARIABLE} must be a JSON object such as {{"oldest_overdue_s": 120}}, '
+                f"not {type(data).__name__}"
+            )
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in known:
+                raise ThresholdsError(
+                    f"Variable {VARIABLE}: unknown key {key!r}; the keys are {', '.join(known)}"
+                )
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if key == "interval_s":
+                if not number or value <= 0 or value != int(value):
+                    raise ThresholdsError(
+                        f"Variable {VARIABLE}: 'interval_s' must be a whole number of seconds above 0, "
+                        f"not {value!r}"
+                    )
+                values[key] = int(value)
+            elif value is None:
+                values[key] = None
+            elif not number or value < 0:
+                raise ThresholdsError(
+                    f"Variable {VARIABLE}: {key!r} must be a number >= 0, or null to turn the check off, "
+                    f"not {value!r}"
+                )
+            else:
+                values[key] = float(value)
+        return cls(**values)
+
+    def limit(self, check: str) -> float | None:
+        return {
+            "oldest_overdue": self.oldest_overdue_s,
+            "lateness_p99": self.lateness_p99_s,
+            "dead_per_hour": self.dead_per_hour,
+        }[check]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The figures of one monitor run."""
+
+    at: datetime
+    #: Seconds the oldest pending job is past its due time; 0 when none is overdue.
+    oldest_overdue_s: float = 0.0
+    oldest_overdue_job: int | None = None
+    oldest_overdue_destination: str | None = None
+    #: p99 publish lateness over the interval; None when nothing was published in it.
+    lateness_p99_s: float | None = None
+    published: int = 0
+    interval_s: int = 300
+    #: Jobs that went dead in the last hour (still dead), per destination.
+    dead_by_destination: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def dead_last_hour(self) -> int:
+        return sum(self.dead_by_destination.values())
+
+    @classmethod
+    def from_store(cls, raw: Mapping[str, Any], interval_s: int) -> Reading:
+        overdue = raw["oldest_overdue"] or {}
+        late = raw["lateness"]
+        return cls(
+            at=raw["now"],
+            oldest_overdue_s=max(0.0, float(overdue.get("overdue_s") or 0.0)),
+            oldest_overdue_job=overdue.get("id"),
+            oldest_overdue_destination=overdue.get("destination"),
+            lateness_p99_s=late.p99_s,
+            published=late.count,
+            interval_s=interval_s,
+            dead_by_destination=dict(raw["dead_by_destination"]),
+        )
+
+    def value(self, check: str) -> float | None:
+        return {
+            "oldest_overdue": self.oldest_overdue_s,
+            "lateness_p99": self.lateness_p99_s,
+            "dead_per_hour": float(self.dead_last_hour),
+        }[check]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "at": self.at.isoformat(),
+            "oldest_overdue_s": round(self.oldest_overdue_s, 3),
+            "oldest_overdue_job": self.oldest_overdue_job,
+            "oldest_overdue_destination": self.oldest_overdue_destination,
+            "lateness_p99_s": None if self.lateness_p99_s is None else round(self.lateness_p99_s, 4),
+            "published": self.published,
+            "interval_s": self.interval_s,
+            "dead_last_hour": self.dead_last_hour,
+            "dead_by_destination": dict(self.dead_by_destination),
+        }
+
+
+@dataclass(frozen=True)
+class Incident:
+    """A check's state as stored in ``retry_alerts``."""
+
+    firing: bool = False
+    since: datetime | None = None
+    #: A notification went out after the incident started.
+    announced: bool = False
+
+
+#: ok: under, nothing going on; new: an incident starts; ongoing: still crossed, already announced;
+#: retry: still crossed, not yet announced; resolved: back under after an announced incident;
+#: dropped: back under before the incident was announced (ends silently).
+Transition = Literal["ok", "new", "ongoing", "retry", "resolved", "dropped"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one check decided in one run: the alert to send, if any, and the state to record."""
+
+    check: str
+    transition: Transition
+    value: float | None
+    threshold: float | None
+    message: str
+    since: datetime | None
+    alert: Alert | None = None
+
+    def record(self, delivered: bool) -> dict[str, Any]:
+        """The ``alert_update`` parameters, given whether the alert (if any) was announced."""
+        firing = self.transition in ("new", "ongoing", "retry") or (
+            self.transition == "resolved" and not delivered  # keep it firing: the next run tells again
+        )
+        return {
+            "check": self.check,
+            "firing": firing,
+            "since": self.since,
+            "value": self.value,
+            "threshold": self.threshold,
+            "message": self.message,
+            "notified": self.alert is not None and delivered,
+            "resolved": not firing and self.transition in ("resolved", "dropped"),
+        }
+
+
+def _secs(value: float) -> str:
+    return f"{value:.1f} s" if abs(value) >= 10 else f"{value:.3f} s"
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def _describe(check: str, reading: Reading, threshold: float | None) -> tuple[str, str, dict[str, Any]]:
+    """A headline (the figure and its threshold), a sentence of detail, and the structured fields."""
+    unit = "" if check == "dead_per_hour" else " s"
+    limit = "check off" if threshold is None else f"threshold {_num(threshold)}{unit}"
+    if check == "oldest_overdue":
+        head = f"oldest overdue job is {_secs(reading.oldest_overdue_s)} late ({limit})"
+        detail = (
+            f"Job {reading.oldest_overdue_job} for {reading.oldest_overdue_destination} is "
+            f"{_secs(reading.oldest_overdue_s)} past its due time: publishing is stalled or behind; "
+            "check the retry_scheduler DAG's publish task."
+            if reading.oldest_overdue_job is not None
+            else "No pending job is overdue."
+        )
+        extra: dict[str, Any] = {
+            "job_id": reading.oldest_overdue_job,
+            "destination": reading.oldest_overdue_destination,
+        }
+    elif check == "lateness_p99":
+        p99 = "n/a" if reading.lateness_p99_s is None else _secs(reading.lateness_p99_s)
+        head = f"publish lateness p99 is {p99} over the last {reading.interval_s} s ({limit})"
+        detail = (
+            f"{reading.published} jobs were published in the last {reading.interval_s} s; the slowest 1% "
+            f"reached their destination {p99} or more after their due time."
+        )
+        extra = {"interval_s": reading.interval_s, "published": reading.published}
+    else:
+        top = sorted(reading.dead_by_destination.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+        head = f"{reading.dead_last_hour} jobs went dead in the last hour ({limit})"
+        detail = (
+            "Dead jobs by destination: " + ", ".join(f"{d} {n}" for d, n in top) + "."
+            if top
+            else "No job went dead in the last hour."
+        ) + " Browse them with `retry-scheduler dlq list`."
+        extra = {"by_destination": dict(top)}
+    return head, detail, extra
+
+
+def evaluate(reading: Reading, thresholds: Thresholds, incidents: Mapping[str, Incident]) -> list[Outcome]:
+    """Decide, for each check, whether to alert: pure, no I/O.
+
+    A new incident gives one ``firing`` alert; a crossed check already announced gives none; a
+    check back under after an announced incident gives one ``resolved`` alert.
+    """
+    outcomes = []
+    for check in CHECKS:
+        threshold = thresholds.limit(check)
+        value = reading.value(check)
+        state = incidents.get(check, Incident())
+        crossed = threshold is not None and value is not None and value > threshold
+        head, detail, extra = _describe(check, reading, threshold)
+        transition: Transition
+        since: datetime | None
+        if crossed:
+            transition = "ongoing" if state.firing and state.announced else "retry" if state.firing else "new"
+            since = state.since if state.firing and state.since is not None else reading.at
+        else:
+            transition = (
+                "resolved" if state.firing and state.announced else "dropped" if state.firing else "ok"
+            )
+            since = state.since
+        alert = None
+        fields = {"check": check, "value": value, "threshold": threshold, "since": _iso(since), **extra}
+        if transition in ("new", "retry"):
+            alert = Alert(title=f"retry_monitor: {head}", text=detail, severity="firing", fields=fields)
+        elif transition == "resolved":
+            alert = Alert(
+                title=f"retry_monitor: {check} back to normal: {head}",
+                text=f"The incident that started at {_iso(since)} is over. {detail}",
+                severity="resolved",
+                fields=fields,
+            )
+        outcomes.append(Outcome(check, transition, value, threshold, f"{head}. {detail}", since, alert))
+    return outcomes
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def announced(results: Sequence[tuple[AlertNotifier, bool | None]]) -> bool:
+    """Whether an alert reached someone: a person-facing channel took it, or none is configured and
+    the log did. ``results`` pairs each notifier with what its ``send`` returned."""
+    people = [result for notifier, result in results if notifier.reaches_people]
+    if any(result is True for result in people):
+        return True
+    if any(result is False for result in people):
+        return False
+    return any(result is True for _, result in results)
+
+
+def run_monitor(
+    database_url: str, thresholds: Thresholds, notifiers: Sequence[AlertNotifier]
+) -> dict[str, Any]:
+    """One monitor run: lock, read, evaluate, send, record, commit. Returns the reading and alerts sent."""
+    sent: list[dict[str, Any]] = []
+    with Store(database_url) as store, store.conn.transaction():
+        locked = store.lock_alerts(CHECKS)
+        incidents = {
+            check: Incident(firing, since, was_announced)
+            for check, (firing, since, was_announced) in locked.items()
+        }
+        reading = Reading.from_store(
+            store.monitor_reading(thresholds.interval_s, _DEAD_WINDOW_S), thresholds.interval_s
+        )
+        outcomes = evaluate(reading, thresholds, incidents)
+        states = []
+        for outcome in outcomes:
+            delivered = False
+            if outcome.alert is not None:
+                results = [(notifier, notifier.send(outcome.alert)) for notifier in notifiers]
+                delivered = announced(results)
+                sent.append(
+                    {
+                        "check": outcome.check,
+                        "severity": outcome.alert.severity,
+                        "title": outcome.alert.headline,
+                        "delivered": delivered,
+                        "channels": {n.kind: r for n, r in results},
+                    }
+                )
+            states.append(outcome.record(delivered))
+        store.save_alerts(states)
+    firing = sorted(s["check"] for s in states if s["firing"])
+    log.info(
+        "monitor run: oldest overdue %.3fs, lateness p99 %s over %ss (%s published), %s dead in the last hour; "
+        "firing: %s; alerts sent: %s",
+        reading.oldest_overdue_s,
+        "-" if reading.lateness_p99_s is None else f"{reading.lateness_p99_s:.4f}s",
+        reading.interval_s,
+        reading.published,
+        reading.dead_last_hour,
+        ", ".join(firing) or "none",
+        ", ".join(f"{a['check']} {a['severity']}" for a in sent) or "none",
+    )
+    return {"reading": reading.as_dict(), "thresholds": asdict(thresholds), "firing": firing, "alerts": sent}

@@ -1,0 +1,184 @@
+"""Submitting the PySpark jobs: their command lines and arguments, from Airflow or the CLI.
+
+The jobs (``include/spark/`` of the repository, installed as ``retry_scheduler.spark.jobs``) run
+with plain ``spark-submit``; this module builds their command lines, so the Airflow DAGs
+(``SparkSubmitOperator``) and ``retry-scheduler bulk-retry|compact`` run the very same code with
+the same arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from retry_scheduler.core.config import Settings, dev_home
+from retry_scheduler.core.durations import parse_duration_ms
+from retry_scheduler.core.protocol import TOPIC_NAME
+from retry_scheduler.spark.archive import archive_complete, class_archive
+from retry_scheduler.spark.jdbc import JobArgumentError, jdbc_jars, spark_packages
+
+JOBS_PACKAGE = "retry_scheduler.spark.jobs"
+
+
+def job_file(name: str) -> Path:
+    """The file of the PySpark job *name* (``bulk_retry.py``), as installed with the package."""
+    return Path(str(resources.files(JOBS_PACKAGE).joinpath(name)))
+
+
+BULK_RETRY_APP = job_file("bulk_retry.py")
+COMPACT_APP = job_file("compact.py")
+WARM_UP_APP = job_file("warm_up.py")
+
+
+def spark_conf() -> dict[str, str]:
+    """``--conf`` of every job submission: the driver maps the class archive when there is one.
+
+    ``retry-scheduler dev spark-archive`` (run by ``make spark-deps``) writes the archive; it cuts
+    about a third of a job's start-up (bench/README.md). Set as ``spark.driver.defaultJavaOptions``,
+    so that ``spark.driver.extraJavaOptions`` stays the user's; a JVM that cannot use the archive
+    (another JDK, another class path) warns and starts without it.
+    """
+    archive = class_archive()
+    if archive is None or not archive_complete(archive):
+        return {}
+    return {"spark.driver.defaultJavaOptions": f"-XX:SharedArchiveFile={archive}"}
+
+
+def archive_uri() -> str:
+    """Where compaction writes Parquet: ``RETRY_ARCHIVE_URI``, else ``archive/`` of the dev home."""
+    return os.environ.get("RETRY_ARCHIVE_URI") or (dev_home() / "archive").as_uri()
+
+
+def _iso(name: str, value: Any) -> str | None:
+    if value in (None, ""):
+        return None
+    try:
+        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        raise JobArgumentError(
+            f"{name}={value!r} is not an ISO-8601 time like 2026-11-21T10:00:00Z"
+        ) from None
+    return parsed.isoformat()
+
+
+def _connection_args(settings: Settings) -> list[str]:
+    extra = {k: v for k, v in settings.kafka.items() if k != "bootstrap.servers"}
+    args = ["--database-url", settings.database_url, "--bootstrap-servers", settings.bootstrap_servers]
+    if extra:
+        args += ["--kafka-config", json.dumps(extra)]
+    return args
+
+
+def bulk_retry_args(params: Mapping[str, Any], settings: Settings) -> list[str]:
+    """Validate the bulk-retry filters and return the job's arguments."""
+    args = _connection_args(settings)
+    destination = params.get("destination") or None
+    if destination is not None:
+        if not TOPIC_NAME.fullmatch(str(destination)):
+            raise JobArgumentError(f"destination {destination!r} is not a valid topic name")
+        args += ["--destination", str(destination)]
+    status = params.get("status") or "dead"
+    if status not in ("dead", "pending"):
+        raise JobArgumentError(f"status {status!r} must be dead or pending")
+    args += ["--status", status]
+    if params.get("error_class"):
+        args += ["--error-class", str(params["error_class"])]
+    since, until = _iso("since", params.get("since")), _iso("until", params.get("until"))
+    if since and until and datetime.fromisoformat(since) >= datetime.fromisoformat(until):
+        raise JobArgumentError(f"since ({since}) must be before until ({until})")
+    args += ["--since", since] if since else []
+    args += ["--until", until] if until else []
+    limit = params.get("limit")
+    if limit not in (None, "", 0):
+        if int(limit) < 0:
+            raise JobArgumentError(f"limit {limit} must be positive")
+        args += ["--limit", str(int(limit))]
+    if params.get("dry_run", True):
+        args.append("--dry-run")
+    return args
+
+
+def compact_args(
+    settings: Settings,
+    *,
+    day: str | None = None,
+    older_than: str | None = None,
+    archive: str | None = None,
+    dead_retention: str = "30d",
+    dry_run: bool = False,
+) -> list[str]:
+    """Arguments of the compaction job: one UTC ``day`` (the DAG) or everything ``older_than``."""
+    if (day is None) == (older_than is None):
+        raise JobArgumentError("give exactly one of day or older_than")
+    for name, value in (("older_than", older_than), ("dead_retention", dead_retention)):
+        if value is not None:
+            try:
+                parse_duration_ms(value)
+            except ValueError as exc:
+                raise JobArgumentError(f"{name}: {exc}") from None
+    args = ["--database-url", settings.database_url, "--archive", archive or archive_uri()]
+    if day is not None:
+        try:
+            datetime.strptime(day, "%Y-%m-%d")
+        except ValueError:
+            raise JobArgumentError(f"day {day!r} must look like 2026-11-21") from None
+        args += ["--day", day]
+    else:
+        args += ["--older-than", str(older_than)]
+    args += ["--dead-retention", dead_retention]
+    if dry_run:
+        args.append("--dry-run")
+    return args
+
+
+def run_spark_submit(app: Path | str, job_args: list[str], conf: dict[str, str] | None = None) -> int:
+    """Run a PySpark job with the ``spark-submit`` beside this Python; return its exit status.
+
+    The master is ``RETRY_SPARK_MASTER`` (default ``local[*]``). The job's progress goes to stderr
+    live; its result, the last JSON object it prints, is printed on stdout. ``conf`` replaces the
+    default ``--conf`` of every job (:func:`spark_conf`).
+    """
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    cmd = [
+        str(spark_submit),
+        "--master",
+        os.environ.get("RETRY_SPARK_MASTER", "local[*]"),
+        "--conf",
+        "spark.log.level=WARN",
+    ]
+    for key, value in (spark_conf() if conf is None else conf).items():
+        cmd += ["--conf", f"{key}={value}"]
+    if jars := jdbc_jars():
+        cmd += ["--jars", jars]
+    if packages := spark_packages():
+        cmd += ["--packages", packages]
+    env = dict(os.environ)
+    # spark-submit finds Spark through this python; the job's Python workers use the same one,
+    # which has this package installed.
+    env["PATH"] = os.pathsep.join(filter(None, [str(spark_submit.parent), env.get("PATH")]))
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    result: str | None = None
+    with subprocess.Popen([*cmd, str(app), *job_args], env=env, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("{") and _is_json_object(line):
+                result = line.strip()
+            else:
+                sys.stderr.write(line)
+    if result is not None:
+        print(result)
+    return proc.returncode
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False

@@ -1,0 +1,1 @@
+"""Installed as ``retry_scheduler.db.sql``: the schema migrations and named queries, read with importlib.resources."""
