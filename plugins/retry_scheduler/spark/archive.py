@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import shutil
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from retry_scheduler.core.config import dev_home
@@ -32,8 +32,12 @@ def class_archive() -> Path | None:
     java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
     if java is None or not Path(java).exists():
         return None
+    try:
+        spark_version = version("pyspark")
+    except PackageNotFoundError:  # only the Spark provider's pyspark-client: no local Spark to archive
+        return None
     binary = Path(java).resolve()
-    key = f"{binary}:{binary.stat().st_mtime_ns}:pyspark-{version('pyspark')}"
+    key = f"{binary}:{binary.stat().st_mtime_ns}:pyspark-{spark_version}"
     return dev_home() / "spark" / f"{_ARCHIVE_PREFIX}{hashlib.sha1(key.encode()).hexdigest()[:12]}.jsa"
 
 

@@ -1,0 +1,187 @@
+"""The wheel is the product: built, installed with Airflow into a fresh environment, used with no checkout.
+
+One module-scoped environment: the repository's files (tracked and new, as a fresh clone has them)
+are copied out, built into a wheel, and the wheel is installed with its ``airflow`` extra into a new
+virtual environment (``uv``, for speed; ``pip install`` does the same). Every command then runs from
+a directory outside the checkout with an environment that names no path of it: the DAG files a user
+copies (the thin ``dags/*.py``) are copied into a DAGs folder of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.kafkautil import consume, create_topics, produce
+
+pytestmark = [pytest.mark.install, pytest.mark.integration]
+
+DAG_IDS = {"retry_scheduler", "retry_monitor", "dlq_replay", "retry_bulk_replay", "retry_compaction"}
+
+
+@dataclass
+class Installed:
+    wheel: Path
+    bin: Path
+    home: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(args), cwd=self.home, env={**self.env, **(env or {})}, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
+
+
+def _source_copy(dest: Path) -> Path:
+    """The repository's files as a fresh clone has them (tracked, and new files not ignored)."""
+    names = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    for name in filter(None, names):
+        source = ROOT / name
+        if source.is_file() and not name.startswith("bench/out/"):
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    work = tmp_path_factory.mktemp("wheel")
+    src = _source_copy(work / "src")
+    dist = work / "dist"
+    uv = Path(sys.executable).parent / "uv"
+    subprocess.run([str(uv), "build", "--quiet", "--wheel", "--out-dir", str(dist), str(src)], check=True, timeout=600)
+    [wheel] = dist.glob("kafka_retry_scheduler-*.whl")
+    venv = work / "venv"
+    subprocess.run([str(uv), "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(uv), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), f"{wheel}[airflow]"],
+        check=True, timeout=1200,
+    )  # fmt: skip
+    home = work / "elsewhere"
+    dags = home / "dags"
+    dags.mkdir(parents=True)
+    for dag_file in (ROOT / "dags").glob("*.py"):
+        shutil.copy2(dag_file, dags / dag_file.name)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIRFLOW", "RETRY_", "KAFKA_", "PYTHON", "VIRTUAL_ENV"))
+    }
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}/usr/bin:/bin",
+        AIRFLOW_HOME=str(home / "airflow"),
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
+    )
+    yield Installed(wheel, venv / "bin", home, env)
+
+
+def test_wheel_holds_the_product_and_nothing_of_the_harness(installed: Installed) -> None:
+    names = set(zipfile.ZipFile(installed.wheel).namelist())
+    for shipped in (
+        "retry_scheduler/db/sql/queries.sql",
+        "retry_scheduler/db/sql/migrations/0001_retry_jobs.sql",
+        "retry_scheduler/spark/jobs/bulk_retry.py",
+        "retry_scheduler/spark/jobs/compact.py",
+        "retry_scheduler/core/default_policies.py",
+        "retry_scheduler/airflow/webui/static/index.html",
+        "retry_scheduler/airflow/plugin.py",
+    ):
+        assert shipped in names, shipped
+    assert not [n for n in names if n.startswith(("bench/", "tests/")) or "chaos" in n or "bench.sql" in n]
+    [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(installed.wheel).read(entry_points).decode()
+    assert "[airflow.plugins]" in text and "retry_scheduler.airflow.plugin:RetrySchedulerPlugin" in text
+
+
+def test_installed_cli_migrates_a_scratch_database(installed: Installed, bare_database_url: str) -> None:
+    import psycopg
+
+    version = installed.run(str(installed.bin / "retry-scheduler"), "--version")
+    assert version.returncode == 0 and version.stdout.strip().startswith("retry-scheduler 0."), version
+
+    done = installed.run(str(installed.bin / "retry-scheduler"), "--database-url", bare_database_url, "db", "migrate")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("applied 7 migration(s): 0001_retry_jobs"), done.stdout
+    with psycopg.connect(bare_database_url) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM retry_schema_version ORDER BY 1")]
+        assert versions == list(range(1, 8))
+        assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)
+    again = installed.run(str(installed.bin / "retry-scheduler"), "--database-url", bare_database_url, "db", "migrate")
+    assert (again.returncode, again.stdout.strip()) == (0, "schema is up to date")
+
+
+def test_airflow_lists_the_plugin_and_parses_the_dag_files(installed: Installed) -> None:
+    plugins = installed.run(str(installed.bin / "airflow"), "plugins", "--output", "json")
+    assert plugins.returncode == 0, plugins.stderr[-2000:]
+    listed = json.loads(plugins.stdout[plugins.stdout.index("[") :])
+    [plugin] = [p for p in listed if p["name"] == "retry_scheduler"]
+    assert "retry_scheduler.airflow.plugin" in json.dumps(plugin)
+
+    script = (
+        "import json\n"
+        "try:\n    from airflow.dag_processing.dagbag import DagBag\n"
+        "except ImportError:\n    from airflow.models.dagbag import DagBag\n"
+        "bag = DagBag()\n"
+        "print(json.dumps({'errors': {k: str(v) for k, v in bag.import_errors.items()},"
+        " 'dags': {d: bag.dags[d].fileloc for d in bag.dags}}))\n"
+    )
+    parsed = installed.run(str(installed.bin / "python"), "-c", script)
+    assert parsed.returncode == 0, parsed.stderr[-2000:]
+    bag = json.loads(parsed.stdout.strip().splitlines()[-1])
+    assert bag["errors"] == {}
+    assert set(bag["dags"]) == DAG_IDS
+    dags_folder = installed.env["AIRFLOW__CORE__DAGS_FOLDER"]
+    assert all(Path(f).parent == Path(dags_folder) for f in bag["dags"].values()), bag["dags"]
+
+
+def test_installed_loops_ingest_and_publish(
+    installed: Installed, database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    destination, retry_topic = f"{topic_prefix}.orders", f"{topic_prefix}.retries"
+    due = int(time.time() * 1000)
+    records = [
+        {
+            "key": f"k{i}".encode(),
+            "value": f"order {i}".encode(),
+            "headers": [
+                ("retry.destination", destination.encode()),
+                ("retry.at", str(due).encode()),
+                ("trace", bytes([i, 0, 255])),
+            ],
+        }
+        for i in range(5)
+    ]
+    create_topics(bootstrap_servers, [retry_topic, destination])
+    produce(bootstrap_servers, retry_topic, records)
+    ran = installed.run(
+        str(installed.bin / "retry-scheduler"),
+        "--database-url", database_url, "--kafka-bootstrap", bootstrap_servers,
+        "run", "--seconds", "8",
+        env={"RETRY_TOPIC": retry_topic, "RETRY_CONSUMER_GROUP": f"{topic_prefix}-g", "RETRY_CREATE_TOPICS": "true"},
+        timeout=180,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    seen = consume(bootstrap_servers, [destination], expected=5, timeout_s=30)
+    assert sorted(s.value for s in seen) == [f"order {i}".encode() for i in range(5)]
+    for s in seen:
+        i = int(s.value.decode().split()[1])
+        assert s.key == f"k{i}".encode()
+        assert s.header("retry.attempt") == "1"
+        assert [v for n, v in s.headers if n == "trace"] == [bytes([i, 0, 255])]
