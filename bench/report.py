@@ -140,7 +140,7 @@ def process_kind(pid: int, comm: str, cmdline: str) -> str:
     if comm.startswith("python"):
         if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
             return "Spark Python workers"
-        if "include/spark/" in cmdline:
+        if "include/spark/" in cmdline or "retry_scheduler/spark/jobs/" in cmdline:
             return "Spark Python driver"
     return "other"
 

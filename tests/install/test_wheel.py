@@ -37,7 +37,9 @@ class Installed:
     home: Path
     env: dict[str, str]
 
-    def run(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             list(args), cwd=self.home, env={**self.env, **(env or {})}, capture_output=True, text=True,
             timeout=timeout,
@@ -64,10 +66,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     src = _source_copy(work / "src")
     dist = work / "dist"
     uv = Path(sys.executable).parent / "uv"
-    subprocess.run([str(uv), "build", "--quiet", "--wheel", "--out-dir", str(dist), str(src)], check=True, timeout=600)
+    subprocess.run(
+        [str(uv), "build", "--quiet", "--wheel", "--out-dir", str(dist), str(src)], check=True, timeout=600
+    )
     [wheel] = dist.glob("kafka_retry_scheduler-*.whl")
     venv = work / "venv"
-    subprocess.run([str(uv), "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(uv), "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, timeout=120
+    )
     subprocess.run(
         [str(uv), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), f"{wheel}[airflow]"],
         check=True, timeout=1200,
@@ -116,14 +122,18 @@ def test_installed_cli_migrates_a_scratch_database(installed: Installed, bare_da
     version = installed.run(str(installed.bin / "retry-scheduler"), "--version")
     assert version.returncode == 0 and version.stdout.strip().startswith("retry-scheduler 0."), version
 
-    done = installed.run(str(installed.bin / "retry-scheduler"), "--database-url", bare_database_url, "db", "migrate")
+    done = installed.run(
+        str(installed.bin / "retry-scheduler"), "--database-url", bare_database_url, "db", "migrate"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("applied 7 migration(s): 0001_retry_jobs"), done.stdout
     with psycopg.connect(bare_database_url) as conn:
         versions = [r[0] for r in conn.execute("SELECT version FROM retry_schema_version ORDER BY 1")]
         assert versions == list(range(1, 8))
         assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)
-    again = installed.run(str(installed.bin / "retry-scheduler"), "--database-url", bare_database_url, "db", "migrate")
+    again = installed.run(
+        str(installed.bin / "retry-scheduler"), "--database-url", bare_database_url, "db", "migrate"
+    )
     assert (again.returncode, again.stdout.strip()) == (0, "schema is up to date")
 
 

@@ -16,7 +16,7 @@ from retry_scheduler.core.jobs import (
     encode_headers,
 )
 from retry_scheduler.core.policy import Policy, PolicyRegistry
-from retry_scheduler.loops.ingest import Record, job_from_record, limits_for
+from retry_scheduler.core.records import Record, job_from_record, limits_for
 
 LIMITS = Limits(re.compile(DEFAULT_DESTINATION_ALLOWLIST), frozenset({"retry", "retry.dlq"}))
 NOW = 1_800_000_000_000
@@ -230,7 +230,7 @@ def test_the_copy_row_matches_the_copy_statement_and_round_trips() -> None:
 def test_new_retry_ids_are_version_4_uuids() -> None:
     import uuid
 
-    from retry_scheduler.loops.ingest import new_retry_id
+    from retry_scheduler.core.records import new_retry_id
 
     ids = {new_retry_id() for _ in range(5000)}  # several refills of the pool
     assert len(ids) == 5000
@@ -242,7 +242,7 @@ def test_new_retry_ids_are_version_4_uuids() -> None:
 def test_a_forked_process_does_not_reuse_its_parents_retry_ids() -> None:
     import os
 
-    from retry_scheduler.loops.ingest import new_retry_id
+    from retry_scheduler.core.records import new_retry_id
 
     new_retry_id()  # the pool now holds ids this process will hand out
     read_end, write_end = os.pipe()

@@ -6,7 +6,7 @@ import enum
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.headers import Header
@@ -18,6 +18,39 @@ class Status(enum.StrEnum):
     PENDING = "pending"
     PUBLISHED = "published"
     DEAD = "dead"
+
+
+class CopyRow(NamedTuple):
+    """One ``retry_jobs`` row as the ingest loop COPYs it: the table's column names, COPY's wire values.
+
+    Times are binary-COPY ``timestamptz`` values (:func:`pg_time`); ``headers`` is encoded
+    (:func:`encode_headers`); ``status`` is the enum's label.
+    """
+
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    source_timestamp_ms: int
+    destination: str | None
+    destination_partition: int | None
+    msg_key: bytes | None
+    msg_value: bytes | None
+    headers: bytes
+    attempt: int
+    policy: str
+    reason: str | None
+    error_class: str | None
+    consumer_group: str | None
+    retry_id: str
+    original_topic: str | None
+    original_partition: int | None
+    original_offset: int | None
+    first_seen_at: int
+    due_at: int
+    status: str
+    dead_reason: str | None
+    dlq_topic: str
+    dead_at: int | None
 
 
 @dataclass(frozen=True)
@@ -50,9 +83,9 @@ class Job:
     dlq_topic: str
     id: int | None = None
 
-    def copy_row(self) -> tuple[Any, ...]:
+    def copy_row(self) -> CopyRow:
         """The job as the ingest loop COPYs it into ``retry_jobs`` (``COPY_COLUMNS``, ``COPY_TYPES``)."""
-        return (
+        return CopyRow(
             self.source_topic, self.source_partition, self.source_offset, self.source_timestamp_ms,
             self.destination, self.destination_partition, self.key, self.value, encode_headers(self.headers),
             self.attempt, self.policy, self.reason, self.error_class, self.consumer_group, self.retry_id,
@@ -62,27 +95,23 @@ class Job:
         )  # fmt: skip
 
     @classmethod
-    def from_copy_row(cls, row: Sequence[Any]) -> Job:
+    def from_copy_row(cls, row: CopyRow) -> Job:
         """Inverse of :meth:`copy_row`."""
         return cls(
-            source_topic=row[0], source_partition=row[1], source_offset=row[2], source_timestamp_ms=row[3],
-            destination=row[4], destination_partition=row[5], key=row[6], value=row[7],
-            headers=tuple(decode_headers(row[8])), attempt=row[9], policy=row[10], reason=row[11],
-            error_class=row[12], consumer_group=row[13], retry_id=row[14], original_topic=row[15],
-            original_partition=row[16], original_offset=row[17], original_timestamp_ms=ms_of_pg_time(row[18]),
-            due_ms=ms_of_pg_time(row[19]), status=Status(row[20]), dead_reason=row[21], dlq_topic=row[22],
+            source_topic=row.source_topic, source_partition=row.source_partition,
+            source_offset=row.source_offset, source_timestamp_ms=row.source_timestamp_ms,
+            destination=row.destination, destination_partition=row.destination_partition, key=row.msg_key,
+            value=row.msg_value, headers=tuple(decode_headers(row.headers)), attempt=row.attempt,
+            policy=row.policy, reason=row.reason, error_class=row.error_class, consumer_group=row.consumer_group,
+            retry_id=row.retry_id, original_topic=row.original_topic, original_partition=row.original_partition,
+            original_offset=row.original_offset, original_timestamp_ms=ms_of_pg_time(row.first_seen_at),
+            due_ms=ms_of_pg_time(row.due_at), status=Status(row.status), dead_reason=row.dead_reason,
+            dlq_topic=row.dlq_topic,
         )  # fmt: skip
 
 
 #: The columns the ingest loop writes with one binary COPY, in order.
-COPY_COLUMNS = (
-    "source_topic", "source_partition", "source_offset", "source_timestamp_ms", "destination",
-    "destination_partition", "msg_key", "msg_value", "headers", "attempt", "policy", "reason", "error_class",
-    "consumer_group", "retry_id", "original_topic", "original_partition", "original_offset", "first_seen_at",
-    "due_at", "status", "dead_reason", "dlq_topic", "dead_at",
-)  # fmt: skip
-#: Where the dead reason sits in such a row (None: the job is pending).
-DEAD_REASON_AT = COPY_COLUMNS.index("dead_reason")
+COPY_COLUMNS = CopyRow._fields
 #: Their types on the wire. In binary COPY a ``timestamptz`` is the 8 bytes of an ``int8`` counting
 #: microseconds since 2000-01-01 UTC (``pg_time``), and an enum is its label as ``text``: sending them
 #: so spares the ingest loop building a datetime per timestamp.

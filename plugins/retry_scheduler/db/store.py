@@ -16,7 +16,7 @@ from typing import Any, cast
 import psycopg
 from psycopg.adapt import PyFormat
 
-from retry_scheduler.core.jobs import COPY_TYPES, DEAD_REASON_AT, Job, OutgoingRow
+from retry_scheduler.core.jobs import COPY_TYPES, CopyRow, Job, OutgoingRow
 from retry_scheduler.db.connection import StoreError, connect, require_migrated
 from retry_scheduler.db.schema import q
 
@@ -103,12 +103,12 @@ class Store:
 
     def insert_rows(
         self,
-        rows: Sequence[Sequence[Any]],
+        rows: Sequence[CopyRow],
         *,
         consumer_group: str | None = None,
         offsets: Mapping[tuple[str, int], int] | None = None,
     ) -> list[str | None]:
-        """Store new jobs (rows of ``jobs.COPY_COLUMNS``) and, in the same transaction, the next
+        """Store new jobs (:class:`~retry_scheduler.core.jobs.CopyRow`) and, in the same transaction, the next
         ``offsets`` to read of ``consumer_group``'s retry-topic partitions.
 
         The rows go straight into ``retry_jobs`` with one binary COPY. If one of them is stored
@@ -124,7 +124,7 @@ class Store:
                     copy.set_types(COPY_TYPES)
                     for row in rows:
                         copy.write_row(row)
-                stored = [row[DEAD_REASON_AT] for row in rows]
+                stored = [row.dead_reason for row in rows]
             except psycopg.errors.UniqueViolation:
                 stored = self._insert_new_only(cur, rows)
                 log.info(

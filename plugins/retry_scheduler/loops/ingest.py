@@ -13,7 +13,6 @@ import logging
 import os
 import pickle
 import queue
-import re
 import subprocess
 import sys
 import threading
@@ -30,164 +29,16 @@ from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
 import retry_scheduler
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
-from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers
-from retry_scheduler.core.jobs import COPY_COLUMNS, DEAD_REASON_AT, Job, Status, encode_headers, pg_time
-from retry_scheduler.core.policy import PolicyRegistry, UnknownPolicyError
+from retry_scheduler.core.headers import Header
+from retry_scheduler.core.jobs import CopyRow
+from retry_scheduler.core.policy import PolicyRegistry
+from retry_scheduler.core.records import RowBuilder, limits_for
 from retry_scheduler.db.store import IngestLock, Store
 from retry_scheduler.loops import faults
 from retry_scheduler.loops.handover import LoopTenure
 from retry_scheduler.loops.kafka import TopicManager, make_consumer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Record:
-    """The parts of a consumed Kafka record the scheduler uses."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int | None
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[Header] = ()
-
-
-def limits_for(settings: Settings, registry: PolicyRegistry) -> Limits:
-    return Limits(
-        destination_allowlist=re.compile(settings.destination_allowlist),
-        # Publishing to a retry or DLQ topic would loop or hide the record.
-        forbidden_destinations=frozenset(settings.retry_topics) | frozenset(registry.dlq_topics),
-        max_headers=settings.max_headers,
-        max_header_value_bytes=settings.max_header_value_bytes,
-        max_reason_chars=settings.max_reason_chars,
-    )
-
-
-def _raw_retry_id(headers: Sequence[Header]) -> str | None:
-    for name, value in headers:
-        if name == protocol.ID and value:
-            try:
-                text = value.decode("utf-8")
-            except UnicodeDecodeError:
-                return None
-            return text if 0 < len(text) <= 200 else None
-    return None
-
-
-def new_retry_id() -> str:
-    """A random (version 4) UUID as text, for a record that carries no ``retry.id``.
-
-    Made 1 024 at a time from one read of the system's random source: the ingest loop needs one for
-    most records, and with a read (a system call) per id, making ids was a tenth of the loop's samples.
-    """
-    try:
-        return _ids.pop()
-    except IndexError:
-        h = os.urandom(16 * _ID_BATCH).hex()
-        _ids.extend(
-            f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-4{h[i + 13 : i + 16]}-{_VARIANT[h[i + 16]]}{h[i + 17 : i + 20]}-{h[i + 20 : i + 32]}"
-            for i in range(0, len(h), 32)
-        )
-        return _ids.pop()
-
-
-_VARIANT = {c: "89ab"[int(c, 16) % 4] for c in "0123456789abcdef"}
-_ID_BATCH = 1024
-_ids: list[str] = []
-# A forked child must not hand out the ids its parent may hand out too.
-os.register_at_fork(after_in_child=_ids.clear)
-
-
-class RowBuilder:
-    """Turns consumed records into ``retry_jobs`` rows (``jobs.COPY_COLUMNS``): pending with a due
-    time, or dead with a reason. A bad record never raises: it becomes a dead (``invalid``) row.
-
-    The ingest loop's hot path: it builds the row tuple that COPY sends, with no object in between.
-    """
-
-    def __init__(self, settings: Settings, registry: PolicyRegistry, limits: Limits) -> None:
-        self.registry = registry
-        self.limits = limits
-        self.max_record_bytes = settings.max_record_bytes
-        self.delay_topics = settings.delay_topics
-        self.default = registry.resolve(None, None)
-
-    def row(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        timestamp_ms: int | None,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Sequence[Header] | None,
-        now_ms: int,
-    ) -> tuple[Any, ...]:
-        seen_ms = timestamp_ms or now_ms
-        try:
-            parsed = parse_headers(
-                headers,
-                self.limits,
-                record_bytes=len(key or b"") + len(value or b""),
-                max_record_bytes=self.max_record_bytes,
-            )
-            try:
-                policy = self.registry.resolve(parsed.policy, parsed.destination)
-            except UnknownPolicyError as exc:
-                raise InvalidRecordError(str(exc)) from None
-        except InvalidRecordError as exc:
-            default, now = self.default, pg_time(now_ms)
-            return (
-                topic, partition, offset, timestamp_ms or 0, None, None, key, value, encode_headers(headers or ()),
-                0, default.name, str(exc), None, None, _raw_retry_id(headers or ()) or new_retry_id(), None, None,
-                None, pg_time(seen_ms), now, Status.DEAD.value, protocol.DEAD_INVALID, default.dlq_topic, now,
-            )  # fmt: skip
-
-        retry_id = parsed.retry_id or new_retry_id()
-        first_seen = parsed.original_timestamp_ms or seen_ms
-        at_ms = parsed.at_ms
-        if at_ms is None and topic in self.delay_topics:
-            at_ms = seen_ms + self.delay_topics[topic]
-        decision = policy.decide(
-            attempt=parsed.attempt,
-            first_seen_ms=first_seen,
-            base_ms=seen_ms,
-            now_ms=now_ms,
-            retry_id=retry_id,
-            error_class=parsed.error_class,
-            at_ms=at_ms,
-            send_to_dlq=parsed.send_to_dlq,
-        )
-        dead, due = decision.dead_reason, pg_time(decision.due_ms)
-        return (
-            topic, partition, offset, timestamp_ms or 0, parsed.destination, parsed.destination_partition, key,
-            value, encode_headers(parsed.passthrough), parsed.attempt, policy.name, parsed.reason,
-            parsed.error_class, parsed.group, retry_id,
-            # A record that names no origin came from its destination.
-            parsed.original_topic or parsed.destination, parsed.original_partition, parsed.original_offset,
-            pg_time(first_seen), due, _DEAD if dead else _PENDING, dead, policy.dlq_topic, due if dead else None,
-        )  # fmt: skip
-
-
-_DEAD, _PENDING = Status.DEAD.value, Status.PENDING.value
-
-
-def job_from_record(
-    record: Record,
-    *,
-    settings: Settings,
-    registry: PolicyRegistry,
-    limits: Limits,
-    now_ms: int,
-) -> Job:
-    """Turn one consumed record into a job: pending with a due time, or dead with a reason."""
-    row = RowBuilder(settings, registry, limits).row(
-        record.topic, record.partition, record.offset, record.timestamp_ms, record.key, record.value,
-        record.headers, now_ms,
-    )  # fmt: skip
-    return Job.from_copy_row(row)
 
 
 @dataclass
@@ -241,7 +92,7 @@ RETRY_TOPIC_PARTITIONS = 6
 class Batch:
     """Consumed records turned into rows, and the next offset of each partition they came from."""
 
-    rows: list[tuple[Any, ...]]
+    rows: list[CopyRow]
     offsets: dict[tuple[str, int], int]
 
 
@@ -365,7 +216,7 @@ class Ingestor:
         messages = self.consumer.consume(self.settings.ingest_batch, timeout_s)
         now_ms = int(self.clock() * 1000)
         build = self.rows.row
-        rows: list[tuple[Any, ...]] = []
+        rows: list[CopyRow] = []
         offsets: dict[tuple[str, int], int] = {}
         for msg in messages:
             err = msg.error()
@@ -394,8 +245,11 @@ class Ingestor:
         counts.pending = stored.count(None)
         counts.dead.update(reason for reason in stored if reason)
         for row in batch.rows:
-            if row[DEAD_REASON_AT] == protocol.DEAD_INVALID:
-                log.warning("invalid record %s[%s]@%s is dead: %s", row[0], row[1], row[2], row[_REASON_AT])
+            if row.dead_reason == protocol.DEAD_INVALID:
+                log.warning(
+                    "invalid record %s[%s]@%s is dead: %s", row.source_topic, row.source_partition,
+                    row.source_offset, row.reason,
+                )  # fmt: skip
         return counts
 
     def ingest_batch(self, timeout_s: float = 0.2) -> IngestCounts:
@@ -601,6 +455,3 @@ def start_offset(stored: int | None, committed: int | None) -> int:
     if stored is not None and committed is not None and committed >= 0:
         return stored
     return OFFSET_STORED
-
-
-_REASON_AT = COPY_COLUMNS.index("reason")
