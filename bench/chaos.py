@@ -128,7 +128,7 @@ class ChaosStack:
             raise ChaosError(f"port {self.broker_port} was taken by another broker meanwhile")
 
     def _start_postgres(self, say: Say) -> None:
-        from retry_scheduler.dev.stack import ensure_postgres
+        from retry_scheduler.dev.postgres import ensure_postgres
 
         pg_dir, pg_log = self.work_dir / "postgres", self.work_dir / "postgres.log"
         self._pg = ensure_postgres(self.url(self.TEMPLATE), pg_dir, say, pg_log)

@@ -120,7 +120,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
         "driver_options": driver_options,
         "limits": [
             f"Where the time went (seconds per step, from the jobs' own timings): bulk retry "
-            f"{_phases(bulk)}; compaction {_phases(compact)}.",
+            f"{phases_text(bulk)}; compaction {phases_text(compact)}.",
             f"CPU seconds by process (sampled from /proc), bulk retry: "
             f"{cpu_use_text(bulk_cpu_s, bulk_s, cores)}; compaction: "
             f"{cpu_use_text(compact_cpu_s, compact_s, cores)}. 100 000 rows/s would give the "
@@ -133,7 +133,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
             "row, with its index entries and WAL). "
             "Compaction counts the selection by day and stages its ids in one PostgreSQL statement, reads "
             "every column over JDBC straight into Parquet, reads the ids still selected and the archive's "
-            "ids back to verify, and deletes in batches. " + _budget(rows, bulk, compact),
+            "ids back to verify, and deletes in batches. " + budget_text(rows, bulk, compact),
             _floor_text(rows, bulk_floor, compact_floor),
             "On a cluster the read, produce and Parquet steps scale out with the executors; the `UPDATE` "
             "and the `DELETE`s stay PostgreSQL's work.",
@@ -256,7 +256,7 @@ def _floor_text(rows: int, bulk: dict[str, float], compact: dict[str, float]) ->
     )
 
 
-def _budget(rows: int, bulk: dict[str, Any], compact: dict[str, Any]) -> str:
+def budget_text(rows: int, bulk: dict[str, Any], compact: dict[str, Any]) -> str:
     """What 100 000 rows/s would allow, against the PostgreSQL statements each job cannot do without."""
     budget_s = rows / 100_000
     mark_s = bulk.get("marking_s")
@@ -270,7 +270,7 @@ def _budget(rows: int, bulk: dict[str, Any], compact: dict[str, Any]) -> str:
     )
 
 
-def _phases(outcome: dict[str, Any]) -> str:
+def phases_text(outcome: dict[str, Any]) -> str:
     phases = outcome.get("phases_s") or {}
     return ", ".join(f"{name.replace('_', ' ')} {seconds:.1f}" for name, seconds in phases.items()) or "n/a"
 
@@ -316,7 +316,7 @@ def _steady_producer(
 def measure_lateness(env: BenchEnv, sizes: Sizes) -> Result:
     """Lateness of retries published by the ``retry_scheduler`` DAG under the real Airflow scheduler."""
     from retry_scheduler.dev.airflow_api import api_token, trigger_dag, unpause_dag
-    from retry_scheduler.dev.demo import _warm_up
+    from retry_scheduler.dev.demo import warm_up
     from retry_scheduler.dev.stack import DevStack
 
     result = Result("lateness")
@@ -341,7 +341,7 @@ def measure_lateness(env: BenchEnv, sizes: Sizes) -> Result:
         unpause_dag(stack.base_url, token, "retry_scheduler")
         trigger_dag(stack.base_url, token, "retry_scheduler")
         warm = time.perf_counter()
-        _warm_up(settings, tag, 300)
+        warm_up(settings, tag, 300)
         warmup_s = time.perf_counter() - warm
         log.info(
             "lateness: the DAG is live; %s records/s for %s s", sizes.lateness_rate, sizes.lateness_seconds

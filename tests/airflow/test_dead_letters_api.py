@@ -27,7 +27,7 @@ from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import encode_headers
 from retry_scheduler.db.schema import migrate
 from retry_scheduler.dev.airflow_api import api_token
-from retry_scheduler.dev.stack import Proc, _airflow_bin, _spawn, _tail, _terminate, airflow_env
+from retry_scheduler.dev.stack import Proc, airflow_bin, airflow_env, spawn, tail, terminate
 from tests.airflow.conftest import AIRFLOW_DB
 from tests.conftest import ROOT, _db_url, _free_port, _scratch_database
 
@@ -48,7 +48,7 @@ class AirflowServer:
         return f"{self.base_url}{PREFIX}{path}"
 
     def log_tail(self) -> str:
-        return _tail(self.log_path, 60)
+        return tail(self.log_path, 60)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def airflow_server(
     env["RETRY_DATABASE_URL"] = _db_url("retry_webui_no_such_database")
     assert env["AIRFLOW_CONN_RETRY_POSTGRES"].endswith(retry_db.rpartition("/")[2])
     log_path = home / "api-server.log"
-    proc = _spawn([_airflow_bin(), "api-server", "--port", str(port)], log_path, env)
+    proc = spawn([airflow_bin(), "api-server", "--port", str(port)], log_path, env)
     server = AirflowServer(f"http://localhost:{port}", proc, log_path)
     try:
         deadline = time.monotonic() + 180
@@ -94,7 +94,7 @@ def airflow_server(
         assert "retry_scheduler" in {p["name"] for p in plugins}, plugins
         yield server
     finally:
-        _terminate(proc, "api-server", timeout=15)
+        terminate(proc, "api-server", timeout=15)
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ def _cmd_dev_up(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_dev_postgres(args: argparse.Namespace, settings: Settings) -> int:
     """Make sure PostgreSQL answers at RETRY_DATABASE_URL; start one from the machine's binaries if not."""
-    from retry_scheduler.dev.stack import ensure_postgres
+    from retry_scheduler.dev.postgres import ensure_postgres
 
     proc = ensure_postgres(settings.database_url, dev_home() / "postgres")
     if proc is None:

@@ -172,7 +172,7 @@ def _outcome(settings: Settings, tag: str) -> dict[str, object]:
     }
 
 
-def _warm_up(settings: Settings, tag: str, timeout_s: float) -> None:
+def warm_up(settings: Settings, tag: str, timeout_s: float) -> None:
     """Send one record due now and wait until it is published: the pipeline is then live.
 
     The first DAG run needs a few seconds to start and join the consumer group; without this
@@ -227,7 +227,7 @@ def run_demo(
         trigger_dag(stack.base_url, token, DAG_ID)
         say(f"DAG {DAG_ID} unpaused and triggered; the scheduler starts a run every minute")
         began = time.monotonic()
-        _warm_up(settings, tag, min(timeout_s, 300))
+        warm_up(settings, tag, min(timeout_s, 300))
         say(
             f"the retry_scheduler DAG is live (a warm-up record went through in {time.monotonic() - began:.0f} s)"
         )

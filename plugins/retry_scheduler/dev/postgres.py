@@ -1,0 +1,125 @@
+"""PostgreSQL for development: make sure a server answers with the database, starting one if none does."""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from retry_scheduler.db.connection import redact_url
+from retry_scheduler.dev.procs import LOCAL_HOSTS, DevStackError, Proc, Say, port_open, spawn, tail, terminate
+
+
+def libpq_url(url: str) -> str:
+    """``postgresql+psycopg2://...`` -> ``postgresql://...``: libpq knows no driver suffix."""
+    return re.sub(r"^postgres(?:ql)?(?:\+\w+)?://", "postgresql://", url)
+
+
+def with_database(url: str, dbname: str, scheme: str = "postgresql") -> str:
+    parts = urllib.parse.urlsplit(libpq_url(url))
+    return urllib.parse.urlunsplit((scheme, parts.netloc, "/" + dbname, parts.query, ""))
+
+
+def ensure_database(database_url: str, say: Say = print) -> bool:
+    """Create the URL's database (connecting to the ``postgres`` database) if missing; True if created."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    url = libpq_url(database_url)
+    dbname = str(conninfo_to_dict(url).get("dbname") or "")
+    if not dbname:
+        raise DevStackError(
+            f"{redact_url(database_url)} names no database: add one, e.g. .../retry_scheduler"
+        )
+    try:
+        with psycopg.connect(make_conninfo(url, dbname="postgres", connect_timeout=5), autocommit=True) as c:
+            if c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone():
+                return False
+            c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    except psycopg.errors.DuplicateDatabase:
+        return False  # another process created it meanwhile
+    except psycopg.Error as exc:
+        raise DevStackError(f"Cannot create database {dbname} at {redact_url(database_url)}: {exc}") from None
+    say(f"Created database {dbname}")
+    return True
+
+
+def _pg_bin_dir() -> Path | None:
+    def version(postgres: Path) -> tuple[int, ...]:
+        return tuple(int(x) for x in postgres.parents[1].name.split(".") if x.isdigit())
+
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), key=version, reverse=True)
+    on_path = shutil.which("pg_ctl")
+    return found[0].parent if found else Path(on_path).resolve().parent if on_path else None
+
+
+def ensure_postgres(
+    database_url: str, data_dir: Path, say: Say = print, log_path: Path | None = None
+) -> Proc | None:
+    """Make sure a server answers at the URL with its database; start a local one if none answers.
+
+    Returns None when a server was already there, else the handle of the postmaster we started. It runs
+    in the foreground rather than through ``pg_ctl start``, which detaches it (setsid) from our handle.
+    """
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    url = libpq_url(database_url)
+    params = conninfo_to_dict(url)
+    host, port = str(params.get("host") or "localhost"), int(params.get("port") or 5432)
+    try:
+        psycopg.connect(make_conninfo(url, dbname="postgres", connect_timeout=3)).close()
+        ensure_database(database_url, say)
+        return None
+    except psycopg.OperationalError as exc:
+        if host.startswith("/") or port_open(host, port):
+            raise DevStackError(f"PostgreSQL at {redact_url(database_url)} refused us: {exc}") from None
+    if host not in LOCAL_HOSTS:
+        raise DevStackError(f"No PostgreSQL answers at {redact_url(database_url)}: start it or fix the URL")
+    bin_dir = _pg_bin_dir()
+    if bin_dir is None:
+        raise DevStackError(
+            f"No PostgreSQL answers at {redact_url(database_url)} and no PostgreSQL binaries were found: install "
+            "them (apt-get install postgresql) or set RETRY_DATABASE_URL to a running server"
+        )
+    # PostgreSQL refuses to run as root: then it runs as the postgres account, which owns the data dir.
+    as_user: dict[str, Any] = {}
+    if os.geteuid() == 0:
+        as_user = {"user": "postgres", "group": "postgres", "extra_groups": [], "cwd": "/"}
+    data_dir = data_dir.resolve()
+    log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
+    if not (data_dir / "PG_VERSION").exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        if as_user:
+            shutil.chown(data_dir, "postgres", "postgres")
+        data_dir.chmod(0o700)
+        say(f"Creating a PostgreSQL cluster in {data_dir} with {bin_dir}")
+        superuser = str(params.get("user") or getpass.getuser())
+        initdb = [str(bin_dir / "initdb"), "-D", str(data_dir), "-U", superuser, "--auth=trust"]
+        done = subprocess.run(
+            [*initdb, "--no-locale", "-E", "UTF8"], capture_output=True, text=True, **as_user
+        )
+        if done.returncode != 0:
+            raise DevStackError(f"initdb failed in {data_dir}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    options = ["-p", str(port), "-k", str(data_dir), "-c", "listen_addresses=127.0.0.1"]
+    proc = spawn([str(bin_dir / "postgres"), "-D", str(data_dir), *options], log_path, **as_user)
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(psycopg.OperationalError):
+            psycopg.connect(
+                make_conninfo(url, dbname="postgres", host="127.0.0.1", connect_timeout=2)
+            ).close()
+            say(f"PostgreSQL started on 127.0.0.1:{port} (data in {data_dir}, log in {log_path})")
+            ensure_database(database_url, say)
+            return proc
+        time.sleep(0.3)
+    terminate(proc, "postgres", timeout=10)
+    raise DevStackError(f"PostgreSQL did not start on port {port}; {log_path} ends with:\n{tail(log_path)}")

@@ -1,0 +1,86 @@
+"""Child processes of the dev tooling: spawning in their own sessions, stopping, log tails, ports."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Say = Callable[[str], None]
+log = logging.getLogger(__name__)
+
+Proc = subprocess.Popen[bytes]
+LOCAL_HOSTS = {"", "localhost", "127.0.0.1", "::1"}
+
+
+class DevStackError(RuntimeError):
+    """A dev-stack component could not start or died; the message says what to do."""
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def spawn(cmd: list[str], log_path: Path, env: dict[str, str] | None = None, **kwargs: Any) -> Proc:
+    """Start ``cmd`` in a new session (its own process group), output appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        kwargs.update(stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(cmd, start_new_session=True, **kwargs)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (non-zombie) process is left in the group; a container's init may never reap."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError):
+            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if state != "Z" and int(pgrp) == pgid:
+                return True
+    return False
+
+
+def terminate(proc: Proc, name: str, timeout: float = 20.0) -> None:
+    """SIGTERM the child's whole process group, then SIGKILL whatever is left after ``timeout``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not _group_alive(proc.pid):
+                return
+            time.sleep(0.2)
+        if sig is signal.SIGTERM:
+            # Usual for the scheduler, whose executor waits for running tasks (a retry_scheduler run
+            # lasts 90 s). Killing them is safe: the loops are at-least-once, and the next run resumes.
+            log.info("%s still running %.0f s after SIGTERM: sending SIGKILL", name, timeout)
+        else:
+            log.warning("%s still running %.0f s after SIGKILL", name, timeout)
+
+
+def kafka_answers(bootstrap: str, timeout: float) -> bool:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(timeout=timeout)
+        return True
+    except KafkaException:
+        return False
