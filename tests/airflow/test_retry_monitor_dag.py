@@ -10,7 +10,8 @@ import pytest
 
 from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.store import Store
-from tests.conftest import ROOT, _free_port
+from retry_scheduler.dev.procs import free_port
+from tests.conftest import ROOT
 from tests.integration.test_monitor import WebhookReceiver, make_job
 from tests.integration.test_monitor import (
     webhook as webhook,  # the fixture: the receiver as retry_alert_webhook
@@ -58,7 +59,7 @@ def test_failing_task_alerts_through_the_failure_callback(
 ) -> None:
     from airflow.utils.state import DagRunState
 
-    monkeypatch.setenv("AIRFLOW_CONN_RETRY_POSTGRES", f"postgresql://postgres@127.0.0.1:{_free_port()}/retry")
+    monkeypatch.setenv("AIRFLOW_CONN_RETRY_POSTGRES", f"postgresql://postgres@127.0.0.1:{free_port()}/retry")
     dag = monitor_dag()
     # dag.test() would wait out the retry delay before the final failure: the first failure is final here.
     dag.get_task("check").retries = 0

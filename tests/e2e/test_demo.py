@@ -6,20 +6,21 @@ import pytest
 
 from retry_scheduler.core.config import Settings
 from retry_scheduler.dev.demo import run_demo
-from tests.conftest import _free_port, checkout_database
+from retry_scheduler.dev.procs import free_port
+from tests.conftest import checkout_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
 
 def test_demo_under_the_real_scheduler(database_url: str, tmp_path) -> None:
-    settings = Settings(database_url=database_url, kafka={"bootstrap.servers": f"127.0.0.1:{_free_port()}"})
+    settings = Settings(database_url=database_url, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
     lines: list[str] = []
     code = run_demo(
         settings,
         records=40,
         timeout_s=240,
         say=lines.append,
-        api_port=_free_port(),
+        api_port=free_port(),
         metadata_db=checkout_database("retry_airflow_e2e_"),
         airflow_home=tmp_path / "airflow",
     )

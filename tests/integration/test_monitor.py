@@ -27,8 +27,8 @@ from retry_scheduler.airflow.notifiers import (
 )
 from retry_scheduler.core.jobs import Job, Status
 from retry_scheduler.db.store import Store
+from retry_scheduler.dev.procs import free_port
 from retry_scheduler.ops.monitor import Thresholds, run_monitor
-from tests.conftest import _free_port
 
 pytestmark = pytest.mark.integration
 
@@ -319,7 +319,7 @@ def smtp_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[SmtpSink]:
     from aiosmtpd.controller import Controller
 
     sink = SmtpSink()
-    port = _free_port()
+    port = free_port()
     controller = Controller(sink, hostname="127.0.0.1", port=port)
     controller.start()
     monkeypatch.setenv(
@@ -387,7 +387,7 @@ def test_log_is_the_channel_when_no_connection_is_defined(
 def test_failure_callback_never_raises_when_the_channel_is_broken(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_RETRY_ALERT_WEBHOOK", f"http://127.0.0.1:{_free_port()}/closed")
+    monkeypatch.setenv("AIRFLOW_CONN_RETRY_ALERT_WEBHOOK", f"http://127.0.0.1:{free_port()}/closed")
     context = {"ti": None, "exception": RuntimeError("kaput")}
 
     with caplog.at_level(logging.ERROR, logger="retry_scheduler.airflow.notifiers"):

@@ -31,6 +31,13 @@ def tail(path: Path, lines: int = 40) -> str:
         return f"(no log at {path})"
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a private broker, server or API)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
