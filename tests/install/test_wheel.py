@@ -1,6 +1,7 @@
 """The wheel is the product: built, installed with Airflow into a fresh environment, used with no checkout.
 
-One module-scoped environment: the repository's files (tracked and new, as a fresh clone has them)
+Two module-scoped environments, one with the newest Airflow the extra resolves to and one with the
+lowest it allows (3.1): the repository's files (tracked and new, as a fresh clone has them)
 are copied out, built into a wheel, and the wheel is installed with its ``airflow`` extra into a new
 virtual environment (``uv``, for speed; ``pip install`` does the same). Every command then runs from
 a directory outside the checkout with an environment that names no path of it: the DAG files a user
@@ -33,6 +34,8 @@ DAG_IDS = {"retry_scheduler", "retry_monitor", "dlq_replay", "retry_bulk_replay"
 @dataclass
 class Installed:
     wheel: Path
+    #: "newest" or "lowest": which Airflow the environment has
+    airflow: str
     bin: Path
     home: Path
     env: dict[str, str]
@@ -60,8 +63,13 @@ def _source_copy(dest: Path) -> Path:
     return dest
 
 
+#: The Airflow the extra resolves to (the newest), and the lowest the ``airflow`` extra allows.
+AIRFLOW_VERSIONS = {"newest": None, "lowest": "apache-airflow==3.1.*"}
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built from the repository's files as a fresh clone has them."""
     work = tmp_path_factory.mktemp("wheel")
     src = _source_copy(work / "src")
     dist = work / "dist"
@@ -69,13 +77,25 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     subprocess.run(
         [str(uv), "build", "--quiet", "--wheel", "--out-dir", str(dist), str(src)], check=True, timeout=600
     )
-    [wheel] = dist.glob("kafka_retry_scheduler-*.whl")
+    [built] = dist.glob("kafka_retry_scheduler-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module", params=sorted(AIRFLOW_VERSIONS))
+def installed(
+    request: pytest.FixtureRequest, wheel: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Installed]:
+    """The wheel and its ``airflow`` extra in a fresh virtual environment, with the newest or lowest Airflow."""
+    work = tmp_path_factory.mktemp(f"installed-{request.param}")
+    uv = Path(sys.executable).parent / "uv"
     venv = work / "venv"
+    pin = AIRFLOW_VERSIONS[request.param]
     subprocess.run(
         [str(uv), "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, timeout=120
     )
     subprocess.run(
-        [str(uv), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), f"{wheel}[airflow]"],
+        [str(uv), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), f"{wheel}[airflow]",
+         *([pin] if pin else [])],
         check=True, timeout=1200,
     )  # fmt: skip
     home = work / "elsewhere"
@@ -95,7 +115,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
     )
-    yield Installed(wheel, venv / "bin", home, env)
+    yield Installed(wheel, request.param, venv / "bin", home, env)
 
 
 def test_wheel_holds_the_product_and_nothing_of_the_harness(installed: Installed) -> None:
@@ -149,12 +169,14 @@ def test_airflow_lists_the_plugin_and_parses_the_dag_files(installed: Installed)
         "try:\n    from airflow.dag_processing.dagbag import DagBag\n"
         "except ImportError:\n    from airflow.models.dagbag import DagBag\n"
         "bag = DagBag()\n"
+        "import airflow\n"
         "print(json.dumps({'errors': {k: str(v) for k, v in bag.import_errors.items()},"
-        " 'dags': {d: bag.dags[d].fileloc for d in bag.dags}}))\n"
+        " 'dags': {d: bag.dags[d].fileloc for d in bag.dags}, 'version': airflow.__version__}))\n"
     )
     parsed = installed.run(str(installed.bin / "python"), "-c", script)
     assert parsed.returncode == 0, parsed.stderr[-2000:]
     bag = json.loads(parsed.stdout.strip().splitlines()[-1])
+    assert bag["version"].startswith("3.1.") == (installed.airflow == "lowest"), bag["version"]
     assert bag["errors"] == {}
     assert set(bag["dags"]) == DAG_IDS
     dags_folder = installed.env["AIRFLOW__CORE__DAGS_FOLDER"]
@@ -195,3 +217,24 @@ def test_installed_loops_ingest_and_publish(
         assert s.key == f"k{i}".encode()
         assert s.header("retry.attempt") == "1"
         assert [v for n, v in s.headers if n == "trace"] == [bytes([i, 0, 255])]
+
+
+def test_migrate_fails_loudly_when_the_installation_lacks_its_migrations(
+    installed: Installed, bare_database_url: str
+) -> None:
+    [migrations] = (installed.bin.parent / "lib").glob(
+        "python3*/site-packages/retry_scheduler/db/sql/migrations"
+    )
+    aside = migrations.with_name("migrations-aside")
+    migrations.rename(aside)
+    try:
+        done = installed.run(
+            str(installed.bin / "retry-scheduler"), "--database-url", bare_database_url, "db", "migrate"
+        )
+    finally:
+        aside.rename(migrations)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("retry-scheduler: no migrations found"), done.stderr
+    assert "reinstall" in lines[0]

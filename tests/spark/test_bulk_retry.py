@@ -1,4 +1,4 @@
-"""Bulk retry (include/spark/bulk_retry.py): selection, record building, and runs on the real
+"""Bulk retry (retry_scheduler.spark.bulk_retry, the job include/spark/bulk_retry.py): selection, record building, and runs on the real
 PostgreSQL and the embedded broker.
 
 Tests marked ``spark`` and ``integration`` run the job's ``main()`` in the session's SparkSession.
@@ -19,13 +19,13 @@ import pytest
 from psycopg.rows import dict_row
 from pyspark.sql import SparkSession
 
-from include.spark import bulk_retry
-from include.spark.bulk_retry import BulkRetryError, Selection
 from retry_scheduler.cli import main as cli
 from retry_scheduler.core import protocol
 from retry_scheduler.core.jobs import Job, OutgoingRow, Status, destination_headers, encode_headers
 from retry_scheduler.db.store import Store
+from retry_scheduler.spark import bulk_retry
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
+from retry_scheduler.spark.selection import OUTGOING_COLUMNS, BulkRetryError, Selection
 from tests.kafkautil import Seen, consume, create_topics
 
 PLUS_TWO = timezone(timedelta(hours=2))
@@ -287,7 +287,7 @@ class Tally:
 def stored_rows(database_url: str) -> list[dict[str, Any]]:
     """The stored jobs as rows of the selection, read with the bulk retry's own column list."""
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
-        return conn.execute(f"SELECT {bulk_retry.OUTGOING_COLUMNS} FROM retry_jobs ORDER BY id").fetchall()
+        return conn.execute(f"SELECT {OUTGOING_COLUMNS} FROM retry_jobs ORDER BY id").fetchall()
 
 
 @pytest.mark.integration

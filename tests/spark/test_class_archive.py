@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from retry_scheduler.cli.main import main
-from retry_scheduler.spark import archive as sparkjobs
+from retry_scheduler.spark import class_archive as sparkjobs
 from retry_scheduler.spark.submit import WARM_UP_APP, run_spark_submit, spark_conf
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]

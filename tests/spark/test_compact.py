@@ -1,4 +1,4 @@
-"""The compaction job (include/spark/compact.py): pure transforms on small frames, then whole runs
+"""The compaction job (retry_scheduler.spark.compaction, the job include/spark/compact.py): pure transforms on small frames, then whole runs
 against a fresh PostgreSQL database and a local Parquet archive."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import BinaryType, LongType, StringType, TimestampType
 from pyspark.testing import assertDataFrameEqual
 
-from include.spark import compact
 from retry_scheduler.core.jobs import Job, Status
 from retry_scheduler.db.store import Store
+from retry_scheduler.spark import compaction as compact
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
 
 pytestmark = pytest.mark.spark

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from retry_scheduler.core.config import Settings, dev_home
-from retry_scheduler.spark.archive import class_archive
+from retry_scheduler.spark.class_archive import class_archive
 from retry_scheduler.spark.jdbc import JobArgumentError
 from retry_scheduler.spark.submit import bulk_retry_args, compact_args, spark_conf
 

@@ -55,7 +55,8 @@ def postgres_url(
     auth = ""
     if user:
         auth = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "") + "@"
-    query = f"?{urlencode({k: str(v) for k, v in sorted(params.items())})}" if params else ""
+    # quote, not quote_plus: libpq reads "+" as a plus sign, not a space ("-c statement_timeout=5s")
+    query = f"?{urlencode({k: str(v) for k, v in sorted(params.items())}, quote_via=quote)}" if params else ""
     return f"postgresql://{auth}{host}:{port}/{quote(dbname or 'retry_scheduler', safe='')}{query}"
 
 

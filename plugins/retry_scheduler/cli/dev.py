@@ -51,7 +51,7 @@ def _cmd_dev_spark_archive(args: argparse.Namespace, settings: Settings) -> int:
     import tempfile
     import time
 
-    from retry_scheduler.spark.archive import archive_complete, class_archive, stale_class_archives
+    from retry_scheduler.spark.class_archive import archive_complete, class_archive, stale_class_archives
     from retry_scheduler.spark.submit import WARM_UP_APP, run_spark_submit
 
     archive = class_archive()

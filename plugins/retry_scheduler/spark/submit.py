@@ -21,7 +21,7 @@ from typing import Any
 from retry_scheduler.core.config import Settings, dev_home
 from retry_scheduler.core.durations import parse_duration_ms
 from retry_scheduler.core.protocol import TOPIC_NAME
-from retry_scheduler.spark.archive import archive_complete, class_archive
+from retry_scheduler.spark.class_archive import archive_complete, class_archive
 from retry_scheduler.spark.jdbc import JobArgumentError, jdbc_jars, spark_packages
 
 JOBS_PACKAGE = "retry_scheduler.spark.jobs"

@@ -19,7 +19,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, CronDataIntervalTimetable, Param, dag, get_current_context, task
+from airflow.sdk import DAG, Param, dag, get_current_context, task
+
+try:
+    from airflow.sdk import CronDataIntervalTimetable
+except ImportError:  # Airflow 3.1 has it only here
+    from airflow.timetables.interval import CronDataIntervalTimetable  # type: ignore[assignment]
 
 from retry_scheduler.airflow.dags import in_dag_file
 from retry_scheduler.airflow.notifiers import failure_notifiers

@@ -1,0 +1,417 @@
+"""Compaction, the library of the PySpark job: archive processed retry jobs to Parquet, then delete them.
+
+The job's entry point is ``include/spark/compact.py`` (installed as
+``retry_scheduler.spark.jobs.compact``); its docstring says how to run it and what a run does. The
+PostgreSQL side is :mod:`retry_scheduler.spark.compaction_db`; the transforms here are pure
+functions of DataFrames.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, date, datetime
+from typing import Any
+
+import psycopg
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from retry_scheduler.core.durations import parse_duration_ms
+from retry_scheduler.db.connection import StoreError, connect
+from retry_scheduler.spark.compaction_db import (
+    ARCHIVED_ID_SCHEMA,
+    DAY_PATTERN,
+    MAX_DURATION_MS,
+    NONE_DESTINATION,
+    PARTITION_COLUMNS,
+    RUN_ID_PATTERN,
+    ArchiveVerificationError,
+    CompactionError,
+    Window,
+    archive_uri,
+    check_columns,
+    clear_staging,
+    delete_archived,
+    local_path,
+    read_selection,
+    read_staged_ids,
+    select_and_stage,
+    selection_window,
+    take_lock,
+)
+from retry_scheduler.spark.jdbc import JdbcTarget, fetch_rows, jdbc_target
+
+log = logging.getLogger("retry_scheduler.compact")
+
+# --- pure transforms ------------------------------------------------------------------------------
+
+
+def processed_at(status: Column, published_at: Column, dead_at: Column) -> Column:
+    """When a job was processed: published at its publication, dead at its death."""
+    return F.when(status == "published", published_at).when(status == "dead", dead_at)
+
+
+def with_partition_columns(jobs: DataFrame) -> DataFrame:
+    """Add ``day`` (UTC date of the processed time, ``YYYY-MM-DD``); name null destinations ``__none__``.
+
+    The day is computed from epoch seconds, so it is the UTC day whatever the session time zone.
+    """
+    processed = processed_at(F.col("status"), F.col("published_at"), F.col("dead_at"))
+    epoch_day = F.floor(F.unix_seconds(processed) / 86_400).cast("int")
+    return jobs.withColumn(
+        "destination", F.coalesce(F.col("destination"), F.lit(NONE_DESTINATION))
+    ).withColumn("day", F.date_from_unix_date(epoch_day).cast("string"))
+
+
+def missing_from_archive(selection: DataFrame, archived: DataFrame) -> DataFrame:
+    """Rows of ``selection`` whose id is not among ``archived``'s ids (the rows still to write)."""
+    return selection.join(archived.select("id"), on="id", how="left_anti").select(*selection.columns)
+
+
+def found_in_archive(selection: DataFrame, archived: DataFrame) -> DataFrame:
+    """Ids of ``selection`` that are among ``archived``'s ids, each once."""
+    return selection.select("id").join(archived.select("id"), on="id", how="left_semi")
+
+
+# --- archive I/O ----------------------------------------------------------------------------------
+
+
+def _hadoop_path(spark: SparkSession, uri: str) -> tuple[Any, Any]:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None, "compaction needs a classic (not Spark Connect) session"
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return path, path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+
+def path_exists(spark: SparkSession, uri: str) -> bool:
+    path, fs = _hadoop_path(spark, uri)
+    return bool(fs.exists(path))
+
+
+def write_text_hadoop(spark: SparkSession, uri: str, text: str) -> None:
+    """Write a small file through the Hadoop file system of ``uri`` (s3a://, hdfs://, abfs://, ...)."""
+    path, fs = _hadoop_path(spark, uri)
+    stream = fs.create(path, True)
+    try:
+        stream.write(bytearray(text.encode()))
+    finally:
+        stream.close()
+
+
+def read_archived_ids(spark: SparkSession, root: str, days: Sequence[str]) -> DataFrame | None:
+    """Ids archived under ``root`` for ``days`` (only those day partitions are listed and read); None if none."""
+    paths = [f"{root}/day={day}" for day in days]
+    present = [p for p in paths if path_exists(spark, p)]
+    if not present:
+        return None
+    return spark.read.schema(ARCHIVED_ID_SCHEMA).option("basePath", root).parquet(*present).select("id")
+
+
+@contextmanager
+def _sql_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    previous = spark.conf.get(key)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)
+
+
+def write_archive(rows: DataFrame, root: str) -> None:
+    """Append ``rows`` (with their ``day`` and ``destination`` columns) to the archive under ``root``."""
+    # Standard Parquet timestamps rather than Spark's legacy INT96, for any reader of the archive.
+    with _sql_conf(rows.sparkSession, "spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"):
+        rows.write.mode("append").partitionBy(*PARTITION_COLUMNS).parquet(root)
+
+
+def write_manifest(spark: SparkSession, archive: str, report: dict[str, Any]) -> str:
+    """Write ``<archive>/_manifests/<run_id>.json``; returns its URI."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", report["run_id"]) + ".json"
+    uri = f"{archive}/_manifests/{name}"
+    text = json.dumps(report, indent=2, sort_keys=True) + "\n"
+    local = local_path(uri)
+    if local is None:
+        write_text_hadoop(spark, uri, text)
+    else:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        partial = local.with_name(f".{local.name}.partial")
+        partial.write_text(text)
+        partial.replace(local)
+    return uri
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
+    """Archive, verify, delete; returns the counts (also written as the run's manifest)."""
+    started = datetime.now(UTC)
+    run_id: str = args.run_id or f"compact__{started:%Y%m%dT%H%M%SZ}_{uuid.uuid4().hex[:8]}"
+    window = selection_window(
+        started, older_than_ms=args.older_than, day=args.day, dead_retention_ms=args.dead_retention
+    )
+    archive = archive_uri(args.archive)
+    root = f"{archive}/retry_jobs"
+    jdbc = jdbc_target(args.database_url)
+    report: dict[str, Any] = {
+        "run_id": run_id,
+        "archive": archive,
+        "day": args.day.isoformat() if args.day else None,
+        "cutoff": None if args.day else window.published_before.isoformat(),
+        "dead_before": window.dead_before.isoformat(),
+        "dry_run": args.dry_run,
+        "selected": 0,
+        "already_archived": 0,
+        "archived_new": 0,
+        "deleted": 0,
+        "days": [],
+        "fetch_rows": None,
+        "started_at": started.isoformat(),
+    }
+    with connect(args.database_url, autocommit=True) as conn:
+        if not args.dry_run:
+            take_lock(conn)  # a session lock: freed when this connection closes, even if the driver dies
+        check_columns(conn)
+        began = time.perf_counter()
+        try:
+            selection = select_and_stage(conn, window, None if args.dry_run else run_id)
+            phases: dict[str, float] = report.setdefault("phases_s", {})  # seconds per step, for profiling
+            phases["select_and_stage"] = round(time.perf_counter() - began, 3)
+            # As many rows per JDBC round trip as fit 64 MiB: a row may carry up to 1 MiB of payload.
+            report["fetch_rows"] = fetchsize = fetch_rows(selection.max_payload)
+            report.update(selected=selection.count, days=sorted(selection.days))
+            log.info(
+                "compaction %s: %s processed jobs selected (%s), %s rows per JDBC round trip",
+                run_id, selection.count, _describe(report), fetchsize,
+            )  # fmt: skip
+            if selection.count:
+                assert selection.low is not None and selection.high is not None
+                bounds = (selection.low, selection.high)
+
+                def read() -> DataFrame:
+                    return with_partition_columns(
+                        read_selection(spark, jdbc, conn, window, bounds, args.partitions, fetchsize)
+                    )
+
+                _archive_and_delete(spark, conn, jdbc, args, run_id, window, root, read, report)
+        finally:
+            if not args.dry_run:
+                clear_staging(conn, run_id)
+    report["finished_at"] = datetime.now(UTC).isoformat()
+    if args.dry_run:
+        log.info("dry run: nothing written, nothing deleted: %s", report)
+        report["manifest"] = None
+        return report
+    report["manifest"] = write_manifest(spark, archive, report)
+    log.info(
+        "compaction %s: selected %s, archived %s new (%s already), deleted %s, days %s; manifest %s",
+        run_id, report["selected"], report["archived_new"], report["already_archived"], report["deleted"],
+        report["days"], report["manifest"],
+    )  # fmt: skip
+    return report
+
+
+def _describe(report: dict[str, Any]) -> str:
+    if report["day"]:
+        return f"day {report['day']}, dead before {report['dead_before']}"
+    return f"processed before {report['cutoff']}, dead before {report['dead_before']}"
+
+
+def _archive_and_delete(
+    spark: SparkSession,
+    conn: psycopg.Connection[Any],
+    jdbc: JdbcTarget,
+    args: argparse.Namespace,
+    run_id: str,
+    window: Window,
+    root: str,
+    read: Callable[[], DataFrame],
+    report: dict[str, Any],
+) -> None:
+    """Archive, verify and delete the staged selection; ``read()`` reads the selection afresh over JDBC.
+
+    The archive is written from one read of every column (no copy of the rows is kept in Spark) and
+    verified against a fresh read of the ids still selected. What is deleted is what was staged, is
+    still selected and is in the archive: a job that left the selection meanwhile (replayed from the
+    DLQ) is kept, one that joined it (processed during the run with an earlier time) is left for the
+    next run, and a staged one still selected but not in the archive stops the run before anything
+    is deleted.
+    """
+    phases: dict[str, float] = report["phases_s"]
+    began = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal began
+        phases[name] = round(time.perf_counter() - began, 3)
+        began = time.perf_counter()
+
+    selected, days = report["selected"], report["days"]
+    existing = read_archived_ids(spark, root, days)
+    # Ids are read from PostgreSQL for this only when the days already have an archive (a re-run).
+    already = 0 if existing is None else found_in_archive(read().select("id"), existing).count()
+    report.update(already_archived=already, archived_new=selected - already)
+    lap("count_archived")
+    if args.dry_run:
+        return
+    if selected > already:
+        rows = read()
+        write_archive(rows if existing is None else missing_from_archive(rows, existing), root)
+    lap("write_archive")
+    # Fresh reads: the jobs still selected, and the archive (a DataFrame's file listing is fixed when
+    # it is created).
+    still_selected = read().select("id").persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        archived = read_archived_ids(spark, root, days)
+        if archived is None:
+            raise ArchiveVerificationError(
+                f"no archive for days {days} at {root} after the write; nothing was deleted. Check the "
+                "archive's file system, then run the compaction again."
+            )
+        found = found_in_archive(still_selected, archived).count()
+        still = still_selected.count()
+        if found != still:
+            # Staged by this run, still selected, and not in the archive: lost by the write.
+            ours = still_selected.join(read_staged_ids(spark, jdbc, conn, run_id), on="id", how="left_semi")
+            lost = missing_from_archive(ours, archived).count()
+            if lost:
+                raise ArchiveVerificationError(
+                    f"{lost} of {selected} selected jobs are not in the archive at {root} after the write; "
+                    "nothing was deleted. Check the archive's file system, then run the compaction again."
+                )
+            log.info(
+                "%s jobs processed during the run with an earlier time are left for the next run",
+                still - found,
+            )
+    finally:
+        still_selected.unpersist()
+    lap("verify")
+    report["deleted"] = delete_archived(
+        conn, args.database_url, run_id, window, args.delete_batch, workers=args.delete_workers
+    )
+    lap("delete")
+    if report["deleted"] < found:
+        log.warning(
+            "%s archived jobs were kept in retry_jobs: they left the selection during the run, or joined it "
+            "after it was staged (the next run deletes those)",
+            found - report["deleted"],
+        )
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+
+def _duration(text: str) -> int:
+    try:
+        ms = parse_duration_ms(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if ms > MAX_DURATION_MS:
+        raise argparse.ArgumentTypeError(f"duration {text!r} is longer than 100 years")
+    return ms
+
+
+def _day(text: str) -> date:
+    try:
+        if not DAY_PATTERN.match(text):
+            raise ValueError
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"day {text!r} is not a date like 2025-01-31") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _run_id(text: str) -> str:
+    if not RUN_ID_PATTERN.match(text):
+        raise argparse.ArgumentTypeError(
+            f"run id {text!r} must be 1-200 letters, digits or . _ - : + @ (Airflow run ids are fine)"
+        )
+    return text
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="compact.py",
+        description="Archive processed retry jobs to Parquet, then delete them from PostgreSQL.",
+    )
+    parser.add_argument("--database-url", required=True, help="postgresql://user:password@host:port/db")
+    parser.add_argument(
+        "--archive", required=True, help="local path or Hadoop URI (file://, s3a://, hdfs://...)"
+    )
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--older-than", type=_duration, help="processed longer ago than this (default 7d)")
+    when.add_argument("--day", type=_day, help="processed within this UTC day (YYYY-MM-DD)")
+    parser.add_argument(
+        "--dead-retention", type=_duration, default="30d", help="keep dead jobs this long (default 30d)"
+    )
+    parser.add_argument(
+        "--delete-batch", type=_positive_int, default=50_000, help="ids per delete transaction"
+    )
+    parser.add_argument(
+        "--delete-workers",
+        type=_positive_int,
+        default=2,
+        help="connections deleting side by side (default 2)",
+    )
+    parser.add_argument("--partitions", type=_positive_int, default=8, help="parallel JDBC reads (default 8)")
+    parser.add_argument("--run-id", type=_run_id, help="default: compact__<UTC time>_<random>")
+    parser.add_argument("--dry-run", action="store_true", help="count and report; write and delete nothing")
+    args = parser.parse_args(argv)
+    if args.day is None and args.older_than is None:
+        args.older_than = _duration("7d")
+    return args
+
+
+def _log_to_stderr() -> None:
+    """Progress to stderr under spark-submit; inside Airflow or pytest the host's logging is left alone."""
+    if not logging.getLogger().handlers and not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run one compaction with command-line arguments; returns its counts."""
+    args = parse_args(argv)
+    _log_to_stderr()
+    spark = SparkSession.getActiveSession() or SparkSession.builder.appName("retry-compaction").getOrCreate()
+    return compact(spark, args)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """The job's command line: the counts as one JSON line on stdout; exit 2 when it cannot start."""
+    try:
+        result = main(argv)
+    except ArchiveVerificationError:
+        raise  # nothing was deleted; the traceback shows where the archive and the selection differ
+    except (CompactionError, StoreError) as exc:
+        # Cannot start (no schema, another run in progress, PostgreSQL unreachable): say why, exit 2.
+        print(f"compact: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            active.stop()
+    print(json.dumps(result, sort_keys=True))
+    return 0

@@ -1,0 +1,286 @@
+"""Compaction's PostgreSQL side: what a run selects, its staging of ids, the lock, the batched deletes."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg import sql
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from retry_scheduler.db.connection import connect
+from retry_scheduler.spark.jdbc import PAYLOAD_BYTES_SQL, JdbcTarget
+
+log = logging.getLogger("retry_scheduler.compact")
+
+#: Every column of retry_jobs, in table order. A migration adding one must add it here too (checked).
+COLUMNS: tuple[str, ...] = (
+    "id", "source_topic", "source_partition", "source_offset", "source_timestamp_ms", "destination",
+    "destination_partition", "msg_key", "msg_value", "headers", "attempt", "policy", "reason", "error_class",
+    "consumer_group", "retry_id", "original_topic", "original_partition", "original_offset", "first_seen_at",
+    "due_at", "status", "dead_reason", "dlq_topic", "lease_until", "claimed_by", "publish_failures",
+    "last_error", "published_at", "dead_at", "dlq_published_at", "created_at", "updated_at",
+)  # fmt: skip
+PARTITION_COLUMNS = ("day", "destination")
+NONE_DESTINATION = "__none__"
+STAGING_TABLE = "retry_compaction_archived"
+#: What the run reads back from the archive: ids, with the partition columns typed as strings.
+ARCHIVED_ID_SCHEMA = StructType(
+    [
+        StructField("id", LongType()),
+        StructField("day", StringType()),
+        StructField("destination", StringType()),
+    ]
+)
+_LOCK = (7311, "retry_compaction")
+MAX_DURATION_MS = 36_500 * 86_400_000
+DAY_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# Airflow run ids ("scheduled__2025-01-01T00:00:00+00:00") are fine; the manifest name is sanitised.
+RUN_ID_PATTERN = re.compile(r"^[\w.:+@-]{1,200}$")
+
+
+class CompactionError(RuntimeError):
+    """A compaction run cannot go on safely; the message says what to check."""
+
+
+class ArchiveVerificationError(CompactionError):
+    """Selected jobs are missing from the archive after the write; nothing was deleted."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """The processed jobs a run takes: ``[from, before)`` on ``published_at`` and on ``dead_at``."""
+
+    published_from: datetime | None
+    published_before: datetime
+    dead_from: datetime | None
+    dead_before: datetime
+
+    def predicate(self) -> sql.Composed:
+        """The WHERE clause; every value in it is a datetime rendered by psycopg as a timestamptz literal."""
+        return sql.SQL("(status = 'published' AND {}) OR (status = 'dead' AND {})").format(
+            _range("published_at", self.published_from, self.published_before),
+            _range("dead_at", self.dead_from, self.dead_before),
+        )
+
+
+def _range(column: str, start: datetime | None, end: datetime) -> sql.Composable:
+    parts = [sql.SQL("{} < {}").format(sql.Identifier(column), sql.Literal(end))]
+    if start is not None:
+        parts.insert(0, sql.SQL("{} >= {}").format(sql.Identifier(column), sql.Literal(start)))
+    return sql.SQL(" AND ").join(parts)
+
+
+def selection_window(
+    now: datetime, *, older_than_ms: int | None, day: date | None, dead_retention_ms: int
+) -> Window:
+    """Published jobs processed before the cutoff (or within ``day``, UTC); dead ones also past retention."""
+    dead_cutoff = now - timedelta(milliseconds=dead_retention_ms)
+    if day is not None:
+        start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+        end = start + timedelta(days=1)
+        return Window(start, end, start, min(end, dead_cutoff))
+    if older_than_ms is None:
+        raise CompactionError("a compaction needs --older-than or --day")
+    cutoff = now - timedelta(milliseconds=older_than_ms)
+    return Window(None, cutoff, None, min(cutoff, dead_cutoff))
+
+
+def archive_uri(archive: str) -> str:
+    """The archive as a URI: a plain path is local (``file://``), never the cluster's default file system."""
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", archive):
+        return archive.rstrip("/")
+    return "file://" + str(Path(archive).expanduser().resolve())
+
+
+def local_path(uri: str) -> Path | None:
+    parts = urlsplit(uri)
+    # Hadoop does not percent-decode paths either: the same string names the same file for both.
+    return Path(parts.path) if parts.scheme == "file" else None
+
+
+# --- PostgreSQL -----------------------------------------------------------------------------------
+
+
+def check_columns(conn: psycopg.Connection[Any]) -> None:
+    rows = conn.execute(
+        "SELECT column_name FROM information_schema.columns"
+        " WHERE table_schema = current_schema() AND table_name = 'retry_jobs'"
+    ).fetchall()
+    found = {row[0] for row in rows}
+    if not found:
+        raise CompactionError("the database has no retry_jobs table: run `retry-scheduler db migrate` first")
+    if found != set(COLUMNS):
+        raise CompactionError(
+            f"retry_jobs has columns {sorted(found - set(COLUMNS))} the archive does not know and lacks "
+            f"{sorted(set(COLUMNS) - found)}: update COLUMNS in retry_scheduler/spark/compaction_db.py before compacting"
+        )
+
+
+def take_lock(conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", _LOCK).fetchone()
+    if not (row and row[0]):
+        raise CompactionError("another compaction run is in progress; run again when it has finished")
+
+
+def read_selection(
+    spark: SparkSession,
+    jdbc: JdbcTarget,
+    conn: psycopg.Connection[Any],
+    window: Window,
+    bounds: tuple[int, int],
+    partitions: int,
+    fetchsize: int,
+) -> DataFrame:
+    """The selected jobs, read over JDBC in ``partitions`` id ranges, ``fetchsize`` rows per round trip."""
+    columns = sql.SQL(", ").join(
+        sql.SQL("status::text AS status") if c == "status" else sql.Identifier(c) for c in COLUMNS
+    )
+    table = sql.SQL("(SELECT {} FROM retry_jobs WHERE {}) AS compaction_selection").format(
+        columns, window.predicate()
+    )
+    return (
+        spark.read.format("jdbc")
+        .options(**jdbc.options())
+        .option("dbtable", table.as_string(conn))
+        .option("partitionColumn", "id")
+        .option("lowerBound", str(bounds[0]))
+        .option("upperBound", str(bounds[1]))
+        .option("numPartitions", str(partitions))
+        .option("fetchsize", str(fetchsize))
+        .load()
+    )
+
+
+#: The UTC day (``YYYY-MM-DD``) a job was processed, as ``with_partition_columns`` computes it.
+_DAY_SQL = "to_char(CASE status WHEN 'published' THEN published_at ELSE dead_at END AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a run selected, counted in PostgreSQL: jobs per processed day, id bounds, largest payload."""
+
+    days: dict[str, int]
+    low: int | None
+    high: int | None
+    max_payload: int | None
+
+    @property
+    def count(self) -> int:
+        return sum(self.days.values())
+
+
+def select_and_stage(conn: psycopg.Connection[Any], window: Window, run_id: str | None) -> Selection:
+    """Count the selected jobs by day and, with a ``run_id``, stage their ids, in one statement.
+
+    The staged ids are the only ones a run may delete; a retried run (same id) starts afresh.
+    """
+    selected = sql.SQL("SELECT id, {} AS day, {} AS payload FROM retry_jobs WHERE {}").format(
+        sql.SQL(_DAY_SQL), sql.SQL(PAYLOAD_BYTES_SQL), window.predicate()
+    )
+    summary = sql.SQL(
+        "SELECT day, count(*), min(id), max(id), max(payload) FROM selected GROUP BY day ORDER BY day"
+    )
+    if run_id is None:
+        query = sql.SQL("WITH selected AS ({}) {}").format(selected, summary)
+    else:
+        conn.execute("DELETE FROM retry_compaction_archived WHERE run_id = %s", (run_id,))
+        query = sql.SQL(
+            "WITH selected AS MATERIALIZED ({}), staged AS"
+            " (INSERT INTO retry_compaction_archived (run_id, id) SELECT {}, id FROM selected) {}"
+        ).format(selected, sql.Literal(run_id), summary)
+    rows = conn.execute(query).fetchall()
+    return Selection(
+        days={day: count for day, count, *_rest in rows},
+        low=min((row[2] for row in rows), default=None),
+        high=max((row[3] for row in rows), default=None),
+        max_payload=max((row[4] for row in rows), default=None),
+    )
+
+
+def read_staged_ids(
+    spark: SparkSession, jdbc: JdbcTarget, conn: psycopg.Connection[Any], run_id: str
+) -> DataFrame:
+    """The ids the run staged, over JDBC (only read to tell a lost row from one that joined the selection)."""
+    table = sql.SQL("(SELECT id FROM retry_compaction_archived WHERE run_id = {}) AS staged").format(
+        sql.Literal(run_id)
+    )
+    return spark.read.format("jdbc").options(**jdbc.options()).option("dbtable", table.as_string(conn)).load()
+
+
+def delete_archived(
+    conn: psycopg.Connection[Any],
+    database_url: str,
+    run_id: str,
+    window: Window,
+    batch: int,
+    *,
+    workers: int = 1,
+) -> int:
+    """Delete the run's staged jobs from retry_jobs, ``batch`` ids at a time, each batch committed alone.
+
+    Only once the verification found every staged job still selected in the archive. A job that no
+    longer matches the selection (e.g. replayed since) is kept. With ``workers`` > 1 that many
+    connections delete disjoint id ranges side by side; the first error stops them all and is raised
+    (the batches already committed stay deleted, the next run deletes the rest).
+    """
+    row = conn.execute(
+        "SELECT min(id), max(id), count(*) FROM retry_compaction_archived WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    if row is None or row[0] is None:
+        return 0
+    low, high, staged = row
+    query = sql.SQL(
+        "DELETE FROM retry_jobs WHERE id IN"
+        " (SELECT id FROM retry_compaction_archived WHERE run_id = %s AND id BETWEEN %s AND %s) AND ({})"
+    ).format(window.predicate())
+    ranges = [(start, min(start + batch - 1, high)) for start in range(low, high + 1, batch)]
+    deleted, done, lock, failed = 0, 0, threading.Lock(), threading.Event()
+
+    def delete(on: psycopg.Connection[Any], share: Sequence[tuple[int, int]]) -> None:
+        nonlocal deleted, done
+        for start, end in share:
+            if failed.is_set():
+                return
+            with on.transaction():
+                count = on.execute(query, (run_id, start, end)).rowcount
+            with lock:
+                deleted, done = deleted + count, done + 1
+                log.info(
+                    "deleted %s of %s archived jobs (%s of %s id ranges)", deleted, staged, done, len(ranges)
+                )
+
+    if workers <= 1 or len(ranges) == 1:
+        delete(conn, ranges)
+        return deleted
+
+    def worker(share: Sequence[tuple[int, int]]) -> None:
+        try:
+            with connect(database_url, autocommit=True) as own:
+                delete(own, share)
+        except BaseException:
+            failed.set()
+            raise
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="compaction-delete") as pool:
+        futures = [pool.submit(worker, ranges[i::workers]) for i in range(min(workers, len(ranges)))]
+    for future in futures:
+        future.result()  # the first error, if any
+    return deleted
+
+
+def clear_staging(conn: psycopg.Connection[Any], run_id: str) -> None:
+    try:
+        conn.execute("DELETE FROM retry_compaction_archived WHERE run_id = %s", (run_id,))
+    except psycopg.Error as exc:  # scratch rows in an unlogged table: not worth masking the real outcome
+        log.warning("could not clear %s for run %s: %s", STAGING_TABLE, run_id, exc)
