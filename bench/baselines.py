@@ -24,7 +24,7 @@ from retry_scheduler.db.connection import connect
 from retry_scheduler.loops.kafka import producer_config
 
 if TYPE_CHECKING:
-    from bench.measure import BenchEnv
+    from bench.env import BenchEnv
     from retry_scheduler.core.config import Settings
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def copy_baseline(url: str, after_id: int, expected: int) -> dict[str, Any]:
 def naive_poller(env: BenchEnv, settings: Settings, rows: int, destination: str) -> dict[str, Any]:
     """Publish ``rows`` due jobs the hand-made way: SELECT 100 due rows, then per row produce, wait
     for the broker's acknowledgement (flush), UPDATE the row and commit."""
-    from bench.measure import insert_due_jobs
+    from bench.env import insert_due_jobs
 
     load_s = insert_due_jobs(env.url, rows, "bench.naive", destination)
     env.sql("bench_analyze")

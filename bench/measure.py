@@ -12,397 +12,43 @@ by :mod:`bench.report`; the baselines live in :mod:`bench.baselines`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import statistics
-import tempfile
 import time
-import urllib.parse
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-from psycopg import sql
 
+from bench.env import (
+    BENCH_POLICIES,
+    MEASUREMENTS,
+    PARTITIONS,
+    BenchEnv,
+    BenchError,
+    Result,
+    Sizes,
+    TimedStore,
+    insert_due_jobs,
+    per_second,
+    produce_records,
+    ratio,
+    retry_record,
+)
 from bench.queries import bq
-from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
-from retry_scheduler.core.jobs import Job, OutgoingRow, Status
-from retry_scheduler.core.policy import Policy, PolicyRegistry
-from retry_scheduler.db.connection import connect, redact_url
-from retry_scheduler.db.schema import migrate
+from retry_scheduler.db.connection import connect
 from retry_scheduler.db.store import Store
-from retry_scheduler.dev.procs import free_port
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
 
 log = logging.getLogger(__name__)
-
-#: Every measurement the harness knows, in the order it runs them.
-MEASUREMENTS = ("ingest", "publish", "claim", "spark", "lateness")
-#: Partitions of every benchmark topic: a multiple of the ingest worker processes (2), as a deployment
-#: would choose, so that each worker has an equal share.
-PARTITIONS = 6
-#: A realistic failed record: a ~250-byte JSON order, a key, and the headers the SDK sets.
-VALUE = (
-    b'{"order_id": "%08d", "customer": "c-4711", "currency": "EUR", "amount": 129.90, '
-    b'"items": [{"sku": "SKU-1001", "qty": 2}, {"sku": "SKU-2002", "qty": 1}], '
-    b'"shipping": {"country": "DE", "zip": "10115", "method": "express"}, "note": "%s"}'
-)
-#: Jobs of the benchmarks never expire on their own: a policy without max_age.
-BENCH_POLICIES = PolicyRegistry.of([Policy("default", delays=["1h"], max_attempts=10)])
-
-
-_DROP_DB = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-_CREATE_DB = sql.SQL("CREATE DATABASE {}")
-
-
-class BenchError(RuntimeError):
-    """A benchmark could not run (broker, database or a measurement failed); the message says why."""
-
-
-@dataclass
-class Result:
-    """One measurement: the report's figures it produced, their baselines, sizes and notes."""
-
-    name: str
-    figures: dict[str, float | int | None] = field(default_factory=dict)
-    details: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    #: Why the figures are missing (None when measured).
-    skipped: str | None = None
-    #: Raw samples for the plots (e.g. every lateness), not written to report.json.
-    samples: dict[str, list[float]] = field(default_factory=dict)
-    started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
-    finished_at: str | None = None
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """How much work each measurement does. ``quick`` sizes are for ``make test``: no figure is evidence."""
-
-    ingest_records: int = 500_000
-    ingest_warmup: int = 5_000
-    publish_rows: int = 100_000
-    pgqueuer_rows: int = 100_000
-    pgqueuer_batch_sizes: tuple[int, ...] = (10, 100, 1000)
-    naive_rows: int = 5_000
-    claim_small: int = 10_000
-    claim_large: int = 10_000_000
-    claim_due: int = 5_000
-    claim_limit: int = 1_000
-    claim_repeats: int = 21
-    spark_rows: int = 1_000_000
-    lateness_rate: int = 1_000
-    lateness_seconds: int = 300
-
-    @classmethod
-    def quick(cls) -> Sizes:
-        return cls(
-            ingest_records=2_000,
-            ingest_warmup=500,
-            publish_rows=2_000,
-            pgqueuer_rows=2_000,
-            pgqueuer_batch_sizes=(10,),
-            naive_rows=200,
-            claim_small=10_000,
-            claim_large=50_000,
-            claim_due=2_000,
-            claim_repeats=3,
-            spark_rows=20_000,
-            lateness_rate=50,
-            lateness_seconds=30,
-        )
-
-
-# -- environment: a throwaway database and a broker ---------------------------------------------------
-
-
-def with_database(url: str, dbname: str) -> str:
-    """``url`` pointing at database ``dbname`` (a ``postgresql://`` URL or a libpq key=value string)."""
-    if "://" in url:
-        parts = urllib.parse.urlsplit(url)
-        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, ""))
-    from psycopg.conninfo import make_conninfo
-
-    return make_conninfo(url, dbname=dbname)
-
-
-class BenchEnv:
-    """A migrated throwaway database on the configured server and a broker, for one benchmark run."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        db_name: str = "retry_bench",
-        bootstrap: str | None = None,
-        keep_db: bool = False,
-        work_dir: Path | None = None,
-    ) -> None:
-        self.base = settings
-        self.db_name = db_name
-        self.admin_url = with_database(settings.database_url, "postgres")
-        self.url = with_database(settings.database_url, db_name)
-        self.bootstrap = bootstrap
-        self.keep_db = keep_db
-        self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="retry-bench-"))
-        self.tag = uuid.uuid4().hex[:6]
-        self._broker: Any = None
-
-    def __enter__(self) -> BenchEnv:
-        try:
-            self._create_database()
-            migrate(self.url)
-            if self.bootstrap is None:
-                from retry_scheduler.dev.stack import start_broker
-
-                port = free_port()
-                self._broker = start_broker(
-                    port, "127.0.0.1", self.work_dir / "tansu.log", say=lambda m: log.info("%s", m)
-                )
-                self.bootstrap = f"127.0.0.1:{port}"
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._broker is not None:
-            self._broker.terminate()
-            try:
-                self._broker.wait(10)
-            except Exception:
-                self._broker.kill()
-            self._broker = None
-        if not self.keep_db:
-            with contextlib.suppress(Exception), connect(self.admin_url, autocommit=True) as conn:
-                conn.execute(_DROP_DB.format(sql.Identifier(self.db_name)))
-
-    def _create_database(self) -> None:
-        with connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(_DROP_DB.format(sql.Identifier(self.db_name)))
-            conn.execute(_CREATE_DB.format(sql.Identifier(self.db_name)))
-        log.info("created the benchmark database %s", redact_url(self.url))
-
-    @contextlib.contextmanager
-    def extra_database(self, suffix: str) -> Iterator[str]:
-        """A second migrated throwaway database on the same server, dropped afterwards."""
-        name = f"{self.db_name}_{suffix}"
-        with connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(_DROP_DB.format(sql.Identifier(name)))
-            conn.execute(_CREATE_DB.format(sql.Identifier(name)))
-        url = with_database(self.url, name)
-        try:
-            migrate(url)
-            yield url
-        finally:
-            with contextlib.suppress(Exception), connect(self.admin_url, autocommit=True) as conn:
-                conn.execute(_DROP_DB.format(sql.Identifier(name)))
-
-    @contextlib.contextmanager
-    def dropped_afterwards(self, name: str) -> Iterator[None]:
-        """Drop database ``name`` (made by someone else, e.g. Airflow's metadata) when the block ends."""
-        try:
-            yield
-        finally:
-            with contextlib.suppress(Exception), connect(self.admin_url, autocommit=True) as conn:
-                conn.execute(_DROP_DB.format(sql.Identifier(name)))
-
-    def settings(self, name: str, **changes: Any) -> Settings:
-        """Service settings for one measurement: its own retry topic and consumer group."""
-        assert self.bootstrap is not None
-        return self.base.with_overrides(
-            database_url=self.url,
-            kafka={"bootstrap.servers": self.bootstrap},
-            retry_topic=f"retry-bench-{self.tag}-{name}",
-            delay_topics={},
-            consumer_group=f"bench-{self.tag}-{name}",
-            create_topics=True,
-            **changes,
-        )
-
-    def create_topics(self, topics: Sequence[str], partitions: int = PARTITIONS) -> None:
-        assert self.bootstrap is not None
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
-            future.result(15)
-
-    def sql(self, name: str, params: dict[str, Any] | None = None, *, fetch: bool = False) -> list[Any]:
-        """Run one named query of ``bench/bench.sql`` in its own transaction."""
-        with connect(self.url, autocommit=True) as conn:
-            cur = conn.execute(bq(name), params)
-            return cur.fetchall() if fetch else []
-
-    def count_records(self, topic: str, expected: int, timeout_s: float = 60) -> int:
-        """Read ``topic`` from the beginning and count its records (until ``expected`` and idle for 1 s).
-
-        Counted by reading rather than from the high watermarks, which Tansu does not report as
-        record counts.
-        """
-        assert self.bootstrap is not None
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": f"bench-count-{self.tag}",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-            }
-        )
-        seen = 0
-        try:
-            parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-            # From offset 0 (a new topic), not OFFSET_BEGINNING: see bench.chaos.read_topics.
-            consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-            deadline = time.monotonic() + timeout_s
-            idle_since = time.monotonic()
-            while time.monotonic() < deadline:
-                batch = [m for m in consumer.consume(10_000, 0.2) if m.error() is None]
-                seen += len(batch)
-                if batch:
-                    idle_since = time.monotonic()
-                elif seen >= expected and time.monotonic() - idle_since > 1.0:
-                    break
-        finally:
-            consumer.close()
-        return seen
-
-
-# -- timing wrappers around the real components ------------------------------------------------------
-
-
-class TimedStore(Store):
-    """The service's Store, adding up the seconds spent in each database operation."""
-
-    def __init__(self, database_url: str) -> None:
-        super().__init__(database_url)
-        self.seconds: defaultdict[str, float] = defaultdict(float)
-
-    @contextlib.contextmanager
-    def _timed(self, name: str) -> Iterator[None]:
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] += time.perf_counter() - began
-
-    def claim_due(self, limit: int) -> list[OutgoingRow]:
-        with self._timed("claim_due"):
-            return super().claim_due(limit)
-
-    def claim_dead(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
-        with self._timed("claim_dead"):
-            return super().claim_dead(limit, lease_ms, worker)
-
-    def mark_published(self, acked: Sequence[tuple[int, int]]) -> int:
-        with self._timed("mark_published"):
-            return super().mark_published(acked)
-
-
-def _rate(count: int, seconds: float) -> float:
-    return round(count / seconds, 1) if seconds > 0 else 0.0
-
-
-def _ratio(value: float, baseline: float) -> float:
-    """``value / baseline`` to four significant digits (a small ratio keeps its precision)."""
-    return float(f"{value / baseline:.4g}")
-
-
-# -- the records and jobs of the benchmarks ----------------------------------------------------------
-
-
-def retry_record(i: int, destination: str, at_ms: int) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
-    """Key, value and headers of a failed record as the SDK sends it to a retry topic."""
-    headers = [
-        (protocol.DESTINATION, destination.encode()),
-        (protocol.ORIGINAL_TOPIC, destination.encode()),
-        (protocol.ORIGINAL_PARTITION, str(i % PARTITIONS).encode()),
-        (protocol.ORIGINAL_OFFSET, str(i).encode()),
-        (protocol.ATTEMPT, str(i % 4).encode()),
-        (protocol.AT, str(at_ms).encode()),
-        (protocol.REASON, b"TimeoutError: payment service did not answer within 30 s"),
-        (protocol.ERROR_CLASS, b"TimeoutError"),
-        (protocol.GROUP, b"orders-service"),
-        ("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
-    ]
-    return f"order-{i}".encode(), VALUE % (i, b"x" * 40), headers
-
-
-def due_job(i: int, source_topic: str, destination: str, due_ms: int) -> Job:
-    """A pending job due at ``due_ms``, with the columns an ingested record would have."""
-    _key, value, headers = retry_record(i, destination, due_ms)
-    return Job(
-        source_topic=source_topic, source_partition=i % PARTITIONS, source_offset=i,
-        source_timestamp_ms=due_ms - 60_000, destination=destination, destination_partition=i % PARTITIONS,
-        key=f"order-{i}".encode(), value=value, headers=(headers[-1],), attempt=i % 4, policy="default",
-        reason="TimeoutError: payment service did not answer within 30 s", error_class="TimeoutError",
-        consumer_group="orders-service", retry_id=str(uuid.uuid4()), original_topic=destination,
-        original_partition=i % PARTITIONS, original_offset=i, original_timestamp_ms=due_ms - 60_000,
-        due_ms=due_ms, status=Status.PENDING, dead_reason=None, dlq_topic="retry.dlq",
-    )  # fmt: skip
-
-
-def insert_due_jobs(url: str, count: int, source_topic: str, destination: str) -> float:
-    """Store ``count`` jobs due a second ago with the service's own insert; returns the seconds taken."""
-    began = time.perf_counter()
-    due_ms = int(time.time() * 1000) - 1000
-    with Store(url) as store:
-        for start in range(0, count, 5000):
-            store.insert_jobs(
-                [
-                    due_job(i, source_topic, destination, due_ms)
-                    for i in range(start, min(count, start + 5000))
-                ]
-            )
-    return time.perf_counter() - began
-
-
-def produce_records(
-    bootstrap: str, topic: str, count: int, destination: str, at_ms: int, first: int = 0
-) -> float:
-    """Produce ``count`` retry records (numbered from ``first``) as fast as one producer can; returns
-    the seconds taken."""
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 50,
-            "batch.size": 1_000_000,
-            "queue.buffering.max.messages": 500_000,
-            "enable.idempotence": True,
-        }
-    )
-    errors: list[str] = []
-
-    def delivered(err: Any, _msg: Any) -> None:
-        if err is not None:
-            errors.append(str(err))
-
-    began = time.perf_counter()
-    for i in range(first, first + count):
-        key, value, headers = retry_record(i, destination, at_ms)
-        while True:
-            try:
-                producer.produce(
-                    topic, key=key, value=value, headers=cast(Any, headers), on_delivery=delivered
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if i % 1000 == 0:
-            producer.poll(0)
-    if producer.flush(120) or errors:
-        raise BenchError(f"producing the retry records failed: {errors[:3] or 'not acknowledged in 120 s'}")
-    return time.perf_counter() - began
-
-
-# -- ingest -------------------------------------------------------------------------------------------
 
 
 def measure_ingest(env: BenchEnv, sizes: Sizes) -> Result:
@@ -487,11 +133,11 @@ def measure_ingest(env: BenchEnv, sizes: Sizes) -> Result:
     counts_by_status = dict(env.sql("bench_status_counts", fetch=True))
     if counts_by_status != {"pending": total}:
         raise BenchError(f"ingest stored {counts_by_status}, expected {total} pending jobs")
-    rate = _rate(timed_rows, elapsed)
+    rate = per_second(timed_rows, elapsed)
     copy = copy_baseline(settings.database_url, after_id, sizes.ingest_records)
     result.figures = {
         "ingest_msgs_per_s": rate,
-        "ingest_vs_copy": _ratio(rate, copy["rows_per_s"]) if copy["rows_per_s"] else None,
+        "ingest_vs_copy": ratio(rate, copy["rows_per_s"]) if copy["rows_per_s"] else None,
     }
     result.details = {
         "records": total,
@@ -623,14 +269,14 @@ def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
     on_topic = env.count_records(destination, sizes.publish_rows)
     if on_topic != sizes.publish_rows:
         raise BenchError(f"publish: {on_topic} records on {destination}, expected {sizes.publish_rows}")
-    rate = _rate(published, elapsed)
+    rate = per_second(published, elapsed)
 
     naive = naive_poller(env, settings, sizes.naive_rows, destination)
     pgq = pgqueuer_baseline(env.url, sizes.pgqueuer_rows, sizes.pgqueuer_batch_sizes)
     result.figures = {
         "publish_rows_per_s": rate,
-        "publish_vs_pgqueuer": _ratio(rate, pgq["rows_per_s"]) if pgq.get("rows_per_s") else None,
-        "publish_vs_naive": _ratio(rate, naive["rows_per_s"]) if naive["rows_per_s"] else None,
+        "publish_vs_pgqueuer": ratio(rate, pgq["rows_per_s"]) if pgq.get("rows_per_s") else None,
+        "publish_vs_naive": ratio(rate, naive["rows_per_s"]) if naive["rows_per_s"] else None,
     }
     result.details = {
         "rows": published,
@@ -645,7 +291,7 @@ def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
         "db_seconds": {k: round(v, 3) for k, v in sorted(db_seconds.items())},
         "baseline_pgqueuer": pgq,
         "vs_pgqueuer_best_tuned": (
-            _ratio(rate, pgq["best_tuned"]["rows_per_s"]) if pgq.get("best_tuned") else None
+            ratio(rate, pgq["best_tuned"]["rows_per_s"]) if pgq.get("best_tuned") else None
         ),
         "baseline_naive": naive,
     }
@@ -794,6 +440,7 @@ def run_bench(
     settings: Settings, options: BenchOptions, say: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Run the selected measurements and write the report; returns report.json's content."""
+    from bench import cpu as bench_cpu
     from bench import report as bench_report
 
     unknown = sorted(set(options.only) - set(MEASUREMENTS))
@@ -808,13 +455,13 @@ def run_bench(
     measurers = _measurers()
     with BenchEnv(settings, options.db_name, options.bootstrap, options.keep_db) as env:
         machine = bench_report.machine_info(env.url)
-        run_cpu = bench_report.cpu_times()
+        run_cpu = bench_cpu.cpu_times()
         for name in MEASUREMENTS:
             if name not in options.only:
                 results.append(Result(name, skipped="not selected with --only in this run"))
                 continue
             say(f"bench: {name} ...")
-            load_before, cpu_before = os.getloadavg()[0], bench_report.cpu_times()
+            load_before, cpu_before = os.getloadavg()[0], bench_cpu.cpu_times()
             began = time.perf_counter()
             try:
                 result = measurers[name](env, options.sizes)
@@ -826,12 +473,12 @@ def run_bench(
             # Other work on the machine skews every figure: the 1-minute load average, before and after.
             result.details["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
             # ... and how the CPU went meanwhile: a virtual machine's cores may be stolen by its host.
-            result.details["cpu"] = bench_report.cpu_shares(cpu_before, bench_report.cpu_times())
+            result.details["cpu"] = bench_cpu.cpu_shares(cpu_before, bench_cpu.cpu_times())
             results.append(result)
             say(
                 f"bench: {name} done in {time.perf_counter() - began:.0f} s: {result.skipped or result.figures}"
             )
-        machine["cpu_during_run"] = bench_report.cpu_shares(run_cpu, bench_report.cpu_times())
+        machine["cpu_during_run"] = bench_cpu.cpu_shares(run_cpu, bench_cpu.cpu_times())
     report = bench_report.build_report(
         results,
         machine=machine,

@@ -11,18 +11,20 @@ import logging
 import os
 import platform
 import subprocess
-import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from retry_scheduler.db.connection import connect
 
 if TYPE_CHECKING:
-    from bench.measure import Result, Sizes
+    from bench.env import Result, Sizes
+
+from bench.cpu import cpu_text
+from bench.plots import write_plots
 
 log = logging.getLogger(__name__)
 
@@ -83,189 +85,6 @@ def _proc_field(path: str, name: str) -> str | None:
 
 
 #: The fields of /proc/stat's ``cpu`` line that ``cpu_times`` reads, in their order (clock ticks).
-CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-
-
-def cpu_times(path: str = "/proc/stat") -> dict[str, int] | None:
-    """The machine's CPU time so far, summed over its cores, by kind; None where there is no /proc/stat."""
-    try:
-        with open(path) as stat:
-            fields = stat.readline().split()
-    except OSError:
-        return None
-    if not fields or fields[0] != "cpu":
-        return None
-    values = [int(v) for v in fields[1 : 1 + len(CPU_FIELDS)]]
-    return dict(zip(CPU_FIELDS, values + [0] * (len(CPU_FIELDS) - len(values)), strict=True))
-
-
-def cpu_shares(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, float] | None:
-    """How the machine's CPU time between two ``cpu_times`` went, in percent: ``busy`` (any work, ours
-    or not), ``idle`` (waiting for I/O included) and ``steal``: the time a virtual machine's cores were
-    ready to run while the hypervisor ran something else, which slows every figure."""
-    if before is None or after is None:
-        return None
-    delta = {name: after[name] - before[name] for name in CPU_FIELDS}
-    total = sum(delta.values())
-    if total <= 0:
-        return None
-    idle, steal = delta["idle"] + delta["iowait"], delta["steal"]
-    return {
-        "busy_pct": round(100 * (total - idle - steal) / total, 1),
-        "idle_pct": round(100 * idle / total, 1),
-        "steal_pct": round(100 * steal / total, 1),
-    }
-
-
-def cpu_text(shares: dict[str, float] | None) -> str | None:
-    """``cpu_shares`` as a phrase for the report; None when they are unknown."""
-    if not shares:
-        return None
-    return (
-        f"{shares['busy_pct']:g} % busy, {shares['idle_pct']:g} % idle, "
-        f"{shares['steal_pct']:g} % stolen by the hypervisor"
-    )
-
-
-def process_kind(pid: int, comm: str, cmdline: str) -> str:
-    """Which part of the system a process is, for :class:`ProcessCpu`."""
-    if pid == os.getpid():
-        return "benchmark"
-    if comm == "postgres":
-        return "PostgreSQL"
-    if comm == "java":
-        return "Spark JVM"
-    if comm.startswith("tansu"):
-        return "broker"
-    if comm.startswith("python"):
-        if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
-            return "Spark Python workers"
-        if "include/spark/" in cmdline or "retry_scheduler/spark/jobs/" in cmdline:
-            return "Spark Python driver"
-    return "other"
-
-
-class _Seen(NamedTuple):
-    """One reading of /proc/PID/stat: CPU ticks of the process and of its children it has waited for."""
-
-    ppid: int
-    started: int
-    own: int
-    children: int
-    comm: str
-
-
-def _proc_cpu(pid: str) -> _Seen | None:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            text = stat.read()
-    except OSError:
-        return None  # gone
-    # From the state on: ppid is 1, utime 11, stime 12, cutime 13, cstime 14, starttime 19.
-    f = text[text.rindex(")") + 2 :].split()
-    comm = text[text.index("(") + 1 : text.rindex(")")]
-    return _Seen(int(f[1]), int(f[19]), int(f[11]) + int(f[12]), int(f[13]) + int(f[14]), comm)
-
-
-@dataclass
-class _Process:
-    kind: str
-    ppid: int
-    start_own: int  # ticks at the window's start; 0 when born inside it
-    start_children: int
-    own: int = 0
-    children: int = 0
-    comm: str = ""
-    alive: bool = True
-
-
-class ProcessCpu:
-    """CPU seconds used by each kind of process (PostgreSQL, the Spark JVM, its Python workers, the broker,
-    ...) between entering and leaving the context, from /proc sampled every ``interval_s`` by a thread.
-
-    A process running throughout counts what it used meanwhile. One that ends inside the window counts
-    in full through its parent, once the parent has waited for it (PostgreSQL's backends, Python
-    workers): what the parent's children used beyond what was sampled of them counts for the parent's
-    kind. A process that execs another program (spark-submit's shell script becomes the JVM) counts as
-    what it became.
-    """
-
-    def __init__(self, interval_s: float = 0.2) -> None:
-        self.interval_s = interval_s
-        self._seen: dict[tuple[int, int], _Process] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="process-cpu", daemon=True)
-        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-    def _sample(self, first: bool = False, last: bool = False) -> None:
-        try:
-            pids = [name for name in os.listdir("/proc") if name.isdigit()]
-        except OSError:
-            return
-        alive = set()
-        for pid in pids:
-            seen = _proc_cpu(pid)
-            if seen is None:
-                continue
-            key = (int(pid), seen.started)
-            alive.add(key)
-            process = self._seen.get(key)
-            if process is None:
-                process = self._seen[key] = _Process(
-                    "", seen.ppid, seen.own if first else 0, seen.children if first else 0
-                )
-            if process.comm != seen.comm:  # new, or it exec'd another program
-                process.comm = seen.comm
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as raw:
-                        cmdline = raw.read().replace(b"\0", b" ").decode("utf-8", "replace")
-                except OSError:
-                    cmdline = ""
-                process.kind = process_kind(int(pid), seen.comm, cmdline)
-            process.own, process.children = seen.own, seen.children
-        if last:
-            for key, process in self._seen.items():
-                process.alive = key in alive
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
-
-    def __enter__(self) -> ProcessCpu:
-        self._sample(first=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample(last=True)
-
-    def seconds(self) -> dict[str, float]:
-        """CPU seconds by kind of process, largest first (kinds that used none left out)."""
-        used: dict[str, int] = {}
-        ended: dict[int, int] = {}  # by parent pid: what was counted of its children that ended
-        for (_pid, _started), p in self._seen.items():
-            used[p.kind] = used.get(p.kind, 0) + p.own - p.start_own
-            if not p.alive:
-                ended[p.ppid] = ended.get(p.ppid, 0) + p.own + p.children - p.start_own - p.start_children
-        for (pid, _started), p in self._seen.items():
-            # Children the parent waited for in the window, beyond what was sampled of them.
-            unseen = p.children - p.start_children - ended.get(pid, 0)
-            if unseen > 0:
-                used[p.kind] = used.get(p.kind, 0) + unseen
-        ranked = sorted(((t / self._tick, kind) for kind, t in used.items() if t > 0), reverse=True)
-        return {kind: round(seconds, 2) for seconds, kind in ranked}
-
-
-def cpu_use_text(cpu_s: dict[str, float], wall_s: float, cores: int | None) -> str:
-    """``ProcessCpu.seconds`` against what the machine's cores had in ``wall_s``."""
-    used = ", ".join(f"{kind} {seconds:.1f}" for kind, seconds in cpu_s.items() if seconds >= 0.05)
-    total = sum(cpu_s.values())
-    available = f" of the {wall_s * cores:.1f} that {cores} cores have" if cores else ""
-    return f"{used}: {total:.1f} CPU seconds in {wall_s:.1f} s{available}"
-
-
 def machine_info(database_url: str) -> dict[str, Any]:
     """Cores, memory, CPU, OS and the versions of everything the figures depend on."""
     import confluent_kafka
@@ -455,95 +274,19 @@ def table(report: dict[str, Any]) -> str:
 
 def write_report(report: dict[str, Any], results: list[Result], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    plots = _plots(report, results, out)
+    plots = write_plots(report, results, out)
     report["plots"] = plots
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "report.md").write_text(markdown(report))
 
 
-def _plots(report: dict[str, Any], results: list[Result], out: Path) -> list[str]:
-    """throughput.png (ours vs baselines) and, when lateness was measured, lateness.png."""
-    try:
-        import matplotlib
+def _shares(breakdown: dict[str, float]) -> str:
+    total = sum(breakdown.values())
+    if not total:
+        return ""
+    parts = sorted(breakdown.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{name} {seconds:.2f} s ({100 * seconds / total:.0f} %)" for name, seconds in parts)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log.warning("matplotlib is not installed: no plots (pip install -e '.[bench]')")
-        return []
-    made: list[str] = []
-    m = report["measurements"]
-    bars: list[tuple[str, str, float]] = []  # group, label, rows/s
-    ingest = (m.get("ingest") or {}).get("details") or {}
-    if ingest.get("rows_per_s"):
-        bars.append(("ingest", "retry-scheduler ingest", ingest["rows_per_s"]))
-        if (ingest.get("baseline") or {}).get("rows_per_s"):
-            bars.append(("ingest", "PostgreSQL COPY", ingest["baseline"]["rows_per_s"]))
-    publish = (m.get("publish") or {}).get("details") or {}
-    if publish.get("rows_per_s"):
-        bars.append(("publish", "retry-scheduler publish", publish["rows_per_s"]))
-        pgq = publish.get("baseline_pgqueuer") or {}
-        if pgq.get("rows_per_s"):
-            bars.append(("publish", f"PgQueuer, batch {pgq['batch_size']}", pgq["rows_per_s"]))
-        best = pgq.get("best_tuned") or {}
-        if best.get("rows_per_s") and best.get("batch_size") != pgq.get("batch_size"):
-            bars.append(("publish", f"PgQueuer, batch {best['batch_size']}", best["rows_per_s"]))
-        if (publish.get("baseline_naive") or {}).get("rows_per_s"):
-            bars.append(("publish", "naive poller", publish["baseline_naive"]["rows_per_s"]))
-    spark = (m.get("spark") or {}).get("details") or {}
-    for key, label in (("bulk", "Spark bulk retry"), ("compact", "Spark compaction")):
-        if (spark.get(key) or {}).get("rows_per_s"):
-            bars.append(("spark", label, spark[key]["rows_per_s"]))
-    if bars:
-        fig, ax = plt.subplots(figsize=(9, 0.5 * len(bars) + 1.6))
-        ys = list(range(len(bars)))[::-1]  # first bar on top
-        widths = [b[2] for b in bars]
-        ax.barh(
-            ys,
-            widths,
-            color=[
-                "#1f77b4"
-                if b[1].startswith("retry-scheduler")
-                else "#2ca02c"
-                if b[0] == "spark"
-                else "#aaaaaa"
-                for b in bars
-            ],
-        )
-        for y, w in zip(ys, widths, strict=True):
-            ax.text(w, y, f" {w:,.0f}", va="center", fontsize=8)
-        ax.set_yticks(ys, [f"{b[1]} ({b[0]})" for b in bars], fontsize=8)
-        ax.set_xscale("log")
-        ax.set_xlim(right=max(widths) * 4)
-        ax.set_xlabel("rows per second (log scale)")
-        title = "Throughput: ours (blue), baselines (grey) measured in the same run, PySpark jobs (green)"
-        ax.set_title(title + (" [quick run]" if report["quick"] else ""), fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / "throughput.png", dpi=110)
-        plt.close(fig)
-        made.append("throughput.png")
-    samples = next((r.samples.get("lateness_s") for r in results if r.name == "lateness"), None)
-    if samples:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        ax.hist(samples, bins=80, color="#1f77b4")
-        p99 = report.get("lateness_p99_s")
-        if p99 is not None:
-            ax.axvline(p99, color="#d62728", linestyle="--", label=f"p99 {p99:.3f} s")
-        if max(samples) >= 0.5:  # the target's line only where it does not squash the histogram
-            ax.axvline(1.0, color="#555555", linestyle=":", label="target: p99 <= 1.0 s")
-        ax.set_xlabel("publish time minus due time (s); target: p99 <= 1.0 s, none early")
-        ax.set_ylabel("records")
-        ax.set_yscale("log")
-        ax.legend()
-        ax.set_title(f"Lateness of {len(samples):,} retries under the Airflow scheduler", fontsize=10)
-        fig.tight_layout()
-        fig.savefig(out / "lateness.png", dpi=110)
-        plt.close(fig)
-        made.append("lateness.png")
-    return made
-
-
-# -- report.md ----------------------------------------------------------------------------------------
 
 SECTIONS: dict[str, tuple[str, str]] = {
     "ingest": (
@@ -596,14 +339,6 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "(`retry_scheduler.spark.submit.run_spark_submit`), on one million jobs; wall time includes Spark's start-up.",
     ),
 }
-
-
-def _shares(breakdown: dict[str, float]) -> str:
-    total = sum(breakdown.values())
-    if not total:
-        return ""
-    parts = sorted(breakdown.items(), key=lambda kv: -kv[1])
-    return ", ".join(f"{name} {seconds:.2f} s ({100 * seconds / total:.0f} %)" for name, seconds in parts)
 
 
 def markdown(report: dict[str, Any]) -> str:

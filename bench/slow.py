@@ -14,15 +14,15 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, cast
 
-from bench.measure import BenchError, Result
+from bench.cpu import ProcessCpu, cpu_use_text
+from bench.env import BenchError, Result
 from bench.queries import bq
-from bench.report import ProcessCpu, cpu_use_text
 from retry_scheduler.core import protocol
 from retry_scheduler.db.connection import connect
 from retry_scheduler.dev.procs import free_port
 
 if TYPE_CHECKING:
-    from bench.measure import BenchEnv, Sizes
+    from bench.env import BenchEnv, Sizes
 
 log = logging.getLogger(__name__)
 

@@ -381,7 +381,7 @@ def test_a_crash_before_the_delete_is_finished_by_the_next_run(
         raise RuntimeError("driver killed")
 
     monkeypatch.setattr(compact, "delete_archived", crash)
-    monkeypatch.setattr(compact, "_clear_staging", lambda conn, run_id: None)  # died: no cleanup either
+    monkeypatch.setattr(compact, "clear_staging", lambda conn, run_id: None)  # died: no cleanup either
     with pytest.raises(RuntimeError, match="driver killed"):
         run(database_url, archive, *argv)
     assert set(db_rows(database_url)) == set(ids.values())

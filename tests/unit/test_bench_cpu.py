@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.report import (
+from bench.cpu import (
     ProcessCpu,
     cpu_shares,
     cpu_text,

@@ -1,0 +1,34 @@
+"""Chaos runs: kill, freeze and restart the parts of the service under load, then account for every record.
+
+``retry-scheduler chaos`` (``make chaos``) starts a PostgreSQL of its own (the machine's binaries, a
+temporary directory, a free port) and an embedded broker of its own, so restarting the one or freezing
+the other disturbs nothing else on the machine. Each trial gets a fresh database and fresh topics, runs
+the ingest and publish loops as separate OS processes (``retry-scheduler run --only ...``), sends a
+workload of a few thousand records and injects one fault at a random point:
+
+* ``kill_ingest_consumed`` / ``kill_ingest_stored``: SIGKILL of the ingest worker after the N-th batch
+  was consumed (before its DB commit) or stored (before its offset commit);
+* ``kill_publish_produced`` / ``kill_publish_dlq_produced``: SIGKILL of the publish worker after the
+  broker acknowledged its N-th round of retries (of dead records), before the jobs were marked;
+* ``kill_anytime``: SIGKILL of either worker at a random moment;
+* ``broker_pause``: the broker frozen (SIGSTOP) for 1-8 s while publishing, then SIGCONT;
+* ``postgres_restart_ingest`` / ``postgres_restart_publish``: PostgreSQL stopped (fast or immediate
+  shutdown) and started again while ingesting, or while publishing.
+
+Points inside the service come from :mod:`retry_scheduler.loops.faults` (``RETRY_FAULT``). A worker that
+dies is started again a second later, as the next DAG run would. Once every job is published or dead
+and on its DLQ topic, the harness reads the retry, destination and DLQ topics and counts: **lost**
+(a record not on the topic its headers and policy call for), **duplicates** (a record twice on a
+topic) and **unidentified duplicates** (copies whose ``retry.id`` or ``retry.attempt`` differ).
+Before the trials, a corpus of bad input is sent to a running service: each record must end dead
+(``invalid``) with a reason naming its fault and be on the DLQ, and the same ingest process must
+go on to ingest a good record sent after them.
+"""
+
+from __future__ import annotations
+
+from bench.chaos.common import FAULTS, ChaosError
+from bench.chaos.run import run_chaos
+from bench.chaos.topics import Seen, create_topics, read_topics
+
+__all__ = ["FAULTS", "ChaosError", "Seen", "create_topics", "read_topics", "run_chaos"]

@@ -1,0 +1,42 @@
+"""Names and settings every part of a chaos run shares."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+Say = Callable[[str], None]
+Header = tuple[str, bytes | None]
+
+FAULTS = (
+    "kill_ingest_consumed",
+    "kill_ingest_stored",
+    "kill_publish_produced",
+    "kill_publish_dlq_produced",
+    "kill_anytime",
+    "broker_pause",
+    "postgres_restart_ingest",
+    "postgres_restart_publish",
+)
+POLICIES_PATH = Path(__file__).resolve().parents[1] / "chaos_policies.py"
+MAX_ATTEMPTS, FATAL_ERROR = 3, "ChaosFatalError"  # as in bench/chaos_policies.py
+KIND_HEADER = "chaos.kind"
+INGEST_BATCH, PUBLISH_BATCH = 200, 100
+#: The ingest loop's worker processes (the service's default).
+INGEST_WORKERS = 2
+#: Short leases so that a job held by a killed publisher is claimed again within seconds.
+LEASE_MS, DELIVERY_TIMEOUT_MS = 4000, 2500
+RESTART_DELAY_S = 1.0
+
+COUNTS_SQL = "SELECT count(*), count(*) FILTER (WHERE status = 'published') FROM retry_jobs"
+DONE_SQL = (
+    "SELECT count(*), count(*) FILTER (WHERE status = 'published'"
+    " OR (status = 'dead' AND dlq_published_at IS NOT NULL)) FROM retry_jobs"
+)
+
+
+class ChaosError(RuntimeError):
+    """The chaos harness itself could not do its job (not a finding about the service)."""

@@ -1,0 +1,98 @@
+"""The report's PNG plots (matplotlib): throughput against baselines, lateness, claim cost."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.env import Result
+
+
+log = logging.getLogger(__name__)
+
+
+def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> list[str]:
+    """throughput.png (ours vs baselines) and, when lateness was measured, lateness.png."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed: no plots (pip install -e '.[bench]')")
+        return []
+    made: list[str] = []
+    m = report["measurements"]
+    bars: list[tuple[str, str, float]] = []  # group, label, rows/s
+    ingest = (m.get("ingest") or {}).get("details") or {}
+    if ingest.get("rows_per_s"):
+        bars.append(("ingest", "retry-scheduler ingest", ingest["rows_per_s"]))
+        if (ingest.get("baseline") or {}).get("rows_per_s"):
+            bars.append(("ingest", "PostgreSQL COPY", ingest["baseline"]["rows_per_s"]))
+    publish = (m.get("publish") or {}).get("details") or {}
+    if publish.get("rows_per_s"):
+        bars.append(("publish", "retry-scheduler publish", publish["rows_per_s"]))
+        pgq = publish.get("baseline_pgqueuer") or {}
+        if pgq.get("rows_per_s"):
+            bars.append(("publish", f"PgQueuer, batch {pgq['batch_size']}", pgq["rows_per_s"]))
+        best = pgq.get("best_tuned") or {}
+        if best.get("rows_per_s") and best.get("batch_size") != pgq.get("batch_size"):
+            bars.append(("publish", f"PgQueuer, batch {best['batch_size']}", best["rows_per_s"]))
+        if (publish.get("baseline_naive") or {}).get("rows_per_s"):
+            bars.append(("publish", "naive poller", publish["baseline_naive"]["rows_per_s"]))
+    spark = (m.get("spark") or {}).get("details") or {}
+    for key, label in (("bulk", "Spark bulk retry"), ("compact", "Spark compaction")):
+        if (spark.get(key) or {}).get("rows_per_s"):
+            bars.append(("spark", label, spark[key]["rows_per_s"]))
+    if bars:
+        fig, ax = plt.subplots(figsize=(9, 0.5 * len(bars) + 1.6))
+        ys = list(range(len(bars)))[::-1]  # first bar on top
+        widths = [b[2] for b in bars]
+        ax.barh(
+            ys,
+            widths,
+            color=[
+                "#1f77b4"
+                if b[1].startswith("retry-scheduler")
+                else "#2ca02c"
+                if b[0] == "spark"
+                else "#aaaaaa"
+                for b in bars
+            ],
+        )
+        for y, w in zip(ys, widths, strict=True):
+            ax.text(w, y, f" {w:,.0f}", va="center", fontsize=8)
+        ax.set_yticks(ys, [f"{b[1]} ({b[0]})" for b in bars], fontsize=8)
+        ax.set_xscale("log")
+        ax.set_xlim(right=max(widths) * 4)
+        ax.set_xlabel("rows per second (log scale)")
+        title = "Throughput: ours (blue), baselines (grey) measured in the same run, PySpark jobs (green)"
+        ax.set_title(title + (" [quick run]" if report["quick"] else ""), fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=110)
+        plt.close(fig)
+        made.append("throughput.png")
+    samples = next((r.samples.get("lateness_s") for r in results if r.name == "lateness"), None)
+    if samples:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        ax.hist(samples, bins=80, color="#1f77b4")
+        p99 = report.get("lateness_p99_s")
+        if p99 is not None:
+            ax.axvline(p99, color="#d62728", linestyle="--", label=f"p99 {p99:.3f} s")
+        if max(samples) >= 0.5:  # the target's line only where it does not squash the histogram
+            ax.axvline(1.0, color="#555555", linestyle=":", label="target: p99 <= 1.0 s")
+        ax.set_xlabel("publish time minus due time (s); target: p99 <= 1.0 s, none early")
+        ax.set_ylabel("records")
+        ax.set_yscale("log")
+        ax.legend()
+        ax.set_title(f"Lateness of {len(samples):,} retries under the Airflow scheduler", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(out / "lateness.png", dpi=110)
+        plt.close(fig)
+        made.append("lateness.png")
+    return made
+
+
+# -- report.md ----------------------------------------------------------------------------------------
