@@ -328,7 +328,7 @@ def test_arrow_batches_are_produced_and_their_acknowledged_jobs_marked_published
 
 @pytest.mark.spark
 def test_arrow_batches_for_the_workers_are_bounded_in_bytes(spark: SparkSession) -> None:
-    session = bulk_retry._session()
+    session = bulk_retry.spark_session()
     assert session.conf.get("spark.sql.execution.arrow.maxBytesPerBatch") == str(64 * 1024 * 1024)
 
 

@@ -230,14 +230,15 @@ def test_airflow_services_share_image_and_mount_the_project(services: dict[str, 
 @pytest.mark.parametrize("name", AIRFLOW_SERVICES)
 def test_airflow_service_finds_dags_and_plugins(services: dict[str, dict[str, Any]], name: str) -> None:
     env = env_of(services[name])
-    for var, folder in (
-        ("AIRFLOW__CORE__DAGS_FOLDER", "dags"),
-        ("AIRFLOW__CORE__PLUGINS_FOLDER", "plugins"),
-    ):
-        path = PurePosixPath(env.get(var, ""))
-        assert path == PurePosixPath(PROJECT_MOUNT) / folder, f"{name}: {var}={path}"
-        # The mount maps the checkout onto PROJECT_MOUNT, so the folder must exist here too.
-        assert (REPO_ROOT / path.relative_to(PROJECT_MOUNT)).is_dir()
+    path = PurePosixPath(env.get("AIRFLOW__CORE__DAGS_FOLDER", ""))
+    assert path == PurePosixPath(PROJECT_MOUNT) / "dags", f"{name}: AIRFLOW__CORE__DAGS_FOLDER={path}"
+    # The mount maps the checkout onto PROJECT_MOUNT, so the folder must exist here too.
+    assert (REPO_ROOT / path.relative_to(PROJECT_MOUNT)).is_dir()
+    # The plugin comes from the installed package's entry point; a plugins folder inside the mounted
+    # checkout would make Airflow import every module of the package as a plugin file.
+    plugins = PurePosixPath(env.get("AIRFLOW__CORE__PLUGINS_FOLDER", "/opt/airflow/plugins"))
+    assert not plugins.is_relative_to(PROJECT_MOUNT), f"{name}: AIRFLOW__CORE__PLUGINS_FOLDER={plugins}"
+    assert "[airflow]" in env.get("_PIP_ADDITIONAL_REQUIREMENTS", ""), f"{name} does not install the package"
     assert env.get("AIRFLOW__CORE__EXECUTOR") == "LocalExecutor"
 
 

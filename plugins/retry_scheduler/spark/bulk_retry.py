@@ -301,7 +301,8 @@ def publish_batches(
 # --- driver ------------------------------------------------------------------------------------
 
 
-def _session() -> SparkSession:
+def spark_session() -> SparkSession:
+    """The job's SparkSession (the active one under spark-submit or a test), with Arrow batches bounded."""
     spark = SparkSession.getActiveSession() or SparkSession.builder.appName("retry_bulk_retry").getOrCreate()
     # A job carries up to RETRY_MAX_RECORD_BYTES (1 MiB by default) of key, value and headers: bound
     # each Arrow batch handed to the Python workers by its size too, not only by its 10 000 rows.
@@ -452,7 +453,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             sorted(missing), sum(summary.per_destination[t] for t in missing), sel.status,
         )  # fmt: skip
 
-    spark = _session()
+    spark = spark_session()
     lap("spark_session")
     sc = spark.sparkContext
     sc.setJobDescription(f"bulk retry {opts.run_id}")
