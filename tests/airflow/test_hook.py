@@ -9,6 +9,7 @@ page uses, reads the connection from the environment as Airflow's secrets backen
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
@@ -86,3 +87,31 @@ def test_the_page_reads_the_connection_with_its_extras(
 def test_an_undefined_connection_falls_back_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_RETRY_POSTGRES", raising=False)
     assert RetrySchedulerHook(postgres_conn_id="retry_postgres_nowhere").database_url(in_task=False) is None
+
+
+def test_policies_are_found_in_the_dags_folder_of_airflows_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DAGs folder set in airflow.cfg (not the environment) is where the policies module is looked for."""
+    from airflow.configuration import conf
+
+    dags = tmp_path / "my-dags"
+    dags.mkdir()
+    (dags / "retry_policies.py").write_text(
+        "from retry_scheduler import Policy\n\nPOLICIES = [Policy('default', delays=['1s'], max_attempts=1)]\n"
+    )
+    monkeypatch.delenv("AIRFLOW__CORE__DAGS_FOLDER", raising=False)
+    monkeypatch.delenv("RETRY_POLICIES", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_RETRY_POSTGRES", "postgresql://postgres@127.0.0.1:5432/retry_scheduler")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_RETRY_KAFKA",
+        json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": "k:9092"}}),
+    )
+    previous = conf.get("core", "dags_folder")
+    conf.set("core", "dags_folder", str(dags))
+    try:
+        settings = RetrySchedulerHook().settings()
+    finally:
+        conf.set("core", "dags_folder", previous)
+    assert settings.policies_file == dags / "retry_policies.py"
+    assert settings.bootstrap_servers == "k:9092"

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from retry_scheduler.core.config import Settings
+from retry_scheduler.core.config import POLICIES_FILE, Settings
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +145,24 @@ class RetrySchedulerHook:
         return dict(config)
 
     def settings(self) -> Settings:
-        """Settings from the environment, with the database and Kafka of the connections when defined."""
+        """Settings from the environment, with the database and Kafka of the connections when defined.
+
+        The policies module, unless ``RETRY_POLICIES`` names one, is ``retry_policies.py`` in the DAGs
+        folder of Airflow's configuration when there is one there.
+        """
         settings = Settings.from_env()
         changes: dict[str, Any] = {}
         if (url := self.database_url()) is not None:
             changes["database_url"] = url
         if (kafka := self.kafka_config()) is not None:
             changes["kafka"] = kafka
+        if not settings.policies_path:
+            # The DAGs folder as Airflow's configuration has it (airflow.cfg too, not only the environment).
+            from airflow.configuration import conf
+
+            beside_dags = Path(conf.get("core", "dags_folder")).expanduser() / POLICIES_FILE
+            if beside_dags.is_file():
+                changes["policies_path"] = str(beside_dags)
         return settings.with_overrides(**changes)
 
 

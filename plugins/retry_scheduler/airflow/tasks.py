@@ -24,6 +24,7 @@ def run_ingest(loop_seconds: float, settings: Settings | None = None) -> dict[st
     """Ingest the retry topics for ``loop_seconds``; returns the counts (pushed as XCom)."""
     settings = settings or settings_from_connections()
     registry = load_policies(settings.policies_file)
+    log.info("policies from %s: %s", settings.policies_file, ", ".join(sorted(registry.policies)))
     with Store(settings.database_url) as store:
         ingestor = Ingestor(settings, registry, store)
         try:
