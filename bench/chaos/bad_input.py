@@ -31,12 +31,16 @@ class BadInput:
     key: bytes | None = b"k"
     value: bytes | None = b"v"
     outcome: str = p.DEAD_INVALID
+    #: The record's own timestamp (epoch ms; 0: the producer's clock).
+    timestamp: int = 0
 
 
 def bad_inputs(topics: Topics, max_record_bytes: int) -> list[BadInput]:
     """The corpus: malformed, oversized, badly encoded and disallowed retry headers, floods, empties."""
     dest = topics.dest.encode()
     to: list[Header] = [(p.DESTINATION, dest)]
+    now_ms = int(time.time() * 1000)
+    week_ahead = now_ms + 7 * 86_400_000
 
     def h(name: str, value: bytes | str | None) -> Header:
         return (name, value.encode() if isinstance(value, str) else value)
@@ -113,6 +117,16 @@ def bad_inputs(topics: Topics, max_record_bytes: int) -> list[BadInput]:
         BadInput("null key and value, no destination", [], "no destination", key=None, value=None),
         BadInput("empty key and value, bad attempt", [*to, h(p.ATTEMPT, "x")], f"header {p.ATTEMPT}='x' is not an integer",
                  key=b"", value=b""),
+        BadInput("header name of 70000 characters", [*to, ("n" * 70_000, b"x")],
+                 "a header name is 70000 characters long, more than the 1024 allowed"),
+        BadInput("retry.at in the year 3000", [*to, h(p.AT, "32503680000000")],
+                 f"header {p.AT}=32503680000000 is more than 366d ahead"),
+        BadInput("original timestamp a week ahead", [*to, h(p.ORIGINAL_TIMESTAMP, str(week_ahead))],
+                 f"header {p.ORIGINAL_TIMESTAMP}={week_ahead} is more than 1d in the future"),
+        # Valid records with a record timestamp no clock gives: the ingest time counts, they come back.
+        BadInput("record timestamp in nanoseconds", list(to), "", outcome="published", timestamp=now_ms * 1_000_000),
+        BadInput("record timestamp in microseconds", list(to), "", outcome="published", timestamp=now_ms * 1000),
+        BadInput("record timestamp in seconds", list(to), "", outcome="published", timestamp=now_ms // 1000),
         BadInput("null key and value (a tombstone)", list(to), "", key=None, value=None, outcome="published"),
         BadInput("empty key and value", list(to), "", key=b"", value=b"", outcome="published"),
     ]  # fmt: skip
@@ -191,7 +205,12 @@ def run_bad_input(
     logs.mkdir(exist_ok=True)
     workers = [Worker(kind, env, logs / f"bad-input-{kind}.log") for kind in ("ingest", "publish")]
     records = [
-        {"key": bad.key, "value": bad.value, "headers": [(KIND_HEADER, bad.kind.encode()), *bad.headers]}
+        {
+            "key": bad.key,
+            "value": bad.value,
+            "headers": [(KIND_HEADER, bad.kind.encode()), *bad.headers],
+            "timestamp": bad.timestamp,
+        }
         for bad in corpus
     ]
     good = {

@@ -79,7 +79,8 @@ def delete_topics(bootstrap: str, topics: Iterable[str]) -> None:
 def send(
     bootstrap: str, topic: str, records: Sequence[dict[str, Any]], chunks: int = 1, gap_s: float = 0
 ) -> None:
-    """Produce ``records`` (key, value, headers) in ``chunks`` spaced by ``gap_s``; wait for every ack."""
+    """Produce ``records`` (key, value, headers, optionally timestamp) in ``chunks`` spaced by ``gap_s``;
+    wait for every ack."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -108,6 +109,7 @@ def send(
                         key=rec["key"],
                         value=rec["value"],
                         headers=rec["headers"],
+                        timestamp=rec.get("timestamp", 0),
                         on_delivery=delivered,
                     )
                     break

@@ -61,3 +61,8 @@ def test_every_kind_of_bad_input_ends_dead_with_its_reason_and_the_service_keeps
     )
     assert "header retry.at is not valid UTF-8" in by_kind["bad UTF-8 in retry.at"]["reason"]
     assert by_kind["null key and value (a tombstone)"]["outcome"] == "published"
+    # Once these halted ingestion for good (a header name over 65 535 bytes) or stored a job due in
+    # tens of thousands of years (a record timestamp in microseconds).
+    assert "header name is 70000 characters long" in by_kind["header name of 70000 characters"]["reason"]
+    for unit in ("nanoseconds", "microseconds", "seconds"):
+        assert by_kind[f"record timestamp in {unit}"]["outcome"] == "published"

@@ -120,6 +120,13 @@ class Settings:
     max_headers: int = 256
     #: ``retry.*`` header values longer than this are invalid (``retry.reason`` is truncated instead).
     max_header_value_bytes: int = 1024
+    #: Records with a header name longer than this (in characters) are invalid.
+    max_header_name_chars: int = 1024
+    #: A record timestamp further than this into the future (or before 2000) is not trusted: the
+    #: ingest time is used instead. A ``retry.original-timestamp`` outside that window is invalid.
+    max_clock_skew_ms: int = 86_400_000
+    #: A ``retry.at`` further than this into the future (or before 2000) is invalid.
+    max_retry_ahead_ms: int = 366 * 86_400_000
     max_reason_chars: int = 2000
     ingest_batch: int = 5000
     #: Processes the ingest task shares the retry-topic partitions among (at most one per partition).
@@ -147,6 +154,13 @@ class Settings:
             )
         if self.ingest_workers < 1:
             raise ConfigError(f"RETRY_INGEST_WORKERS must be at least 1, not {self.ingest_workers}")
+        if self.max_clock_skew_ms < 0 or self.max_retry_ahead_ms < 0:
+            raise ConfigError("RETRY_MAX_CLOCK_SKEW_MS and RETRY_MAX_RETRY_AHEAD_MS must be >= 0")
+        if not 1 <= self.max_header_name_chars <= 16_383:
+            # 16 383 characters of up to 4 UTF-8 bytes each still fit the stored header's 2-byte length.
+            raise ConfigError(
+                f"RETRY_MAX_HEADER_NAME_CHARS must be between 1 and 16383, not {self.max_header_name_chars}"
+            )
         if self.publish_workers < 1:
             raise ConfigError(f"RETRY_PUBLISH_WORKERS must be at least 1, not {self.publish_workers}")
         try:
@@ -186,6 +200,11 @@ class Settings:
             destination_allowlist=env.get("RETRY_DESTINATION_ALLOWLIST") or DEFAULT_DESTINATION_ALLOWLIST,
             create_topics=_env_bool(env, "RETRY_CREATE_TOPICS", defaults.create_topics),
             max_record_bytes=_env_int(env, "RETRY_MAX_RECORD_BYTES", defaults.max_record_bytes),
+            max_header_name_chars=_env_int(
+                env, "RETRY_MAX_HEADER_NAME_CHARS", defaults.max_header_name_chars
+            ),
+            max_clock_skew_ms=_env_int(env, "RETRY_MAX_CLOCK_SKEW_MS", defaults.max_clock_skew_ms),
+            max_retry_ahead_ms=_env_int(env, "RETRY_MAX_RETRY_AHEAD_MS", defaults.max_retry_ahead_ms),
             ingest_batch=_env_int(env, "RETRY_INGEST_BATCH", defaults.ingest_batch),
             ingest_workers=_env_int(env, "RETRY_INGEST_WORKERS", defaults.ingest_workers),
             publish_batch=_env_int(env, "RETRY_PUBLISH_BATCH", defaults.publish_batch),

@@ -60,6 +60,7 @@ class Limits:
     max_headers: int = 256
     max_header_value_bytes: int = 1024
     max_reason_chars: int = 2000
+    max_header_name_chars: int = 1024
 
 
 def _text(name: str, raw: bytes | None, limits: Limits) -> str:
@@ -128,8 +129,14 @@ def parse_headers(
     passthrough: list[Header] = []
     size = record_bytes
     max_text_bytes = limits.max_header_value_bytes
+    max_name = limits.max_header_name_chars
     for header in headers:
         name, value = header
+        if len(name) > max_name:
+            raise InvalidRecordError(
+                f"a header name is {len(name)} characters long, more than the {max_name} allowed "
+                f"(it starts {name[:40]!r})"
+            )
         size += len(name) + len(value or b"")
         if name not in _KNOWN:
             passthrough.append(header)

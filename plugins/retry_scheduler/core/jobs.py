@@ -133,17 +133,30 @@ def ms_of_pg_time(us: int) -> int:
 
 
 _HEADER = struct.Struct(">Hi")
+#: A name longer than ``_HEADER`` can count: the marker ``(0, -2)``, then these two lengths.
+_LONG_HEADER = struct.Struct(">Ii")
+_LONG_MARK = _HEADER.pack(0, -2)
+_MAX_SHORT_NAME = 0xFFFF
 
 
 def encode_headers(headers: Iterable[Header]) -> bytes:
-    """Pack headers (order and repeats kept, null values kept) into one ``bytea``."""
+    """Pack headers (order and repeats kept, null values kept) into one ``bytea``.
+
+    Each header is its name's length (2 bytes), its value's length (4 bytes, -1 for null), the name
+    and the value. A name longer than 65 535 bytes (which only an invalid record can carry, kept as
+    it came) is written as the marker ``(0, -2)`` followed by 4-byte lengths; the marker never
+    occurs otherwise, so every blob stored before reads the same.
+    """
     parts: list[bytes] = []
     for name, value in headers:
         key = name.encode("utf-8", "surrogateescape")
-        if value is None:
-            parts += (_HEADER.pack(len(key), -1), key)
+        value_len = -1 if value is None else len(value)
+        if len(key) <= _MAX_SHORT_NAME:
+            parts += (_HEADER.pack(len(key), value_len), key)
         else:
-            parts += (_HEADER.pack(len(key), len(value)), key, value)
+            parts += (_LONG_MARK, _LONG_HEADER.pack(len(key), value_len), key)
+        if value is not None:
+            parts.append(value)
     return b"".join(parts)
 
 
@@ -157,6 +170,9 @@ def decode_headers(blob: bytes | memoryview | None) -> list[Header]:
     while pos < len(data):
         key_len, value_len = _HEADER.unpack_from(data, pos)
         pos += _HEADER.size
+        if key_len == 0 and value_len == -2:
+            key_len, value_len = _LONG_HEADER.unpack_from(data, pos)
+            pos += _LONG_HEADER.size
         key = data[pos : pos + key_len].decode("utf-8", "surrogateescape")
         pos += key_len
         if value_len < 0:

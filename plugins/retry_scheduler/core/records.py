@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
-from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers
+from retry_scheduler.core.durations import format_duration_ms
+from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers, truncate_reason
 from retry_scheduler.core.jobs import CopyRow, Job, Status, encode_headers, pg_time
 from retry_scheduler.core.policy import PolicyRegistry, UnknownPolicyError
 
@@ -39,6 +40,7 @@ def limits_for(settings: Settings, registry: PolicyRegistry) -> Limits:
         max_headers=settings.max_headers,
         max_header_value_bytes=settings.max_header_value_bytes,
         max_reason_chars=settings.max_reason_chars,
+        max_header_name_chars=settings.max_header_name_chars,
     )
 
 
@@ -79,7 +81,15 @@ os.register_at_fork(after_in_child=_ids.clear)
 
 class RowBuilder:
     """Turns consumed records into ``retry_jobs`` rows (``jobs.COPY_COLUMNS``): pending with a due
-    time, or dead with a reason. A bad record never raises: it becomes a dead (``invalid``) row.
+    time, or dead with a reason. It never raises: a record it cannot understand, or that fails in
+    any other way, becomes a dead (``invalid``) row whose reason names the fault, with its key, value
+    and headers kept as they came.
+
+    Times are checked against a window (:data:`MIN_TRUSTED_MS`, ``now`` plus the allowed skew): a
+    record timestamp outside it is not trusted and the ingest time counts instead (the row keeps
+    the record's own timestamp in ``source_timestamp_ms``; :attr:`untrusted_timestamps` counts
+    them); a ``retry.original-timestamp`` in the future beyond the skew, or a ``retry.at`` further
+    ahead than ``max_retry_ahead_ms``, makes the record invalid. No job waits for centuries.
 
     The ingest loop's hot path: it builds the :class:`~retry_scheduler.core.jobs.CopyRow` that COPY
     sends, with no object in between.
@@ -90,7 +100,11 @@ class RowBuilder:
         self.limits = limits
         self.max_record_bytes = settings.max_record_bytes
         self.delay_topics = settings.delay_topics
+        self.max_skew_ms = settings.max_clock_skew_ms
+        self.max_ahead_ms = settings.max_retry_ahead_ms
         self.default = registry.resolve(None, None)
+        #: Records so far whose timestamp was outside the trusted window (their ingest time was used).
+        self.untrusted_timestamps = 0
 
     def row(
         self,
@@ -103,31 +117,93 @@ class RowBuilder:
         headers: Sequence[Header] | None,
         now_ms: int,
     ) -> CopyRow:
-        seen_ms = timestamp_ms or now_ms
+        """The row of one consumed record; never raises."""
         try:
-            parsed = parse_headers(
-                headers,
-                self.limits,
-                record_bytes=len(key or b"") + len(value or b""),
-                max_record_bytes=self.max_record_bytes,
-            )
-            try:
-                policy = self.registry.resolve(parsed.policy, parsed.destination)
-            except UnknownPolicyError as exc:
-                raise InvalidRecordError(str(exc)) from None
+            return self._row(topic, partition, offset, timestamp_ms, key, value, headers, now_ms)
         except InvalidRecordError as exc:
-            default, now = self.default, pg_time(now_ms)
-            return CopyRow(
-                source_topic=topic, source_partition=partition, source_offset=offset,
-                source_timestamp_ms=timestamp_ms or 0, destination=None, destination_partition=None,
-                msg_key=key, msg_value=value, headers=encode_headers(headers or ()), attempt=0,
-                policy=default.name, reason=str(exc), error_class=None, consumer_group=None,
-                retry_id=_raw_retry_id(headers or ()) or new_retry_id(), original_topic=None,
-                original_partition=None, original_offset=None, first_seen_at=pg_time(seen_ms), due_at=now,
-                status=Status.DEAD.value, dead_reason=protocol.DEAD_INVALID, dlq_topic=default.dlq_topic,
-                dead_at=now,
-            )  # fmt: skip
+            reason = str(exc)
+        except Exception as exc:  # a fault of ours must not halt ingestion: keep the record, dead
+            reason = f"the record could not be turned into a job ({type(exc).__name__}: {exc})"
+        return self.invalid(topic, partition, offset, timestamp_ms, key, value, headers, now_ms, reason)
 
+    def invalid(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp_ms: int | None,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header] | None,
+        now_ms: int,
+        reason: str,
+    ) -> CopyRow:
+        """A dead (``invalid``) row keeping the record as it came, with ``reason``; never raises."""
+        default, now = self.default, pg_time(now_ms)
+        try:
+            encoded = encode_headers(headers or ())
+        except Exception as exc:  # not str names and bytes values: keep what can be kept, say so
+            encoded = b""
+            reason = f"{reason}; its headers could not be kept ({type(exc).__name__}: {exc})"
+        try:
+            retry_id = _raw_retry_id(headers or ()) or new_retry_id()
+        except Exception:
+            retry_id = new_retry_id()
+        return CopyRow(
+            source_topic=topic, source_partition=partition, source_offset=offset,
+            source_timestamp_ms=_int8(timestamp_ms), destination=None, destination_partition=None,
+            msg_key=key, msg_value=value, headers=encoded, attempt=0, policy=default.name,
+            reason=truncate_reason(reason, self.limits.max_reason_chars), error_class=None,
+            consumer_group=None, retry_id=retry_id, original_topic=None, original_partition=None,
+            original_offset=None, first_seen_at=pg_time(self._seen_ms(timestamp_ms, now_ms)), due_at=now,
+            status=Status.DEAD.value, dead_reason=protocol.DEAD_INVALID, dlq_topic=default.dlq_topic,
+            dead_at=now,
+        )  # fmt: skip
+
+    def _seen_ms(self, timestamp_ms: int | None, now_ms: int) -> int:
+        """The record's timestamp when it is trusted, else the ingest time."""
+        if timestamp_ms is not None and MIN_TRUSTED_MS <= timestamp_ms <= now_ms + self.max_skew_ms:
+            return timestamp_ms
+        if timestamp_ms is not None:
+            self.untrusted_timestamps += 1
+        return now_ms
+
+    def _row(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp_ms: int | None,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header] | None,
+        now_ms: int,
+    ) -> CopyRow:
+        parsed = parse_headers(
+            headers,
+            self.limits,
+            record_bytes=len(key or b"") + len(value or b""),
+            max_record_bytes=self.max_record_bytes,
+        )
+        try:
+            policy = self.registry.resolve(parsed.policy, parsed.destination)
+        except UnknownPolicyError as exc:
+            raise InvalidRecordError(str(exc)) from None
+        if parsed.at_ms is not None and parsed.at_ms > now_ms + self.max_ahead_ms:
+            raise InvalidRecordError(
+                f"header {protocol.AT}={parsed.at_ms} is more than {format_duration_ms(self.max_ahead_ms)} "
+                "ahead (RETRY_MAX_RETRY_AHEAD_MS); it must be in epoch milliseconds"
+            )
+        if (
+            parsed.original_timestamp_ms is not None
+            and parsed.original_timestamp_ms > now_ms + self.max_skew_ms
+        ):
+            raise InvalidRecordError(
+                f"header {protocol.ORIGINAL_TIMESTAMP}={parsed.original_timestamp_ms} is more than "
+                f"{format_duration_ms(self.max_skew_ms)} in the future (RETRY_MAX_CLOCK_SKEW_MS); it must be "
+                "in epoch milliseconds"
+            )
+        seen_ms = self._seen_ms(timestamp_ms, now_ms)
         retry_id = parsed.retry_id or new_retry_id()
         first_seen = parsed.original_timestamp_ms or seen_ms
         at_ms = parsed.at_ms
@@ -153,6 +229,16 @@ class RowBuilder:
             parsed.original_topic or parsed.destination, parsed.original_partition, parsed.original_offset,
             pg_time(first_seen), due, _DEAD if dead else _PENDING, dead, policy.dlq_topic, due if dead else None,
         )  # fmt: skip
+
+
+#: Record timestamps before this (2000-01-01 UTC) are not trusted: seconds or a clock at zero.
+MIN_TRUSTED_MS = 946_684_800_000
+_INT8 = range(-(2**63), 2**63)
+
+
+def _int8(value: int | None) -> int:
+    """A value for a ``bigint`` column: 0 for none or one out of range (a Kafka timestamp never is)."""
+    return value if value is not None and value in _INT8 else 0
 
 
 _DEAD, _PENDING = Status.DEAD.value, Status.PENDING.value

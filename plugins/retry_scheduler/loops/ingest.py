@@ -29,6 +29,7 @@ from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
 import retry_scheduler
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.durations import format_duration_ms
 from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import CopyRow
 from retry_scheduler.core.policy import PolicyRegistry
@@ -51,6 +52,8 @@ class IngestCounts:
     pending: int = 0
     dead: Counter[str] = field(default_factory=Counter)
     batches: int = 0
+    #: Records whose timestamp was outside the trusted window: their ingest time counted instead.
+    untrusted_timestamps: int = 0
 
     def add(self, other: IngestCounts) -> None:
         self.consumed += other.consumed
@@ -59,13 +62,15 @@ class IngestCounts:
         self.pending += other.pending
         self.dead.update(other.dead)
         self.batches += other.batches
+        self.untrusted_timestamps += other.untrusted_timestamps
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IngestCounts:
         """Inverse of :meth:`as_dict` (counts come back from worker processes as dicts)."""
         return cls(
-            d["consumed"], d["stored"], d["duplicates"], d["pending"], Counter(d["dead"]), d["batches"]
-        )
+            d["consumed"], d["stored"], d["duplicates"], d["pending"], Counter(d["dead"]), d["batches"],
+            d.get("untrusted_timestamps", 0),
+        )  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -75,6 +80,7 @@ class IngestCounts:
             "pending": self.pending,
             "dead": dict(self.dead),
             "batches": self.batches,
+            "untrusted_timestamps": self.untrusted_timestamps,
         }
 
 
@@ -125,6 +131,7 @@ class Ingestor:
         self.store = store
         self.limits = limits_for(settings, registry)
         self.rows = RowBuilder(settings, registry, self.limits)
+        self._untrusted_seen = 0
         self.clock = clock
         self.share = share
         if consumer is None:
@@ -226,12 +233,20 @@ class Ingestor:
                 continue
             topic, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
             ts_type, ts = msg.timestamp()
-            rows.append(
-                build(
-                    topic, partition, offset, ts if ts_type != 0 and ts > 0 else None, msg.key(), msg.value(),
-                    cast(Sequence[Header], msg.headers()), now_ms,
+            timestamp = ts if ts_type != 0 and ts > 0 else None
+            try:
+                headers = cast(Sequence[Header], msg.headers())
+            except Exception as exc:  # e.g. a header name that is not UTF-8: the client cannot decode it
+                rows.append(
+                    self.rows.invalid(
+                        topic, partition, offset, timestamp, msg.key(), msg.value(), (), now_ms,
+                        f"the record's headers cannot be read ({type(exc).__name__}: {exc})",
+                    )
+                )  # fmt: skip
+            else:
+                rows.append(
+                    build(topic, partition, offset, timestamp, msg.key(), msg.value(), headers, now_ms)
                 )
-            )  # fmt: skip
             offsets[(topic, partition)] = offset + 1  # a partition's records come in order
         return Batch(rows, offsets) if rows else None
 
@@ -241,6 +256,17 @@ class Ingestor:
             batch.rows, consumer_group=self.settings.consumer_group, offsets=batch.offsets
         )
         counts = IngestCounts(consumed=len(batch.rows), stored=len(stored), batches=1)
+        untrusted, self._untrusted_seen = (
+            self.rows.untrusted_timestamps - self._untrusted_seen,
+            self.rows.untrusted_timestamps,
+        )
+        if untrusted:
+            counts.untrusted_timestamps = untrusted
+            log.warning(
+                "%s record(s) carried a timestamp before 2000 or more than %s ahead: their ingest time "
+                "was used (their own is kept in source_timestamp_ms)", untrusted,
+                format_duration_ms(self.settings.max_clock_skew_ms),
+            )  # fmt: skip
         counts.duplicates = counts.consumed - counts.stored
         counts.pending = stored.count(None)
         counts.dead.update(reason for reason in stored if reason)
