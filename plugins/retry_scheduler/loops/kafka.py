@@ -31,7 +31,12 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
 def producer_config(settings: Settings) -> dict[str, Any]:
     return {
         "linger.ms": 2,
-        "compression.type": "lz4",
+        # Destination and DLQ topics are read by other teams' consumers, and not every client reads
+        # every codec (kafkajs has no built-in LZ4): no compression unless the settings ask for one.
+        "compression.type": "none",
+        # A record without a partition goes where a Java producer puts its key (murmur2), not where
+        # librdkafka's default (CRC32) would: a key's retries land on the partition of its first delivery.
+        "partitioner": "murmur2_random",
         # librdkafka itself refuses records over 1 000 000 bytes, less than RETRY_MAX_RECORD_BYTES, and an
         # oversize record still goes to the DLQ: the broker, which accepted it once, judges what fits.
         "message.max.bytes": min(1_000_000_000, max(64 * 1024 * 1024, 2 * settings.max_record_bytes)),
