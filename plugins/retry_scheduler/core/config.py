@@ -115,6 +115,8 @@ class Settings:
     destination_allowlist: str = DEFAULT_DESTINATION_ALLOWLIST
     #: Create missing destination and DLQ topics through the admin API before producing.
     create_topics: bool = False
+    #: Replication factor of the topics the service creates; -1: the broker's default.replication.factor.
+    topic_replication_factor: int = -1
     #: Records whose key + value + headers exceed this are dead (invalid).
     max_record_bytes: int = 1024 * 1024
     max_headers: int = 256
@@ -154,6 +156,11 @@ class Settings:
             )
         if self.ingest_workers < 1:
             raise ConfigError(f"RETRY_INGEST_WORKERS must be at least 1, not {self.ingest_workers}")
+        if self.topic_replication_factor == 0 or self.topic_replication_factor < -1:
+            raise ConfigError(
+                f"RETRY_TOPIC_REPLICATION_FACTOR must be -1 (the broker's default) or at least 1, "
+                f"not {self.topic_replication_factor}"
+            )
         if self.max_clock_skew_ms < 0 or self.max_retry_ahead_ms < 0:
             raise ConfigError("RETRY_MAX_CLOCK_SKEW_MS and RETRY_MAX_RETRY_AHEAD_MS must be >= 0")
         if not 1 <= self.max_header_name_chars <= 16_383:
@@ -199,6 +206,9 @@ class Settings:
             consumer_group=env.get("RETRY_CONSUMER_GROUP") or defaults.consumer_group,
             destination_allowlist=env.get("RETRY_DESTINATION_ALLOWLIST") or DEFAULT_DESTINATION_ALLOWLIST,
             create_topics=_env_bool(env, "RETRY_CREATE_TOPICS", defaults.create_topics),
+            topic_replication_factor=_env_int(
+                env, "RETRY_TOPIC_REPLICATION_FACTOR", defaults.topic_replication_factor
+            ),
             max_record_bytes=_env_int(env, "RETRY_MAX_RECORD_BYTES", defaults.max_record_bytes),
             max_header_name_chars=_env_int(
                 env, "RETRY_MAX_HEADER_NAME_CHARS", defaults.max_header_name_chars

@@ -58,6 +58,17 @@ def require_migrated(conn: psycopg.Connection[Any], database_url: str) -> None:
         )
 
 
+_URL_PASSWORD = re.compile(r"://([^:/@\s]*):[^@\s]*@")
+_PARAM_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#\s]*", re.IGNORECASE)
+_KEYWORD_PASSWORD = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&#]+)", re.IGNORECASE)
+
+
 def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***``, for messages and logs."""
-    return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
+    """The database URL or DSN with every password replaced by ``***``, for messages and logs.
+
+    Covers ``postgresql://user:secret@host/db``, ``...?password=secret`` (and ``sslpassword``), and
+    keyword DSNs such as ``host=db password='se cret'``.
+    """
+    text = _URL_PASSWORD.sub(r"://\1:***@", url)
+    text = _PARAM_PASSWORD.sub(r"\1***", text)
+    return _KEYWORD_PASSWORD.sub(r"\1***", text)

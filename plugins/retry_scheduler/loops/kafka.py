@@ -79,11 +79,15 @@ class TopicManager:
         missing = sorted(wanted - self.known)
         if not missing or not create:
             return missing
-        futures = self.admin.create_topics([NewTopic(t, partitions, 1) for t in missing])
+        replication = self.settings.topic_replication_factor
+        futures = self.admin.create_topics([NewTopic(t, partitions, replication) for t in missing])
         for topic, future in futures.items():
             try:
                 future.result(timeout=15)
-                log.info("created topic %s", topic)
+                log.info(
+                    "created topic %s (%s partitions, replication factor %s)", topic, partitions,
+                    "the broker's default" if replication < 0 else replication,
+                )  # fmt: skip
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     log.warning("could not create topic %s: %s", topic, exc)

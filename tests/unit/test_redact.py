@@ -1,0 +1,37 @@
+"""Passwords never reach a message: every form of database URL or DSN is redacted."""
+
+from __future__ import annotations
+
+import pytest
+
+from retry_scheduler.core.config import ConfigError, Settings
+from retry_scheduler.db.connection import redact_url
+
+SECRET = "s3cr3t-Pa55"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown"),
+    [
+        (f"postgresql://svc:{SECRET}@db:5432/retry", "postgresql://svc:***@db:5432/retry"),
+        (f"postgresql://svc@db/retry?password={SECRET}", "postgresql://svc@db/retry?password=***"),
+        (
+            f"postgresql://db/retry?sslmode=require&PASSWORD={SECRET}&x=1",
+            "postgresql://db/retry?sslmode=require&PASSWORD=***&x=1",
+        ),
+        (f"postgresql://db/retry?sslpassword={SECRET}", "postgresql://db/retry?sslpassword=***"),
+        (f"host=db user=svc password={SECRET} dbname=retry", "host=db user=svc password=*** dbname=retry"),
+        (f"host=db password = '{SECRET} with spaces' dbname=retry", "host=db password = *** dbname=retry"),
+        ("postgresql://svc@db/retry", "postgresql://svc@db/retry"),
+    ],
+)
+def test_every_form_of_password_is_redacted(dsn: str, shown: str) -> None:
+    assert redact_url(dsn) == shown
+    assert SECRET not in redact_url(dsn)
+
+
+def test_replication_factor_is_the_brokers_default_or_a_real_count() -> None:
+    assert Settings().topic_replication_factor == -1
+    assert Settings.from_env({"RETRY_TOPIC_REPLICATION_FACTOR": "3"}).topic_replication_factor == 3
+    with pytest.raises(ConfigError, match="RETRY_TOPIC_REPLICATION_FACTOR must be -1"):
+        Settings(topic_replication_factor=0)
