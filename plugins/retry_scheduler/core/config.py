@@ -163,10 +163,9 @@ class Settings:
             )
         if self.max_clock_skew_ms < 0 or self.max_retry_ahead_ms < 0:
             raise ConfigError("RETRY_MAX_CLOCK_SKEW_MS and RETRY_MAX_RETRY_AHEAD_MS must be >= 0")
-        if not 1 <= self.max_header_name_chars <= 16_383:
-            # 16 383 characters of up to 4 UTF-8 bytes each still fit the stored header's 2-byte length.
+        if self.max_header_name_chars < 1:
             raise ConfigError(
-                f"RETRY_MAX_HEADER_NAME_CHARS must be between 1 and 16383, not {self.max_header_name_chars}"
+                f"RETRY_MAX_HEADER_NAME_CHARS must be at least 1, not {self.max_header_name_chars}"
             )
         if self.publish_workers < 1:
             raise ConfigError(f"RETRY_PUBLISH_WORKERS must be at least 1, not {self.publish_workers}")
