@@ -119,7 +119,56 @@ class RowBuilder:
     ) -> CopyRow:
         """The row of one consumed record; never raises."""
         try:
-            return self._row(topic, partition, offset, timestamp_ms, key, value, headers, now_ms)
+            parsed = parse_headers(
+                headers,
+                self.limits,
+                record_bytes=len(key or b"") + len(value or b""),
+                max_record_bytes=self.max_record_bytes,
+            )
+            try:
+                policy = self.registry.resolve(parsed.policy, parsed.destination)
+            except UnknownPolicyError as exc:
+                raise InvalidRecordError(str(exc)) from None
+            if parsed.at_ms is not None and parsed.at_ms > now_ms + self.max_ahead_ms:
+                raise InvalidRecordError(
+                    f"header {protocol.AT}={parsed.at_ms} is more than {format_duration_ms(self.max_ahead_ms)} "
+                    "ahead (RETRY_MAX_RETRY_AHEAD_MS); it must be in epoch milliseconds"
+                )
+            if (
+                parsed.original_timestamp_ms is not None
+                and parsed.original_timestamp_ms > now_ms + self.max_skew_ms
+            ):
+                raise InvalidRecordError(
+                    f"header {protocol.ORIGINAL_TIMESTAMP}={parsed.original_timestamp_ms} is more than "
+                    f"{format_duration_ms(self.max_skew_ms)} in the future (RETRY_MAX_CLOCK_SKEW_MS); it must be "
+                    "in epoch milliseconds"
+                )
+            seen_ms = self._seen_ms(timestamp_ms, now_ms)
+            retry_id = parsed.retry_id or new_retry_id()
+            first_seen = parsed.original_timestamp_ms or seen_ms
+            at_ms = parsed.at_ms
+            if at_ms is None and topic in self.delay_topics:
+                at_ms = seen_ms + self.delay_topics[topic]
+            decision = policy.decide(
+                attempt=parsed.attempt,
+                first_seen_ms=first_seen,
+                base_ms=seen_ms,
+                now_ms=now_ms,
+                retry_id=retry_id,
+                error_class=parsed.error_class,
+                at_ms=at_ms,
+                send_to_dlq=parsed.send_to_dlq,
+            )
+            dead, due = decision.dead_reason, pg_time(decision.due_ms)
+            # Positional (the hot path, a third faster than keywords), in CopyRow's field order.
+            return CopyRow(
+                topic, partition, offset, timestamp_ms or 0, parsed.destination, parsed.destination_partition, key,
+                value, encode_headers(parsed.passthrough), parsed.attempt, policy.name, parsed.reason,
+                parsed.error_class, parsed.group, retry_id,
+                # A record that names no origin came from its destination.
+                parsed.original_topic or parsed.destination, parsed.original_partition, parsed.original_offset,
+                pg_time(first_seen), due, _DEAD if dead else _PENDING, dead, policy.dlq_topic, due if dead else None,
+            )  # fmt: skip
         except InvalidRecordError as exc:
             reason = str(exc)
         except Exception as exc:  # a fault of ours must not halt ingestion: keep the record, dead
@@ -167,68 +216,6 @@ class RowBuilder:
         if timestamp_ms is not None:
             self.untrusted_timestamps += 1
         return now_ms
-
-    def _row(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        timestamp_ms: int | None,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Sequence[Header] | None,
-        now_ms: int,
-    ) -> CopyRow:
-        parsed = parse_headers(
-            headers,
-            self.limits,
-            record_bytes=len(key or b"") + len(value or b""),
-            max_record_bytes=self.max_record_bytes,
-        )
-        try:
-            policy = self.registry.resolve(parsed.policy, parsed.destination)
-        except UnknownPolicyError as exc:
-            raise InvalidRecordError(str(exc)) from None
-        if parsed.at_ms is not None and parsed.at_ms > now_ms + self.max_ahead_ms:
-            raise InvalidRecordError(
-                f"header {protocol.AT}={parsed.at_ms} is more than {format_duration_ms(self.max_ahead_ms)} "
-                "ahead (RETRY_MAX_RETRY_AHEAD_MS); it must be in epoch milliseconds"
-            )
-        if (
-            parsed.original_timestamp_ms is not None
-            and parsed.original_timestamp_ms > now_ms + self.max_skew_ms
-        ):
-            raise InvalidRecordError(
-                f"header {protocol.ORIGINAL_TIMESTAMP}={parsed.original_timestamp_ms} is more than "
-                f"{format_duration_ms(self.max_skew_ms)} in the future (RETRY_MAX_CLOCK_SKEW_MS); it must be "
-                "in epoch milliseconds"
-            )
-        seen_ms = self._seen_ms(timestamp_ms, now_ms)
-        retry_id = parsed.retry_id or new_retry_id()
-        first_seen = parsed.original_timestamp_ms or seen_ms
-        at_ms = parsed.at_ms
-        if at_ms is None and topic in self.delay_topics:
-            at_ms = seen_ms + self.delay_topics[topic]
-        decision = policy.decide(
-            attempt=parsed.attempt,
-            first_seen_ms=first_seen,
-            base_ms=seen_ms,
-            now_ms=now_ms,
-            retry_id=retry_id,
-            error_class=parsed.error_class,
-            at_ms=at_ms,
-            send_to_dlq=parsed.send_to_dlq,
-        )
-        dead, due = decision.dead_reason, pg_time(decision.due_ms)
-        # Positional (the hot path, a third faster than keywords), in CopyRow's field order.
-        return CopyRow(
-            topic, partition, offset, timestamp_ms or 0, parsed.destination, parsed.destination_partition, key,
-            value, encode_headers(parsed.passthrough), parsed.attempt, policy.name, parsed.reason,
-            parsed.error_class, parsed.group, retry_id,
-            # A record that names no origin came from its destination.
-            parsed.original_topic or parsed.destination, parsed.original_partition, parsed.original_offset,
-            pg_time(first_seen), due, _DEAD if dead else _PENDING, dead, policy.dlq_topic, due if dead else None,
-        )  # fmt: skip
 
 
 #: Record timestamps before this (2000-01-01 UTC) are not trusted: seconds or a clock at zero.

@@ -100,6 +100,8 @@ class Batch:
 
     rows: list[CopyRow]
     offsets: dict[tuple[str, int], int]
+    #: Rows whose record timestamp was not trusted (their ingest time counted instead).
+    untrusted_timestamps: int = 0
 
 
 class Ingestor:
@@ -131,7 +133,6 @@ class Ingestor:
         self.store = store
         self.limits = limits_for(settings, registry)
         self.rows = RowBuilder(settings, registry, self.limits)
-        self._untrusted_seen = 0
         self.clock = clock
         self.share = share
         if consumer is None:
@@ -223,6 +224,7 @@ class Ingestor:
         messages = self.consumer.consume(self.settings.ingest_batch, timeout_s)
         now_ms = int(self.clock() * 1000)
         build = self.rows.row
+        untrusted_before = self.rows.untrusted_timestamps
         rows: list[CopyRow] = []
         offsets: dict[tuple[str, int], int] = {}
         for msg in messages:
@@ -248,7 +250,8 @@ class Ingestor:
                     build(topic, partition, offset, timestamp, msg.key(), msg.value(), headers, now_ms)
                 )
             offsets[(topic, partition)] = offset + 1  # a partition's records come in order
-        return Batch(rows, offsets) if rows else None
+        untrusted = self.rows.untrusted_timestamps - untrusted_before
+        return Batch(rows, offsets, untrusted) if rows else None
 
     def store_batch(self, batch: Batch) -> IngestCounts:
         """Store a batch's rows and its next offsets in one transaction."""
@@ -256,10 +259,7 @@ class Ingestor:
             batch.rows, consumer_group=self.settings.consumer_group, offsets=batch.offsets
         )
         counts = IngestCounts(consumed=len(batch.rows), stored=len(stored), batches=1)
-        untrusted, self._untrusted_seen = (
-            self.rows.untrusted_timestamps - self._untrusted_seen,
-            self.rows.untrusted_timestamps,
-        )
+        untrusted = batch.untrusted_timestamps
         if untrusted:
             counts.untrusted_timestamps = untrusted
             log.warning(
