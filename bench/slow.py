@@ -23,6 +23,7 @@ from retry_scheduler.dev.procs import free_port
 
 if TYPE_CHECKING:
     from bench.env import BenchEnv, Sizes
+    from retry_scheduler.core.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,9 @@ log = logging.getLogger(__name__)
 # -- PySpark: bulk retry and compaction ---------------------------------------------------------------
 
 
-def _spark(app: str, job_args: list[str]) -> tuple[int, dict[str, Any], float]:
+def _spark(
+    app: str, job_args: list[str], settings: Settings | None = None
+) -> tuple[int, dict[str, Any], float]:
     """Run a job of include/spark the way ``retry-scheduler bulk-retry|compact`` does; exit code,
     the job's JSON result and the wall seconds (Spark's start-up included)."""
     from retry_scheduler.spark.submit import run_spark_submit
@@ -38,7 +41,7 @@ def _spark(app: str, job_args: list[str]) -> tuple[int, dict[str, Any], float]:
     out = io.StringIO()
     began = time.perf_counter()
     with contextlib.redirect_stdout(out):
-        code = run_spark_submit(app, job_args)
+        code = run_spark_submit(app, job_args, settings)
     took = time.perf_counter() - began
     lines = [line for line in out.getvalue().splitlines() if line.startswith("{")]
     return code, json.loads(lines[-1]) if lines else {}, took
@@ -77,7 +80,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
 
     params = {"destination": destination, "status": "dead", "dry_run": False}
     with ProcessCpu() as bulk_cpu:
-        code, bulk, bulk_s = _spark(str(BULK_RETRY_APP), bulk_retry_args(params, settings))
+        code, bulk, bulk_s = _spark(str(BULK_RETRY_APP), bulk_retry_args(params), settings)
     counts = dict(env.sql("bench_status_counts", fetch=True))
     if code != 0 or bulk.get("published") != sizes.spark_rows or counts.get("published") != sizes.spark_rows:
         raise BenchError(f"bulk retry exited {code} with {bulk}; jobs by status now {counts}")
@@ -85,7 +88,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
     archive = (env.work_dir / "archive").resolve().as_uri()
     with ProcessCpu() as compact_cpu:
         code, compact, compact_s = _spark(
-            str(COMPACT_APP), compact_args(settings, older_than="0s", archive=archive)
+            str(COMPACT_APP), compact_args(older_than="0s", archive=archive), settings
         )
     left = dict(env.sql("bench_status_counts", fetch=True))
     if code != 0 or left:

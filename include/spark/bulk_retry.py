@@ -2,10 +2,13 @@
 
 For example every dead job of a destination after its outage::
 
+    export RETRY_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/retry_scheduler
+    export KAFKA_BOOTSTRAP_SERVERS=localhost:9092 RETRY_KAFKA_CONFIG='{}'   # librdkafka settings as JSON
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/spark-submit --master 'local[2]' \\
-        --jars /usr/share/java/postgresql.jar include/spark/bulk_retry.py \\
-        --database-url postgresql://postgres@127.0.0.1:5432/retry_scheduler \\
-        --bootstrap-servers localhost:9092 --destination orders --dry-run
+        --jars /usr/share/java/postgresql.jar include/spark/bulk_retry.py --destination orders --dry-run
+
+The connections come from that environment or from ``--connection-file`` (what the DAG and
+``retry-scheduler bulk-retry`` pass), never from the command line, where every user could read a password.
 
 The driver counts the selection with one small parameterised query (per destination, with the
 lowest and highest id), then the executors read it over JDBC in parallel id ranges, hand it to

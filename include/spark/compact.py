@@ -2,9 +2,12 @@
 
 The ``retry_compaction`` DAG runs it once a day for the UTC day of its data interval; by hand::
 
+    RETRY_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/retry_scheduler \\
     spark-submit --jars /usr/share/java/postgresql.jar include/spark/compact.py \\
-        --database-url postgresql://postgres@127.0.0.1:5432/retry_scheduler \\
         --archive /data/retry-archive --older-than 7d
+
+The database comes from ``RETRY_DATABASE_URL`` or from ``--connection-file`` (what the DAG and
+``retry-scheduler compact`` pass), never from the command line, where every user could read a password.
 
 Processed jobs are ``published`` ones (processed at ``published_at``) and ``dead`` ones older than the
 dead retention (processed at ``dead_at``). A run selects them (``--older-than``: processed before

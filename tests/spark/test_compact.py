@@ -18,6 +18,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import BinaryType, LongType, StringType, TimestampType
 from pyspark.testing import assertDataFrameEqual
 
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.connection_file import connection_file
 from retry_scheduler.core.jobs import Job, Status
 from retry_scheduler.db.store import Store
 from retry_scheduler.spark import compaction as compact
@@ -151,11 +153,11 @@ def test_archive_paths_are_local_unless_a_uri(tmp_path: Path, monkeypatch: pytes
 )
 def test_bad_arguments_are_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
-        compact.parse_args(["--database-url", "postgresql://h/db", "--archive", "/a", *argv])
+        compact.parse_args(["--archive", "/a", *argv])
 
 
 def test_defaults() -> None:
-    args = compact.parse_args(["--database-url", "postgresql://h/db", "--archive", "/a"])
+    args = compact.parse_args(["--archive", "/a"])
     assert (args.older_than, args.day, args.dead_retention) == (7 * DAY_MS, None, 30 * DAY_MS)
     assert (args.delete_batch, args.delete_workers, args.partitions, args.dry_run) == (50_000, 2, 8, False)
 
@@ -245,9 +247,11 @@ def normalise(value: Any) -> Any:
 
 
 def run(database_url: str, archive: Path | str, *args: str) -> dict[str, Any]:
-    return compact.main(
-        ["--database-url", database_url, "--archive", str(archive), "--partitions", "3", *args]
-    )
+    """The job as spark-submit runs it: its connection in a private file, never on the command line."""
+    with connection_file(Settings(database_url=database_url)) as path:
+        return compact.main(
+            ["--connection-file", str(path), "--archive", str(archive), "--partitions", "3", *args]
+        )
 
 
 def day_args(day: date, now: datetime, dead_boundary: datetime) -> list[str]:

@@ -5,31 +5,26 @@ from pathlib import Path
 
 import pytest
 
-from retry_scheduler.core.config import Settings, dev_home
+from retry_scheduler.core.config import dev_home
 from retry_scheduler.spark.class_archive import class_archive
 from retry_scheduler.spark.jdbc import JobArgumentError
 from retry_scheduler.spark.submit import bulk_retry_args, compact_args, spark_conf
-
-SETTINGS = Settings(
-    database_url="postgresql://u@db/retry", kafka={"bootstrap.servers": "k:9092", "acks": "all"}
-)
 
 
 def test_bulk_retry_args_from_a_full_form() -> None:
     args = bulk_retry_args(
         {"destination": "payments", "status": "dead", "error_class": "*Timeout*", "since": "2026-11-20T10:00:00Z",
          "until": "2026-11-20T14:00:00+00:00", "limit": 500, "dry_run": False},
-        SETTINGS,
     )  # fmt: skip
+    # No connection among them: the job reads those from its connection file.
     assert args == [
-        "--database-url", "postgresql://u@db/retry", "--bootstrap-servers", "k:9092", "--kafka-config", '{"acks": "all"}',
         "--destination", "payments", "--status", "dead", "--error-class", "*Timeout*",
         "--since", "2026-11-20T10:00:00+00:00", "--until", "2026-11-20T14:00:00+00:00", "--limit", "500",
     ]  # fmt: skip
 
 
 def test_bulk_retry_is_a_dry_run_unless_told_otherwise() -> None:
-    assert bulk_retry_args({}, SETTINGS)[-3:] == ["--status", "dead", "--dry-run"]
+    assert bulk_retry_args({})[-3:] == ["--status", "dead", "--dry-run"]
 
 
 @pytest.mark.parametrize(
@@ -44,14 +39,14 @@ def test_bulk_retry_is_a_dry_run_unless_told_otherwise() -> None:
 )
 def test_bulk_retry_rejects_bad_forms(params: dict, message: str) -> None:
     with pytest.raises(JobArgumentError, match=message):
-        bulk_retry_args(params, SETTINGS)
+        bulk_retry_args(params)
 
 
 def test_compact_args_for_a_day_and_for_an_age() -> None:
-    assert compact_args(SETTINGS, day="2026-11-20", archive="s3a://b/a")[2:] == [
+    assert compact_args(day="2026-11-20", archive="s3a://b/a") == [
         "--archive", "s3a://b/a", "--day", "2026-11-20", "--dead-retention", "30d",
     ]  # fmt: skip
-    assert "--older-than" in compact_args(SETTINGS, older_than="0s", archive="/tmp/a", dry_run=True)
+    assert "--older-than" in compact_args(older_than="0s", archive="/tmp/a", dry_run=True)
 
 
 @pytest.mark.parametrize(
@@ -66,7 +61,7 @@ def test_compact_args_for_a_day_and_for_an_age() -> None:
 )
 def test_compact_rejects_bad_arguments(kwargs: dict, message: str) -> None:
     with pytest.raises(JobArgumentError, match=message):
-        compact_args(SETTINGS, archive="/tmp/a", **kwargs)
+        compact_args(archive="/tmp/a", **kwargs)
 
 
 def test_postgres_url_from_connection_fields() -> None:

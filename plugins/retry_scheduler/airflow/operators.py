@@ -3,28 +3,56 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from retry_scheduler.spark.jdbc import jdbc_jars, spark_packages
 from retry_scheduler.spark.submit import spark_conf
 
-if TYPE_CHECKING:
-    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+class RetrySparkSubmitOperator(SparkSubmitOperator):
+    """``SparkSubmitOperator`` that hands the job its connections in a private file, at run time.
+
+    When the task runs, it reads ``retry_postgres`` and ``retry_kafka``, writes them to a file only
+    the task's user can read (:mod:`retry_scheduler.core.connection_file`), adds
+    ``--connection-file PATH`` to the job's arguments and deletes the file when spark-submit is done.
+    No password goes into XCom, the rendered arguments, the logged ``spark-submit`` command or any
+    process's command line. The driver therefore runs beside the task: ``deploy-mode`` client
+    (Spark's default); a connection asking for ``cluster`` is refused with what to change.
+    """
+
+    def execute(self, context: Any) -> None:
+        from retry_scheduler.airflow.hook import settings_from_connections
+        from retry_scheduler.core.connection_file import CONNECTION_FILE_OPTION, connection_file
+
+        if self._get_hook()._connection["deploy_mode"] == "cluster":
+            raise ValueError(
+                f"{self._conn_id}: the retry-scheduler jobs run their driver beside the task "
+                "(deploy-mode client), where it reads its connections from a private file; "
+                "remove deploy-mode=cluster from the connection"
+            )
+        job_args = list(self.application_args or [])
+        with connection_file(settings_from_connections()) as path:
+            self.application_args = [*job_args, CONNECTION_FILE_OPTION, str(path)]
+            self._hook = None  # built again, with the file's path
+            try:
+                super().execute(context)
+            finally:
+                self.application_args = job_args
 
 
 def spark_submit_operator(
     *, task_id: str, application: Path, name: str, application_args: Any
-) -> SparkSubmitOperator:
-    """The ``SparkSubmitOperator`` of a retry-scheduler DAG, with what every job submission takes.
+) -> RetrySparkSubmitOperator:
+    """The Spark submission of a retry-scheduler DAG, with what every job submission takes.
 
     The ``spark_default`` connection says where to submit; the JDBC driver (``jdbc_jars``) or
     ``RETRY_SPARK_PACKAGES``, and the class archive of ``make spark-deps`` (``spark_conf``), are
     added as ``retry-scheduler bulk-retry|compact`` adds them. ``application_args`` may be an
-    XComArg, resolved at run time.
+    XComArg, resolved at run time; it holds no connection (:class:`RetrySparkSubmitOperator`).
     """
-    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-
-    return SparkSubmitOperator(
+    return RetrySparkSubmitOperator(
         task_id=task_id,
         application=str(application),
         conn_id="spark_default",

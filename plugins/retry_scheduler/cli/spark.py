@@ -20,20 +20,19 @@ def _cmd_bulk_retry(args: argparse.Namespace, settings: Settings) -> int:
         "limit": args.limit,
         "dry_run": args.dry_run,
     }
-    return run_spark_submit(BULK_RETRY_APP, bulk_retry_args(params, settings))
+    return run_spark_submit(BULK_RETRY_APP, bulk_retry_args(params), settings)
 
 
 def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.spark.submit import COMPACT_APP, compact_args, run_spark_submit
 
     job_args = compact_args(
-        settings,
         older_than=args.older_than,
         archive=args.archive,
         dead_retention=args.dead_retention,
         dry_run=args.dry_run,
     )
-    return run_spark_submit(COMPACT_APP, job_args)
+    return run_spark_submit(COMPACT_APP, job_args, settings)
 
 
 def add_parsers(sub: Any) -> None:

@@ -7,6 +7,7 @@ the ``retry_postgres`` / ``retry_kafka`` connections, see ``retry_scheduler.airf
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -75,6 +76,24 @@ def _parse_delay_topics(raw: str) -> dict[str, int]:
             )
         topics[name.strip()] = parse_duration_ms(delay.strip())
     return topics
+
+
+def kafka_config_from_json(text: str, where: str) -> dict[str, Any]:
+    """librdkafka settings from a JSON object (``RETRY_KAFKA_CONFIG``, a connection file).
+
+    The error names ``where`` the text came from and never repeats the text: it may hold passwords.
+    """
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where} is not JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(config, dict) or not all(
+        isinstance(v, str | int | float | bool) for v in config.values()
+    ):
+        raise ConfigError(
+            f'{where} must be a JSON object of librdkafka settings, e.g. {{"security.protocol": "SASL_SSL"}}'
+        )
+    return config
 
 
 def _env_bool(env: dict[str, str], name: str, default: bool) -> bool:
@@ -196,7 +215,10 @@ class Settings:
         """Build settings from environment variables (see README, "Configuration")."""
         env = dict(os.environ if env is None else env)
         defaults = cls()
-        kafka = {"bootstrap.servers": env.get("KAFKA_BOOTSTRAP_SERVERS") or DEFAULT_BOOTSTRAP_SERVERS}
+        kafka = {
+            **kafka_config_from_json(env.get("RETRY_KAFKA_CONFIG") or "{}", "RETRY_KAFKA_CONFIG"),
+            "bootstrap.servers": env.get("KAFKA_BOOTSTRAP_SERVERS") or DEFAULT_BOOTSTRAP_SERVERS,
+        }
         return cls(
             database_url=env.get("RETRY_DATABASE_URL") or DEFAULT_DATABASE_URL,
             kafka=kafka,

@@ -32,7 +32,8 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
-from retry_scheduler.core.config import Settings
+from retry_scheduler.core.config import ConfigError, Settings
+from retry_scheduler.core.connection_file import add_connection_options, job_settings
 from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import OutgoingRow, Status, destination_headers
 from retry_scheduler.db.connection import StoreError, connect
@@ -341,8 +342,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser = argparse.ArgumentParser(
         prog="bulk_retry.py", description="Re-publish a filtered set of retry jobs to their destinations."
     )
-    parser.add_argument("--database-url", required=True, help="libpq URL of the retry database")
-    parser.add_argument("--bootstrap-servers", required=True, help="Kafka bootstrap servers, host:port")
+    add_connection_options(parser)
     parser.add_argument("--destination", help="only jobs of this destination topic")
     parser.add_argument("--status", choices=[s.value for s in SELECTABLE], default=Status.DEAD.value)
     parser.add_argument("--error-class", help="glob on the error class, * matches anything")
@@ -356,7 +356,6 @@ def parse_args(argv: list[str] | None = None) -> Options:
         type=_positive("--fetchsize", 1_000_000),
         help="rows per JDBC round trip (default: up to 10000, fewer for large records, 64 MiB at most)",
     )
-    parser.add_argument("--kafka-config", default="{}", help="extra librdkafka settings as a JSON object")
     parser.add_argument(
         "--mark-batch",
         type=_positive("--mark-batch", 1_000_000),
@@ -366,16 +365,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
     )
     parser.add_argument("--run-id", help="name of this run, in its logs and result (default: a new uuid)")
     args = parser.parse_args(argv)
-    try:
-        kafka_config = json.loads(args.kafka_config)
-    except json.JSONDecodeError as exc:
-        raise BulkRetryError(f"--kafka-config is not JSON: {exc}") from None
-    if not isinstance(kafka_config, dict) or not all(
-        isinstance(v, str | int | float | bool) for v in kafka_config.values()
-    ):
-        raise BulkRetryError(
-            '--kafka-config must be a JSON object of settings, e.g. {"security.protocol": "SSL"}'
-        )
+    settings = job_settings(args)
+    kafka_config = {k: v for k, v in settings.kafka.items() if k != "bootstrap.servers"}
     run_id = args.run_id or str(uuid.uuid4())
     if not RUN_ID.fullmatch(run_id):
         raise BulkRetryError("--run-id must be 1-128 characters of [A-Za-z0-9._:-]")
@@ -388,14 +379,14 @@ def parse_args(argv: list[str] | None = None) -> Options:
         limit=args.limit,
     )
     return Options(
-        database_url=args.database_url,
-        bootstrap_servers=args.bootstrap_servers,
+        database_url=settings.database_url,
+        bootstrap_servers=settings.bootstrap_servers,
         selection=selection,
         dry_run=args.dry_run,
         partitions=args.partitions,
         fetchsize=args.fetchsize,
         kafka_config=kafka_config,
-        producer_conf=producer_settings(args.bootstrap_servers, kafka_config),
+        producer_conf=producer_settings(settings.bootstrap_servers, kafka_config),
         run_id=run_id,
         mark_batch=args.mark_batch,
     )
@@ -501,7 +492,7 @@ def run(argv: list[str] | None = None) -> int:
     )
     try:
         outcome = main(argv)
-    except (BulkRetryError, JobArgumentError, StoreError) as exc:
+    except (BulkRetryError, JobArgumentError, StoreError, ConfigError) as exc:
         print(f"bulk_retry: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -25,6 +25,8 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from retry_scheduler.core.config import ConfigError
+from retry_scheduler.core.connection_file import add_connection_options, job_settings
 from retry_scheduler.core.durations import parse_duration_ms
 from retry_scheduler.db.connection import StoreError, connect
 from retry_scheduler.spark.compaction_db import (
@@ -354,7 +356,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="compact.py",
         description="Archive processed retry jobs to Parquet, then delete them from PostgreSQL.",
     )
-    parser.add_argument("--database-url", required=True, help="postgresql://user:password@host:port/db")
+    add_connection_options(parser, kafka=False)
     parser.add_argument(
         "--archive", required=True, help="local path or Hadoop URI (file://, s3a://, hdfs://...)"
     )
@@ -377,6 +379,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run-id", type=_run_id, help="default: compact__<UTC time>_<random>")
     parser.add_argument("--dry-run", action="store_true", help="count and report; write and delete nothing")
     args = parser.parse_args(argv)
+    args.database_url = job_settings(args).database_url
     if args.day is None and args.older_than is None:
         args.older_than = _duration("7d")
     return args
@@ -405,7 +408,7 @@ def run(argv: list[str] | None = None) -> int:
         result = main(argv)
     except ArchiveVerificationError:
         raise  # nothing was deleted; the traceback shows where the archive and the selection differ
-    except (CompactionError, StoreError) as exc:
+    except (CompactionError, StoreError, ConfigError) as exc:
         # Cannot start (no schema, another run in progress, PostgreSQL unreachable): say why, exit 2.
         print(f"compact: {exc}", file=sys.stderr)
         return 2

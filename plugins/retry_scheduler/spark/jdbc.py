@@ -76,21 +76,23 @@ def jdbc_target(database_url: str) -> JdbcTarget:
     """Turn a libpq URL (``postgresql://user:pw@host:port/db?sslmode=...``) into a JDBC URL and properties."""
     parts = urlsplit(database_url)
     if parts.scheme not in ("postgresql", "postgres"):
-        raise JobArgumentError("--database-url must be a postgresql:// URL")
+        raise JobArgumentError(
+            "the database URL must be a postgresql:// URL (RETRY_DATABASE_URL, the retry_postgres connection)"
+        )
     query = dict(parse_qsl(parts.query))
     unsupported = sorted(set(query) - set(_JDBC_PARAMS) - {"user", "password"})
     if unsupported:
         raise JobArgumentError(
-            f"--database-url parameter(s) {', '.join(unsupported)} have no JDBC equivalent here "
+            f"database URL parameter(s) {', '.join(unsupported)} have no JDBC equivalent here "
             f"(supported: {', '.join(sorted(_JDBC_PARAMS))}, user, password)"
         )
     try:
         port = parts.port or 5432
     except ValueError:
-        raise JobArgumentError("--database-url has an invalid port") from None
+        raise JobArgumentError("the database URL has an invalid port") from None
     host = parts.hostname
     if not host:
-        raise JobArgumentError("--database-url needs a host: JDBC cannot connect through a Unix socket")
+        raise JobArgumentError("the database URL needs a host: JDBC cannot connect through a Unix socket")
     user = unquote(parts.username) if parts.username else query.get("user") or getuser()
     password = unquote(parts.password) if parts.password is not None else query.get("password")
     dbname = unquote(parts.path.lstrip("/")) or user

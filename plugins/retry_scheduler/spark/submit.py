@@ -8,6 +8,7 @@ the same arguments.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from retry_scheduler.core.config import Settings, dev_home
+from retry_scheduler.core.connection_file import CONNECTION_FILE_OPTION, connection_file
 from retry_scheduler.core.durations import parse_duration_ms
 from retry_scheduler.core.protocol import TOPIC_NAME
 from retry_scheduler.spark.class_archive import archive_complete, class_archive
@@ -68,17 +70,13 @@ def _iso(name: str, value: Any) -> str | None:
     return parsed.isoformat()
 
 
-def _connection_args(settings: Settings) -> list[str]:
-    extra = {k: v for k, v in settings.kafka.items() if k != "bootstrap.servers"}
-    args = ["--database-url", settings.database_url, "--bootstrap-servers", settings.bootstrap_servers]
-    if extra:
-        args += ["--kafka-config", json.dumps(extra)]
-    return args
+def bulk_retry_args(params: Mapping[str, Any]) -> list[str]:
+    """Validate the bulk-retry filters and return the job's arguments.
 
-
-def bulk_retry_args(params: Mapping[str, Any], settings: Settings) -> list[str]:
-    """Validate the bulk-retry filters and return the job's arguments."""
-    args = _connection_args(settings)
+    They hold no connection: the job reads those from the connection file :func:`run_spark_submit`
+    (or the DAGs' operator) hands it, never from its command line.
+    """
+    args: list[str] = []
     destination = params.get("destination") or None
     if destination is not None:
         if not TOPIC_NAME.fullmatch(str(destination)):
@@ -106,7 +104,6 @@ def bulk_retry_args(params: Mapping[str, Any], settings: Settings) -> list[str]:
 
 
 def compact_args(
-    settings: Settings,
     *,
     day: str | None = None,
     older_than: str | None = None,
@@ -114,7 +111,10 @@ def compact_args(
     dead_retention: str = "30d",
     dry_run: bool = False,
 ) -> list[str]:
-    """Arguments of the compaction job: one UTC ``day`` (the DAG) or everything ``older_than``."""
+    """Arguments of the compaction job: one UTC ``day`` (the DAG) or everything ``older_than``.
+
+    No connection among them, as for :func:`bulk_retry_args`.
+    """
     if (day is None) == (older_than is None):
         raise JobArgumentError("give exactly one of day or older_than")
     for name, value in (("older_than", older_than), ("dead_retention", dead_retention)):
@@ -123,7 +123,7 @@ def compact_args(
                 parse_duration_ms(value)
             except ValueError as exc:
                 raise JobArgumentError(f"{name}: {exc}") from None
-    args = ["--database-url", settings.database_url, "--archive", archive or archive_uri()]
+    args = ["--archive", archive or archive_uri()]
     if day is not None:
         try:
             datetime.strptime(day, "%Y-%m-%d")
@@ -138,12 +138,19 @@ def compact_args(
     return args
 
 
-def run_spark_submit(app: Path | str, job_args: list[str], conf: dict[str, str] | None = None) -> int:
+def run_spark_submit(
+    app: Path | str,
+    job_args: list[str],
+    settings: Settings | None = None,
+    conf: dict[str, str] | None = None,
+) -> int:
     """Run a PySpark job with the ``spark-submit`` beside this Python; return its exit status.
 
-    The master is ``RETRY_SPARK_MASTER`` (default ``local[*]``). The job's progress goes to stderr
-    live; its result, the last JSON object it prints, is printed on stdout. ``conf`` replaces the
-    default ``--conf`` of every job (:func:`spark_conf`).
+    The master is ``RETRY_SPARK_MASTER`` (default ``local[*]``). Given ``settings``, the job reads
+    their database and Kafka from a private connection file (``--connection-file``, see
+    :mod:`retry_scheduler.core.connection_file`), so no password is on any command line. The job's progress goes to stderr live; its result, the last JSON object it
+    prints, is printed on stdout. ``conf`` replaces the default ``--conf`` of every job
+    (:func:`spark_conf`).
     """
     spark_submit = Path(sys.executable).parent / "spark-submit"
     cmd = [
@@ -165,13 +172,17 @@ def run_spark_submit(app: Path | str, job_args: list[str], conf: dict[str, str] 
     env["PATH"] = os.pathsep.join(filter(None, [str(spark_submit.parent), env.get("PATH")]))
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     result: str | None = None
-    with subprocess.Popen([*cmd, str(app), *job_args], env=env, stdout=subprocess.PIPE, text=True) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("{") and _is_json_object(line):
-                result = line.strip()
-            else:
-                sys.stderr.write(line)
+    with contextlib.ExitStack() as stack:
+        argv = [*cmd, str(app), *job_args]
+        if settings is not None:
+            argv += [CONNECTION_FILE_OPTION, str(stack.enter_context(connection_file(settings)))]
+        with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("{") and _is_json_object(line):
+                    result = line.strip()
+                else:
+                    sys.stderr.write(line)
     if result is not None:
         print(result)
     return proc.returncode

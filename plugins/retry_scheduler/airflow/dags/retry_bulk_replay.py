@@ -65,11 +65,10 @@ from retry_scheduler.spark.submit import BULK_RETRY_APP
 def retry_bulk_replay() -> None:
     @task
     def job_args() -> list[str]:
-        """Validate the form and turn it into the job's arguments (connections read here, at run time)."""
-        from retry_scheduler.airflow.hook import settings_from_connections
+        """Validate the form and turn it into the job's arguments (no connection: the operator hands those over)."""
         from retry_scheduler.spark.submit import bulk_retry_args
 
-        return bulk_retry_args(get_current_context()["params"], settings_from_connections())
+        return bulk_retry_args(get_current_context()["params"])
 
     spark_submit_operator(
         task_id="bulk_retry",

@@ -57,8 +57,7 @@ from retry_scheduler.spark.submit import COMPACT_APP
 def retry_compaction() -> None:
     @task
     def job_args() -> list[str]:
-        """The day to archive is the run's data interval; connections are read here, at run time."""
-        from retry_scheduler.airflow.hook import settings_from_connections
+        """The day to archive is the run's data interval (no connection here: the operator hands those over)."""
         from retry_scheduler.spark.submit import compact_args
 
         context = get_current_context()
@@ -66,9 +65,7 @@ def retry_compaction() -> None:
         if start is None:
             raise ValueError("retry_compaction needs a data interval: trigger it with a logical date")
         day = start.strftime("%Y-%m-%d")
-        return compact_args(
-            settings_from_connections(), day=day, dead_retention=context["params"]["dead_retention"]
-        )
+        return compact_args(day=day, dead_retention=context["params"]["dead_retention"])
 
     spark_submit_operator(
         task_id="compact", application=COMPACT_APP, name="retry_compaction", application_args=job_args()
