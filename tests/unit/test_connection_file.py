@@ -91,3 +91,8 @@ def test_retry_kafka_config_errors_do_not_repeat_it(raw: str) -> None:
     with pytest.raises(ConfigError, match="RETRY_KAFKA_CONFIG") as err:
         Settings.from_env({"RETRY_KAFKA_CONFIG": raw})
     assert SECRET not in str(err.value)
+
+
+def test_settings_never_show_their_passwords() -> None:
+    shown = repr(SETTINGS) + str(SETTINGS)
+    assert SECRET not in shown and "retry_topic='retry'" in shown

@@ -124,8 +124,11 @@ class Settings:
     Times are in milliseconds, sizes in bytes.
     """
 
-    database_url: str = DEFAULT_DATABASE_URL
-    kafka: dict[str, Any] = field(default_factory=lambda: {"bootstrap.servers": DEFAULT_BOOTSTRAP_SERVERS})
+    #: Both may hold passwords: left out of ``repr`` (and so of any log line that shows settings).
+    database_url: str = field(default=DEFAULT_DATABASE_URL, repr=False)
+    kafka: dict[str, Any] = field(
+        default_factory=lambda: {"bootstrap.servers": DEFAULT_BOOTSTRAP_SERVERS}, repr=False
+    )
     #: The header-driven retry topic.
     retry_topic: str = "retry"
     #: Per-delay retry topics: topic -> delay counted from the record timestamp.
