@@ -1,7 +1,8 @@
 """Retry policies of the chaos runs (``retry-scheduler chaos``): short delays, one DLQ topic per trial.
 
 Loaded by the ingest workers through ``RETRY_POLICIES``; each trial names its own DLQ topic in
-``CHAOS_DLQ_TOPIC`` so that trials sharing a broker never see each other's dead records.
+``CHAOS_DLQ_TOPIC`` so that trials sharing a broker never see each other's dead records, and
+allows only its destination (``CHAOS_DESTINATION``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 from retry_scheduler.core.policy import Backoff, Policy
 
 DLQ_TOPIC = os.environ.get("CHAOS_DLQ_TOPIC", "chaos.dlq")
+#: Each trial's one destination (``CHAOS_DESTINATION``): every other is refused.
+ALLOWED_DESTINATIONS = [os.environ.get("CHAOS_DESTINATION", "chaos.orders")]
 
 #: ``retry.attempt`` at or above this is dead (``exhausted``) under ``default``.
 MAX_ATTEMPTS = 3

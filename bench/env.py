@@ -44,6 +44,8 @@ VALUE = (
 )
 #: Jobs of the benchmarks never expire on their own: a policy without max_age.
 BENCH_POLICIES = PolicyRegistry.of([Policy("default", delays=["1h"], max_attempts=10)])
+#: The benchmark's destinations (bench.<measurement>-<tag>), allowed as a deployment would allow its own.
+BENCH_DESTINATIONS = r"bench\.[A-Za-z0-9._-]+"
 
 
 _DROP_DB = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
@@ -211,7 +213,7 @@ class BenchEnv:
             delay_topics={},
             consumer_group=f"bench-{self.tag}-{name}",
             create_topics=True,
-            **changes,
+            **{"destination_allowlist": BENCH_DESTINATIONS, **changes},
         )
 
     def create_topics(self, topics: Sequence[str], partitions: int = PARTITIONS) -> None:

@@ -2,6 +2,9 @@
 
 Not a DAG file (listed in .airflowignore). ``POLICIES`` declares named policies,
 ``DESTINATIONS`` maps a destination topic to its policy; ``default`` applies otherwise.
+Retries may go only to the destinations named here: those of ``DESTINATIONS`` and
+``ALLOWED_DESTINATIONS`` (names, globs like ``"shop.*"``, or ``re.compile(...)``), plus what
+``RETRY_DESTINATION_ALLOWLIST`` adds. Internal topics, the retry topics and the DLQ topics never.
 """
 
 from __future__ import annotations
@@ -24,3 +27,6 @@ POLICIES = [
 DESTINATIONS = {
     "demo.orders": "demo",
 }
+
+#: The destinations of the README's examples and of the demo.
+ALLOWED_DESTINATIONS = ["orders", "payments", "demo.*"]

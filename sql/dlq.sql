@@ -30,13 +30,24 @@ SELECT id, status::text, source_topic, source_partition, source_offset, source_t
        last_error, lease_until
 FROM retry_jobs WHERE id = %(id)s;
 
+-- name: dlq_plan_destinations
+-- The destinations a replay of the filter would publish to (oldest first, up to the limit), each
+-- checked against the destination rules before anything is replayed.
+SELECT DISTINCT destination
+FROM (
+    SELECT destination, dead_reason FROM retry_jobs WHERE {where} ORDER BY id LIMIT %(limit)s
+) AS selected
+WHERE destination IS NOT NULL AND dead_reason <> 'invalid';
+
 -- name: dlq_plan
 -- What a replay or purge of the filter would do: the jobs it selects (oldest first, up to the
--- limit) and why some of them would be left alone.
+-- limit) and why some of them would be left alone (%(refused)s: destinations no longer allowed).
 SELECT count(*),
        count(*) FILTER (WHERE destination IS NULL OR dead_reason = 'invalid'),
        count(*) FILTER (WHERE dlq_published_at IS NULL),
-       count(*) FILTER (WHERE lease_until >= clock_timestamp())
+       count(*) FILTER (WHERE lease_until >= clock_timestamp()),
+       count(*) FILTER (WHERE destination = ANY(%(refused)s::text[]) AND dead_reason <> 'invalid'
+                          AND (lease_until IS NULL OR lease_until < clock_timestamp()))
 FROM (
     SELECT destination, dead_reason, dlq_published_at, lease_until FROM retry_jobs
     WHERE {where} ORDER BY id LIMIT %(limit)s
@@ -45,11 +56,13 @@ FROM (
 -- name: dlq_replay_batch
 -- Make a batch of dead jobs due now; the publish loop sends them to their destination with
 -- attempt + 1 (attempt reset to 0 first when asked). Invalid jobs have no usable destination,
--- and a job being sent to the DLQ topic right now (leased) is left for the next try.
+-- jobs of a destination no longer allowed (%(refused)s) stay dead, and a job being sent to the
+-- DLQ topic right now (leased) is left for the next try.
 WITH picked AS (
     SELECT id FROM retry_jobs
     WHERE {where} AND id > %(after_id)s
       AND destination IS NOT NULL AND dead_reason <> 'invalid'
+      AND NOT (destination = ANY(%(refused)s::text[]))
       AND (lease_until IS NULL OR lease_until < clock_timestamp())
     ORDER BY id
     LIMIT %(batch)s

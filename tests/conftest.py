@@ -28,6 +28,10 @@ ADMIN_URL = os.environ.get("RETRY_TEST_ADMIN_URL", "postgresql://postgres@127.0.
 #: (two checkouts, or a CI clone beside a working copy) do not drop each other's template.
 TEMPLATE_PREFIX = "retry_test_template_"
 TEMPLATE_DB = f"{TEMPLATE_PREFIX}{os.getpid()}"
+#: The tests' deployment allows their own topics (``topic_prefix``) as destinations, and nothing
+#: else: destinations are denied by default. Set for every process the tests start.
+TEST_DESTINATIONS = r"t[0-9a-f]{8}[.-][A-Za-z0-9._-]+"
+os.environ["RETRY_DESTINATION_ALLOWLIST"] = TEST_DESTINATIONS
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

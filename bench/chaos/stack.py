@@ -246,6 +246,8 @@ def worker_env(stack: ChaosStack, database_url: str, topics: Topics, **extra: st
         RETRY_CREATE_TOPICS="true",
         RETRY_POLICIES=str(POLICIES_PATH),
         CHAOS_DLQ_TOPIC=topics.dlq,
+        # The trial's destination is its only allowed one (bench/chaos_policies.py).
+        CHAOS_DESTINATION=topics.dest,
         RETRY_INGEST_BATCH=str(INGEST_BATCH),
         RETRY_INGEST_WORKERS=str(INGEST_WORKERS),
         RETRY_PUBLISH_BATCH=str(PUBLISH_BATCH),

@@ -106,7 +106,7 @@ def tokens(airflow_server: AirflowServer) -> dict[str, str]:
 @pytest.fixture
 def dest() -> str:
     """A destination topic of this test's own: filtering on it isolates the test's dead jobs."""
-    return f"orders-{uuid.uuid4().hex[:8]}"
+    return f"t{uuid.uuid4().hex[:8]}-orders"
 
 
 def insert_dead(database_url: str, destination: str | None, **fields: Any) -> int:

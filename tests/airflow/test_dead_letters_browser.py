@@ -25,7 +25,7 @@ from retry_scheduler.core.config import Settings
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher
 from tests.airflow import test_dead_letters_api as api
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TEST_DESTINATIONS
 from tests.kafkautil import consume
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
@@ -310,7 +310,10 @@ def test_a_user_filters_inspects_replays_and_purges(
 
         # The publish loop sends it to its destination; the page shows it published.
         settings = Settings(
-            database_url=retry_db, kafka={"bootstrap.servers": bootstrap_servers}, create_topics=True
+            database_url=retry_db,
+            kafka={"bootstrap.servers": bootstrap_servers},
+            create_topics=True,
+            destination_allowlist=TEST_DESTINATIONS,
         )
         with Store(retry_db) as store:
             publisher = Publisher(settings, store)

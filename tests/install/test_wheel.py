@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -206,7 +207,9 @@ def test_installed_loops_ingest_and_publish(
         str(installed.bin / "retry-scheduler"),
         "--database-url", database_url, "--kafka-bootstrap", bootstrap_servers,
         "run", "--seconds", "8",
-        env={"RETRY_TOPIC": retry_topic, "RETRY_CONSUMER_GROUP": f"{topic_prefix}-g", "RETRY_CREATE_TOPICS": "true"},
+        env={"RETRY_TOPIC": retry_topic, "RETRY_CONSUMER_GROUP": f"{topic_prefix}-g", "RETRY_CREATE_TOPICS": "true",
+             # Destinations are denied by default: this deployment allows its one.
+             "RETRY_DESTINATION_ALLOWLIST": re.escape(destination)},
         timeout=180,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]

@@ -14,11 +14,13 @@ import pytest
 from retry_scheduler.cli.main import main
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Job, Status
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher
 from retry_scheduler.ops import dlq
 from retry_scheduler.ops.dlq import DlqError, DlqFilter, run_action
+from tests.conftest import TEST_DESTINATIONS
 from tests.kafkautil import consume, create_topics
 
 pytestmark = pytest.mark.integration
@@ -311,6 +313,7 @@ def test_a_replayed_job_is_published_again_and_a_purged_one_is_gone(
     settings = Settings(
         database_url=database_url,
         kafka={"bootstrap.servers": bootstrap_servers},
+        destination_allowlist=TEST_DESTINATIONS,
         create_topics=True,
         lease_ms=3000,
         delivery_timeout_ms=2000,
@@ -369,3 +372,44 @@ def test_cli_lists_shows_and_replays_after_a_dry_run(
 
     assert main(["dlq", "list", "--since", "yesterday"]) == 2
     assert "neither an ISO-8601 time" in capsys.readouterr().err
+
+
+def test_replay_leaves_dead_the_jobs_whose_destination_is_no_longer_allowed(database_url: str) -> None:
+    insert(
+        database_url,
+        [dead_job(1), dead_job(2, destination="connect-offsets"), dead_job(3, destination="retry.dlq")],
+    )
+    # connect-offsets was allowed when these jobs were stored, and taken off the list since.
+    rules = Destinations.of(["orders"], own_topics=["retry", "retry.dlq"])
+
+    dry = run_action(
+        database_url, "replay", DlqFilter(), actor="ann", source="cli", dry_run=True, destinations=rules
+    )
+    assert (dry.matched, dry.would_affect) == (3, 1)
+    assert dry.skipped["destination not allowed"] == 2
+    assert "2 destination not allowed" in dry.summary()
+
+    done = run_action(
+        database_url, "replay", DlqFilter(), actor="ann", source="cli", dry_run=False, destinations=rules
+    )
+    assert done.affected == 1
+    assert sql(database_url, "SELECT id, status::text FROM retry_jobs ORDER BY id") == [
+        (1, "pending"),
+        (2, "dead"),
+        (3, "dead"),
+    ]
+    assert audit_rows(database_url)[-1][9] == {"destination not allowed": 2}
+
+
+def test_the_cli_replays_by_the_deployment_s_destination_rules(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The checkout's dags/retry_policies.py allows orders, payments and demo.*; nothing declares audit-log.
+    insert(database_url, [dead_job(1), dead_job(2, destination="audit-log")])
+    assert main(["--database-url", database_url, "dlq", "replay", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 2 selected dead jobs replayed (left alone: 1 destination not allowed)" in out
+    assert sql(database_url, "SELECT id, status::text FROM retry_jobs ORDER BY id") == [
+        (1, "pending"),
+        (2, "dead"),
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -475,3 +476,27 @@ def test_a_killed_ingest_worker_stops_the_loop_and_the_next_loop_loses_nothing(
     assert sorted((r["source_partition"], r["source_offset"]) for r in rows) == [
         (partition, offset) for partition in range(2) for offset in range(40)
     ]
+
+
+def test_a_destination_taken_off_the_list_is_not_published_to(loop: Loop) -> None:
+    legacy = f"{loop.dest}.legacy"
+    create_topics(loop.bootstrap, [loop.dest, legacy])
+    loop.send(
+        [
+            {"key": b"stays", "value": b"v", "headers": hdr(destination=loop.dest, at="0")},
+            {"key": b"refused", "value": b"v", "headers": hdr(destination=legacy, at="0", reason="db down")},
+        ]
+    )
+    assert loop.ingest(2).pending == 2  # both allowed when they arrived
+    # The deployment narrows its list before the jobs are due: the legacy topic is no longer allowed.
+    loop.publish(4, destination_allowlist=rf"^{re.escape(loop.dest)}$")
+
+    [kept] = consume(loop.bootstrap, [loop.dest], 1)
+    assert kept.key == b"stays"
+    [dead] = consume(loop.bootstrap, [f"{loop.settings.retry_topic.removesuffix('-retry')}-dlq"], 1)
+    assert dead.key == b"refused" and dead.header(p.DEAD_REASON) == p.DEAD_INVALID
+    [row] = loop.rows("msg_key = 'refused'")
+    assert (row["status"], row["dead_reason"]) == ("dead", "invalid")
+    assert row["reason"].startswith(f"destination '{legacy}' is not allowed: add it to ALLOWED_DESTINATIONS")
+    assert row["reason"].endswith("the record had failed with: db down")
+    assert consume(loop.bootstrap, [legacy], 1, timeout_s=3) == []

@@ -14,6 +14,7 @@ from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
+from tests.conftest import TEST_DESTINATIONS
 from tests.kafkautil import consume, create_topics, produce
 
 pytestmark = pytest.mark.integration
@@ -25,7 +26,7 @@ def test_failing_consumer_retries_then_dead_letters(
     orders, retry, dlq = f"{topic_prefix}-orders", f"{topic_prefix}-retry", f"{topic_prefix}-dlq"
     settings = Settings(
         database_url=database_url, kafka={"bootstrap.servers": bootstrap_servers}, retry_topic=retry,
-        consumer_group=f"{topic_prefix}-scheduler", create_topics=True,
+        consumer_group=f"{topic_prefix}-scheduler", create_topics=True, destination_allowlist=TEST_DESTINATIONS,
     )  # fmt: skip
     registry = PolicyRegistry.of([Policy("default", delays=["0s"], max_attempts=2, dlq_topic=dlq)])
     create_topics(bootstrap_servers, [orders, retry])

@@ -76,9 +76,16 @@ def expected_headers(job: Job) -> list[tuple[str, bytes | None]]:
     return destination_headers(row)
 
 
-def run(database_url: str, bootstrap: str, *args: str) -> dict[str, Any]:
-    """The job as spark-submit runs it: its connections in a private file, never on the command line."""
-    settings = Settings(database_url=database_url, kafka={"bootstrap.servers": bootstrap})
+def run(database_url: str, bootstrap: str, *args: str, allowlist: str | None = None) -> dict[str, Any]:
+    """The job as spark-submit runs it: its connections in a private file, never on the command line.
+
+    The settings are the environment's (the tests' destination rules), as for a user's command.
+    """
+    settings = Settings.from_env().with_overrides(
+        database_url=database_url, kafka={"bootstrap.servers": bootstrap}
+    )
+    if allowlist is not None:
+        settings = settings.with_overrides(destination_allowlist=allowlist)
     with connection_file(settings) as path:
         return bulk_retry.main(["--connection-file", str(path), "--partitions", "4", *args])
 
@@ -359,6 +366,7 @@ def test_dry_run_counts_per_destination_and_changes_nothing(
         "fetch_rows": None,  # nothing was read over JDBC
         "marking_s": None,
         "phases_s": {"select": result["phases_s"]["select"]},  # a dry run only counts
+        "not_allowed": {},
     }
     out = capsys.readouterr().out
     assert re.search(rf"{re.escape(orders)}\s+12\n", out)
@@ -583,3 +591,30 @@ def test_both_jobs_on_a_database_never_migrated_say_to_migrate(
         err = capfd.readouterr().err
         assert f"{job}: the database" in err and "run `retry-scheduler db migrate` first" in err, err[-2000:]
         assert "Traceback" not in err, err[-2000:]
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_jobs_of_a_destination_no_longer_allowed_are_left_alone(
+    spark: SparkSession, database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    orders, legacy = f"{topic_prefix}.orders", f"{topic_prefix}.legacy"
+    create_topics(bootstrap_servers, [orders, legacy])
+    with Store(database_url) as store:
+        store.insert_jobs(
+            [make_job(i, orders) for i in range(5)] + [make_job(10 + i, legacy) for i in range(3)]
+        )
+
+    # The deployment took the legacy topic off its list after these jobs died.
+    only_orders = rf"{re.escape(orders)}"
+    dry = run(database_url, bootstrap_servers, "--dry-run", allowlist=only_orders)
+    assert (dry["selected"], dry["not_allowed"]) == (5, {legacy: 3})
+    result = run(database_url, bootstrap_servers, allowlist=only_orders)
+
+    assert (result["selected"], result["published"], result["failed"]) == (5, 5, 0)
+    assert result["not_allowed"] == {legacy: 3}
+    assert len(consume(bootstrap_servers, [orders], expected=5)) == 5
+    assert consume(bootstrap_servers, [legacy], expected=1, timeout_s=3) == []
+    statuses = {rid: r[0] for rid, r in rows(database_url).items()}
+    assert {statuses[f"rid-{10 + i}"] for i in range(3)} == {"dead"}
+    assert {statuses[f"rid-{i}"] for i in range(5)} == {"published"}

@@ -15,6 +15,7 @@ import pytest
 
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import OutgoingRow
 from retry_scheduler.core.policy import PolicyRegistry
 from retry_scheduler.loops import faults
@@ -227,7 +228,13 @@ def test_ingest_checkpoints_sit_between_consume_row_commit_and_offset_commit(
 
 
 def test_publish_checkpoints_sit_between_the_ack_and_the_mark(recorder: Recorder) -> None:
-    publisher = Publisher(Settings(), recorder, producer=recorder, topics=recorder)  # type: ignore[arg-type]
+    publisher = Publisher(
+        Settings(),
+        recorder,
+        producer=recorder,
+        topics=recorder,
+        destinations=Destinations.of(["orders"]),  # type: ignore[arg-type]
+    )
     counts = publisher.publish_once()
     assert (counts.published, counts.dead_published) == (1, 1)
     assert recorder.events == [

@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from retry_scheduler.core import protocol as p
-from retry_scheduler.core.config import DEFAULT_DESTINATION_ALLOWLIST, Settings
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.headers import InvalidRecordError, Limits, parse_headers, truncate_reason
 from retry_scheduler.core.jobs import (
     OutgoingRow,
@@ -18,7 +17,8 @@ from retry_scheduler.core.jobs import (
 from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.core.records import Record, job_from_record, limits_for
 
-LIMITS = Limits(re.compile(DEFAULT_DESTINATION_ALLOWLIST), frozenset({"retry", "retry.dlq"}))
+# What a deployment allowing everything but the never-allowed topics has.
+LIMITS = Limits(Destinations.of([], r".*", {"retry", "retry.dlq"}))
 NOW = 1_800_000_000_000
 
 
@@ -70,12 +70,12 @@ def test_explicit_destination_wins_and_drops_the_original_partition() -> None:
         (h(destination=b"ord\xffers"), "retry.destination is not valid UTF-8"),
         (h(destination="orders", reason=b"\xc3\x28"), "retry.reason is not valid UTF-8"),
         (h(destination="orders", send_to="later"), "retry.send-to='later' must be 'retry' or 'dlq'"),
-        (h(destination="_schemas"), "'_schemas' is not allowed"),
-        (h(destination="__consumer_offsets"), "not allowed"),
-        (h(destination="retry"), "'retry' is not allowed"),
-        (h(destination="retry.dlq"), "not allowed"),
-        (h(destination="has space"), "not allowed"),
-        (h(destination="x" * 250), "not allowed"),
+        (h(destination="_schemas"), "'_schemas' is not allowed: internal topics never are"),
+        (h(destination="__consumer_offsets"), "not allowed: internal topics never are"),
+        (h(destination="retry"), "'retry' is not allowed: it is a retry or DLQ topic of this service"),
+        (h(destination="retry.dlq"), "not allowed: it is a retry or DLQ topic"),
+        (h(destination="has space"), "not allowed: not a topic name"),
+        (h(destination="x" * 250), "not allowed: not a topic name"),
         (h(destination=None), "retry.destination is null"),
         (h(destination="orders", policy="p" * 2000), "retry.policy is 2000 bytes"),
         (h(destination="orders") + h(destination="other"), "retry.destination appears more than once"),
@@ -96,7 +96,8 @@ def test_long_reason_is_truncated_not_rejected() -> None:
 
 
 REGISTRY = PolicyRegistry.of(
-    [Policy("default", delays=["1m"], max_attempts=2), Policy("slow", delays=["1h"], max_attempts=5)]
+    [Policy("default", delays=["1m"], max_attempts=2), Policy("slow", delays=["1h"], max_attempts=5)],
+    allowed=["orders"],
 )
 SETTINGS = Settings(delay_topics={"retry.5m": 300_000})
 

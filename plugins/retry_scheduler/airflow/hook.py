@@ -156,14 +156,21 @@ class RetrySchedulerHook:
             changes["database_url"] = url
         if (kafka := self.kafka_config()) is not None:
             changes["kafka"] = kafka
-        if not settings.policies_path:
-            # The DAGs folder as Airflow's configuration has it (airflow.cfg too, not only the environment).
-            from airflow.configuration import conf
+        return with_airflow_policies(settings.with_overrides(**changes))
 
-            beside_dags = Path(conf.get("core", "dags_folder")).expanduser() / POLICIES_FILE
-            if beside_dags.is_file():
-                changes["policies_path"] = str(beside_dags)
-        return settings.with_overrides(**changes)
+
+def with_airflow_policies(settings: Settings) -> Settings:
+    """``settings`` with the policies module beside Airflow's DAGs folder, unless ``RETRY_POLICIES`` names one.
+
+    The DAGs folder as Airflow's configuration has it (``airflow.cfg`` too, not only the
+    environment); usable outside tasks (the api-server's page).
+    """
+    if settings.policies_path:
+        return settings
+    from airflow.configuration import conf
+
+    beside_dags = Path(conf.get("core", "dags_folder")).expanduser() / POLICIES_FILE
+    return settings.with_overrides(policies_path=str(beside_dags)) if beside_dags.is_file() else settings
 
 
 def settings_from_connections(

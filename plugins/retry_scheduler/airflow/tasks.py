@@ -58,6 +58,7 @@ def run_dlq_operation(params: dict[str, Any], actor: str | None, run_id: str | N
 
     ``actor`` is the Airflow user who triggered the run (recorded in ``retry_dlq_audit``).
     """
+    from retry_scheduler.core.records import deployment_destinations
     from retry_scheduler.ops.dlq import DlqFilter, run_action
 
     settings = settings_from_connections()
@@ -78,6 +79,7 @@ def run_dlq_operation(params: dict[str, Any], actor: str | None, run_id: str | N
         reset_attempts=bool(params.get("reset_attempts", False)),
         run_id=run_id,
         progress=progress,
+        destinations=deployment_destinations(settings),
     )
     log.info("%s", outcome.summary())
     if dry_run and outcome.would_affect:

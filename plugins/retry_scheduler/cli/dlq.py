@@ -80,9 +80,11 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
     """Replay or purge: always a dry run first (printed and audited), then the action if confirmed."""
     import getpass
 
+    from retry_scheduler.core.records import deployment_destinations
     from retry_scheduler.ops.dlq import run_action, to_json
 
     flt = _dlq_filter(args)
+    destinations = deployment_destinations(settings) if args.dlq_command == "replay" else None
     actor = f"cli:{getpass.getuser()}"
     reset = bool(getattr(args, "reset_attempts", False))
     plan = run_action(
@@ -93,6 +95,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         source="cli",
         dry_run=True,
         reset_attempts=reset,
+        destinations=destinations,
     )
     print(to_json(plan.as_json()) if args.json else plan.summary())
     if args.dry_run or plan.would_affect == 0:
@@ -122,6 +125,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         dry_run=False,
         reset_attempts=reset,
         progress=progress,
+        destinations=destinations,
     )
     print(to_json(outcome.as_json()) if args.json else outcome.summary())
     return 0

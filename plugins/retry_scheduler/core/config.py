@@ -17,15 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from retry_scheduler.core.durations import parse_duration_ms
-from retry_scheduler.core.protocol import TOPIC_PATTERN
 
 #: The policies module's file name, looked up next to the DAGs.
 POLICIES_FILE = "retry_policies.py"
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/retry_scheduler"
 DEFAULT_BOOTSTRAP_SERVERS = "localhost:9092"
-#: Destinations must match this unless configured otherwise: any topic not starting with ``_`` or ``retry``.
-DEFAULT_DESTINATION_ALLOWLIST = rf"^(?!_)(?!retry){TOPIC_PATTERN}$"
 
 
 def dags_folder(env: Mapping[str, str] | None = None) -> Path:
@@ -134,7 +131,9 @@ class Settings:
     #: Per-delay retry topics: topic -> delay counted from the record timestamp.
     delay_topics: dict[str, int] = field(default_factory=dict)
     consumer_group: str = "retry-scheduler"
-    destination_allowlist: str = DEFAULT_DESTINATION_ALLOWLIST
+    #: A regular expression of destinations allowed beyond those the policies module declares
+    #: (:mod:`retry_scheduler.core.destinations`); empty: none.
+    destination_allowlist: str = ""
     #: Create missing destination and DLQ topics through the admin API before producing.
     create_topics: bool = False
     #: Replication factor of the topics the service creates; -1: the broker's default.replication.factor.
@@ -228,7 +227,7 @@ class Settings:
             retry_topic=env.get("RETRY_TOPIC") or defaults.retry_topic,
             delay_topics=_parse_delay_topics(env.get("RETRY_DELAY_TOPICS", "")),
             consumer_group=env.get("RETRY_CONSUMER_GROUP") or defaults.consumer_group,
-            destination_allowlist=env.get("RETRY_DESTINATION_ALLOWLIST") or DEFAULT_DESTINATION_ALLOWLIST,
+            destination_allowlist=env.get("RETRY_DESTINATION_ALLOWLIST", ""),
             create_topics=_env_bool(env, "RETRY_CREATE_TOPICS", defaults.create_topics),
             topic_replication_factor=_env_int(
                 env, "RETRY_TOPIC_REPLICATION_FACTOR", defaults.topic_replication_factor

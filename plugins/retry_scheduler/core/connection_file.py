@@ -4,7 +4,9 @@ A command line is readable by every user of the machine (``ps``, ``/proc/PID/cmd
 logs print it; a password there leaks. The parent (``retry-scheduler bulk-retry|compact``, the Spark
 DAGs' operator) writes the database URL and the librdkafka settings to a file only its own user can
 read (mode 0600, in a fresh directory of mode 0700), passes the child the file's *path*
-(``--connection-file``), and deletes it when the child is done.
+(``--connection-file``), and deletes it when the child is done. The file also says where the
+deployment's policies module is and what ``RETRY_DESTINATION_ALLOWLIST`` adds, as the parent
+resolved them: a job checks destinations too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from retry_scheduler.core.config import ConfigError, Settings, kafka_config_from_json
 
@@ -33,7 +36,16 @@ def connection_file(settings: Settings) -> Iterator[Path]:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as out:
-            json.dump({"database_url": settings.database_url, "kafka": settings.kafka}, out)
+            json.dump(
+                {
+                    "database_url": settings.database_url,
+                    "kafka": settings.kafka,
+                    # Where the job finds the deployment's destination rules, as the parent resolved them.
+                    "policies_path": str(settings.policies_file),
+                    "destination_allowlist": settings.destination_allowlist,
+                },
+                out,
+            )
         yield path
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -62,7 +74,11 @@ def read_connection_file(path: str | Path, settings: Settings) -> Settings:
             f'{path} must be a JSON object like {{"database_url": "postgresql://...", "kafka": {{}}}}'
         )
     kafka = kafka_config_from_json(json.dumps(content.get("kafka") or {}), f"{path}: kafka")
-    return settings.with_overrides(database_url=content["database_url"], kafka={**settings.kafka, **kafka})
+    changes: dict[str, Any] = {"database_url": content["database_url"], "kafka": {**settings.kafka, **kafka}}
+    for name in ("policies_path", "destination_allowlist"):
+        if isinstance(content.get(name), str):
+            changes[name] = content[name]
+    return settings.with_overrides(**changes)
 
 
 def add_connection_options(parser: argparse.ArgumentParser, *, kafka: bool = True) -> None:

@@ -13,3 +13,7 @@ POLICIES = [
 ]
 
 DESTINATIONS: dict[str, str] = {}
+
+#: Destinations are denied by default: a deployment lists its own (names, globs like "shop.*",
+#: re.compile(...)) in its policies module, or sets RETRY_DESTINATION_ALLOWLIST.
+ALLOWED_DESTINATIONS: list[str] = []

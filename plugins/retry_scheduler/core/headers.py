@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from retry_scheduler.core import protocol
+from retry_scheduler.core.destinations import Destinations
 
 #: A Kafka header as confluent-kafka hands it over: key and value (None = null value).
 Header = tuple[str, bytes | None]
@@ -55,8 +56,7 @@ class RetryHeaders(NamedTuple):
 class Limits:
     """Validation limits (see ``Settings``)."""
 
-    destination_allowlist: re.Pattern[str]
-    forbidden_destinations: frozenset[str] = frozenset()
+    destinations: Destinations
     max_headers: int = 256
     max_header_value_bytes: int = 1024
     max_reason_chars: int = 2000
@@ -162,10 +162,8 @@ def parse_headers(
     destination = texts.get(protocol.DESTINATION) or texts.get(protocol.ORIGINAL_TOPIC)
     if not destination:
         raise InvalidRecordError(f"no destination: set {protocol.DESTINATION} or {protocol.ORIGINAL_TOPIC}")
-    if destination in limits.forbidden_destinations or not limits.destination_allowlist.fullmatch(
-        destination
-    ):
-        raise InvalidRecordError(f"destination {destination!r} is not allowed by the destination allowlist")
+    if (refusal := limits.destinations.refusal(destination)) is not None:
+        raise InvalidRecordError(refusal)
 
     send_to = texts.get(protocol.SEND_TO)
     if send_to is not None:

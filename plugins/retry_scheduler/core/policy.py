@@ -11,6 +11,7 @@ and reviewed like code::
                max_attempts=8, fatal_errors=["InvalidCardError"], dlq_topic="payments.dlq"),
     ]
     DESTINATIONS = {"payments": "payments"}   # destination topic -> policy name
+    ALLOWED_DESTINATIONS = ["orders", "shop.*"]   # and the DESTINATIONS above; nothing else
 
 Everything here is a pure function of its inputs (the clock is a parameter), so the
 strategy is tested with a frozen clock and tables of cases.
@@ -20,11 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from retry_scheduler.core import protocol
+from retry_scheduler.core.destinations import Allowed, DestinationRuleError, Destinations
 from retry_scheduler.core.durations import parse_duration_ms
 
 DEFAULT_POLICY = "default"
@@ -180,10 +183,16 @@ def _spread(retry_id: str, attempt: int) -> float:
 
 @dataclass(frozen=True)
 class PolicyRegistry:
-    """Named policies plus the destination -> policy mapping; ``default`` always exists."""
+    """Named policies, the destination -> policy mapping and the allowed destinations.
+
+    ``default`` always exists. ``allowed`` holds the ``ALLOWED_DESTINATIONS`` entries (names, globs,
+    compiled regexes, see :mod:`retry_scheduler.core.destinations`); the destinations mapped to a
+    policy are allowed too.
+    """
 
     policies: Mapping[str, Policy]
     destinations: Mapping[str, str] = field(default_factory=dict)
+    allowed: tuple[Allowed, ...] = ()
 
     def __post_init__(self) -> None:
         if DEFAULT_POLICY not in self.policies:
@@ -191,9 +200,18 @@ class PolicyRegistry:
         for dest, name in self.destinations.items():
             if name not in self.policies:
                 raise PolicyError(f"destination {dest!r} maps to undeclared policy {name!r}")
+        try:
+            Destinations.of([*self.allowed, *self.destinations])
+        except (DestinationRuleError, re.error) as exc:
+            raise PolicyError(str(exc)) from None
 
     @classmethod
-    def of(cls, policies: Iterable[Policy], destinations: Mapping[str, str] | None = None) -> PolicyRegistry:
+    def of(
+        cls,
+        policies: Iterable[Policy],
+        destinations: Mapping[str, str] | None = None,
+        allowed: Iterable[Allowed] = (),
+    ) -> PolicyRegistry:
         """Build a registry; adds a conservative ``default`` when none is declared."""
         by_name: dict[str, Policy] = {}
         for policy in policies:
@@ -201,7 +219,9 @@ class PolicyRegistry:
                 raise PolicyError(f"policy {policy.name!r} is declared twice")
             by_name[policy.name] = policy
         by_name.setdefault(DEFAULT_POLICY, DEFAULT)
-        return cls(by_name, dict(destinations or {}))
+        if isinstance(allowed, str | re.Pattern):
+            raise PolicyError("ALLOWED_DESTINATIONS must be a list, e.g. ['orders', 'shop.*']")
+        return cls(by_name, dict(destinations or {}), tuple(allowed))
 
     def get(self, name: str) -> Policy:
         try:
@@ -231,7 +251,8 @@ def load_policies(path: str | Path) -> PolicyRegistry:
     """Import the policies module at *path* and return its registry.
 
     The module declares ``POLICIES`` (a list of :class:`Policy`) and optionally
-    ``DESTINATIONS`` (destination topic -> policy name).
+    ``DESTINATIONS`` (destination topic -> policy name) and ``ALLOWED_DESTINATIONS`` (the other
+    topics retries may go to: names, globs like ``"orders.*"`` or ``re.compile(...)``).
     """
     path = Path(path)
     if not path.is_file():
@@ -244,4 +265,6 @@ def load_policies(path: str | Path) -> PolicyRegistry:
     policies = getattr(module, "POLICIES", None)
     if policies is None:
         raise PolicyError(f"{path} must define POLICIES = [Policy(...), ...]")
-    return PolicyRegistry.of(policies, getattr(module, "DESTINATIONS", {}))
+    return PolicyRegistry.of(
+        policies, getattr(module, "DESTINATIONS", {}), getattr(module, "ALLOWED_DESTINATIONS", ())
+    )

@@ -7,16 +7,16 @@ becomes a dead (``invalid``) row whose reason names the fault.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.durations import format_duration_ms
 from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers, truncate_reason
 from retry_scheduler.core.jobs import CopyRow, Job, Status, encode_headers, pg_time
-from retry_scheduler.core.policy import PolicyRegistry, UnknownPolicyError
+from retry_scheduler.core.policy import PolicyRegistry, UnknownPolicyError, load_policies
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,26 @@ class Record:
     headers: Sequence[Header] = ()
 
 
+def destinations_for(settings: Settings, registry: PolicyRegistry) -> Destinations:
+    """The deployment's destination rules: what the policies module allows, plus
+    ``RETRY_DESTINATION_ALLOWLIST``; never the retry topics or the DLQ topics (publishing there
+    would loop or hide the record) nor internal ones."""
+    return Destinations.of(
+        [*registry.allowed, *registry.destinations],
+        settings.destination_allowlist,
+        [*settings.retry_topics, *registry.dlq_topics],
+    )
+
+
+def deployment_destinations(settings: Settings | None = None) -> Destinations:
+    """The destination rules of ``settings`` (default: the environment's) and their policies module."""
+    settings = settings or Settings.from_env()
+    return destinations_for(settings, load_policies(settings.policies_file))
+
+
 def limits_for(settings: Settings, registry: PolicyRegistry) -> Limits:
     return Limits(
-        destination_allowlist=re.compile(settings.destination_allowlist),
-        # Publishing to a retry or DLQ topic would loop or hide the record.
-        forbidden_destinations=frozenset(settings.retry_topics) | frozenset(registry.dlq_topics),
+        destinations=destinations_for(settings, registry),
         max_headers=settings.max_headers,
         max_header_value_bytes=settings.max_header_value_bytes,
         max_reason_chars=settings.max_reason_chars,

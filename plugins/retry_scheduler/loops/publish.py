@@ -17,7 +17,10 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import OutgoingRow, destination_headers, dlq_headers
+from retry_scheduler.core.policy import load_policies
+from retry_scheduler.core.records import destinations_for
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops import faults
 from retry_scheduler.loops.handover import LoopTenure, new_worker_id
@@ -73,8 +76,12 @@ class Publisher:
         topics: TopicManager | None = None,
         clock: Callable[[], float] = time.time,
         store_factory: Callable[[str], Store] = Store,
+        destinations: Destinations | None = None,
     ) -> None:
         self.settings = settings
+        # Checked again before every publish: a destination taken off the list after its jobs were
+        # stored is not published to (the job goes dead, invalid, with the reason).
+        self.destinations = destinations or destinations_for(settings, load_policies(settings.policies_file))
         self.store = store
         self.store_factory = store_factory
         self.producer = producer or make_producer(settings)
@@ -112,11 +119,18 @@ class Publisher:
             return callback
 
         targets = {row.dlq_topic if to_dlq else row.destination for row in rows}
+        refused: dict[str, str] = {}
+        if not to_dlq:
+            refused = {t: why for t in targets if t and (why := self.destinations.refusal(t)) is not None}
+            targets -= set(refused)
         missing = set(self.topics.ensure((t for t in targets if t), create=self.settings.create_topics))
         for row in rows:
             topic = row.dlq_topic if to_dlq else row.destination
             if not topic:
                 failed.append((row.id, "job has no destination"))
+                continue
+            if topic in refused:
+                unroutable.append((row.id, refused[topic]))
                 continue
             if topic in missing:
                 failed.append(
@@ -234,6 +248,7 @@ class Publisher:
                     self.store_factory(self.settings.database_url),
                     clock=self.clock,
                     store_factory=self.store_factory,
+                    destinations=self.destinations,
                 )
                 self.helpers.append(helper)
                 threads.append(

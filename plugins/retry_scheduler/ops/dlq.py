@@ -33,9 +33,11 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from retry_scheduler.core import protocol
+from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.durations import parse_duration_ms
 from retry_scheduler.core.jobs import decode_headers
 from retry_scheduler.core.protocol import TOPIC_NAME
+from retry_scheduler.core.records import deployment_destinations
 from retry_scheduler.db.connection import connect, require_migrated
 from retry_scheduler.db.schema import queries
 from retry_scheduler.db.store import like_pattern
@@ -371,10 +373,14 @@ class Outcome:
         return head + (f" (left alone: {left})" if left else "") + f" [audit {self.audit_id}]"
 
 
-def _skipped(action: Action, plan: tuple[int, int, int, int]) -> dict[str, int]:
-    _matched, invalid, not_on_dlq, in_flight = plan
+def _skipped(action: Action, plan: tuple[int, int, int, int, int]) -> dict[str, int]:
+    _matched, invalid, not_on_dlq, in_flight, refused = plan
     if action == "replay":
-        return {"invalid, no usable destination": invalid, "being sent to the DLQ topic now": in_flight}
+        return {
+            "invalid, no usable destination": invalid,
+            "being sent to the DLQ topic now": in_flight,
+            "destination not allowed": refused,
+        }
     return {"not yet on the DLQ topic": not_on_dlq}
 
 
@@ -389,10 +395,13 @@ def run_action(
     reset_attempts: bool = False,
     run_id: str | None = None,
     progress: Callable[[int, int], None] = lambda done, total: None,
+    destinations: Destinations | None = None,
 ) -> Outcome:
     """Replay or purge the dead jobs of ``flt`` (dry run: only count), writing one audit row.
 
-    ``progress(done, total)`` is called after each batch.
+    A replay leaves dead the jobs whose destination ``destinations`` (default: the deployment's
+    rules from the environment, :func:`deployment_destinations`) no longer allows, counted under
+    ``skipped``. ``progress(done, total)`` is called after each batch.
     """
     if action not in ("replay", "purge"):
         raise DlqError(f"action {action!r} must be replay or purge")
@@ -409,10 +418,20 @@ def run_action(
             ids = tuple(got[0] or []) if got else ()
             if ids:  # when nothing matched, the filter stays as it is and the plan below counts 0
                 where, params = DlqFilter(ids=ids).where()
+        refused: list[str] = []
+        if action == "replay":
+            rules = destinations or deployment_destinations()
+            with conn.transaction():
+                targets = conn.execute(
+                    _query("dlq_plan_destinations", where), {**params, "limit": flt.limit}
+                ).fetchall()
+            refused = sorted(t for (t,) in targets if not rules.allows(t))
         with conn.transaction():
-            plan_row = conn.execute(_query("dlq_plan", where), {**params, "limit": flt.limit}).fetchone()
+            plan_row = conn.execute(
+                _query("dlq_plan", where), {**params, "limit": flt.limit, "refused": refused}
+            ).fetchone()
         assert plan_row is not None
-        plan = (int(plan_row[0]), int(plan_row[1]), int(plan_row[2]), int(plan_row[3]))
+        plan = (int(plan_row[0]), int(plan_row[1]), int(plan_row[2]), int(plan_row[3]), int(plan_row[4]))
         skipped = _skipped(action, plan)
         outcome = Outcome(
             action=action,
@@ -455,6 +474,7 @@ def run_action(
                                 "after_id": after_id,
                                 "batch": BATCH,
                                 "reset_attempts": reset_attempts,
+                                "refused": refused,
                             },
                         ).fetchall()
                     ]

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, LiteralString, NamedTuple
 
@@ -34,8 +34,10 @@ from pyspark.sql import SparkSession
 
 from retry_scheduler.core.config import ConfigError, Settings
 from retry_scheduler.core.connection_file import add_connection_options, job_settings
+from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import OutgoingRow, Status, destination_headers
+from retry_scheduler.core.records import deployment_destinations
 from retry_scheduler.db.connection import StoreError, connect
 from retry_scheduler.db.store import like_pattern
 from retry_scheduler.loops.kafka import producer_config
@@ -322,6 +324,8 @@ class Options:
     kafka_config: dict[str, Any]
     producer_conf: dict[str, Any]
     run_id: str
+    #: The deployment's destination rules: jobs of a destination they refuse are left as they are.
+    destinations: Destinations
     mark_batch: int = MARK_BATCH
 
 
@@ -388,13 +392,17 @@ def parse_args(argv: list[str] | None = None) -> Options:
         kafka_config=kafka_config,
         producer_conf=producer_settings(settings.bootstrap_servers, kafka_config),
         run_id=run_id,
+        destinations=deployment_destinations(settings),
         mark_batch=args.mark_batch,
     )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run a bulk retry; returns ``{"run_id", "selected", "published", "failed", "dry_run", "fetch_rows",
-    "marking_s", "phases_s"}``.
+    "marking_s", "phases_s", "not_allowed"}``.
+
+    ``not_allowed`` counts, per destination, the matching jobs left alone because the destination
+    rules refuse their destination (not part of ``selected``).
 
     ``fetch_rows`` is the JDBC fetch size the read used and ``marking_s`` the seconds the executors'
     UPDATEs took, summed over partitions, while they went on producing (both None when nothing was
@@ -423,6 +431,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     jdbc = jdbc_target(opts.database_url)  # validated before anything runs
 
     summary = summarize(opts.database_url, sel)
+    refused = {d: n for d, n in summary.per_destination.items() if not opts.destinations.allows(d)}
+    if refused:
+        # Checked again here, not only at ingest: a destination taken off the list stays unpublished to.
+        log.warning(
+            "run %s leaves %s jobs as they are: their destinations are not allowed (%s)",
+            opts.run_id, sum(refused.values()), opts.destinations.refusal(next(iter(refused))),
+        )  # fmt: skip
+        sel = replace(sel, excluded=tuple(sorted(refused)))
+        summary = summarize(opts.database_url, sel)
+    result["not_allowed"] = refused
     result["selected"] = summary.count
     lap("select")
     log.info(
@@ -433,6 +451,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"dry run: {summary.count} {sel.status} jobs would be re-published")
         for destination, count in summary.per_destination.items():
             print(f"  {destination:<40} {count:>10}")
+        for destination, count in refused.items():
+            print(f"  {destination:<40} {count:>10}  not allowed: left alone")
         return result
     if not summary.count:
         return result

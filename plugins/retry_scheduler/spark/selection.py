@@ -102,6 +102,8 @@ class Selection:
     until: datetime | None = None
     #: Only the first ``limit`` jobs by id.
     limit: int | None = None
+    #: Destinations left out: those the destination rules no longer allow.
+    excluded: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in SELECTABLE:
@@ -121,6 +123,9 @@ class Selection:
             raise BulkRetryError("--since must be earlier than --until")
         if self.limit is not None and (isinstance(self.limit, bool) or self.limit < 1):
             raise BulkRetryError("--limit must be a positive integer")
+        for topic in self.excluded:
+            if not TOPIC_NAME.fullmatch(topic):
+                raise BulkRetryError(f"cannot leave out {topic!r}: not a topic name")
 
     def conditions(self) -> tuple[list[LiteralString], dict[str, object]]:
         """The WHERE clause as fixed fragments with ``%(name)s`` placeholders, and their values."""
@@ -138,6 +143,9 @@ class Selection:
         if self.destination is not None:
             fragments.append("destination = %(destination)s")
             params["destination"] = self.destination
+        for n, topic in enumerate(self.excluded):
+            fragments.append(f"destination <> %(excluded_{n})s")
+            params[f"excluded_{n}"] = topic
         if self.error_class is not None:
             fragments.append("error_class LIKE %(error_class)s ESCAPE '!'")
             params["error_class"] = like_pattern(self.error_class)

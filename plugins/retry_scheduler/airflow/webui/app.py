@@ -38,8 +38,9 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict
 
-from retry_scheduler.airflow.hook import RetrySchedulerHook
-from retry_scheduler.core.config import DEFAULT_DATABASE_URL
+from retry_scheduler.airflow.hook import RetrySchedulerHook, with_airflow_policies
+from retry_scheduler.core.config import DEFAULT_DATABASE_URL, Settings
+from retry_scheduler.core.records import deployment_destinations
 from retry_scheduler.db.connection import StoreError
 from retry_scheduler.ops import dlq
 
@@ -299,6 +300,7 @@ def _act(action: dlq.Action, body: ActionBody, user: Any) -> dict[str, Any]:
         source="ui",
         dry_run=body.dry_run,
         reset_attempts=body.reset_attempts,
+        destinations=deployment_destinations(with_airflow_policies(Settings.from_env())),
     )
     log.info("dead letters page, %s: %s", user.get_name(), outcome.summary())
     return {**outcome.as_json(), "summary": outcome.summary()}

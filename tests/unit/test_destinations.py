@@ -1,0 +1,80 @@
+"""Destinations are denied by default: only what a deployment declares, never the service's own or internal topics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.destinations import Destinations
+from retry_scheduler.core.policy import PolicyError, PolicyRegistry, load_policies
+from retry_scheduler.core.records import destinations_for
+
+POLICIES_MODULE = """
+import re
+from retry_scheduler.core.policy import Policy
+
+POLICIES = [Policy("default", delays=["1m"], max_attempts=2), Policy("pay", delays=["1s"], max_attempts=3,
+            dlq_topic="payments.dlq")]
+DESTINATIONS = {"payments": "pay"}
+ALLOWED_DESTINATIONS = ["orders", "shop.*", re.compile(r"team-[a-z]+\\.events")]
+"""
+
+
+@pytest.fixture
+def rules(tmp_path: Path) -> Destinations:
+    module = tmp_path / "retry_policies.py"
+    module.write_text(POLICIES_MODULE)
+    settings = Settings(policies_path=str(module), delay_topics={"retry.5m": 300_000})
+    return destinations_for(settings, load_policies(module))
+
+
+@pytest.mark.parametrize(
+    "topic", ["orders", "payments", "shop.cart", "shop.", "team-a.events", "team-blue.events"]
+)
+def test_declared_names_globs_patterns_and_mapped_destinations_are_allowed(
+    rules: Destinations, topic: str
+) -> None:
+    assert rules.refusal(topic) is None
+
+
+@pytest.mark.parametrize(
+    ("topic", "why"),
+    [
+        ("connect-offsets", "add it to ALLOWED_DESTINATIONS"),  # a topic nobody declared
+        ("orders-changelog", "add it to ALLOWED_DESTINATIONS"),
+        ("shopping", "add it to ALLOWED_DESTINATIONS"),  # the glob is shop.*, not shop*
+        ("team-1.events", "add it to ALLOWED_DESTINATIONS"),
+        ("__consumer_offsets", "internal topics never are"),
+        ("_schemas", "internal topics never are"),
+        ("retry", "a retry or DLQ topic of this service"),
+        ("retry.5m", "a retry or DLQ topic of this service"),
+        ("payments.dlq", "a retry or DLQ topic of this service"),
+        ("retry.dlq", "a retry or DLQ topic of this service"),
+        ("orders topic", "not a topic name"),
+    ],
+)
+def test_everything_else_is_refused_with_the_reason(rules: Destinations, topic: str, why: str) -> None:
+    refusal = rules.refusal(topic)
+    assert refusal is not None and f"destination {topic!r} is not allowed" in refusal and why in refusal
+
+
+def test_an_installation_that_declares_nothing_allows_nothing() -> None:
+    registry = PolicyRegistry.of([])
+    rules = destinations_for(Settings(), registry)
+    assert not any(rules.allows(t) for t in ("orders", "payments", "demo.orders", "x"))
+
+
+def test_the_allowlist_setting_adds_but_never_opens_the_service_s_own_topics() -> None:
+    rules = destinations_for(Settings(destination_allowlist=".*"), PolicyRegistry.of([]))
+    assert rules.allows("anything.at-all")
+    assert (
+        not rules.allows("retry") and not rules.allows("retry.dlq") and not rules.allows("__consumer_offsets")
+    )
+
+
+@pytest.mark.parametrize("allowed", [["orders topic"], ["shop.*!"], [42], "orders", ["a" * 250]])
+def test_a_wrong_declaration_is_refused_when_the_policies_load(allowed: object) -> None:
+    with pytest.raises(PolicyError, match="ALLOWED_DESTINATIONS"):
+        PolicyRegistry.of([], allowed=allowed)  # type: ignore[arg-type]
