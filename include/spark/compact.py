@@ -9,23 +9,25 @@ The ``retry_compaction`` DAG runs it once a day for the UTC day of its data inte
 The database comes from ``RETRY_DATABASE_URL`` or from ``--connection-file`` (what the DAG and
 ``retry-scheduler compact`` pass), never from the command line, where every user could read a password.
 
-Processed jobs are ``published`` ones (processed at ``published_at``) and ``dead`` ones older than the
-dead retention (processed at ``dead_at``). A run selects them (``--older-than``: processed before
-now minus that; ``--day D``: processed within the UTC day D), then:
+Processed jobs are ``published`` ones (processed at ``published_at``) and ``dead`` ones past the
+dead retention whose record is on their DLQ topic (processed at ``dead_at``; a dead job not yet
+there is never taken). A run selects them (``--older-than``: processed before now minus that;
+``--day D``: published within the UTC day D, and dead ones whose retention ended by D's end), then:
 
 1. in one statement, counts them by day and stages their ids in ``retry_compaction_archived``;
 2. appends to ``<archive>/retry_jobs/day=YYYY-MM-DD/destination=TOPIC/`` only the rows whose id is not
    archived for that day yet (one read of every column), so a re-run after a crash archives nothing
    twice;
-3. verifies that every staged job still selected (one replayed meanwhile is left alone) is now in
-   the archive, and raises, deleting nothing, if one is not;
+3. fsyncs the files and directories of those days (a local archive), then verifies that every
+   staged job still selected (one replayed meanwhile is left alone) is now in the archive, and
+   raises, deleting nothing, if one is not;
 4. deletes the staged jobs still selected from ``retry_jobs`` in bounded id-range batches, each its
    own transaction (a job that no longer matches the selection, e.g. replayed from the DLQ
    meanwhile, is kept);
 5. writes ``<archive>/_manifests/<run_id>.json`` with the counts.
 
 The archive keeps every column of ``retry_jobs`` (``status`` as text). A null destination is archived
-under ``destination=__none__``: the default allowlist lets no destination start with ``_``. Timestamps
+under ``destination=__none__``: no allowed destination starts with ``_``. Timestamps
 are Parquet ``TIMESTAMP_MICROS`` (UTC instants). One run at a time: a second one fails fast on an
 advisory lock rather than racing the first to the same day partitions.
 """

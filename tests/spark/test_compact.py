@@ -98,21 +98,27 @@ def test_selection_window_and_its_sql() -> None:
     assert by_age == compact.Window(None, utc(2025, 3, 3, 6, 0), None, utc(2025, 2, 8, 6, 0))
     assert by_age.predicate().as_string(None) == (
         "(status = 'published' AND \"published_at\" < '2025-03-03 06:00:00+00:00'::timestamptz)"
-        " OR (status = 'dead' AND \"dead_at\" < '2025-02-08 06:00:00+00:00'::timestamptz)"
+        " OR (status = 'dead' AND dlq_published_at IS NOT NULL AND \"dead_at\" < '2025-02-08 06:00:00+00:00'::timestamptz)"
     )
-    # --day: the whole UTC day; dead jobs only the part of it older than the retention
+    # --day: published within the UTC day; dead ones whose retention ended by the day's end
     by_day = compact.selection_window(
         now, older_than_ms=None, day=date(2025, 3, 2), dead_retention_ms=8 * DAY_MS
     )
-    assert by_day == compact.Window(utc(2025, 3, 2), utc(2025, 3, 3), utc(2025, 3, 2), utc(2025, 3, 2, 6, 0))
-    assert "\"dead_at\" >= '2025-03-02 00:00:00+00:00'::timestamptz" in by_day.predicate().as_string(None)
-    # a retention reaching past the day takes none of its dead jobs
-    recent = compact.selection_window(now, older_than_ms=None, day=date(2025, 3, 9), dead_retention_ms=DAY_MS)
-    assert recent.dead_before == utc(2025, 3, 9, 6, 0)
-    older = compact.selection_window(
-        now, older_than_ms=None, day=date(2025, 3, 9), dead_retention_ms=3 * DAY_MS
+    assert by_day == compact.Window(utc(2025, 3, 2), utc(2025, 3, 3), None, utc(2025, 2, 23))
+    assert by_day.predicate().as_string(None) == (
+        "(status = 'published' AND \"published_at\" >= '2025-03-02 00:00:00+00:00'::timestamptz"
+        " AND \"published_at\" < '2025-03-03 00:00:00+00:00'::timestamptz)"
+        " OR (status = 'dead' AND dlq_published_at IS NOT NULL"
+        " AND \"dead_at\" < '2025-02-23 00:00:00+00:00'::timestamptz)"
     )
-    assert older.dead_before < older.dead_from  # type: ignore[operator]
+    # the days run one after the other take every dead job once: day D takes [.., D + 1 - retention)
+    nxt = compact.selection_window(
+        now, older_than_ms=None, day=date(2025, 3, 3), dead_retention_ms=8 * DAY_MS
+    )
+    assert nxt.dead_before == by_day.dead_before + timedelta(days=1)
+    # a day not over yet never takes a dead job before its retention ended
+    today = compact.selection_window(now, older_than_ms=None, day=date(2025, 3, 10), dead_retention_ms=DAY_MS)
+    assert today.dead_before == utc(2025, 3, 9, 6, 0)
 
 
 def test_database_url_becomes_jdbc_url_and_properties() -> None:
@@ -204,8 +210,11 @@ def seed(database_url: str, jobs: dict[str, tuple[str, datetime | None, str | No
                     "UPDATE retry_jobs SET status = 'published', published_at = %s WHERE id = %s",
                     (at, ids[name]),
                 )
-            elif status == "dead":
-                conn.execute("UPDATE retry_jobs SET dead_at = %s WHERE id = %s", (at, ids[name]))
+            elif status == "dead":  # on its DLQ topic a moment after it died, as the publish loop does
+                conn.execute(
+                    "UPDATE retry_jobs SET dead_at = %s, dlq_published_at = %s WHERE id = %s",
+                    (at, at + timedelta(seconds=1) if at else None, ids[name]),
+                )
     return ids
 
 
@@ -254,9 +263,13 @@ def run(database_url: str, archive: Path | str, *args: str) -> dict[str, Any]:
         )
 
 
-def day_args(day: date, now: datetime, dead_boundary: datetime) -> list[str]:
-    """``--day day`` with a dead retention ending at ``dead_boundary``."""
-    retention_ms = int((now - dead_boundary).total_seconds() * 1000)
+def day_args(day: date, dead_boundary: datetime) -> list[str]:
+    """``--day day`` with the dead retention that takes the dead jobs that died before ``dead_boundary``.
+
+    The run of a day takes the dead jobs whose retention ended by the day's end.
+    """
+    end = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1)
+    retention_ms = int((end - dead_boundary).total_seconds() * 1000)
     return ["--day", day.isoformat(), "--dead-retention", f"{retention_ms}ms"]
 
 
@@ -335,7 +348,7 @@ def test_the_same_day_twice_archives_nothing_twice(
         },
     )
     archive = tmp_path / "archive"
-    argv = day_args(day, now, dead_boundary=start + timedelta(hours=12))
+    argv = day_args(day, dead_boundary=start + timedelta(hours=12))
     day_ids = sorted([ids["first_instant"], ids["last_instant"], ids["dead_past_retention"]])
 
     dry = run(database_url, archive, *argv, "--dry-run")
@@ -379,7 +392,7 @@ def test_a_crash_before_the_delete_is_finished_by_the_next_run(
         {"a": ("published", noon, "orders"), "b": ("published", noon, None), "other": ("pending", None, "x")},
     )
     archive = tmp_path / "archive"
-    argv = [*day_args(day, now, dead_boundary=noon), "--run-id", "scheduled__crash"]
+    argv = [*day_args(day, dead_boundary=noon), "--run-id", "scheduled__crash"]
 
     def crash(*args: object, **kwargs: object) -> int:
         raise RuntimeError("driver killed")
@@ -500,6 +513,64 @@ def test_each_run_leaves_a_manifest_with_its_counts(
     assert manifest["started_at"] <= manifest["finished_at"]
     assert sorted(manifest["days"]) == manifest["days"] and len(manifest["days"]) == 2
     assert archived_ids(spark, archive) == sorted(ids.values())
+
+
+@pytest.mark.integration
+def test_daily_runs_archive_each_dead_job_once_its_retention_ended_and_never_one_not_on_the_dlq(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path
+) -> None:
+    now = datetime.now(UTC)
+    today = now.date()
+    days = [today - timedelta(days=n) for n in (3, 2, 1)]  # three daily runs, oldest first
+    retention = timedelta(days=30)
+    start = {d: datetime(d.year, d.month, d.day, tzinfo=UTC) for d in days}
+    ids = seed(
+        database_url,
+        {
+            # retention ended long before the first of these days: the first run takes it
+            "long_past": ("dead", start[days[0]] - retention - timedelta(days=5), "orders"),
+            # retention ends within each day: that day's run takes it
+            **{
+                f"ends_day{n}": ("dead", start[d] - retention + timedelta(hours=6), "orders")
+                for n, d in enumerate(days)
+            },
+            # retention not over by the last day's end
+            "recent": ("dead", now - timedelta(days=2), "orders"),
+            "not_on_dlq": ("dead", start[days[0]] - retention - timedelta(days=5), "payments"),
+            "published_day1": ("published", start[days[1]] + timedelta(hours=1), "orders"),
+        },
+    )
+    with psycopg.connect(database_url) as conn:  # still on its way to the DLQ topic: its only copy is here
+        conn.execute("UPDATE retry_jobs SET dlq_published_at = NULL WHERE id = %s", (ids["not_on_dlq"],))
+    archive = tmp_path / "archive"
+    taken = []
+    for day in days:
+        result = run(database_url, archive, "--day", day.isoformat(), "--dead-retention", "30d")
+        taken.append(result["deleted"])
+        assert result["files_synced"] > 0  # the local archive was fsynced before the delete
+    assert taken == [2, 2, 1]  # long_past + ends_day0; ends_day1 + published_day1; ends_day2
+    assert set(db_rows(database_url)) == {ids["recent"], ids["not_on_dlq"]}
+    assert archived_ids(spark, archive) == sorted(
+        ids[n] for n in ("long_past", "ends_day0", "ends_day1", "ends_day2", "published_day1")
+    )
+    # Running the days again finds nothing more to do.
+    for day in days:
+        assert (
+            run(database_url, archive, "--day", day.isoformat(), "--dead-retention", "30d")["selected"] == 0
+        )
+
+
+@pytest.mark.integration
+def test_a_dead_job_not_yet_on_its_dlq_topic_is_never_compacted(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path
+) -> None:
+    now = datetime.now(UTC)
+    ids = seed(database_url, {"old": ("dead", now - timedelta(days=90), "orders")})
+    with psycopg.connect(database_url) as conn:
+        conn.execute("UPDATE retry_jobs SET dlq_published_at = NULL")
+    result = run(database_url, tmp_path / "archive", "--older-than", "0s", "--dead-retention", "0s")
+    assert (result["selected"], result["deleted"]) == (0, 0)
+    assert set(db_rows(database_url)) == {ids["old"]}
 
 
 @pytest.mark.integration

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, date, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -138,6 +140,42 @@ def write_archive(rows: DataFrame, root: str) -> None:
         rows.write.mode("append").partitionBy(*PARTITION_COLUMNS).parquet(root)
 
 
+def sync_archive(root: str, days: Sequence[str]) -> int:
+    """Make the archive's ``days`` durable before anything is deleted; returns the files synced.
+
+    On a local archive (``file://``) every file and directory under ``root/day=D`` is fsynced, then
+    ``root`` and its parent, so that a power cut after the delete cannot take back rows the
+    verification saw. Other file systems are durable when Spark's job commit returns (HDFS: the
+    blocks are replicated; S3A: the objects exist once written, with a committer such as the S3A
+    magic committer), and nothing is done here.
+    """
+    local = local_path(root)
+    if local is None:
+        return 0
+    synced = 0
+
+    def fsync(path: Path, directory: bool) -> None:
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    for day in days:
+        top = local / f"day={day}"
+        if not top.is_dir():
+            continue
+        for walked, _dirs, files in os.walk(top, topdown=False):
+            for name in files:
+                fsync(Path(walked) / name, directory=False)
+                synced += 1
+            fsync(Path(walked), directory=True)
+    for folder in (local, local.parent):
+        if folder.is_dir():
+            fsync(folder, directory=True)
+    return synced
+
+
 def write_manifest(spark: SparkSession, archive: str, report: dict[str, Any]) -> str:
     """Write ``<archive>/_manifests/<run_id>.json``; returns its URI."""
     name = re.sub(r"[^A-Za-z0-9._-]", "_", report["run_id"]) + ".json"
@@ -149,7 +187,10 @@ def write_manifest(spark: SparkSession, archive: str, report: dict[str, Any]) ->
     else:
         local.parent.mkdir(parents=True, exist_ok=True)
         partial = local.with_name(f".{local.name}.partial")
-        partial.write_text(text)
+        with open(partial, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
         partial.replace(local)
     return uri
 
@@ -178,6 +219,7 @@ def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
         "already_archived": 0,
         "archived_new": 0,
         "deleted": 0,
+        "files_synced": 0,
         "days": [],
         "fetch_rows": None,
         "started_at": started.isoformat(),
@@ -271,6 +313,8 @@ def _archive_and_delete(
         rows = read()
         write_archive(rows if existing is None else missing_from_archive(rows, existing), root)
     lap("write_archive")
+    report["files_synced"] = sync_archive(root, days)  # durable before it is verified and relied on
+    lap("sync_archive")
     # Fresh reads: the jobs still selected, and the archive (a DataFrame's file listing is fixed when
     # it is created).
     still_selected = read().select("id").persist(StorageLevel.MEMORY_AND_DISK)

@@ -59,7 +59,11 @@ class ArchiveVerificationError(CompactionError):
 
 @dataclass(frozen=True)
 class Window:
-    """The processed jobs a run takes: ``[from, before)`` on ``published_at`` and on ``dead_at``."""
+    """The processed jobs a run takes: ``[from, before)`` on ``published_at`` and on ``dead_at``.
+
+    A dead job is taken only once its record is on its DLQ topic (``dlq_published_at``): until then
+    PostgreSQL holds its only copy.
+    """
 
     published_from: datetime | None
     published_before: datetime
@@ -68,7 +72,9 @@ class Window:
 
     def predicate(self) -> sql.Composed:
         """The WHERE clause; every value in it is a datetime rendered by psycopg as a timestamptz literal."""
-        return sql.SQL("(status = 'published' AND {}) OR (status = 'dead' AND {})").format(
+        return sql.SQL(
+            "(status = 'published' AND {}) OR (status = 'dead' AND dlq_published_at IS NOT NULL AND {})"
+        ).format(
             _range("published_at", self.published_from, self.published_before),
             _range("dead_at", self.dead_from, self.dead_before),
         )
@@ -84,12 +90,20 @@ def _range(column: str, start: datetime | None, end: datetime) -> sql.Composable
 def selection_window(
     now: datetime, *, older_than_ms: int | None, day: date | None, dead_retention_ms: int
 ) -> Window:
-    """Published jobs processed before the cutoff (or within ``day``, UTC); dead ones also past retention."""
+    """The jobs a run takes: published ones, and dead ones past their retention.
+
+    With ``older_than_ms``: published before ``now`` minus that, dead before that and past the
+    retention. With ``day`` (the daily DAG run, UTC): published within the day, and dead ones whose
+    retention ended by the day's end (``dead_at < end - retention``, no lower bound). So every dead
+    job is taken by the first daily run after its retention ends, whichever days ran before, and
+    the run of a day that is still within the retention of every dead job takes none. A dead job
+    is never taken later than its retention: ``dead_before`` is also capped at ``now`` minus it.
+    """
     dead_cutoff = now - timedelta(milliseconds=dead_retention_ms)
     if day is not None:
         start = datetime(day.year, day.month, day.day, tzinfo=UTC)
         end = start + timedelta(days=1)
-        return Window(start, end, start, min(end, dead_cutoff))
+        return Window(start, end, None, min(end - timedelta(milliseconds=dead_retention_ms), dead_cutoff))
     if older_than_ms is None:
         raise CompactionError("a compaction needs --older-than or --day")
     cutoff = now - timedelta(milliseconds=older_than_ms)

@@ -2,12 +2,13 @@
 ### retry_compaction
 
 Every night, moves processed jobs out of PostgreSQL into Parquet so the hot table stays small:
-published jobs, and dead jobs older than their retention (`dead_retention`, 30 days). Each run's
-data interval is one UTC day, the day it archives (jobs processed that day); the run starts once
-the day is over. Catch-up and `airflow backfill create` re-run exactly the days asked for; a
+the jobs published during the run's day, and the dead jobs whose retention (`dead_retention`, 30
+days) ended by the day's end. A dead job whose record is not yet on its DLQ topic is never taken.
+Each run's data interval is one UTC day; the run starts once the day is over. Catch-up and `airflow backfill create` re-run exactly the days asked for; a
 manual trigger archives the last complete day before the logical date it is given. Running a day twice neither duplicates
 archive rows nor deletes rows that are not in the archive: rows are deleted, in bounded batches,
-only after the archive was read back and found to hold every one of them.
+only after the archive was made durable (fsynced, on a local archive) and read back and found to
+hold every one of them.
 
 Archive: `RETRY_ARCHIVE_URI` (a local directory or any Hadoop-compatible URI), partitioned by
 `day` and `destination`, with a JSON manifest per run. Same job on the command line:
