@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import replace
@@ -95,6 +96,15 @@ def test_bulk_replay_dag_dry_run_then_replay(
             ).fetchall()
         )
     assert counts == {dest: 30}
+    # Both runs are audited as bulk replays asked for from the DAG, under their Airflow run ids.
+    with psycopg.connect(database_url) as conn:
+        audits = conn.execute(
+            "SELECT action, dry_run, source, run_id, matched, affected FROM retry_dlq_audit ORDER BY id"
+        ).fetchall()
+    assert audits == [
+        ("bulk_replay", True, "dag", re.sub(r"[^A-Za-z0-9._:-]", "_", dry.run_id), 30, 0),
+        ("bulk_replay", False, "dag", re.sub(r"[^A-Za-z0-9._:-]", "_", run.run_id), 30, 30),
+    ]
 
 
 def test_compaction_dag_archives_its_logical_day(airflow_db, airflow_env: Path, database_url: str) -> None:

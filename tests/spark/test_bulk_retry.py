@@ -25,7 +25,7 @@ from retry_scheduler.core.config import Settings
 from retry_scheduler.core.connection_file import connection_file
 from retry_scheduler.core.jobs import Job, OutgoingRow, Status, destination_headers, encode_headers
 from retry_scheduler.db.store import Store
-from retry_scheduler.spark import bulk_retry
+from retry_scheduler.spark import bulk_options, bulk_retry
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
 from retry_scheduler.spark.selection import OUTGOING_COLUMNS, BulkRetryError, Selection
 from tests.kafkautil import Seen, consume, create_topics
@@ -244,7 +244,9 @@ def test_jdbc_fetches_hold_at_most_64_mib(largest: int | None, rows: int) -> Non
 
 
 def test_producer_is_idempotent_whatever_the_extra_settings() -> None:
-    conf = bulk_retry.producer_settings("b:9092", {"acks": "1", "enable.idempotence": False, "linger.ms": 5})
+    conf = bulk_options.producer_settings(
+        "b:9092", {"acks": "1", "enable.idempotence": False, "linger.ms": 5}
+    )
     assert conf["enable.idempotence"] is True
     assert conf["acks"] == "all"
     assert conf["bootstrap.servers"] == "b:9092"
@@ -312,7 +314,7 @@ def test_arrow_batches_are_produced_and_their_acknowledged_jobs_marked_published
     out = list(
         bulk_retry.publish_batches(
             iter(batches), database_url=database_url, mark_batch=2,
-            producer_conf=bulk_retry.producer_settings(bootstrap_servers, {}),
+            producer_conf=bulk_options.producer_settings(bootstrap_servers, {}),
             missing=frozenset(), failed_count=failed, flush_timeout_s=30,
         )
     )  # fmt: skip
@@ -618,3 +620,39 @@ def test_jobs_of_a_destination_no_longer_allowed_are_left_alone(
     statuses = {rid: r[0] for rid, r in rows(database_url).items()}
     assert {statuses[f"rid-{10 + i}"] for i in range(3)} == {"dead"}
     assert {statuses[f"rid-{i}"] for i in range(5)} == {"published"}
+
+
+def audit_rows(database_url: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(database_url) as conn:
+        return conn.execute(
+            "SELECT action, dry_run, actor, source, run_id, filter, matched, affected, skipped,"
+            " finished_at IS NOT NULL FROM retry_dlq_audit ORDER BY id"
+        ).fetchall()
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_one_bulk_replay_at_a_time_each_audited(
+    spark: SparkSession, database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    orders = f"{topic_prefix}.orders"
+    create_topics(bootstrap_servers, [orders])
+    with Store(database_url) as store:
+        store.insert_jobs([make_job(i, orders) for i in range(4)])
+
+    with psycopg.connect(database_url, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(7311, hashtext('retry_bulk_replay'))")  # a run in progress
+        with pytest.raises(BulkRetryError, match="another bulk replay is in progress"):
+            run(database_url, bootstrap_servers, "--destination", orders)
+        dry = run(database_url, bootstrap_servers, "--destination", orders, "--dry-run", "--actor", "alice")
+    assert {r[0] for r in rows(database_url).values()} == {"dead"}  # the refused run touched nothing
+
+    done = run(database_url, bootstrap_servers, "--destination", orders, "--actor", "bob", "--source", "dag")
+    assert done["published"] == 4
+    filt = {"status": "dead", "destination": orders}
+    assert audit_rows(database_url) == [
+        ("bulk_replay", True, "alice", "cli", dry["run_id"], filt, 4, 0, {}, True),
+        ("bulk_replay", False, "bob", "dag", done["run_id"], filt, 4, 4, {}, True),
+    ]
+    # The lock is the run's only: the next run takes it again.
+    assert run(database_url, bootstrap_servers, "--destination", orders)["selected"] == 0

@@ -13,7 +13,6 @@ section for a cluster).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import queue
@@ -21,10 +20,9 @@ import struct
 import sys
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, LiteralString, NamedTuple
 
@@ -32,22 +30,17 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
-from retry_scheduler.core.config import ConfigError, Settings
-from retry_scheduler.core.connection_file import add_connection_options, job_settings
-from retry_scheduler.core.destinations import Destinations
+from retry_scheduler.core.config import ConfigError
 from retry_scheduler.core.headers import Header
-from retry_scheduler.core.jobs import OutgoingRow, Status, destination_headers
-from retry_scheduler.core.records import deployment_destinations
+from retry_scheduler.core.jobs import OutgoingRow, destination_headers
 from retry_scheduler.db.connection import StoreError, connect
 from retry_scheduler.db.store import like_pattern
-from retry_scheduler.loops.kafka import producer_config
+from retry_scheduler.spark.bulk_guard import BulkAudit, guarded_run
+from retry_scheduler.spark.bulk_options import MARK_BATCH, Options, parse_args
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows, jdbc_target
 from retry_scheduler.spark.selection import (
-    RUN_ID,
-    SELECTABLE,
     BulkRetryError,
     Selection,
-    parse_timestamp,
     read_selection,
     summarize,
 )
@@ -74,8 +67,6 @@ MARK_BATCH_SQL: LiteralString = (
 #: What each partition hands back to the driver: how many of its jobs it marked published, and the
 #: seconds its UPDATEs took (while it went on producing).
 MARKED_SCHEMA = "marked long, mark_s double"
-#: Acknowledged jobs marked published per transaction, by default.
-MARK_BATCH = 10_000
 #: Largest Arrow batch of selected rows handed to a Python worker.
 ARROW_BATCH_BYTES = 64 * 1024 * 1024
 
@@ -85,12 +76,6 @@ class MarkingError(RuntimeError):
 
 
 # --- connections -------------------------------------------------------------------------------
-
-
-def producer_settings(bootstrap_servers: str, extra: Mapping[str, Any]) -> dict[str, Any]:
-    """The normal publish path's producer settings (idempotent, ``acks=all``), batching a little more."""
-    kafka = {"linger.ms": 20, **extra, "bootstrap.servers": bootstrap_servers}
-    return producer_config(Settings(kafka=kafka))
 
 
 def missing_topics(bootstrap_servers: str, extra: Mapping[str, Any], topics: Iterable[str]) -> set[str]:
@@ -313,90 +298,6 @@ def spark_session() -> SparkSession:
     return spark
 
 
-@dataclass(frozen=True)
-class Options:
-    database_url: str
-    bootstrap_servers: str
-    selection: Selection
-    dry_run: bool
-    partitions: int
-    fetchsize: int | None
-    kafka_config: dict[str, Any]
-    producer_conf: dict[str, Any]
-    run_id: str
-    #: The deployment's destination rules: jobs of a destination they refuse are left as they are.
-    destinations: Destinations
-    mark_batch: int = MARK_BATCH
-
-
-def _positive(name: str, top: int) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, not {raw!r}") from None
-        if not 1 <= value <= top:
-            raise argparse.ArgumentTypeError(f"{name} must be between 1 and {top}")
-        return value
-
-    return parse
-
-
-def parse_args(argv: list[str] | None = None) -> Options:
-    parser = argparse.ArgumentParser(
-        prog="bulk_retry.py", description="Re-publish a filtered set of retry jobs to their destinations."
-    )
-    add_connection_options(parser)
-    parser.add_argument("--destination", help="only jobs of this destination topic")
-    parser.add_argument("--status", choices=[s.value for s in SELECTABLE], default=Status.DEAD.value)
-    parser.add_argument("--error-class", help="glob on the error class, * matches anything")
-    parser.add_argument("--since", help="jobs created at or after this ISO-8601 time (UTC without zone)")
-    parser.add_argument("--until", help="jobs created before this ISO-8601 time (UTC without zone)")
-    parser.add_argument("--limit", type=_positive("--limit", 2**62), help="only the first N jobs by id")
-    parser.add_argument("--dry-run", action="store_true", help="count per destination, publish nothing")
-    parser.add_argument("--partitions", type=_positive("--partitions", 10_000), default=8)
-    parser.add_argument(
-        "--fetchsize",
-        type=_positive("--fetchsize", 1_000_000),
-        help="rows per JDBC round trip (default: up to 10000, fewer for large records, 64 MiB at most)",
-    )
-    parser.add_argument(
-        "--mark-batch",
-        type=_positive("--mark-batch", 1_000_000),
-        default=MARK_BATCH,
-        help=f"acknowledged jobs marked published per transaction (default: {MARK_BATCH}); after a crash "
-        "at most a few batches per running partition are published again",
-    )
-    parser.add_argument("--run-id", help="name of this run, in its logs and result (default: a new uuid)")
-    args = parser.parse_args(argv)
-    settings = job_settings(args)
-    kafka_config = {k: v for k, v in settings.kafka.items() if k != "bootstrap.servers"}
-    run_id = args.run_id or str(uuid.uuid4())
-    if not RUN_ID.fullmatch(run_id):
-        raise BulkRetryError("--run-id must be 1-128 characters of [A-Za-z0-9._:-]")
-    selection = Selection(
-        status=Status(args.status),
-        destination=args.destination,
-        error_class=args.error_class,
-        since=parse_timestamp(args.since, "--since") if args.since else None,
-        until=parse_timestamp(args.until, "--until") if args.until else None,
-        limit=args.limit,
-    )
-    return Options(
-        database_url=settings.database_url,
-        bootstrap_servers=settings.bootstrap_servers,
-        selection=selection,
-        dry_run=args.dry_run,
-        partitions=args.partitions,
-        fetchsize=args.fetchsize,
-        kafka_config=kafka_config,
-        producer_conf=producer_settings(settings.bootstrap_servers, kafka_config),
-        run_id=run_id,
-        destinations=deployment_destinations(settings),
-        mark_batch=args.mark_batch,
-    )
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run a bulk retry; returns ``{"run_id", "selected", "published", "failed", "dry_run", "fetch_rows",
     "marking_s", "phases_s", "not_allowed"}``.
@@ -407,8 +308,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ``fetch_rows`` is the JDBC fetch size the read used and ``marking_s`` the seconds the executors'
     UPDATEs took, summed over partitions, while they went on producing (both None when nothing was
     read); ``phases_s`` is the wall time of each step.
+
+    One run at a time (an advisory lock, not taken by a dry run), each audited in ``retry_dlq_audit``
+    (:mod:`retry_scheduler.spark.bulk_guard`).
     """
     opts = parse_args(argv)
+    jdbc_target(opts.database_url)  # validated before anything runs
+    with guarded_run(
+        opts.database_url,
+        actor=opts.actor,
+        source=opts.source,
+        run_id=opts.run_id,
+        dry_run=opts.dry_run,
+        selection=opts.selection.as_audit(),
+    ) as start_audit:
+        return _run(opts, start_audit)
+
+
+def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit]) -> dict[str, Any]:
     sel = opts.selection
     phases: dict[str, float] = {}  # seconds per step, for profiling (bench/README.md)
     result: dict[str, Any] = {
@@ -428,7 +345,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         phases[name] = round(time.perf_counter() - began, 3)
         began = time.perf_counter()
 
-    jdbc = jdbc_target(opts.database_url)  # validated before anything runs
+    jdbc = jdbc_target(opts.database_url)
 
     summary = summarize(opts.database_url, sel)
     refused = {d: n for d, n in summary.per_destination.items() if not opts.destinations.allows(d)}
@@ -442,6 +359,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         summary = summarize(opts.database_url, sel)
     result["not_allowed"] = refused
     result["selected"] = summary.count
+    audit = start_audit(
+        summary.count + sum(refused.values()), {"destination not allowed": sum(refused.values())}
+    )
     lap("select")
     log.info(
         "run %s selected %s %s jobs in %s destinations (ids %s..%s)",
@@ -453,8 +373,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"  {destination:<40} {count:>10}")
         for destination, count in refused.items():
             print(f"  {destination:<40} {count:>10}  not allowed: left alone")
+        audit.finish(0)
         return result
     if not summary.count:
+        audit.finish(0)
         return result
 
     missing = missing_topics(opts.bootstrap_servers, opts.kafka_config, summary.per_destination)
@@ -495,9 +417,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["marking_s"] = round(sum(row.mark_s for row in partitions), 3)
     result["published"] += marked
     result["failed"] = int(failed_count.value)
+    audit.finish(result["published"])
     log.info(
-        "run %s: %s selected, %s published, %s failed",
-        opts.run_id, result["selected"], result["published"], result["failed"],
+        "run %s: %s selected, %s published, %s failed (audit %s)",
+        opts.run_id, result["selected"], result["published"], result["failed"], audit.audit_id,
     )  # fmt: skip
     return result
 

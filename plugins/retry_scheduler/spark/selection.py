@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, LiteralString
+from typing import TYPE_CHECKING, Any, LiteralString
 
 from psycopg import sql
 
@@ -126,6 +126,18 @@ class Selection:
         for topic in self.excluded:
             if not TOPIC_NAME.fullmatch(topic):
                 raise BulkRetryError(f"cannot leave out {topic!r}: not a topic name")
+
+    def as_audit(self) -> dict[str, Any]:
+        """The filter as the audit row records it: the fields that were given."""
+        given = {
+            "status": self.status.value,
+            "destination": self.destination,
+            "error_class": self.error_class,
+            "since": self.since.isoformat() if self.since else None,
+            "until": self.until.isoformat() if self.until else None,
+            "limit": self.limit,
+        }
+        return {k: v for k, v in given.items() if v is not None}
 
     def conditions(self) -> tuple[list[LiteralString], dict[str, object]]:
         """The WHERE clause as fixed fragments with ``%(name)s`` placeholders, and their values."""

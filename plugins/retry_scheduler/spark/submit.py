@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -101,6 +102,22 @@ def bulk_retry_args(params: Mapping[str, Any]) -> list[str]:
     if params.get("dry_run", True):
         args.append("--dry-run")
     return args
+
+
+def dag_audit_args(actor: str | None, run_id: str) -> list[str]:
+    """The bulk retry's audit arguments for a DAG run: who triggered it, and the run's id.
+
+    The job's run id allows ``[A-Za-z0-9._:-]``: other characters of Airflow's run id become ``_``.
+    """
+    name = (actor or "airflow")[:200]
+    return [
+        "--actor",
+        name,
+        "--source",
+        "dag",
+        "--run-id",
+        re.sub(r"[^A-Za-z0-9._:-]", "_", run_id)[:128] or "dag",
+    ]
 
 
 def compact_args(

@@ -8,8 +8,9 @@ task log then shows how many jobs match, per destination, and nothing is sent.
 Spark reads the selected rows from PostgreSQL over JDBC in parallel partitions by id, the
 executors publish them with idempotent producers (same `retry.id`, `retry.attempt` raised,
 headers byte for byte as the normal publish path sends them), and exactly the acknowledged
-jobs are marked published with one set-based update. A re-run after a crash re-publishes at
-most the jobs that were not marked. Same job on the command line: `retry-scheduler bulk-retry`.
+jobs are marked published. A re-run after a crash re-publishes at most the jobs that were not
+marked. One run at a time; each run, dry runs included, is audited in `retry_dlq_audit`
+(`retry-scheduler dlq audit`) with who triggered it. Same job on the command line: `retry-scheduler bulk-retry`.
 """
 
 from __future__ import annotations
@@ -66,9 +67,12 @@ def retry_bulk_replay() -> None:
     @task
     def job_args() -> list[str]:
         """Validate the form and turn it into the job's arguments (no connection: the operator hands those over)."""
-        from retry_scheduler.spark.submit import bulk_retry_args
+        from retry_scheduler.spark.submit import bulk_retry_args, dag_audit_args
 
-        return bulk_retry_args(get_current_context()["params"])
+        context = get_current_context()
+        dag_run = context["dag_run"]
+        audit = dag_audit_args(getattr(dag_run, "triggering_user_name", None), dag_run.run_id)
+        return bulk_retry_args(context["params"]) + audit
 
     spark_submit_operator(
         task_id="bulk_retry",
