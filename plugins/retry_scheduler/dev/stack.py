@@ -8,10 +8,12 @@ process group down (SIGTERM, then SIGKILL) in reverse order of start.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -44,8 +46,33 @@ log = logging.getLogger(__name__)
 
 # Dev-only secrets, fixed so that every Airflow process (and every restart) agrees on them; the JWT
 # secret needs 64+ bytes for HS512 or PyJWT warns on every token.
-DEV_SECRET = "retry-scheduler-dev-only-secret-never-use-in-production-0123456789abcdef"
-DEV_FERNET_KEY = "fY8Xr3v7_uaqVHkz5cBo68jed_gxi85VQJRPt_af3is="
+#: Where a dev stack keeps the secrets it generated for itself (in its Airflow home, mode 0600).
+SECRETS_FILE = "retry-dev-secrets.json"
+
+
+def stack_secrets(airflow_home: Path) -> dict[str, str]:
+    """The secrets of the dev stack in ``airflow_home``: generated on its first start, then kept.
+
+    ``secret``: the api-server's session and token signing key; ``fernet_key``: Airflow's key for the
+    connections it stores. Each stack has its own (no constant a token could be forged with), and
+    they survive restarts so that logins and stored connections stay valid.
+    """
+    path = airflow_home / SECRETS_FILE
+    try:
+        found = json.loads(path.read_text())
+        if isinstance(found, dict) and {"secret", "fernet_key"} <= set(found):
+            return {"secret": str(found["secret"]), "fernet_key": str(found["fernet_key"])}
+    except (OSError, ValueError):
+        pass
+    made = {
+        "secret": secrets.token_urlsafe(48),
+        "fernet_key": base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
+    }
+    airflow_home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(made, out)
+    return made
 
 
 def start_broker(
@@ -94,6 +121,7 @@ def airflow_env(
     """
     airflow_home.mkdir(parents=True, exist_ok=True)
     (airflow_home / "plugins").mkdir(exist_ok=True)
+    keys = stack_secrets(airflow_home)
     passwords = airflow_home / "simple_auth_manager_passwords.json"
     passwords.write_text(json.dumps({"admin": "admin"}) + "\n")
     # The log servers default to 8793/8794: move them along with the API port so two stacks can coexist.
@@ -105,7 +133,7 @@ def airflow_env(
         "core.executor": "LocalExecutor",
         "core.parallelism": 8,
         "core.max_active_tasks_per_dag": 8,
-        "core.fernet_key": DEV_FERNET_KEY,
+        "core.fernet_key": keys["fernet_key"],
         "core.auth_manager": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         "core.simple_auth_manager_users": "admin:admin",
         "core.simple_auth_manager_all_admins": False,
@@ -115,10 +143,12 @@ def airflow_env(
         "dag_processor.refresh_interval": 5,
         "dag_processor.min_file_process_interval": 10,
         "api.base_url": f"http://localhost:{api_port}",
+        # Only this machine reaches the dev stack's UI and API unless RETRY_DEV_API_HOST says otherwise.
+        "api.host": os.environ.get("RETRY_DEV_API_HOST") or "127.0.0.1",
         "api.port": api_port,
         "api.workers": 1,
-        "api.secret_key": DEV_SECRET,
-        "api_auth.jwt_secret": DEV_SECRET,
+        "api.secret_key": keys["secret"],
+        "api_auth.jwt_secret": keys["secret"],
         "logging.worker_log_server_port": log_port,
         "logging.trigger_log_server_port": log_port + 1,
     }

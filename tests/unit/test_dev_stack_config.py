@@ -1,0 +1,30 @@
+"""The dev stack's Airflow configuration: secrets of its own, reachable from this machine only."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from retry_scheduler.core.config import Settings
+from retry_scheduler.dev.stack import SECRETS_FILE, airflow_env
+
+
+def test_each_stack_signs_with_its_own_secret_and_keeps_it(tmp_path: Path) -> None:
+    one = airflow_env(Settings(), tmp_path / "one", tmp_path / "dags")
+    again = airflow_env(Settings(), tmp_path / "one", tmp_path / "dags")
+    other = airflow_env(Settings(), tmp_path / "other", tmp_path / "dags")
+    for key in ("AIRFLOW__API__SECRET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__CORE__FERNET_KEY"):
+        assert one[key] == again[key] != other[key]  # kept across restarts, never shared
+    assert len(one["AIRFLOW__API_AUTH__JWT_SECRET"]) >= 48
+    assert stat.S_IMODE((tmp_path / "one" / SECRETS_FILE).stat().st_mode) == 0o600
+
+
+def test_the_api_server_listens_on_this_machine_only_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RETRY_DEV_API_HOST", raising=False)
+    assert airflow_env(Settings(), tmp_path, tmp_path / "dags")["AIRFLOW__API__HOST"] == "127.0.0.1"
+    monkeypatch.setenv("RETRY_DEV_API_HOST", "0.0.0.0")
+    assert airflow_env(Settings(), tmp_path, tmp_path / "dags")["AIRFLOW__API__HOST"] == "0.0.0.0"
