@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -14,12 +16,43 @@ class StoreError(RuntimeError):
     """The database cannot be reached or is not migrated; the message says what to do."""
 
 
-def connect(database_url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
-    """Open a connection, with an error that says what to check when it fails."""
+#: The longest any statement of the service may run, in milliseconds (0: no limit).
+STATEMENT_TIMEOUT_ENV = "RETRY_STATEMENT_TIMEOUT_MS"
+DEFAULT_STATEMENT_TIMEOUT_MS = 300_000
+
+
+def statement_timeout_ms(env: Mapping[str, str] | None = None) -> int:
+    """``RETRY_STATEMENT_TIMEOUT_MS``, default 5 minutes; 0 turns the limit off."""
+    raw = (os.environ if env is None else env).get(STATEMENT_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_STATEMENT_TIMEOUT_MS
     try:
-        return psycopg.connect(database_url, autocommit=autocommit, connect_timeout=10)
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise StoreError(f"{STATEMENT_TIMEOUT_ENV}={raw!r} must be a number of milliseconds (0: no limit)")
+    return value
+
+
+def connect(
+    database_url: str, *, autocommit: bool = False, statement_timeout: int | None = None
+) -> psycopg.Connection[Any]:
+    """Open a connection, with an error that says what to check when it fails.
+
+    Every statement on it is cancelled after ``statement_timeout`` ms (default
+    :func:`statement_timeout_ms`; 0: never), so that no query of the service, nor a flood of
+    searches on the Dead letters page, can hold a connection and its locks for long.
+    """
+    limit = statement_timeout_ms() if statement_timeout is None else statement_timeout
+    try:
+        conn = psycopg.connect(database_url, autocommit=autocommit, connect_timeout=10)
     except psycopg.OperationalError as exc:
         raise StoreError(_connect_advice(database_url, str(exc).strip())) from exc
+    conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(limit),))
+    if not autocommit:
+        conn.commit()
+    return conn
 
 
 def _connect_advice(database_url: str, error: str) -> str:

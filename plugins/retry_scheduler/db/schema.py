@@ -91,7 +91,8 @@ def migrate(database_url: str) -> list[str]:
     """
     applied_now: list[str] = []
     migrations = migration_files()
-    with connect(database_url, autocommit=True) as conn:
+    # Migrations wait for each other's lock and may rewrite large tables: no statement limit.
+    with connect(database_url, autocommit=True, statement_timeout=0) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATE_LOCK,))
         try:
             conn.execute(
