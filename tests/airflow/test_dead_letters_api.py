@@ -261,6 +261,9 @@ def test_state_changes_must_be_json_from_this_site(
         typo = browser.post("/api/replay", json={"ids": [job], "dryrun": False})
         assert typo.status_code == 422
         assert browser.post("/api/replay", json={"ids": [job]}).json()["dry_run"] is True
+        # Bounded: no limit or id list a request could not finish.
+        assert browser.post("/api/replay", json={"ids": [job], "limit": 10**12}).status_code == 422
+        assert browser.post("/api/purge", json={"ids": list(range(1, 10_002))}).status_code == 422
     assert job_rows(retry_db, [job])[job]["status"] == "dead"
     assert audit_count(retry_db) == audits + 1  # the one dry run
 
@@ -448,6 +451,19 @@ def test_detail_returns_text_as_data_binary_as_hex_and_cuts_long_values(
         shown = viewer.get(f"/api/dead-letters/{job}").json()
         long_shown = viewer.get(f"/api/dead-letters/{long_job}").json()
         missing = viewer.get("/api/dead-letters/999999999")
+        pending = insert_dead(retry_db, dest)
+        with psycopg.connect(retry_db, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE retry_jobs SET status = 'pending', dead_reason = NULL WHERE id = %s", (pending,)
+            )
+        not_dead = viewer.get(f"/api/dead-letters/{pending}")
+    # A job that is not dead (replayed, or never dead) is not served: not its payload either.
+    assert not_dead.status_code == 404
+    assert (
+        not_dead.json()["detail"]
+        == f"Job {pending} is no longer dead: it is pending. This page shows dead jobs only."
+    )
+    assert "value" not in not_dead.json()
     # Nothing is escaped server side: the page inserts text as text.
     assert shown["value"] == {
         "encoding": "utf-8",

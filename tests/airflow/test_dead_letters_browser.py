@@ -308,7 +308,7 @@ def test_a_user_filters_inspects_replays_and_purges(
         expect(recent).to_have_attribute("data-audit-id", str(audit_id))
         expect(recent).to_contain_text("admin")
 
-        # The publish loop sends it to its destination; the page shows it published.
+        # The publish loop sends it to its destination; the page says it is no longer a dead letter.
         settings = Settings(
             database_url=retry_db,
             kafka={"bootstrap.servers": bootstrap_servers},
@@ -330,8 +330,10 @@ def test_a_user_filters_inspects_replays_and_purges(
             "1",
         )
         assert sent[0].header("traceparent") == "00-replayed-01"
-        page.goto(f"/retry-scheduler/#job={replay}")  # the page on its own, linked to a job
-        expect(page.locator('#detail-fields [data-field="status"]')).to_have_text("published")
+        page.goto(f"/retry-scheduler/#job={replay}")  # the page on its own, linked to a job no longer dead
+        expect(page.locator("#message")).to_contain_text(
+            f"Job {replay} is no longer dead: it is published. This page shows dead jobs only."
+        )
         expect(page.locator("#detail-actions")).to_be_hidden()
 
         # Purge another from its detail, again after a dry run.

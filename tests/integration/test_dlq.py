@@ -150,7 +150,7 @@ def test_the_count_is_capped_so_a_page_never_counts_a_million_rows(
         ({"since": "2026-11-21T10:00:00"}, "needs a time zone"),
         ({"since": "2026-11-21T10:00:00Z", "until": "2026-11-20T10:00:00Z"}, "must be before until"),
         ({"ids": "3,x"}, "ids must be job ids"),
-        ({"limit": "-1"}, "limit must be a positive whole number"),
+        ({"limit": "-1"}, "limit must be a whole number from 1 to 10,000,000"),
     ],
 )
 def test_bad_filters_say_what_is_wrong(params: dict[str, Any], message: str) -> None:
@@ -413,3 +413,33 @@ def test_the_cli_replays_by_the_deployment_s_destination_rules(
         (1, "pending"),
         (2, "dead"),
     ]
+
+
+def test_an_operation_larger_than_the_page_s_bound_is_refused_before_anything_is_written(
+    database_url: str,
+) -> None:
+    insert(database_url, [dead_job(1), dead_job(2), dead_job(3)])
+    dry = run_action(
+        database_url, "replay", DlqFilter(), actor="ann", source="ui", dry_run=True, max_affected=2
+    )
+    assert dry.would_affect == 3  # a dry run only counts: always allowed
+    with pytest.raises(
+        DlqError, match="3 jobs is more than the 2 this page replays at once: trigger the dlq_replay DAG"
+    ):
+        run_action(
+            database_url, "replay", DlqFilter(), actor="ann", source="ui", dry_run=False, max_affected=2
+        )
+    assert {s for (s,) in sql(database_url, "SELECT status::text FROM retry_jobs")} == {"dead"}
+    assert len(audit_rows(database_url)) == 1  # the dry run's only
+
+
+@pytest.mark.parametrize(
+    ("flt", "message"),
+    [
+        ({"limit": 10_000_001}, "limit must be a whole number from 1 to 10,000,000"),
+        ({"ids": tuple(range(1, 10_002))}, "at most 10,000 ids"),
+    ],
+)
+def test_limits_and_id_lists_are_bounded(flt: dict[str, Any], message: str) -> None:
+    with pytest.raises(DlqError, match=message):
+        DlqFilter(**flt)

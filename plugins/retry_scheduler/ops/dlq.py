@@ -51,6 +51,12 @@ SHOW_BYTES = 4096
 #: Most ids one operation may name explicitly.
 MAX_IDS = 10_000
 MAX_PAGE = 500
+#: Bounds of a replay or purge's ``limit`` and ``ids``.
+MAX_LIMIT = 10_000_000
+MAX_IDS = 10_000
+#: The most jobs the Dead letters page replays or purges inside one HTTP request; more go through
+#: the ``dlq_replay`` DAG (a run with its own log, retries and progress).
+MAX_PAGE_ACTION = 10_000
 
 Action = Literal["replay", "purge"]
 Source = Literal["dag", "ui", "cli"]
@@ -138,8 +144,10 @@ class DlqFilter:
             raise DlqError(
                 f"since ({self.since.isoformat()}) must be before until ({self.until.isoformat()})"
             )
-        if self.limit is not None and (isinstance(self.limit, bool) or self.limit < 1):
-            raise DlqError("limit must be a positive whole number (or empty for no limit)")
+        if self.limit is not None and (isinstance(self.limit, bool) or not 1 <= self.limit <= MAX_LIMIT):
+            raise DlqError(f"limit must be a whole number from 1 to {MAX_LIMIT:,} (or empty for no limit)")
+        if len(self.ids) > MAX_IDS:
+            raise DlqError(f"at most {MAX_IDS:,} ids at once: use a filter for more")
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> DlqFilter:
@@ -396,12 +404,14 @@ def run_action(
     run_id: str | None = None,
     progress: Callable[[int, int], None] = lambda done, total: None,
     destinations: Destinations | None = None,
+    max_affected: int | None = None,
 ) -> Outcome:
     """Replay or purge the dead jobs of ``flt`` (dry run: only count), writing one audit row.
 
     A replay leaves dead the jobs whose destination ``destinations`` (default: the deployment's
     rules from the environment, :func:`deployment_destinations`) no longer allows, counted under
-    ``skipped``. ``progress(done, total)`` is called after each batch.
+    ``skipped``. ``progress(done, total)`` is called after each batch. With ``max_affected``, an
+    operation (not a dry run) that would affect more jobs is refused before anything is written.
     """
     if action not in ("replay", "purge"):
         raise DlqError(f"action {action!r} must be replay or purge")
@@ -443,6 +453,11 @@ def run_action(
             skipped=skipped,
             reset_attempts=reset_attempts,
         )
+        if not dry_run and max_affected is not None and outcome.would_affect > max_affected:
+            raise DlqError(
+                f"{outcome.would_affect:,} jobs is more than the {max_affected:,} this page {action}s at "
+                "once: trigger the dlq_replay DAG with this filter instead (or narrow the filter)"
+            )
         with conn.transaction():
             audit = conn.execute(
                 sql.SQL(queries()["dlq_audit_start"]),

@@ -82,6 +82,7 @@ DEAD_REASONS = ["exhausted", "expired", "fatal", "requested", "invalid"]
             0,
             type="integer",
             minimum=0,
+            maximum=10_000_000,  # retry_scheduler.ops.dlq.MAX_LIMIT
             title="Limit",
             description="At most this many, oldest first (0: all).",
         ),

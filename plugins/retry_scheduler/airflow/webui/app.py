@@ -36,7 +36,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from retry_scheduler.airflow.hook import RetrySchedulerHook, with_airflow_policies
 from retry_scheduler.core.config import DEFAULT_DATABASE_URL, Settings
@@ -148,8 +148,8 @@ class ActionBody(BaseModel):
     search: str | None = None
     since: str | None = None
     until: str | None = None
-    ids: list[int] = []
-    limit: int | None = None
+    ids: Annotated[list[int], Field(max_length=dlq.MAX_IDS)] = []
+    limit: Annotated[int | None, Field(ge=1, le=dlq.MAX_LIMIT)] = None
     reset_attempts: bool = False
     dry_run: bool = True
 
@@ -267,11 +267,20 @@ def dead_letters(
 
 @app.get("/api/dead-letters/{job_id}")
 def dead_letter(job_id: int, user: Annotated[Any, Depends(reader)]) -> dict[str, Any]:
-    """Every field of one job; key, value and header values as ``{encoding, text, size, truncated}``."""
+    """Every field of one dead job; key, value and header values as ``{encoding, text, size, truncated}``.
+
+    Dead jobs only: a job that was replayed (pending, published) is not a dead letter any more, and
+    this page's readers may not see the payloads of the service's other jobs (404, saying so).
+    """
     try:
-        return dlq.show(database_url(), job_id)
+        job = dlq.show(database_url(), job_id)
     except dlq.DlqError as exc:  # the only one show() raises: no such job
         raise HTTPException(404, str(exc)) from None
+    if job.get("status") != "dead":
+        raise HTTPException(
+            404, f"Job {job_id} is no longer dead: it is {job.get('status')}. This page shows dead jobs only."
+        )
+    return job
 
 
 @app.get("/api/facets")
@@ -301,6 +310,7 @@ def _act(action: dlq.Action, body: ActionBody, user: Any) -> dict[str, Any]:
         dry_run=body.dry_run,
         reset_attempts=body.reset_attempts,
         destinations=deployment_destinations(with_airflow_policies(Settings.from_env())),
+        max_affected=dlq.MAX_PAGE_ACTION,
     )
     log.info("dead letters page, %s: %s", user.get_name(), outcome.summary())
     return {**outcome.as_json(), "summary": outcome.summary()}
