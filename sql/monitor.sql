@@ -10,6 +10,22 @@ WHERE status = 'dead' AND dead_at >= clock_timestamp() - %(window_s)s * interval
 GROUP BY destination
 ORDER BY 2 DESC, 1;
 
+-- name: monitor_stuck_delivery
+-- The delivery that has waited longest: a pending job whose deliveries failed (waiting since its
+-- due time), or a dead job not yet on its DLQ topic (since it died), with the broker's last error.
+SELECT id, target, failures, last_error, waited_s
+FROM (
+    SELECT id, destination AS target, publish_failures AS failures, last_error,
+           extract(epoch FROM clock_timestamp() - due_at)::float8 AS waited_s
+    FROM retry_jobs WHERE status = 'pending' AND publish_failures > 0
+    UNION ALL
+    SELECT id, dlq_topic, publish_failures, last_error,
+           extract(epoch FROM clock_timestamp() - dead_at)::float8
+    FROM retry_jobs WHERE status = 'dead' AND dlq_published_at IS NULL
+) AS stuck
+ORDER BY waited_s DESC
+LIMIT 1;
+
 -- name: monitor_now
 SELECT clock_timestamp();
 

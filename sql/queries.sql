@@ -100,11 +100,14 @@ FROM unnest(%(ids)s::bigint[], %(acked_ms)s::bigint[]) AS d(id, acked_ms)
 WHERE j.id = d.id AND j.status = 'dead';
 
 -- name: mark_failed
--- A failed delivery keeps the job, claimable again after a short backoff.
+-- A failed delivery keeps the job, claimable again after a backoff that doubles with each failure:
+-- 1 s, 2 s, 4 s ... up to a minute. last_error keeps the broker's error; retry_monitor alerts on a
+-- delivery failing for long (stuck_delivery).
 UPDATE retry_jobs AS j
 SET publish_failures = j.publish_failures + 1,
     last_error = d.error,
-    lease_until = clock_timestamp() + least(30000, 500 * (j.publish_failures + 1)) * interval '1 millisecond'
+    lease_until = clock_timestamp()
+        + least(60000, 500 * power(2, least(j.publish_failures + 1, 7))) * interval '1 millisecond'
 FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS d(id, error)
 WHERE j.id = d.id;
 

@@ -177,6 +177,7 @@ def test_nothing_is_sent_while_every_check_is_under_its_threshold(
         "oldest_overdue": (False, 30.0),
         "lateness_p99": (False, 1.0),
         "dead_per_hour": (False, 5.0),
+        "stuck_delivery": (False, 600.0),  # the 5 dead jobs died just now: not waiting long yet
     }
     assert rows["dead_per_hour"]["value"] == 5.0
 
@@ -206,7 +207,8 @@ def test_dead_jobs_of_the_last_hour_count_and_older_ones_do_not(
         store.insert_jobs([make_job(10 + n, status=Status.DEAD) for n in range(5)])
     with psycopg.connect(database_url) as conn:
         conn.execute(
-            "UPDATE retry_jobs SET dead_at = now() - interval '2 hours' WHERE destination = 'orders'"
+            "UPDATE retry_jobs SET dead_at = now() - interval '2 hours', dlq_published_at = now() - interval '2 hours'"
+            " WHERE destination = 'orders'"
         )
 
     under = run_monitor(database_url, Thresholds(dead_per_hour=3), alert_notifiers())
@@ -219,6 +221,35 @@ def test_dead_jobs_of_the_last_hour_count_and_older_ones_do_not(
     assert "Dead jobs by destination: payments 3." in fired["text"]
     assert fired["alert"]["fields"]["by_destination"] == {"payments": 3}
     assert [a["check"] for a in over["alerts"]] == ["dead_per_hour"]
+
+
+def test_a_delivery_failing_for_long_alerts_with_the_broker_s_error_then_resolves(
+    database_url: str, webhook: WebhookReceiver
+) -> None:
+    with Store(database_url) as store:
+        store.insert_jobs([make_job(1, status=Status.DEAD), make_job(2, due_s_ago=5)])
+    with psycopg.connect(database_url) as conn:  # job 1 cannot reach its DLQ topic: too large for it
+        conn.execute(
+            "UPDATE retry_jobs SET dead_at = now() - interval '20 minutes', publish_failures = 9,"
+            " last_error = 'delivery failed: Broker: Message size too large' WHERE id = 1"
+        )
+
+    under = run_monitor(database_url, Thresholds(stuck_delivery_s=1800), alert_notifiers())
+    over = run_monitor(database_url, Thresholds(stuck_delivery_s=600), alert_notifiers())
+
+    assert under["alerts"] == [] and 1190 < under["reading"]["stuck_delivery_s"] < 1300
+    assert [a["check"] for a in over["alerts"]] == ["stuck_delivery"]
+    [fired] = webhook.delivered()
+    assert fired["text"].startswith("[FIRING] retry_monitor: a delivery has been waiting 12")
+    assert "Job 1 has not reached retry.dlq after 9 failed attempts" in fired["text"]
+    assert "the last error: delivery failed: Broker: Message size too large" in fired["text"]
+    assert fired["alert"]["fields"]["topic"] == "retry.dlq"
+
+    with psycopg.connect(database_url) as conn:  # the topic's limit was raised: it went out
+        conn.execute("UPDATE retry_jobs SET dlq_published_at = now() WHERE id = 1")
+    after = run_monitor(database_url, Thresholds(stuck_delivery_s=600), alert_notifiers())
+    assert [a["severity"] for a in after["alerts"]] == ["resolved"]
+    assert after["reading"]["stuck_job"] is None  # job 2 is pending and never failed: not stuck
 
 
 def test_an_alert_the_webhook_refused_is_sent_again_next_run(

@@ -280,6 +280,7 @@ class Store:
             overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
             late = self.conn.execute(q("lateness"), params).fetchone()
             dead = self.conn.execute(q("monitor_dead_recent"), {"window_s": dead_window_s}).fetchall()
+            stuck = self.conn.execute(q("monitor_stuck_delivery")).fetchone()
         assert now is not None and late is not None
         return {
             "now": now[0],
@@ -288,6 +289,15 @@ class Store:
             else {"id": overdue[0], "destination": overdue[1], "due_at": overdue[2], "overdue_s": overdue[3]},
             "lateness": Lateness(int(late[0]), late[1], late[2], late[3], int(late[4])),
             "dead_by_destination": {row[0]: int(row[1]) for row in dead},
+            "stuck_delivery": None
+            if stuck is None
+            else {
+                "id": stuck[0],
+                "target": stuck[1],
+                "failures": stuck[2],
+                "error": stuck[3],
+                "waited_s": stuck[4],
+            },
         }
 
     def lock_alerts(self, checks: Sequence[str]) -> dict[str, tuple[bool, datetime | None, bool]]:

@@ -1,13 +1,17 @@
 """retry_monitor: backlog, lateness and DLQ-growth checks that alert once per incident.
 
-Three checks, each against a threshold (:class:`Thresholds`, overridden by the Airflow Variable
+Four checks, each against a threshold (:class:`Thresholds`, overridden by the Airflow Variable
 ``retry_monitor_thresholds``; ``null`` turns a check off):
 
 * ``oldest_overdue``: how long the oldest pending job has been past its due time, in seconds
   (publishing stalled or behind);
 * ``lateness_p99``: p99 publish lateness (acknowledged minus due) of the jobs published in the last
   ``interval_s`` seconds; no publication in the interval: nothing to judge, not crossed;
-* ``dead_per_hour``: jobs that went dead in the last hour and are still dead.
+* ``dead_per_hour``: jobs that went dead in the last hour and are still dead;
+* ``stuck_delivery``: how long the delivery that has waited longest has been waiting, in seconds: a
+  pending job whose deliveries fail (since its due time), or a dead job not yet on its DLQ topic
+  (since it died); the alert names the job, the topic and the broker's last error (a record larger
+  than the topic's ``max.message.bytes``, a topic that does not exist, missing rights).
 
 A check is crossed when its value is above its threshold. Its incident state lives in
 ``retry_alerts``, one row per check: a new incident sends one ``firing`` alert, a crossed check
@@ -40,7 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 VARIABLE = "retry_monitor_thresholds"
-CHECKS = ("oldest_overdue", "lateness_p99", "dead_per_hour")
+CHECKS = ("oldest_overdue", "lateness_p99", "dead_per_hour", "stuck_delivery")
 _DEAD_WINDOW_S = 3600
 
 
@@ -55,6 +59,7 @@ class Thresholds:
     oldest_overdue_s: float | None = 60.0
     lateness_p99_s: float | None = 2.0
     dead_per_hour: float | None = 1000.0
+    stuck_delivery_s: float | None = 600.0
     #: The lateness window, in seconds: jobs published in the last ``interval_s``.
     interval_s: int = 300
 
@@ -107,6 +112,7 @@ class Thresholds:
             "oldest_overdue": self.oldest_overdue_s,
             "lateness_p99": self.lateness_p99_s,
             "dead_per_hour": self.dead_per_hour,
+            "stuck_delivery": self.stuck_delivery_s,
         }[check]
 
 
@@ -125,6 +131,13 @@ class Reading:
     interval_s: int = 300
     #: Jobs that went dead in the last hour (still dead), per destination.
     dead_by_destination: Mapping[str, int] = field(default_factory=dict)
+    #: The delivery waiting longest (failing, or a dead job not on its DLQ topic): seconds, job, topic,
+    #: failed attempts, the broker's last error; 0 and None when none waits.
+    stuck_delivery_s: float = 0.0
+    stuck_job: int | None = None
+    stuck_topic: str | None = None
+    stuck_failures: int = 0
+    stuck_error: str | None = None
 
     @property
     def dead_last_hour(self) -> int:
@@ -143,6 +156,7 @@ class Reading:
             published=late.count,
             interval_s=interval_s,
             dead_by_destination=dict(raw["dead_by_destination"]),
+            **_stuck(raw.get("stuck_delivery")),
         )
 
     def value(self, check: str) -> float | None:
@@ -150,6 +164,7 @@ class Reading:
             "oldest_overdue": self.oldest_overdue_s,
             "lateness_p99": self.lateness_p99_s,
             "dead_per_hour": float(self.dead_last_hour),
+            "stuck_delivery": self.stuck_delivery_s,
         }[check]
 
     def as_dict(self) -> dict[str, Any]:
@@ -163,7 +178,24 @@ class Reading:
             "interval_s": self.interval_s,
             "dead_last_hour": self.dead_last_hour,
             "dead_by_destination": dict(self.dead_by_destination),
+            "stuck_delivery_s": round(self.stuck_delivery_s, 3),
+            "stuck_job": self.stuck_job,
+            "stuck_topic": self.stuck_topic,
+            "stuck_failures": self.stuck_failures,
+            "stuck_error": self.stuck_error,
         }
+
+
+def _stuck(raw: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not raw:
+        return {}
+    return {
+        "stuck_delivery_s": max(0.0, float(raw.get("waited_s") or 0.0)),
+        "stuck_job": raw.get("id"),
+        "stuck_topic": raw.get("target"),
+        "stuck_failures": int(raw.get("failures") or 0),
+        "stuck_error": raw.get("error"),
+    }
 
 
 @dataclass(frozen=True)
@@ -221,7 +253,7 @@ def _num(value: float) -> str:
 
 def _describe(check: str, reading: Reading, threshold: float | None) -> tuple[str, str, dict[str, Any]]:
     """A headline (the figure and its threshold), a sentence of detail, and the structured fields."""
-    unit = "" if check == "dead_per_hour" else " s"
+    unit = "" if check == "dead_per_hour" else " s"  # the others are in seconds
     limit = "check off" if threshold is None else f"threshold {_num(threshold)}{unit}"
     if check == "oldest_overdue":
         head = f"oldest overdue job is {_secs(reading.oldest_overdue_s)} late ({limit})"
@@ -244,6 +276,24 @@ def _describe(check: str, reading: Reading, threshold: float | None) -> tuple[st
             f"reached their destination {p99} or more after their due time."
         )
         extra = {"interval_s": reading.interval_s, "published": reading.published}
+    elif check == "stuck_delivery":
+        head = f"a delivery has been waiting {_secs(reading.stuck_delivery_s)} ({limit})"
+        if reading.stuck_job is None:
+            detail = "Every delivery goes through."
+        else:
+            error = (reading.stuck_error or "no error recorded yet: is the publish loop running?")[:300]
+            detail = (
+                f"Job {reading.stuck_job} has not reached {reading.stuck_topic} after "
+                f"{reading.stuck_failures} failed attempts; the last error: {error}. Fix the topic "
+                "(its existence, max.message.bytes, the service's rights) or the record, then watch it "
+                "go out with `retry-scheduler dlq show`."
+            )
+        extra = {
+            "job_id": reading.stuck_job,
+            "topic": reading.stuck_topic,
+            "failures": reading.stuck_failures,
+            "error": reading.stuck_error,
+        }
     else:
         top = sorted(reading.dead_by_destination.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
         head = f"{reading.dead_last_hour} jobs went dead in the last hour ({limit})"
@@ -343,13 +393,14 @@ def run_monitor(
         store.save_alerts(states)
     firing = sorted(s["check"] for s in states if s["firing"])
     log.info(
-        "monitor run: oldest overdue %.3fs, lateness p99 %s over %ss (%s published), %s dead in the last hour; "
-        "firing: %s; alerts sent: %s",
+        "monitor run: oldest overdue %.3fs, lateness p99 %s over %ss (%s published), %s dead in the last hour, "
+        "longest waiting delivery %.1fs; firing: %s; alerts sent: %s",
         reading.oldest_overdue_s,
         "-" if reading.lateness_p99_s is None else f"{reading.lateness_p99_s:.4f}s",
         reading.interval_s,
         reading.published,
         reading.dead_last_hour,
+        reading.stuck_delivery_s,
         ", ".join(firing) or "none",
         ", ".join(f"{a['check']} {a['severity']}" for a in sent) or "none",
     )
