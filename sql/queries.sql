@@ -18,6 +18,12 @@ FROM unnest(%(topics)s::text[], %(partitions)s::integer[], %(offsets)s::bigint[]
 ON CONFLICT (consumer_group, topic, partition)
 DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = clock_timestamp();
 
+-- name: ingested_record_timestamp
+-- The timestamp of the record stored from this offset of a retry topic, if its row is still here.
+SELECT source_timestamp_ms FROM retry_jobs
+WHERE source_topic = %(topic)s AND source_partition = %(partition)s AND source_offset = %(offset)s
+LIMIT 1;
+
 -- name: ingest_offsets
 SELECT topic, partition, next_offset FROM retry_ingest_offsets WHERE consumer_group = %(group)s;
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
@@ -138,14 +139,36 @@ def test_offsets_are_committed_after_rows_and_duplicates_are_ignored(loop: Loop)
     first = loop.ingest(50, ingestor_class=CrashBeforeOffsetCommit)
     assert first.stored == 50
 
-    # Kafka has no offset of the group (as with a new broker): read again from the start, and the
-    # records stored already are skipped.
-    again = loop.ingest(50)
-    assert (again.consumed, again.stored, again.duplicates) == (50, 0, 50)
+    # Kafka has no offset of the group (never committed here; or expired, offsets.retention.minutes):
+    # the partitions are the ones PostgreSQL's offsets came from, so those are taken, and nothing is
+    # read twice (not from the start of the topic).
+    again = loop.ingest(1, timeout_s=8)
+    assert again.consumed == 0
     assert len(loop.rows()) == 50
 
-    third = loop.ingest(1, timeout_s=8)  # now committed: nothing more to read
-    assert third.consumed == 0
+
+def test_a_retry_topic_created_again_is_read_from_its_start(loop: Loop) -> None:
+    create_topics(loop.bootstrap, [loop.settings.retry_topic], partitions=1)
+    loop.send(
+        [{"key": b"old%d" % i, "value": b"v", "headers": hdr(destination=loop.dest)} for i in range(20)]
+    )
+    assert loop.ingest(20, ingestor_class=CrashBeforeOffsetCommit).stored == 20
+
+    # The topic is deleted and created again: its offsets start over, below PostgreSQL's 20.
+    admin = AdminClient({"bootstrap.servers": loop.bootstrap})
+    admin.delete_topics([loop.settings.retry_topic])[loop.settings.retry_topic].result(15)
+    deadline = time.monotonic() + 15
+    while loop.settings.retry_topic in admin.list_topics(timeout=5).topics and time.monotonic() < deadline:
+        time.sleep(0.2)
+    create_topics(loop.bootstrap, [loop.settings.retry_topic], partitions=1)
+    loop.send([{"key": b"new%d" % i, "value": b"v", "headers": hdr(destination=loop.dest)} for i in range(5)])
+
+    again = loop.ingest(5)
+    assert (again.consumed, again.stored) == (5, 5)  # not skipped as if PostgreSQL's offsets applied
+    assert sorted(r["msg_key"] for r in loop.rows("msg_key::text LIKE '%6e6577%'")) == [
+        b"new%d" % i for i in range(5)
+    ]
+    assert len(loop.rows()) == 25
 
 
 def test_a_new_ingest_loop_starts_from_the_offsets_stored_with_the_rows(loop: Loop) -> None:

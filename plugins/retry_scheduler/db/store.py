@@ -158,6 +158,14 @@ class Store:
             rows = self.conn.execute(q("ingest_offsets"), {"group": consumer_group}).fetchall()
         return {(topic, partition): offset for topic, partition, offset in rows}
 
+    def ingested_record_timestamp(self, topic: str, partition: int, offset: int) -> int | None:
+        """The timestamp of the record ingested from ``topic[partition]@offset``; None when no row has it."""
+        with self.conn.transaction():
+            row = self.conn.execute(
+                q("ingested_record_timestamp"), {"topic": topic, "partition": partition, "offset": offset}
+            ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
     def _require_transaction(self, what: str) -> None:
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             raise StoreError(f"{what} must be called inside a transaction, or its locks end at once")

@@ -38,6 +38,7 @@ from retry_scheduler.db.store import IngestLock, Store
 from retry_scheduler.loops import faults
 from retry_scheduler.loops.handover import LoopTenure
 from retry_scheduler.loops.kafka import TopicManager, make_consumer
+from retry_scheduler.loops.offsets import same_partition, start_offset
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ class Ingestor:
         )
 
     def plan(self) -> list[tuple[str, int, int]]:
-        """Every retry-topic partition with its start offset (see :func:`start_offset`)."""
+        """Every retry-topic partition with its start offset (:mod:`retry_scheduler.loops.offsets`)."""
         return self._with_starts(self.partitions())
 
     def _with_starts(self, partitions: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
@@ -193,7 +194,22 @@ class Ingestor:
             (tp.topic, tp.partition): tp.offset
             for tp in self.consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=10)
         }
-        return [(t, p, start_offset(stored.get((t, p)), committed.get((t, p)))) for t, p in partitions]
+        starts = []
+        for t, p in partitions:
+            ours, kafkas = stored.get((t, p)), committed.get((t, p))
+            start = start_offset(ours, kafkas)
+            if (
+                start == OFFSET_STORED
+                and ours is not None
+                and same_partition(self.consumer, self.settings, self._control or self.store, t, p, ours)
+            ):
+                log.info(
+                    "Kafka has no offset of group %s for %s[%s] (expired?): resuming from PostgreSQL's, %s",
+                    self.settings.consumer_group, t, p, ours,
+                )  # fmt: skip
+                start = ours
+            starts.append((t, p, start))
+        return starts
 
     def _refresh_assignment(self) -> None:
         """Assign partitions not assigned yet (new topics or partitions), each from its start offset."""
@@ -467,17 +483,3 @@ def worker_main() -> None:
             ingestor.pipeline(lambda: not stop.is_set(), report)
         finally:
             ingestor.consumer.close()
-
-
-def start_offset(stored: int | None, committed: int | None) -> int:
-    """Where to start reading a partition: PostgreSQL's offset (stored with the rows), when Kafka also
-    knows the group's offset there.
-
-    Without a Kafka offset the broker may be a new one, or the topic created again, whose offsets
-    start over: PostgreSQL's would then skip records. So the partition is read from the group's
-    reset position (``auto.offset.reset``, earliest) instead, and records stored already are skipped
-    (``Store.insert_rows``).
-    """
-    if stored is not None and committed is not None and committed >= 0:
-        return stored
-    return OFFSET_STORED

@@ -1,0 +1,63 @@
+"""Where ingestion starts reading a retry-topic partition: PostgreSQL's offset, or Kafka's reset.
+
+The next offset of every partition is stored in PostgreSQL with the rows (one transaction), and
+the group's Kafka offset is committed after. PostgreSQL's is the source of truth when the partition
+is the one it was taken from.
+"""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import OFFSET_STORED, Consumer, TopicPartition
+
+from retry_scheduler.core.config import Settings
+from retry_scheduler.db.store import Store
+from retry_scheduler.loops.kafka import consumer_config
+
+#: How long to wait for the record that tells whether a partition is the one PostgreSQL's offset is of.
+PROBE_S = 5.0
+
+
+def start_offset(stored: int | None, committed: int | None) -> int:
+    """Where to start reading a partition: PostgreSQL's offset (stored with the rows), when Kafka also
+    knows the group's offset there.
+
+    Without a Kafka offset the broker may be a new one, or the topic created again, whose offsets
+    start over: PostgreSQL's would then skip records. So the partition is read from the group's
+    reset position (``auto.offset.reset``, earliest) instead, and records stored already are skipped
+    (``Store.insert_rows``), unless the ingestor finds the partition is the one PostgreSQL's offset
+    came from (Kafka only forgot the group's offsets): then it resumes from PostgreSQL's.
+    """
+    if stored is not None and committed is not None and committed >= 0:
+        return stored
+    return OFFSET_STORED
+
+
+def same_partition(
+    consumer: Consumer, settings: Settings, store: Store, topic: str, partition: int, stored: int
+) -> bool:
+    """Whether the partition is the one PostgreSQL's offset ``stored`` was taken from.
+
+    Kafka forgets a group's offsets after ``offsets.retention.minutes``; a topic created again
+    starts its offsets over. The partition is the same when its record at ``stored - 1`` is the one
+    ingested from there (same timestamp, the ingest's own duplicate key with the offset). When that
+    row is gone (compacted), the partition must at least reach ``stored``.
+    """
+    last = stored - 1
+    ingested = store.ingested_record_timestamp(topic, partition, last)
+    if ingested is None:
+        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        return high >= stored
+    probe = Consumer({**consumer_config(settings), "group.id": f"{settings.consumer_group}-probe"})
+    try:
+        probe.assign([TopicPartition(topic, partition, last)])
+        deadline = time.monotonic() + PROBE_S
+        while time.monotonic() < deadline:
+            msg = probe.poll(0.5)
+            if msg is not None and msg.error() is None:
+                # Out of range (fewer records now) resets to the start: another offset arrives.
+                return msg.offset() == last and msg.timestamp()[1] == ingested
+        return False
+    finally:
+        probe.close()
