@@ -447,9 +447,11 @@ def test_detail_returns_text_as_data_binary_as_hex_and_cuts_long_values(
         reason="<b>not bold</b>",
     )
     long_job = insert_dead(retry_db, dest, msg_value=b"x" * 10_000, msg_key=None)
+    with client(airflow_server, tokens["admin"]) as operator:  # payloads need the operator's permission
+        shown = operator.get(f"/api/dead-letters/{job}").json()
+        long_shown = operator.get(f"/api/dead-letters/{long_job}").json()
     with client(airflow_server, tokens["viewer"]) as viewer:
-        shown = viewer.get(f"/api/dead-letters/{job}").json()
-        long_shown = viewer.get(f"/api/dead-letters/{long_job}").json()
+        as_viewer = viewer.get(f"/api/dead-letters/{job}").json()
         missing = viewer.get("/api/dead-letters/999999999")
         pending = insert_dead(retry_db, dest)
         with psycopg.connect(retry_db, autocommit=True) as conn:
@@ -487,6 +489,19 @@ def test_detail_returns_text_as_data_binary_as_hex_and_cuts_long_values(
         dest,
         "exhausted",
     )
+    assert shown["payload_hidden"] is False
+    # A Viewer sees the metadata and the sizes, not the bytes.
+    assert as_viewer["payload_hidden"] is True
+    assert (as_viewer["id"], as_viewer["reason"], as_viewer["destination"]) == (job, "<b>not bold</b>", dest)
+    hidden = {"encoding": "hidden", "text": "", "truncated": False}
+    assert as_viewer["value"] == {**hidden, "size": len(script)}
+    assert as_viewer["key"] == {**hidden, "size": 4}
+    assert as_viewer["headers"] == [
+        {"name": "retry.reason", "value": {**hidden, "size": 19}},
+        {"name": "trace", "value": {**hidden, "size": 3}},
+        {"name": "empty", "value": None},
+    ]
+    assert script.decode() not in json.dumps(as_viewer)
     assert long_shown["key"] is None
     assert long_shown["value"] == {"encoding": "utf-8", "text": "x" * 4096, "size": 10_000, "truncated": True}
     assert missing.status_code == 404 and "there is no job 999999999" in missing.json()["detail"]

@@ -266,11 +266,14 @@ def dead_letters(
 
 
 @app.get("/api/dead-letters/{job_id}")
-def dead_letter(job_id: int, user: Annotated[Any, Depends(reader)]) -> dict[str, Any]:
+def dead_letter(request: Request, job_id: int, user: Annotated[Any, Depends(reader)]) -> dict[str, Any]:
     """Every field of one dead job; key, value and header values as ``{encoding, text, size, truncated}``.
 
     Dead jobs only: a job that was replayed (pending, published) is not a dead letter any more, and
     this page's readers may not see the payloads of the service's other jobs (404, saying so).
+    Payloads (key, value, header values) need the operator's permission (may trigger ``dlq_replay``
+    runs): a reader who may only see the runs gets the metadata, ``payload_hidden`` true, and the
+    sizes of what is hidden.
     """
     try:
         job = dlq.show(database_url(), job_id)
@@ -280,7 +283,18 @@ def dead_letter(job_id: int, user: Annotated[Any, Depends(reader)]) -> dict[str,
         raise HTTPException(
             404, f"Job {job_id} is no longer dead: it is {job.get('status')}. This page shows dead jobs only."
         )
+    job["payload_hidden"] = not may(request, user, "POST")
+    if job["payload_hidden"]:
+        job.update(key=_hidden(job["key"]), value=_hidden(job["value"]))
+        job["headers"] = [{"name": h["name"], "value": _hidden(h["value"])} for h in job["headers"]]
     return job
+
+
+def _hidden(rendered: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A payload part as a reader without the operator's permission sees it: its size, not its bytes."""
+    if rendered is None:
+        return None
+    return {"encoding": "hidden", "text": "", "size": rendered["size"], "truncated": False}
 
 
 @app.get("/api/facets")

@@ -275,6 +275,10 @@
 
   function bytesBlock(rendered) {
     if (!rendered) return el("p", { class: "muted" }, "(none)");
+    if (rendered.encoding === "hidden") {
+      return el("p", { class: "muted hidden-payload" },
+        `hidden (${plural(rendered.size, "byte")}): seeing payloads needs the permission to trigger ${state.me.dag_id} runs`);
+    }
     const notes = [
       el("span", { class: "badge" }, rendered.encoding === "hex" ? "binary, shown as hex" : "UTF-8 text"),
       el("span", {}, plural(rendered.size, "byte")),
