@@ -9,9 +9,11 @@ giving their dead jobs a destination of their own.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -517,3 +519,68 @@ def test_facets_count_dead_jobs_per_destination_and_reason(
         facets = viewer.get("/api/facets").json()
     mine = {f["dead_reason"]: f["count"] for f in facets if f["destination"] == dest}
     assert mine == {"fatal": 2, "expired": 1}
+
+
+# --- under load --------------------------------------------------------------------------------------
+
+
+def test_two_hundred_concurrent_searches_use_a_few_connections_and_the_loops_keep_working(
+    airflow_server: AirflowServer,
+    tokens: dict[str, str],
+    retry_db: str,
+    dest: str,
+    bootstrap_servers: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from retry_scheduler.db.store import Store
+    from retry_scheduler.loops.publish import Publisher
+    from tests.conftest import TEST_DESTINATIONS
+    from tests.kafkautil import consume, create_topics
+
+    for n in range(30):
+        insert_dead(retry_db, dest, reason=f"TimeoutError: call {n} timed out")
+    due = insert_dead(retry_db, dest, status="pending", dead_reason=None, dead_at=None, dlq_published_at=None)
+    create_topics(bootstrap_servers, [dest])
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # the page's connections to the retry database, as PostgreSQL sees them
+        with psycopg.connect(retry_db, autocommit=True) as conn:
+            while not stop.is_set():
+                [(n,)] = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'retry-scheduler-dead-letters'"
+                ).fetchall()
+                seen.append(int(n))
+                time.sleep(0.02)
+
+    def search(n: int) -> int:
+        with client(airflow_server, tokens["viewer"]) as viewer:
+            return viewer.get(
+                "/api/dead-letters", params={"destination": dest, "search": f"call {n % 30}"}
+            ).status_code
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    with ThreadPoolExecutor(max_workers=200) as pool:
+        answers = pool.map(search, range(200))
+        # Meanwhile the publish loop works on the same database.
+        settings = Settings(
+            database_url=retry_db,
+            kafka={"bootstrap.servers": bootstrap_servers},
+            destination_allowlist=TEST_DESTINATIONS,
+        )
+        with Store(retry_db) as store:
+            publisher = Publisher(settings, store)
+            try:
+                published = publisher.publish_once().published
+            finally:
+                publisher.close()
+        codes = list(answers)
+    stop.set()
+    watcher.join()
+
+    assert codes == [200] * 200
+    assert 0 < max(seen) <= 4  # RETRY_WEB_POOL_SIZE: the page never holds more, whatever comes in
+    assert published == 1
+    assert [s.key for s in consume(bootstrap_servers, [dest], 1)] == [b"key"]
+    assert job_rows(retry_db, [due])[due]["status"] == "published"

@@ -31,6 +31,7 @@ from typing import Any, Literal, LiteralString
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.destinations import Destinations
@@ -208,13 +209,23 @@ def _query(name: str, where: sql.Composable) -> sql.Composed:
     return sql.SQL(queries()[name]).format(where=where)
 
 
+#: Where the operations get their connection: a URL (a connection of their own, checked for the
+#: schema), or a pool (the Dead letters page's, checked when it was made).
+Database = str | ConnectionPool
+
+
 @contextmanager
-def _connection(database_url: str) -> Iterator[psycopg.Connection[Any]]:
-    conn = connect(database_url)
+def _connection(database: Database) -> Iterator[psycopg.Connection[Any]]:
+    if isinstance(database, ConnectionPool):
+        with database.connection() as pooled:
+            pooled.prepare_threshold = None
+            yield pooled
+        return
+    conn = connect(database)
     # Filters change the query's shape: plan each statement with its values, never a generic plan.
     conn.prepare_threshold = None
     try:
-        require_migrated(conn, database_url)
+        require_migrated(conn, database)
         yield conn
     finally:
         conn.close()
@@ -275,7 +286,7 @@ def _parse_cursor(cursor: str | None) -> tuple[datetime | None, int | None]:
 
 
 def list_dead(
-    database_url: str, flt: DlqFilter, page_size: int = 50, cursor: str | None = None, count: bool = True
+    database_url: Database, flt: DlqFilter, page_size: int = 50, cursor: str | None = None, count: bool = True
 ) -> Page:
     """A page of dead jobs matching ``flt``, newest first; ``cursor`` is the previous page's ``next_cursor``."""
     if not 1 <= page_size <= MAX_PAGE:
@@ -301,7 +312,7 @@ def list_dead(
     )
 
 
-def facets(database_url: str) -> list[dict[str, Any]]:
+def facets(database_url: Database) -> list[dict[str, Any]]:
     """Dead jobs per destination and dead reason, for the filter menus."""
     with _connection(database_url) as conn:
         rows = conn.execute(sql.SQL(queries()["dlq_facets"])).fetchall()
@@ -333,7 +344,7 @@ def render_bytes(data: bytes | memoryview | None, limit: int = SHOW_BYTES) -> di
     return {"encoding": encoding, "text": text, "size": len(raw), "truncated": len(raw) > limit}
 
 
-def show(database_url: str, job_id: int, limit: int = SHOW_BYTES) -> dict[str, Any]:
+def show(database_url: Database, job_id: int, limit: int = SHOW_BYTES) -> dict[str, Any]:
     """Every field of one job, with key, value and headers rendered by :func:`render_bytes`."""
     with _connection(database_url) as conn:
         cur = conn.execute(sql.SQL(queries()["dlq_job"]), {"id": job_id})
@@ -393,7 +404,7 @@ def _skipped(action: Action, plan: tuple[int, int, int, int, int]) -> dict[str, 
 
 
 def run_action(
-    database_url: str,
+    database_url: Database,
     action: Action,
     flt: DlqFilter,
     *,
@@ -508,7 +519,7 @@ def run_action(
     return outcome
 
 
-def recent_audit(database_url: str, limit: int = 20) -> list[dict[str, Any]]:
+def recent_audit(database_url: Database, limit: int = 20) -> list[dict[str, Any]]:
     """The latest audit rows, newest first."""
     with _connection(database_url) as conn:
         cur = conn.execute(sql.SQL(queries()["dlq_audit_recent"]), {"limit": limit})

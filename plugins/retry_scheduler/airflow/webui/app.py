@@ -36,12 +36,13 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field
 
 from retry_scheduler.airflow.hook import RetrySchedulerHook, with_airflow_policies
 from retry_scheduler.core.config import DEFAULT_DATABASE_URL, Settings
 from retry_scheduler.core.records import deployment_destinations
-from retry_scheduler.db.connection import StoreError
+from retry_scheduler.db.connection import StoreError, connect, require_migrated, statement_timeout_ms
 from retry_scheduler.ops import dlq
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,50 @@ def database_url() -> str:
             url = os.environ.get("RETRY_DATABASE_URL") or DEFAULT_DATABASE_URL
         _url_cache = (time.monotonic(), url)
         return url
+
+
+#: The page's connections to the retry database: at most this many, whatever the number of requests
+#: (``RETRY_WEB_POOL_SIZE``); a request waits up to ``POOL_WAIT_S`` for one, then gets 503.
+POOL_SIZE = int(os.environ.get("RETRY_WEB_POOL_SIZE") or 4)
+POOL_WAIT_S = 10.0
+APPLICATION_NAME = "retry-scheduler-dead-letters"
+_pools: dict[str, ConnectionPool] = {}
+_pool_lock = threading.Lock()
+
+
+def database() -> ConnectionPool:
+    """The pool of the retry database (:func:`database_url`), made on first use and checked then.
+
+    Every connection has the service's statement timeout; a URL that changed (the connection was
+    edited) gets a new pool, and the old one is closed.
+    """
+    url = database_url()
+    with _pool_lock:
+        pool = _pools.get(url)
+        if pool is None:
+            with connect(url) as conn:  # says what is wrong, once: no server, no database, no schema
+                require_migrated(conn, url)
+            limit = statement_timeout_ms()
+
+            def configure(conn: Any) -> None:
+                conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(limit),))
+                conn.commit()
+
+            pool = ConnectionPool(
+                url,
+                min_size=1,
+                max_size=max(1, POOL_SIZE),
+                timeout=POOL_WAIT_S,
+                kwargs={"application_name": APPLICATION_NAME, "connect_timeout": 10},
+                configure=configure,
+                name="retry-scheduler-dead-letters",
+                open=True,
+            )
+            for old in _pools.values():
+                old.close(timeout=0)
+            _pools.clear()
+            _pools[url] = pool
+        return pool
 
 
 async def current_user(
@@ -166,6 +211,18 @@ app = FastAPI(
 @app.exception_handler(dlq.DlqError)
 async def _bad_request(request: Request, exc: dlq.DlqError) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=422)
+
+
+@app.exception_handler(PoolTimeout)
+async def _busy(request: Request, exc: PoolTimeout) -> JSONResponse:
+    log.warning("dead letters: every connection of the page is busy (%s)", exc)
+    return JSONResponse(
+        {
+            "detail": "The Dead letters page is busy (every one of its database connections is in use): try again."
+        },
+        status_code=503,
+        headers={"Retry-After": "5"},
+    )
 
 
 @app.exception_handler(StoreError)
@@ -262,7 +319,7 @@ def dead_letters(
             "until": until,
         }
     )
-    return dlq.list_dead(database_url(), flt, page_size=page_size, cursor=cursor, count=count).as_json()
+    return dlq.list_dead(database(), flt, page_size=page_size, cursor=cursor, count=count).as_json()
 
 
 @app.get("/api/dead-letters/{job_id}")
@@ -276,7 +333,7 @@ def dead_letter(request: Request, job_id: int, user: Annotated[Any, Depends(read
     sizes of what is hidden.
     """
     try:
-        job = dlq.show(database_url(), job_id)
+        job = dlq.show(database(), job_id)
     except dlq.DlqError as exc:  # the only one show() raises: no such job
         raise HTTPException(404, str(exc)) from None
     if job.get("status") != "dead":
@@ -300,7 +357,7 @@ def _hidden(rendered: dict[str, Any] | None) -> dict[str, Any] | None:
 @app.get("/api/facets")
 def facets(user: Annotated[Any, Depends(reader)]) -> list[dict[str, Any]]:
     """Dead jobs per destination and dead reason (the filter menus)."""
-    return dlq.facets(database_url())
+    return dlq.facets(database())
 
 
 @app.get("/api/audit")
@@ -308,7 +365,7 @@ def audit(
     user: Annotated[Any, Depends(reader)], limit: Annotated[int, Query(ge=1, le=200)] = 20
 ) -> list[dict[str, Any]]:
     """The latest replays and purges (dry runs included), newest first."""
-    return dlq.recent_audit(database_url(), limit)
+    return dlq.recent_audit(database(), limit)
 
 
 def _act(action: dlq.Action, body: ActionBody, user: Any) -> dict[str, Any]:
@@ -316,7 +373,7 @@ def _act(action: dlq.Action, body: ActionBody, user: Any) -> dict[str, Any]:
         raise dlq.DlqError("reset_attempts applies to replay only")
     params = body.model_dump(exclude={"reset_attempts", "dry_run"})
     outcome = dlq.run_action(
-        database_url(),
+        database(),
         action,
         dlq.DlqFilter.from_params(params),
         actor=str(user.get_name()),
