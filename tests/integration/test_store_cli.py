@@ -45,6 +45,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (5, "0005_throughput"),
         (6, "0006_transition_after"),
         (7, "0007_bulk_marks_in_executors"),
+        (8, "0008_bulk_replay_audit"),
     ]
 
 
