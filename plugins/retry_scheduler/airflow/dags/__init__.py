@@ -13,10 +13,23 @@ runs it from the DAGs folder like any other DAG.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG
+
+
+def default_args(*, retries: int, retry_delay: timedelta) -> dict[str, Any]:
+    """What every task of the service's DAGs takes: its owner, its retries, and the failure alerts."""
+    from retry_scheduler.airflow.notifiers import failure_notifiers
+
+    return {
+        "owner": "retry-scheduler",
+        "retries": retries,
+        "retry_delay": retry_delay,
+        "on_failure_callback": failure_notifiers(),
+    }
 
 
 def in_dag_file(dag: DAG) -> DAG:

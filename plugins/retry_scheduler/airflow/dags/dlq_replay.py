@@ -24,8 +24,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 
-from retry_scheduler.airflow.dags import in_dag_file
-from retry_scheduler.airflow.notifiers import failure_notifiers
+from retry_scheduler.airflow.dags import default_args, in_dag_file
 from retry_scheduler.core.protocol import TOPIC_PATTERN
 
 DEAD_REASONS = ["exhausted", "expired", "fatal", "requested", "invalid"]
@@ -38,13 +37,8 @@ DEAD_REASONS = ["exhausted", "expired", "fatal", "requested", "invalid"]
     catchup=False,
     max_active_runs=1,
     dagrun_timeout=timedelta(hours=6),
-    default_args={
-        "owner": "retry-scheduler",
-        # a retry continues where a failed run stopped: replayed or purged jobs are no longer dead
-        "retries": 1,
-        "retry_delay": timedelta(seconds=30),
-        "on_failure_callback": failure_notifiers(),
-    },
+    # a retry continues where a failed run stopped: replayed or purged jobs are no longer dead
+    default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
     params={
         "action": Param("replay", enum=["replay", "purge"], title="Action"),
         "destination": Param(

@@ -20,8 +20,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 
-from retry_scheduler.airflow.dags import in_dag_file
-from retry_scheduler.airflow.notifiers import failure_notifiers
+from retry_scheduler.airflow.dags import default_args, in_dag_file
 from retry_scheduler.airflow.operators import spark_submit_operator
 from retry_scheduler.core.protocol import TOPIC_PATTERN
 from retry_scheduler.spark.submit import BULK_RETRY_APP
@@ -33,12 +32,7 @@ from retry_scheduler.spark.submit import BULK_RETRY_APP
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
-    default_args={
-        "owner": "retry-scheduler",
-        "retries": 1,
-        "retry_delay": timedelta(seconds=30),
-        "on_failure_callback": failure_notifiers(),
-    },
+    default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
     params={
         "destination": Param(
             None,

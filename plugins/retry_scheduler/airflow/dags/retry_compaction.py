@@ -27,8 +27,7 @@ try:
 except ImportError:  # Airflow 3.1 has it only here
     from airflow.timetables.interval import CronDataIntervalTimetable  # type: ignore[assignment]
 
-from retry_scheduler.airflow.dags import in_dag_file
-from retry_scheduler.airflow.notifiers import failure_notifiers
+from retry_scheduler.airflow.dags import default_args, in_dag_file
 from retry_scheduler.airflow.operators import spark_submit_operator
 from retry_scheduler.spark.submit import COMPACT_APP
 
@@ -41,12 +40,7 @@ from retry_scheduler.spark.submit import COMPACT_APP
     start_date=pendulum.datetime(2026, 11, 20, tz="UTC"),
     catchup=True,
     max_active_runs=1,
-    default_args={
-        "owner": "retry-scheduler",
-        "retries": 2,
-        "retry_delay": timedelta(minutes=5),
-        "on_failure_callback": failure_notifiers(),
-    },
+    default_args=default_args(retries=2, retry_delay=timedelta(minutes=5)),
     params={
         "dead_retention": Param(
             "30d", type="string", pattern=r"^(\d+(ms|s|m|h|d))+$", title="Keep dead jobs in PostgreSQL for"

@@ -38,8 +38,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, dag, task
 
-from retry_scheduler.airflow.dags import in_dag_file
-from retry_scheduler.airflow.notifiers import failure_notifiers
+from retry_scheduler.airflow.dags import default_args, in_dag_file
 
 
 @dag(
@@ -49,12 +48,7 @@ from retry_scheduler.airflow.notifiers import failure_notifiers
     catchup=False,
     max_active_runs=1,
     dagrun_timeout=timedelta(minutes=4),
-    default_args={
-        "owner": "retry-scheduler",
-        "retries": 1,
-        "retry_delay": timedelta(seconds=30),
-        "on_failure_callback": failure_notifiers(),
-    },
+    default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
     tags=["retry-scheduler", "monitoring"],
     doc_md=__doc__,
 )

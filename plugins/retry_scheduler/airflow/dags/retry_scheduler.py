@@ -24,8 +24,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 
-from retry_scheduler.airflow.dags import in_dag_file
-from retry_scheduler.airflow.notifiers import failure_notifiers
+from retry_scheduler.airflow.dags import default_args, in_dag_file
 
 LOOP_SECONDS = 90
 
@@ -37,12 +36,7 @@ LOOP_SECONDS = 90
     catchup=False,
     max_active_runs=3,
     dagrun_timeout=timedelta(minutes=10),
-    default_args={
-        "owner": "retry-scheduler",
-        "retries": 2,
-        "retry_delay": timedelta(seconds=5),
-        "on_failure_callback": failure_notifiers(),
-    },
+    default_args=default_args(retries=2, retry_delay=timedelta(seconds=5)),
     params={
         "loop_seconds": Param(
             LOOP_SECONDS, type="integer", minimum=1, maximum=3600, description="How long each task loops."
