@@ -28,3 +28,13 @@ def test_the_api_server_listens_on_this_machine_only_unless_told(
     assert airflow_env(Settings(), tmp_path, tmp_path / "dags")["AIRFLOW__API__HOST"] == "127.0.0.1"
     monkeypatch.setenv("RETRY_DEV_API_HOST", "0.0.0.0")
     assert airflow_env(Settings(), tmp_path, tmp_path / "dags")["AIRFLOW__API__HOST"] == "0.0.0.0"
+
+
+def test_the_stack_s_tasks_allow_the_destinations_its_settings_allow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RETRY_DESTINATION_ALLOWLIST", "from-the-environment")
+    given = Settings(destination_allowlist=r"bench\..*")
+    assert airflow_env(given, tmp_path, tmp_path / "dags")["RETRY_DESTINATION_ALLOWLIST"] == r"bench\..*"
+    plain = airflow_env(Settings(), tmp_path, tmp_path / "dags")
+    assert plain["RETRY_DESTINATION_ALLOWLIST"] == "from-the-environment"

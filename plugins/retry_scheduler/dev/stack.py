@@ -167,6 +167,9 @@ def airflow_env(
             "AIRFLOW_CONN_SPARK_DEFAULT": "spark://local%5B%2A%5D?deploy-mode=client",
             "RETRY_DATABASE_URL": settings.database_url,
             "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            # The destinations the given settings add to the policies module's (empty: the environment's).
+            "RETRY_DESTINATION_ALLOWLIST": settings.destination_allowlist
+            or env.get("RETRY_DESTINATION_ALLOWLIST", ""),
             # The embedded broker starts empty: destination and DLQ topics are created on first use.
             "RETRY_CREATE_TOPICS": "true",
             # Every process agrees on the dev home (Spark's class archive, the Parquet archive).
