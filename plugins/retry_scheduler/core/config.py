@@ -84,6 +84,11 @@ def kafka_config_from_json(text: str, where: str) -> dict[str, Any]:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{where} is not JSON ({exc.msg} at character {exc.pos})") from None
+    return checked_kafka_config(config, where)
+
+
+def checked_kafka_config(config: object, where: str) -> dict[str, Any]:
+    """``config`` if it is an object of librdkafka settings (scalar values); else an error naming ``where``."""
     if not isinstance(config, dict) or not all(
         isinstance(v, str | int | float | bool) for v in config.values()
     ):

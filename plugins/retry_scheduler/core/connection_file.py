@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from retry_scheduler.core.config import ConfigError, Settings, kafka_config_from_json
+from retry_scheduler.core.config import ConfigError, Settings, checked_kafka_config
 
 #: The job option that names the file.
 CONNECTION_FILE_OPTION = "--connection-file"
@@ -73,7 +73,7 @@ def read_connection_file(path: str | Path, settings: Settings) -> Settings:
         raise ConfigError(
             f'{path} must be a JSON object like {{"database_url": "postgresql://...", "kafka": {{}}}}'
         )
-    kafka = kafka_config_from_json(json.dumps(content.get("kafka") or {}), f"{path}: kafka")
+    kafka = checked_kafka_config(content.get("kafka") or {}, f"{path}: kafka")
     changes: dict[str, Any] = {"database_url": content["database_url"], "kafka": {**settings.kafka, **kafka}}
     for name in ("policies_path", "destination_allowlist"):
         if isinstance(content.get(name), str):

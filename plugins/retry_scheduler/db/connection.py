@@ -44,15 +44,21 @@ def connect(
     :func:`statement_timeout_ms`; 0: never), so that no query of the service, nor a flood of
     searches on the Dead letters page, can hold a connection and its locks for long.
     """
-    limit = statement_timeout_ms() if statement_timeout is None else statement_timeout
     try:
         conn = psycopg.connect(database_url, autocommit=autocommit, connect_timeout=10)
     except psycopg.OperationalError as exc:
         raise StoreError(_connect_advice(database_url, str(exc).strip())) from exc
-    conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(limit),))
-    if not autocommit:
-        conn.commit()
+    limit_statements(conn, statement_timeout)
     return conn
+
+
+def limit_statements(conn: psycopg.Connection[Any], limit_ms: int | None = None) -> None:
+    """Cancel every later statement on ``conn`` after ``limit_ms`` (default :func:`statement_timeout_ms`;
+    0: never). Also what a pool's ``configure`` does to each connection it opens."""
+    limit = statement_timeout_ms() if limit_ms is None else limit_ms
+    conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(limit),))
+    if not conn.autocommit:
+        conn.commit()
 
 
 def _connect_advice(database_url: str, error: str) -> str:

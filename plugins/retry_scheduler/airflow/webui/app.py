@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from retry_scheduler.airflow.hook import RetrySchedulerHook, with_airflow_policies
 from retry_scheduler.core.config import DEFAULT_DATABASE_URL, Settings
 from retry_scheduler.core.records import deployment_destinations
-from retry_scheduler.db.connection import StoreError, connect, require_migrated, statement_timeout_ms
+from retry_scheduler.db.connection import StoreError, connect, limit_statements, require_migrated
 from retry_scheduler.ops import dlq
 
 log = logging.getLogger(__name__)
@@ -112,19 +112,13 @@ def database() -> ConnectionPool:
         if pool is None:
             with connect(url) as conn:  # says what is wrong, once: no server, no database, no schema
                 require_migrated(conn, url)
-            limit = statement_timeout_ms()
-
-            def configure(conn: Any) -> None:
-                conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(limit),))
-                conn.commit()
-
             pool = ConnectionPool(
                 url,
                 min_size=1,
                 max_size=max(1, POOL_SIZE),
                 timeout=POOL_WAIT_S,
                 kwargs={"application_name": APPLICATION_NAME, "connect_timeout": 10},
-                configure=configure,
+                configure=limit_statements,
                 name="retry-scheduler-dead-letters",
                 open=True,
             )
