@@ -15,7 +15,7 @@ workload of a few thousand records and injects one fault at a random point:
 * ``postgres_restart_ingest`` / ``postgres_restart_publish``: PostgreSQL stopped (fast or immediate
   shutdown) and started again while ingesting, or while publishing.
 
-Points inside the service come from :mod:`retry_scheduler.loops.faults` (``RETRY_FAULT``). A worker that
+Points inside the service come from :mod:`retry_scheduler.core.faults` (``RETRY_FAULT``). A worker that
 dies is started again a second later, as the next DAG run would. Once every job is published or dead
 and on its DLQ topic, the harness reads the retry, destination and DLQ topics and counts: **lost**
 (a record not on the topic its headers and policy call for), **duplicates** (a record twice on a

@@ -20,6 +20,10 @@ FAULTS = (
     "broker_pause",
     "postgres_restart_ingest",
     "postgres_restart_publish",
+    # The bulk paths (bench/chaos/bulk.py): the operation killed mid-way, then run again.
+    "bulk_retry_kill",
+    "compaction_kill",
+    "dlq_replay_kill",
 )
 POLICIES_PATH = Path(__file__).resolve().parents[1] / "chaos_policies.py"
 MAX_ATTEMPTS, FATAL_ERROR = 3, "ChaosFatalError"  # as in bench/chaos_policies.py

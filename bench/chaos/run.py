@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos.bad_input import BadInputResult, run_bad_input
+from bench.chaos.bulk import BULK_FAULTS, run_bulk_trial
 from bench.chaos.common import (
     DELIVERY_TIMEOUT_MS,
     FAULTS,
@@ -88,7 +89,8 @@ def run_chaos(
             rng.shuffle(cycle)
             order += cycle
         for index, fault in enumerate(order[:trials]):
-            result = run_trial(stack, index, fault, random.Random(rng.randrange(2**63)), records)
+            trial = run_bulk_trial if fault in BULK_FAULTS else run_trial
+            result = trial(stack, index, fault, random.Random(rng.randrange(2**63)), records)
             results.append(result)
             t = result.tally
             say(
@@ -157,6 +159,7 @@ def summarize(
         "not_recovered": not_recovered,
         "source_duplicates": total.source_duplicates,
         "faults_fired": sum(r.fired for r in results),
+        "fault_kinds": sorted(per_fault),
         "seed": seed,
         "records_per_trial": records,
         "duration_s": round(seconds, 1),

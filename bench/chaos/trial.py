@@ -46,14 +46,17 @@ class Expected:
 
 
 def workload(
-    rng: random.Random, n: int, topics: Topics, now_ms: int
+    rng: random.Random, n: int, topics: Topics, now_ms: int, *, dead_only: bool = False
 ) -> tuple[list[dict[str, Any]], list[Expected]]:
-    """``n`` records for the retry topic: due now, due soon, policy-timed, exhausted, fatal, sent to the DLQ."""
+    """``n`` records for the retry topic: due now, due soon, policy-timed, exhausted, fatal, sent to the DLQ.
+
+    ``dead_only``: only the last three kinds, every record ends dead (for the DLQ and bulk replays).
+    """
     records: list[dict[str, Any]] = []
     expected: list[Expected] = []
     for i in range(n):
         uid = f"r{i:05d}"
-        roll = rng.random()
+        roll = 0.80 + rng.random() * 0.20 if dead_only else rng.random()
         attempt = rng.randrange(MAX_ATTEMPTS)
         retry_id = str(uuid.UUID(int=rng.getrandbits(128))) if rng.random() < 0.5 else None
         trace = rng.randbytes(rng.randrange(0, 24))
@@ -127,6 +130,8 @@ class Tally:
         for name in ("records", "lost", "duplicates", "duplicates_unidentified", "misrouted",
                      "wrong_headers", "early", "source_duplicates"):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        for text in other.examples:
+            self.note(text)
 
 
 def account(

@@ -1,5 +1,8 @@
 """The short chaos run of ``make test``: one trial of each fault kind, and the whole bad-input corpus.
 
+The bulk paths are among the kinds: a bulk retry, a compaction and a DLQ replay each killed (-9, the
+whole job) mid-way and run again, with every record accounted for on its topics and in the archive.
+
 Each run starts a private PostgreSQL (the machine's binaries, a free port) and a private broker, so
 killing, freezing and restarting them disturbs nothing else. ``make chaos`` is the full run (100 trials
 of 2 500 records). ``CHAOS_SEED`` replays a seed printed by a failing run.
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.chaos import FAULTS, run_chaos
+from bench.chaos.bulk import BULK_FAULTS
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +42,14 @@ def test_every_fault_kind_loses_nothing_and_duplicates_keep_their_identity(tmp_p
     assert (report["wrong_headers"], report["early"]) == (0, 0), _failures(report)
     # A kill between the broker's ack and the mark re-publishes a whole round: the count is not vacuous.
     assert report["per_fault"]["kill_publish_produced"]["duplicates"] > 0
+    assert report["fault_kinds"] == sorted(FAULTS)
+    assert {"bulk_retry_kill", "compaction_kill", "dlq_replay_kill"} <= set(report["fault_kinds"])
+    bulk = {t["fault"]: t for t in report["trial_results"] if t["fault"] in BULK_FAULTS}
+    for fault, trial in bulk.items():
+        # killed by its fault plan (SIGKILL), then run again to its end, like Airflow's retry of the task
+        assert trial["detail"]["exit_codes"] == [-9, 0], (fault, trial)
+        assert trial["starts"]["job"] == 2
+    assert bulk["compaction_kill"]["detail"]["archived_jobs"] == 1000  # the whole workload was compacted
     assert report["passed"]
 
 

@@ -233,11 +233,8 @@ def test_replay_makes_jobs_due_now_keeping_or_resetting_the_attempt(database_url
     ]
 
 
-def test_a_limit_takes_the_oldest_jobs_and_batches_add_up(
-    database_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_limit_takes_the_oldest_jobs_and_batches_add_up(database_url: str) -> None:
     insert(database_url, [dead_job(i) for i in range(1, 11)])
-    monkeypatch.setattr(dlq, "BATCH", 3)
     progress: list[tuple[int, int]] = []
 
     outcome = run_action(
@@ -248,6 +245,7 @@ def test_a_limit_takes_the_oldest_jobs_and_batches_add_up(
         source="ui",
         dry_run=False,
         progress=lambda done, total: progress.append((done, total)),
+        batch_size=3,
     )
 
     assert (outcome.matched, outcome.affected) == (7, 7)
@@ -372,6 +370,24 @@ def test_cli_lists_shows_and_replays_after_a_dry_run(
 
     assert main(["dlq", "list", "--since", "yesterday"]) == 2
     assert "neither an ISO-8601 time" in capsys.readouterr().err
+
+
+def test_cli_purges_in_batches_of_the_size_asked(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RETRY_DATABASE_URL", database_url)
+    insert(database_url, [dead_job(i) for i in range(1, 6)])
+    mark_on_dlq(database_url, 1, 2, 3, 4, 5)
+
+    assert main(["dlq", "purge", "--yes", "--batch-size", "0"]) == 2
+    assert "batch size 0 must be between 1 and 10,000,000" in capsys.readouterr().err
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs") == [(5,)]
+
+    assert main(["dlq", "purge", "--yes", "--batch-size", "2"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.split() == ["2/5", "4/5", "5/5"]
+    assert "5 of 5 selected dead jobs purged" in captured.out
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs") == [(0,)]
 
 
 def test_replay_leaves_dead_the_jobs_whose_destination_is_no_longer_allowed(database_url: str) -> None:

@@ -7,18 +7,19 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from retry_scheduler.core import faults
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import OutgoingRow
 from retry_scheduler.core.policy import PolicyRegistry
-from retry_scheduler.loops import faults
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
 
@@ -54,7 +55,7 @@ def _run(code: str, fault: str | None) -> subprocess.CompletedProcess[str]:
 
 
 REACH = """
-from retry_scheduler.loops import faults
+from retry_scheduler.core import faults
 for i in range(5):
     faults.checkpoint("ingest.consumed")
     faults.checkpoint("ingest.stored")
@@ -74,8 +75,46 @@ def test_without_a_plan_checkpoints_do_nothing() -> None:
     assert done.stdout.split() == ["0", "1", "2", "3", "4"]
 
 
+JOB = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+from retry_scheduler.core import faults
+faults.checkpoint("dlq.batch")
+print("survived", flush=True)
+"""
+
+
+def test_a_job_checkpoint_kills_every_process_of_the_job() -> None:
+    """A bulk operation dies whole (its children too), as when the machine running it is lost."""
+    env = {k: v for k, v in os.environ.items() if k != faults.ENV}
+    env.update(PYTHONPATH=PLUGINS, **{faults.ENV: "dlq.batch:1"})
+    done = subprocess.run(
+        [sys.executable, "-c", JOB],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+    )
+    assert done.returncode == -signal.SIGKILL
+    child = int(done.stdout.split()[0])
+    assert "survived" not in done.stdout
+    for _ in range(100):  # the child is killed too, not left to finish its minute
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child, os.WNOHANG)
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the job's child process outlived the job")
+
+
 def test_a_malformed_plan_fails_at_import_naming_the_variable() -> None:
-    done = _run("import retry_scheduler.loops.faults", "publish.produced")
+    done = _run("import retry_scheduler.core.faults", "publish.produced")
     assert done.returncode == 1
     assert "RETRY_FAULT entry 'publish.produced' must look like CHECKPOINT:N" in done.stderr
 

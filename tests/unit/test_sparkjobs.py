@@ -35,6 +35,7 @@ def test_bulk_retry_is_a_dry_run_unless_told_otherwise() -> None:
         ({"since": "yesterday"}, "since='yesterday' is not an ISO-8601 time"),
         ({"since": "2026-11-21T00:00:00Z", "until": "2026-11-20T00:00:00Z"}, "must be before until"),
         ({"limit": -5}, "must be positive"),
+        ({"mark_batch": 0}, "mark_batch 0 must be between 1 and 1000000"),
     ],
 )
 def test_bulk_retry_rejects_bad_forms(params: dict, message: str) -> None:
@@ -49,6 +50,13 @@ def test_compact_args_for_a_day_and_for_an_age() -> None:
     assert "--older-than" in compact_args(older_than="0s", archive="/tmp/a", dry_run=True)
 
 
+def test_batch_sizes_reach_the_jobs_only_when_asked() -> None:
+    assert bulk_retry_args({"mark_batch": 50, "dry_run": False})[-2:] == ["--mark-batch", "50"]
+    assert "--mark-batch" not in bulk_retry_args({"dry_run": False})
+    assert compact_args(older_than="7d", archive="/tmp/a", delete_batch=100)[-2:] == ["--delete-batch", "100"]
+    assert "--delete-batch" not in compact_args(older_than="7d", archive="/tmp/a")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -57,6 +65,7 @@ def test_compact_args_for_a_day_and_for_an_age() -> None:
         ({"day": "20/11/2026"}, "must look like"),
         ({"older_than": "a week"}, "older_than"),
         ({"older_than": "7d", "dead_retention": "forever"}, "dead_retention"),
+        ({"older_than": "7d", "delete_batch": 0}, "delete_batch 0 must be positive"),
     ],
 )
 def test_compact_rejects_bad_arguments(kwargs: dict, message: str) -> None:

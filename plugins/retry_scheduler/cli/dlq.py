@@ -87,6 +87,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
     destinations = deployment_destinations(settings) if args.dlq_command == "replay" else None
     actor = f"cli:{getpass.getuser()}"
     reset = bool(getattr(args, "reset_attempts", False))
+    sizing = {} if args.batch_size is None else {"batch_size": args.batch_size}
     plan = run_action(
         settings.database_url,
         args.dlq_command,
@@ -96,6 +97,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         dry_run=True,
         reset_attempts=reset,
         destinations=destinations,
+        **sizing,
     )
     print(to_json(plan.as_json()) if args.json else plan.summary())
     if args.dry_run or plan.would_affect == 0:
@@ -126,6 +128,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         reset_attempts=reset,
         progress=progress,
         destinations=destinations,
+        **sizing,
     )
     print(to_json(outcome.as_json()) if args.json else outcome.summary())
     return 0
@@ -167,6 +170,12 @@ def _add_dlq_filters(parser: argparse.ArgumentParser, *, for_action: bool) -> No
         parser.add_argument("--limit", type=int, metavar="N", help="at most N jobs, oldest first")
         parser.add_argument("--dry-run", action="store_true", help="only count (and audit the dry run)")
         parser.add_argument("--yes", action="store_true", help="do it without asking (after the dry run)")
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            metavar="N",
+            help="jobs changed per transaction (10000); a crash keeps every batch already committed",
+        )
 
 
 def add_parsers(sub: Any) -> None:

@@ -45,7 +45,15 @@ def _cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
     """Fault-injection trials and the bad-input corpus on a private PostgreSQL and broker."""
     chaos = harness_module("chaos")
     ChaosError, run_chaos = chaos.ChaosError, chaos.run_chaos
-
+    faults = tuple(filter(None, (f.strip() for f in (args.faults or "").split(",")))) or chaos.FAULTS
+    unknown = sorted(set(faults) - set(chaos.FAULTS))
+    if unknown:
+        print(
+            f"retry-scheduler chaos: unknown fault kind(s) {', '.join(unknown)} "
+            f"(known: {', '.join(chaos.FAULTS)})",
+            file=sys.stderr,
+        )
+        return 2
     try:
         report = run_chaos(
             trials=args.trials,
@@ -53,6 +61,7 @@ def _cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
             records=args.records,
             out_dir=Path(args.out),
             bad_input=not args.no_bad_input,
+            faults=faults,
         )
     except ChaosError as exc:
         print(f"retry-scheduler chaos: {exc}", file=sys.stderr)
@@ -97,7 +106,8 @@ def add_parsers(sub: Any) -> None:
 
     chaos = sub.add_parser(
         "chaos",
-        help="fault injection: kill -9 workers, freeze the broker, restart PostgreSQL; count lost records",
+        help="fault injection: kill -9 workers and bulk jobs, freeze the broker, restart PostgreSQL; "
+        "count lost records",
         description="Start a private PostgreSQL and broker, send a bad-input corpus to a running service, "
         "then run trials that each send a workload and inject one fault at a random point; after recovery "
         "count lost and duplicate records. Writes chaos.json; exits 1 unless nothing was lost.",
@@ -107,4 +117,9 @@ def add_parsers(sub: Any) -> None:
     chaos.add_argument("--seed", type=int, metavar="S", help="random seed (printed; random by default)")
     chaos.add_argument("--out", default="bench/out", metavar="DIR", help="where chaos.json goes (bench/out)")
     chaos.add_argument("--no-bad-input", action="store_true", help="skip the bad-input corpus")
+    chaos.add_argument(
+        "--faults",
+        metavar="KIND,KIND",
+        help="only these fault kinds, e.g. bulk_retry_kill,compaction_kill (default: every kind)",
+    )
     chaos.set_defaults(func=_cmd_chaos)

@@ -19,6 +19,7 @@ def _cmd_bulk_retry(args: argparse.Namespace, settings: Settings) -> int:
         "until": args.until,
         "limit": args.limit,
         "dry_run": args.dry_run,
+        "mark_batch": args.mark_batch,
     }
     return run_spark_submit(BULK_RETRY_APP, bulk_retry_args(params), settings)
 
@@ -31,6 +32,7 @@ def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
         archive=args.archive,
         dead_retention=args.dead_retention,
         dry_run=args.dry_run,
+        delete_batch=args.delete_batch,
     )
     return run_spark_submit(COMPACT_APP, job_args, settings)
 
@@ -50,6 +52,13 @@ def add_parsers(sub: Any) -> None:
     bulk.add_argument("--until", metavar="TIME", help="failed before this ISO-8601 time")
     bulk.add_argument("--limit", type=int, metavar="N", help="at most N jobs, oldest first")
     bulk.add_argument("--dry-run", action="store_true", help="only count the selected jobs")
+    bulk.add_argument(
+        "--mark-batch",
+        type=int,
+        metavar="N",
+        help="acknowledged jobs marked published per transaction (10000); after a crash, the jobs of "
+        "batches not yet committed are published again by the next run, with the same retry.id",
+    )
     bulk.set_defaults(func=_cmd_bulk_retry)
 
     compact = sub.add_parser(
@@ -67,4 +76,7 @@ def add_parsers(sub: Any) -> None:
         "--dead-retention", default="30d", metavar="DURATION", help="keep dead jobs this long (30d)"
     )
     compact.add_argument("--dry-run", action="store_true", help="only count what would be archived")
+    compact.add_argument(
+        "--delete-batch", type=int, metavar="N", help="archived jobs deleted per transaction (50000)"
+    )
     compact.set_defaults(func=_cmd_compact)

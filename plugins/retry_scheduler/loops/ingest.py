@@ -27,7 +27,7 @@ from typing import Any, cast
 from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
 
 import retry_scheduler
-from retry_scheduler.core import protocol
+from retry_scheduler.core import faults, protocol
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.durations import format_duration_ms
 from retry_scheduler.core.headers import Header
@@ -35,7 +35,6 @@ from retry_scheduler.core.jobs import CopyRow
 from retry_scheduler.core.policy import PolicyRegistry
 from retry_scheduler.core.records import RowBuilder, limits_for
 from retry_scheduler.db.store import IngestLock, Store
-from retry_scheduler.loops import faults
 from retry_scheduler.loops.handover import LoopTenure
 from retry_scheduler.loops.kafka import TopicManager, make_consumer
 from retry_scheduler.loops.offsets import same_partition, start_offset

@@ -16,13 +16,13 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from retry_scheduler.core import faults
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import OutgoingRow, destination_headers, dlq_headers
 from retry_scheduler.core.policy import load_policies
 from retry_scheduler.core.records import destinations_for
 from retry_scheduler.db.store import Store
-from retry_scheduler.loops import faults
 from retry_scheduler.loops.handover import LoopTenure, new_worker_id
 from retry_scheduler.loops.kafka import TopicManager, make_producer
 

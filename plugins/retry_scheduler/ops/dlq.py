@@ -33,7 +33,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from retry_scheduler.core import protocol
+from retry_scheduler.core import faults, protocol
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.durations import parse_duration_ms
 from retry_scheduler.core.jobs import decode_headers
@@ -49,8 +49,6 @@ BATCH = 10_000
 COUNT_CAP = 10_000
 #: Longest key, value or header value shown in full; longer ones are cut (the size is shown).
 SHOW_BYTES = 4096
-#: Most ids one operation may name explicitly.
-MAX_IDS = 10_000
 MAX_PAGE = 500
 #: Bounds of a replay or purge's ``limit`` and ``ids``.
 MAX_LIMIT = 10_000_000
@@ -416,6 +414,7 @@ def run_action(
     progress: Callable[[int, int], None] = lambda done, total: None,
     destinations: Destinations | None = None,
     max_affected: int | None = None,
+    batch_size: int = BATCH,
 ) -> Outcome:
     """Replay or purge the dead jobs of ``flt`` (dry run: only count), writing one audit row.
 
@@ -423,7 +422,10 @@ def run_action(
     rules from the environment, :func:`deployment_destinations`) no longer allows, counted under
     ``skipped``. ``progress(done, total)`` is called after each batch. With ``max_affected``, an
     operation (not a dry run) that would affect more jobs is refused before anything is written.
+    ``batch_size`` jobs change per transaction (:data:`BATCH` by default).
     """
+    if not 1 <= batch_size <= MAX_LIMIT:
+        raise DlqError(f"batch size {batch_size} must be between 1 and {MAX_LIMIT:,}")
     if action not in ("replay", "purge"):
         raise DlqError(f"action {action!r} must be replay or purge")
     if not actor:
@@ -498,7 +500,7 @@ def run_action(
                             {
                                 **params,
                                 "after_id": after_id,
-                                "batch": BATCH,
+                                "batch": batch_size,
                                 "reset_attempts": reset_attempts,
                                 "refused": refused,
                             },
@@ -509,6 +511,7 @@ def run_action(
                             sql.SQL(queries()["dlq_audit_progress"]),
                             {"affected": len(done), "audit_id": outcome.audit_id},
                         )
+                        faults.checkpoint("dlq.batch")  # chaos: die before this batch commits
                 if not done:
                     break
                 outcome.affected += len(done)

@@ -30,6 +30,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
+from retry_scheduler.core import faults
 from retry_scheduler.core.config import ConfigError
 from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import OutgoingRow, destination_headers
@@ -278,6 +279,7 @@ def publish_batches(
             if len(ids) >= mark_batch:
                 marker.submit(ids, acked_ms)
                 ids, acked_ms = [], []
+                faults.checkpoint("bulk_retry.acked")  # chaos: the job dies, this batch maybe unmarked
         if ids:
             marker.submit(ids, acked_ms)
     finally:

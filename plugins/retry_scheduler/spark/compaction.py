@@ -27,6 +27,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from retry_scheduler.core import faults
 from retry_scheduler.core.config import ConfigError
 from retry_scheduler.core.connection_file import add_connection_options, job_settings
 from retry_scheduler.core.durations import parse_duration_ms
@@ -343,6 +344,7 @@ def _archive_and_delete(
     finally:
         still_selected.unpersist()
     lap("verify")
+    faults.checkpoint("compaction.archived")  # chaos: the job dies with the archive written, nothing deleted
     report["deleted"] = delete_archived(
         conn, args.database_url, run_id, window, args.delete_batch, workers=args.delete_workers
     )

@@ -18,6 +18,7 @@ from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from retry_scheduler.core import faults
 from retry_scheduler.db.connection import connect
 from retry_scheduler.spark.jdbc import PAYLOAD_BYTES_SQL, JdbcTarget
 
@@ -197,7 +198,8 @@ class Selection:
 def select_and_stage(conn: psycopg.Connection[Any], window: Window, run_id: str | None) -> Selection:
     """Count the selected jobs by day and, with a ``run_id``, stage their ids, in one statement.
 
-    The staged ids are the only ones a run may delete; a retried run (same id) starts afresh.
+    The staged ids are the only ones a run may delete; a retried run (same id) starts afresh. Call it
+    holding the compaction lock (:func:`take_lock`): staging clears what earlier runs left.
     """
     selected = sql.SQL("SELECT id, {} AS day, {} AS payload FROM retry_jobs WHERE {}").format(
         sql.SQL(_DAY_SQL), sql.SQL(PAYLOAD_BYTES_SQL), window.predicate()
@@ -208,7 +210,9 @@ def select_and_stage(conn: psycopg.Connection[Any], window: Window, run_id: str 
     if run_id is None:
         query = sql.SQL("WITH selected AS ({}) {}").format(selected, summary)
     else:
-        conn.execute("DELETE FROM retry_compaction_archived WHERE run_id = %s", (run_id,))
+        # Every run's staged ids, not only this one's: the caller holds the compaction lock, so what is
+        # there was left by a run that died (killed before it could clear its own).
+        conn.execute("DELETE FROM retry_compaction_archived")
         query = sql.SQL(
             "WITH selected AS MATERIALIZED ({}), staged AS"
             " (INSERT INTO retry_compaction_archived (run_id, id) SELECT {}, id FROM selected) {}"
@@ -273,6 +277,7 @@ def delete_archived(
                 log.info(
                     "deleted %s of %s archived jobs (%s of %s id ranges)", deleted, staged, done, len(ranges)
                 )
+            faults.checkpoint("compaction.deleted")  # chaos: the job dies between two delete batches
 
     if workers <= 1 or len(ranges) == 1:
         delete(conn, ranges)

@@ -99,6 +99,11 @@ def bulk_retry_args(params: Mapping[str, Any]) -> list[str]:
         if int(limit) < 0:
             raise JobArgumentError(f"limit {limit} must be positive")
         args += ["--limit", str(int(limit))]
+    mark_batch = params.get("mark_batch")
+    if mark_batch not in (None, ""):
+        if not 1 <= int(mark_batch) <= 1_000_000:
+            raise JobArgumentError(f"mark_batch {mark_batch} must be between 1 and 1000000")
+        args += ["--mark-batch", str(int(mark_batch))]
     if params.get("dry_run", True):
         args.append("--dry-run")
     return args
@@ -127,6 +132,7 @@ def compact_args(
     archive: str | None = None,
     dead_retention: str = "30d",
     dry_run: bool = False,
+    delete_batch: int | None = None,
 ) -> list[str]:
     """Arguments of the compaction job: one UTC ``day`` (the DAG) or everything ``older_than``.
 
@@ -150,6 +156,10 @@ def compact_args(
     else:
         args += ["--older-than", str(older_than)]
     args += ["--dead-retention", dead_retention]
+    if delete_batch is not None:
+        if delete_batch < 1:
+            raise JobArgumentError(f"delete_batch {delete_batch} must be positive")
+        args += ["--delete-batch", str(delete_batch)]
     if dry_run:
         args.append("--dry-run")
     return args

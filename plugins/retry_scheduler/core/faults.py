@@ -3,21 +3,33 @@
 The ingest and publish loops call :func:`checkpoint` at the points where a crash matters most
 (``ingest.consumed``: a batch consumed, not yet stored; ``ingest.stored``: rows committed, offsets
 not yet; ``publish.produced`` / ``publish.dlq_produced``: the broker acknowledged, the jobs are
-not yet marked). With ``RETRY_FAULT=NAME:N`` set (several: comma-separated), the process SIGKILLs
-itself the N-th time it reaches checkpoint NAME: no cleanup, no ``finally``, like a power cut or
-the OOM killer. Unset, a checkpoint costs one lookup in an empty dict. The variable is read once,
-at import.
+not yet marked). So do the bulk operations: ``bulk_retry.acked`` (a Spark partition handed a batch
+of acknowledged jobs to be marked published, not yet committed), ``compaction.archived`` (the
+archive written, synced and verified, nothing deleted yet), ``compaction.deleted`` (one more delete
+batch committed) and ``dlq.batch`` (a replay or purge batch changed, its transaction not yet
+committed).
+
+With ``RETRY_FAULT=NAME:N`` set (several: comma-separated), the process SIGKILLs itself the N-th
+time it reaches checkpoint NAME: no cleanup, no ``finally``, like a power cut or the OOM killer. At
+the bulk operations' checkpoints the whole job dies, not only the process that got there: every
+process of its session (the command, ``spark-submit``'s JVM, the Python driver) and of its own
+process group (Spark's Python workers have one), as when the machine running an Airflow task is
+lost. Unset, a checkpoint costs one lookup in an empty dict. The variable is read once, at import.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
 ENV = "RETRY_FAULT"
 
 #: Every checkpoint the service code calls; a plan naming another is a typo, refused loudly.
-CHECKPOINTS = frozenset({"ingest.consumed", "ingest.stored", "publish.produced", "publish.dlq_produced"})
+LOOP_CHECKPOINTS = frozenset({"ingest.consumed", "ingest.stored", "publish.produced", "publish.dlq_produced"})
+#: Checkpoints of the bulk operations, where the whole job dies (see the module's docstring).
+JOB_CHECKPOINTS = frozenset({"bulk_retry.acked", "compaction.archived", "compaction.deleted", "dlq.batch"})
+CHECKPOINTS = LOOP_CHECKPOINTS | JOB_CHECKPOINTS
 
 
 class FaultSpecError(ValueError):
@@ -49,5 +61,10 @@ def checkpoint(name: str) -> None:
     if target is None:
         return
     _reached[name] = _reached.get(name, 0) + 1
-    if _reached[name] >= target:
-        os.kill(os.getpid(), signal.SIGKILL)
+    if _reached[name] < target:
+        return
+    if name in JOB_CHECKPOINTS:
+        with contextlib.suppress(OSError):  # the session's group: not there when its leader is gone
+            os.killpg(os.getsid(0), signal.SIGKILL)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
