@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.conftest import ROOT
@@ -73,3 +75,40 @@ def test_spark_tasks_submit_like_the_cli(dagbag) -> None:
         assert (task.application, task.name) == (str(app), dag_id)
         assert task.jars == jdbc_jars() and task.jars
         assert task.conf == spark_conf()
+
+
+def test_airflow_s_own_commands_parse_every_dag_file_in_a_fresh_process(airflow_db, tmp_path) -> None:
+    """As ``airflow dags reserialize`` (and a dag processor started without plugins) parse the folder.
+
+    A DAG file named like the package (``retry_scheduler.py``) once hid the package from the other
+    files of the folder, which Airflow puts on ``sys.path``: every DAG failed to import there.
+    """
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags")}
+    airflow = str(Path(sys.executable).parent / "airflow")
+
+    def run(*args: str, ok: tuple[int, ...] = (0,)) -> str:
+        done = subprocess.run(
+            [airflow, *args], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+        )
+        assert done.returncode in ok, done.stderr[-3000:]
+        return done.stdout
+
+    run("dags", "reserialize")
+    listing = run("dags", "list-import-errors", "-o", "json", ok=(0, 1))  # 1: it listed some
+    errors = [] if "[{" not in listing else json.loads(listing[listing.index("[{") :])
+    # (an error recorded for a file no longer in the folder is history, not this checkout's)
+    assert [e for e in errors if (ROOT / "dags" / e["filepath"]).exists()] == []
+    out = run("dags", "list", "-o", "json")
+    listed = {dag["dag_id"] for dag in json.loads(out[out.index("[{") :])}
+    assert {
+        "retry_scheduler",
+        "retry_bulk_replay",
+        "retry_compaction",
+        "dlq_replay",
+        "retry_monitor",
+    } <= listed

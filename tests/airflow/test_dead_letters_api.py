@@ -9,6 +9,7 @@ giving their dead jobs a destination of their own.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 import uuid
@@ -46,6 +47,7 @@ class AirflowServer:
     base_url: str
     proc: Proc
     log_path: Path
+    env: dict[str, str]
 
     def url(self, path: str) -> str:
         return f"{self.base_url}{PREFIX}{path}"
@@ -77,7 +79,7 @@ def airflow_server(
     assert env["AIRFLOW_CONN_RETRY_POSTGRES"].endswith(retry_db.rpartition("/")[2])
     log_path = home / "api-server.log"
     proc = spawn([airflow_bin(), "api-server", "--port", str(port)], log_path, env)
-    server = AirflowServer(f"http://localhost:{port}", proc, log_path)
+    server = AirflowServer(f"http://localhost:{port}", proc, log_path, env)
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -315,6 +317,77 @@ def test_admin_dry_runs_then_replays_with_an_audit_trail(
     with client(airflow_server, tokens["admin"]) as admin:
         left = admin.get("/api/dead-letters", params={"destination": dest}).json()
     assert [j["id"] for j in left["jobs"]] == [invalid]
+
+
+def test_a_replay_too_large_for_one_request_becomes_a_dlq_replay_run_that_does_it(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    first = insert_dead(retry_db, dest)
+    with psycopg.connect(retry_db, autocommit=True) as conn:  # 10 000 more like it: one over the bound
+        conn.execute(
+            "INSERT INTO retry_jobs (source_topic, source_partition, source_offset, source_timestamp_ms,"
+            " destination, msg_key, msg_value, headers, attempt, policy, reason, error_class, retry_id,"
+            " first_seen_at, due_at, status, dead_reason, dlq_topic, dead_at, dlq_published_at)"
+            " SELECT source_topic, source_partition, source_offset + g, source_timestamp_ms, destination,"
+            " msg_key, msg_value, headers, attempt, policy, reason, error_class, md5(g::text || retry_id),"
+            " first_seen_at, due_at, status, dead_reason, dlq_topic, dead_at, dlq_published_at"
+            " FROM retry_jobs, generate_series(1, 10000) AS g WHERE id = %s",
+            (first,),
+        )
+    airflow = [airflow_bin()]
+    # The page triggers runs of the dlq_replay DAG: Airflow must know it (a dag processor would parse it).
+    subprocess.run([*airflow, "dags", "reserialize"], env=airflow_server.env, check=True, capture_output=True)
+    audits = audit_count(retry_db)
+    with client(airflow_server, tokens["admin"]) as admin:
+        dry = admin.post("/api/replay", json={"destination": dest, "dry_run": True}).json()
+        assert (dry["would_affect"], dry["page_limit"]) == (10_001, 10_000)
+        handed = admin.post("/api/replay", json={"destination": dest, "dry_run": False})
+    assert handed.status_code == 200, handed.text
+    result = handed.json()
+    run_id = result["dag_run_id"]
+    assert result["handed_to_dag"] is True and result["would_affect"] == 10_001
+    assert result["dag_run_url"] == f"/dags/dlq_replay/runs/{run_id}"
+    assert result["summary"].startswith(
+        f"10,001 jobs is more than this page replays at once: dlq_replay run {run_id}"
+    )
+    # Nothing changed inside the request: only the dry run was audited.
+    assert audit_count(retry_db) == audits + 1
+    with psycopg.connect(retry_db) as conn:
+        dead = conn.execute(
+            "SELECT count(*) FROM retry_jobs WHERE destination = %s AND status = 'dead'", (dest,)
+        )
+        assert dead.fetchone() == (10_001,)
+
+    auth = {"Authorization": f"Bearer {tokens['admin']}"}
+    run = httpx.get(f"{airflow_server.base_url}/api/v2/dags/dlq_replay/dagRuns/{run_id}", headers=auth).json()
+    assert run["conf"] == {"destination": dest, "action": "replay", "reset_attempts": False, "dry_run": False}
+    assert run["triggering_user_name"] == "admin"
+    dag = httpx.get(f"{airflow_server.base_url}/api/v2/dags/dlq_replay", headers=auth).json()
+    assert result["dag_paused"] == dag["is_paused"]
+
+    # The run's task does the work, audited as the user who asked, from the DAG.
+    done = subprocess.run(
+        [*airflow, "tasks", "test", "dlq_replay", "operate", run_id],
+        env=airflow_server.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with psycopg.connect(retry_db, row_factory=dict_row) as conn:
+        rows = conn.execute(
+            "SELECT status::text AS status, count(*) AS n FROM retry_jobs WHERE destination = %s GROUP BY 1",
+            (dest,),
+        ).fetchall()
+        audit = conn.execute("SELECT * FROM retry_dlq_audit ORDER BY id DESC LIMIT 1").fetchone()
+    assert rows == [{"status": "pending", "n": 10_001}]
+    assert audit is not None
+    assert (audit["actor"], audit["source"], audit["run_id"], audit["affected"]) == (
+        "admin",
+        "dag",
+        run_id,
+        10_001,
+    )
 
 
 def test_purge_deletes_only_jobs_already_on_the_dlq_topic(

@@ -50,7 +50,10 @@ def test_replayed_twice_is_a_duplicate_identified_only_when_id_and_attempt_agree
     a = _expected("r00000")
     dlq = [_seen(TOPICS.dlq, a, attempt="1", dead=True)]
     twins = [_seen(TOPICS.dest, a, attempt="2", dead=False) for _ in range(2)]
-    strangers = [_seen(TOPICS.dest, a, attempt="2", dead=False), _seen(TOPICS.dest, a, attempt="3", dead=False)]
+    strangers = [
+        _seen(TOPICS.dest, a, attempt="2", dead=False),
+        _seen(TOPICS.dest, a, attempt="3", dead=False),
+    ]
 
     identified = account_replayed([a], {TOPICS.retry: [], TOPICS.dlq: dlq, TOPICS.dest: twins}, TOPICS)
     unidentified = account_replayed([a], {TOPICS.retry: [], TOPICS.dlq: dlq, TOPICS.dest: strangers}, TOPICS)

@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
 
-from retry_scheduler.airflow.webui.app import app
+from retry_scheduler.airflow.webui.app import PREFIX, app
 
-URL_PREFIX = "/retry-scheduler"
+URL_PREFIX = PREFIX
 # With [api] base_url on a sub-path (https://host/airflow/), the UI must link to that sub-path.
 _ROOT = urlsplit(conf.get("api", "base_url", fallback="") or "/").path.rstrip("/")
 

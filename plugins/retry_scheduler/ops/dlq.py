@@ -77,6 +77,17 @@ class DlqError(ValueError):
     """A filter or request is invalid, or the job asked for does not exist; the message says which."""
 
 
+class TooManyForOneRequest(DlqError):
+    """An operation would change more jobs than ``max_affected`` allows; nothing was written."""
+
+    def __init__(self, action: Action, would_affect: int, max_affected: int) -> None:
+        super().__init__(
+            f"{would_affect:,} jobs is more than the {max_affected:,} this page {action}s at "
+            "once: trigger the dlq_replay DAG with this filter instead (or narrow the filter)"
+        )
+        self.action, self.would_affect, self.max_affected = action, would_affect, max_affected
+
+
 def _time(name: str, value: Any) -> datetime | None:
     """An aware time from ISO-8601, or from a duration meaning that long ago (``"2h"``)."""
     if value in (None, ""):
@@ -421,7 +432,8 @@ def run_action(
     A replay leaves dead the jobs whose destination ``destinations`` (default: the deployment's
     rules from the environment, :func:`deployment_destinations`) no longer allows, counted under
     ``skipped``. ``progress(done, total)`` is called after each batch. With ``max_affected``, an
-    operation (not a dry run) that would affect more jobs is refused before anything is written.
+    operation (not a dry run) that would affect more jobs is refused before anything is written
+    (:class:`TooManyForOneRequest`).
     ``batch_size`` jobs change per transaction (:data:`BATCH` by default).
     """
     if not 1 <= batch_size <= MAX_LIMIT:
@@ -467,10 +479,7 @@ def run_action(
             reset_attempts=reset_attempts,
         )
         if not dry_run and max_affected is not None and outcome.would_affect > max_affected:
-            raise DlqError(
-                f"{outcome.would_affect:,} jobs is more than the {max_affected:,} this page {action}s at "
-                "once: trigger the dlq_replay DAG with this filter instead (or narrow the filter)"
-            )
+            raise TooManyForOneRequest(action, outcome.would_affect, max_affected)
         with conn.transaction():
             audit = conn.execute(
                 sql.SQL(queries()["dlq_audit_start"]),

@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: The DAG whose permissions guard the page: its runs replay and purge dead jobs too.
 DAG_ID = "dlq_replay"
+#: Where the api-server mounts this app (retry_scheduler.airflow.plugin).
+PREFIX = "/retry-scheduler"
 #: How long the database URL read from the connection is reused.
 URL_TTL_S = 30.0
 #: The page's files, installed with the package.
@@ -362,32 +365,115 @@ def audit(
     return dlq.recent_audit(database(), limit)
 
 
-def _act(action: dlq.Action, body: ActionBody, user: Any) -> dict[str, Any]:
+def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> dict[str, Any]:
     if action == "purge" and body.reset_attempts:
         raise dlq.DlqError("reset_attempts applies to replay only")
     params = body.model_dump(exclude={"reset_attempts", "dry_run"})
-    outcome = dlq.run_action(
-        database(),
-        action,
-        dlq.DlqFilter.from_params(params),
-        actor=str(user.get_name()),
-        source="ui",
-        dry_run=body.dry_run,
-        reset_attempts=body.reset_attempts,
-        destinations=deployment_destinations(with_airflow_policies(Settings.from_env())),
-        max_affected=dlq.MAX_PAGE_ACTION,
-    )
+    flt = dlq.DlqFilter.from_params(params)
+    try:
+        outcome = dlq.run_action(
+            database(),
+            action,
+            flt,
+            actor=str(user.get_name()),
+            source="ui",
+            dry_run=body.dry_run,
+            reset_attempts=body.reset_attempts,
+            destinations=deployment_destinations(with_airflow_policies(Settings.from_env())),
+            max_affected=dlq.MAX_PAGE_ACTION,
+        )
+    except dlq.TooManyForOneRequest as too_many:
+        return hand_to_dag(request, action, flt, body.reset_attempts, user, too_many.would_affect)
     log.info("dead letters page, %s: %s", user.get_name(), outcome.summary())
-    return {**outcome.as_json(), "summary": outcome.summary()}
+    # page_limit: the most this page changes in one request; more are handed to a dlq_replay run.
+    return {**outcome.as_json(), "summary": outcome.summary(), "page_limit": dlq.MAX_PAGE_ACTION}
+
+
+def hand_to_dag(
+    request: Request,
+    action: dlq.Action,
+    flt: dlq.DlqFilter,
+    reset_attempts: bool,
+    user: Any,
+    would_affect: int,
+) -> dict[str, Any]:
+    """Trigger a ``dlq_replay`` run for an operation too large for one request; its id and link.
+
+    The run does the work in batches with its own log, retries and audit row (actor: this user, as
+    the run's triggering user). It is created as the REST API would create it, by the user who
+    already passed the check for triggering ``dlq_replay`` runs (:func:`operator`).
+    """
+    import inspect
+    from urllib.parse import quote
+
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.exceptions import DagNotFound
+    from airflow.models.dag import DagModel
+    from airflow.utils.types import DagRunTriggeredByType
+
+    conf: dict[str, Any] = {
+        **flt.as_dict(),
+        "action": action,
+        "reset_attempts": reset_attempts,
+        "dry_run": False,
+    }
+    if "ids" in conf:  # the DAG's form takes ids as text, as typed
+        conf["ids"] = ",".join(map(str, conf["ids"]))
+    run_id = f"dead_letters_page__{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_{uuid.uuid4().hex[:8]}"
+    name = str(user.get_name())
+    wanted = {
+        "triggered_by": DagRunTriggeredByType.REST_API,
+        "run_id": run_id,
+        "conf": conf,
+        "triggering_user_name": name,
+    }
+    accepted = inspect.signature(trigger_dag).parameters  # Airflow 3.1 to 3.3
+    try:
+        trigger_dag(DAG_ID, **{k: v for k, v in wanted.items() if k in accepted})
+    except DagNotFound:
+        raise dlq.DlqError(
+            f"{would_affect:,} jobs is more than this page {action}s at once, and the {DAG_ID} DAG that "
+            "would do it is not in Airflow's database yet: check that its file is in the DAGs folder "
+            "and parses (airflow dags list-import-errors)"
+        ) from None
+    except Exception as exc:
+        if type(exc).__name__ != "ParamValidationError":
+            raise
+        raise dlq.DlqError(f"the {DAG_ID} DAG refused this filter: {exc}") from None
+    model = DagModel.get_dagmodel(DAG_ID)
+    paused = bool(model and model.is_paused)
+    root = request.scope.get("root_path", "").removesuffix(PREFIX)
+    url = f"{root}/dags/{DAG_ID}/runs/{quote(run_id, safe='')}"
+    summary = (
+        f"{would_affect:,} jobs is more than this page {action}s at once: {DAG_ID} run {run_id} does it"
+        + (f" once the {DAG_ID} DAG is unpaused" if paused else "")
+    )
+    log.info("dead letters page, %s: %s (filter %s)", name, summary, conf)
+    return {
+        "action": action,
+        "handed_to_dag": True,
+        "would_affect": would_affect,
+        "dag_id": DAG_ID,
+        "dag_run_id": run_id,
+        "dag_run_url": url,
+        "dag_paused": paused,
+        "summary": summary,
+    }
 
 
 @app.post("/api/replay")
-def replay(body: ActionBody, user: Annotated[Any, Depends(operator)]) -> dict[str, Any]:
-    """Make the selected dead jobs due now (``dry_run`` defaults to true: say ``false`` to act)."""
-    return _act("replay", body, user)
+def replay(request: Request, body: ActionBody, user: Annotated[Any, Depends(operator)]) -> dict[str, Any]:
+    """Make the selected dead jobs due now (``dry_run`` defaults to true: say ``false`` to act).
+
+    More than ``MAX_PAGE_ACTION`` jobs are handed to a ``dlq_replay`` run instead (``handed_to_dag``).
+    """
+    return _act(request, "replay", body, user)
 
 
 @app.post("/api/purge")
-def purge(body: ActionBody, user: Annotated[Any, Depends(operator)]) -> dict[str, Any]:
-    """Delete the selected dead jobs already on their DLQ topic (``dry_run`` defaults to true)."""
-    return _act("purge", body, user)
+def purge(request: Request, body: ActionBody, user: Annotated[Any, Depends(operator)]) -> dict[str, Any]:
+    """Delete the selected dead jobs already on their DLQ topic (``dry_run`` defaults to true).
+
+    More than ``MAX_PAGE_ACTION`` jobs are handed to a ``dlq_replay`` run instead (``handed_to_dag``).
+    """
+    return _act(request, "purge", body, user)

@@ -85,10 +85,10 @@
     return data;
   }
 
-  function showMessage(kind, text) {
+  function showMessage(kind, text, ...extra) {
     const box = $("#message");
     box.className = `message ${kind}`;
-    box.textContent = text;
+    box.replaceChildren(text, ...extra);
     box.hidden = !text;
   }
 
@@ -367,15 +367,21 @@
     const effect = replay
       ? "They become due now, and the publish loop sends them to their destinations."
       : "They are deleted from PostgreSQL; their records stay on the DLQ topic. This cannot be undone.";
+    const viaDag = n > dry.page_limit;
+    const handoff = viaDag
+      ? ` That is more than the ${fmtInt(dry.page_limit)} this page changes at once: a dlq_replay DAG run will do it, with its own log and progress.`
+      : "";
     $("#dialog-body").textContent =
-      `Dry run: ${fmtInt(n)} of ${fmtInt(dry.matched)} selected dead jobs would be ${verb}. ${n ? effect : ""}`;
+      `Dry run: ${fmtInt(n)} of ${fmtInt(dry.matched)} selected dead jobs would be ${verb}. ${n ? effect : ""}${handoff}`;
     const skipped = Object.entries(dry.skipped || {}).filter(([, count]) => count > 0);
     $("#dialog-skipped").replaceChildren(...skipped.map(([cause, count]) => el("li", {}, `${fmtInt(count)} left alone: ${cause}`)));
     $("#dialog-reset-row").hidden = !replay;
     $("#dialog-reset").checked = false;
     $("#dialog-audit").textContent = `The dry run is recorded as audit #${dry.audit_id}.`;
     const confirm = $("#dialog-confirm");
-    confirm.textContent = n ? `${replay ? "Replay" : "Purge"} ${plural(n, "job")}` : `Nothing to ${action}`;
+    if (!n) confirm.textContent = `Nothing to ${action}`;
+    else if (viaDag) confirm.textContent = `Start a dlq_replay run to ${action} ${plural(n, "job")}`;
+    else confirm.textContent = `${replay ? "Replay" : "Purge"} ${plural(n, "job")}`;
     confirm.disabled = n === 0;
     confirm.classList.toggle("danger", !replay);
     $("#dialog").hidden = false;
@@ -401,6 +407,12 @@
       });
     } finally {
       closeDialog();
+    }
+    if (result.handed_to_dag) {
+      showMessage("ok", `${result.summary}: `,
+        el("a", { href: result.dag_run_url, target: "_top" }, "follow the run in Airflow"), ".");
+      await loadAudit();
+      return;
     }
     const skipped = Object.entries(result.skipped || {}).filter(([, count]) => count > 0)
       .map(([cause, count]) => `${fmtInt(count)} ${cause}`);
