@@ -3,8 +3,10 @@ against a fresh PostgreSQL database and a local Parquet archive."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+import operator
 import time
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow.parquet as pq
 import pytest
 from psycopg.rows import dict_row
 from pyspark.sql import DataFrame, SparkSession
@@ -513,6 +516,40 @@ def test_each_run_leaves_a_manifest_with_its_counts(
     assert manifest["started_at"] <= manifest["finished_at"]
     assert sorted(manifest["days"]) == manifest["days"] and len(manifest["days"]) == 2
     assert archived_ids(spark, archive) == sorted(ids.values())
+    # Each file written, with its rows and a checksum of its ids, read back from the archive.
+    files = manifest["files"]
+    assert sum(f["rows"] for f in files) == 2
+    assert sum(f["id_sum"] for f in files) == sum(ids.values())
+    for digest in files:
+        assert digest["file"].startswith("day="), digest  # relative to the archive's retry_jobs/
+        in_file = (
+            pq.read_table(archive / "retry_jobs" / digest["file"], columns=["id"]).column("id").to_pylist()
+        )
+        assert (len(in_file), sum(in_file), functools.reduce(operator.xor, in_file)) == (
+            digest["rows"], digest["id_sum"], digest["id_xor"],
+        )  # fmt: skip
+
+
+@pytest.mark.integration
+def test_a_written_row_the_run_did_not_stage_stops_the_delete(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = datetime.now(UTC)
+    ids = seed(database_url, {f"p{i}": ("published", now - timedelta(days=9), "orders") for i in range(3)})
+    archive = tmp_path / "archive"
+    real_write: Callable[[DataFrame, str], None] = compact.write_archive
+
+    def write_with_a_stranger(rows: DataFrame, root: str) -> None:
+        stranger = rows.where(rows.id == ids["p0"]).withColumn("id", rows.id + 1000)
+        real_write(rows.unionByName(stranger), root)
+
+    monkeypatch.setattr(compact, "write_archive", write_with_a_stranger)
+    with pytest.raises(
+        compact.ArchiveVerificationError, match="hold 1 rows it did not stage and 0 ids already"
+    ):
+        run(database_url, archive)
+    assert set(db_rows(database_url)) == set(ids.values())  # nothing deleted
+    assert not (archive / "_manifests").exists()
 
 
 @pytest.mark.integration

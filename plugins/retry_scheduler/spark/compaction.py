@@ -112,6 +112,40 @@ def write_text_hadoop(spark: SparkSession, uri: str, text: str) -> None:
         stream.close()
 
 
+def archive_files(spark: SparkSession, root: str, days: Sequence[str]) -> set[str]:
+    """The Parquet files of the archive's ``days``, as readers see them (no ``_temporary`` or hidden files)."""
+    files: set[str] = set()
+    for day in days:
+        path, fs = _hadoop_path(spark, f"{root}/day={day}")
+        if not fs.exists(path):
+            continue
+        listing = fs.listFiles(path, True)
+        while listing.hasNext():
+            name = str(listing.next().getPath().toString())
+            inside = name.split(f"/day={day}/", 1)[-1]
+            if name.endswith(".parquet") and not any(part[:1] in "._" for part in inside.split("/")):
+                files.add(name)
+    return files
+
+
+def file_digests(spark: SparkSession, files: Sequence[str]) -> tuple[list[dict[str, Any]], DataFrame]:
+    """Per file: its rows and a checksum of its ids (their sum and XOR), read back from the archive.
+
+    Also returns the files' ids (column ``id``) for the checks against the staged selection.
+    """
+    ids = (
+        spark.read.schema(ARCHIVED_ID_SCHEMA).parquet(*files).select(F.input_file_name().alias("file"), "id")
+    )
+    per_file = ids.groupBy("file").agg(
+        F.count("*").alias("rows"), F.sum("id").alias("id_sum"), F.bit_xor("id").alias("id_xor")
+    )
+    digests = [
+        {"file": row.file, "rows": int(row.rows), "id_sum": int(row.id_sum), "id_xor": int(row.id_xor)}
+        for row in per_file.orderBy("file").collect()
+    ]
+    return digests, ids.select("id")
+
+
 def read_archived_ids(spark: SparkSession, root: str, days: Sequence[str]) -> DataFrame | None:
     """Ids archived under ``root`` for ``days`` (only those day partitions are listed and read); None if none."""
     paths = [f"{root}/day={day}" for day in days]
@@ -221,6 +255,7 @@ def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
         "archived_new": 0,
         "deleted": 0,
         "files_synced": 0,
+        "files": [],
         "days": [],
         "fetch_rows": None,
         "started_at": started.isoformat(),
@@ -245,9 +280,13 @@ def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
                 assert selection.low is not None and selection.high is not None
                 bounds = (selection.low, selection.high)
 
+                staged_by = None if args.dry_run else run_id
+
                 def read() -> DataFrame:
                     return with_partition_columns(
-                        read_selection(spark, jdbc, conn, window, bounds, args.partitions, fetchsize)
+                        read_selection(
+                            spark, jdbc, conn, window, bounds, args.partitions, fetchsize, staged_by
+                        )
                     )
 
                 _archive_and_delete(spark, conn, jdbc, args, run_id, window, root, read, report)
@@ -285,12 +324,14 @@ def _archive_and_delete(
     read: Callable[[], DataFrame],
     report: dict[str, Any],
 ) -> None:
-    """Archive, verify and delete the staged selection; ``read()`` reads the selection afresh over JDBC.
+    """Archive, verify and delete the staged selection; ``read()`` reads it afresh over JDBC.
 
-    The archive is written from one read of every column (no copy of the rows is kept in Spark) and
-    verified against a fresh read of the ids still selected. What is deleted is what was staged, is
-    still selected and is in the archive: a job that left the selection meanwhile (replayed from the
-    DLQ) is kept, one that joined it (processed during the run with an earlier time) is left for the
+    ``read()`` returns the jobs this run staged that are still selected. The archive is written from
+    one read of every column (no copy of the rows is kept in Spark), synced, and the files written
+    are read back and checked against the staging (:func:`check_written`); then every job still
+    selected must be found in the archive by id. What is deleted is what was staged, is still
+    selected and is in the archive: a job that left the selection meanwhile (replayed from the DLQ)
+    is kept, one that joined it (processed during the run with an earlier time) is left for the
     next run, and a staged one still selected but not in the archive stops the run before anything
     is deleted.
     """
@@ -310,12 +351,16 @@ def _archive_and_delete(
     lap("count_archived")
     if args.dry_run:
         return
+    before = archive_files(spark, root, days)
     if selected > already:
         rows = read()
         write_archive(rows if existing is None else missing_from_archive(rows, existing), root)
     lap("write_archive")
     report["files_synced"] = sync_archive(root, days)  # durable before it is verified and relied on
     lap("sync_archive")
+    written = sorted(archive_files(spark, root, days) - before)
+    report["files"] = check_written(spark, jdbc, conn, run_id, written, existing, root)
+    lap("check_files")
     # Fresh reads: the jobs still selected, and the archive (a DataFrame's file listing is fixed when
     # it is created).
     still_selected = read().select("id").persist(StorageLevel.MEMORY_AND_DISK)
@@ -329,17 +374,10 @@ def _archive_and_delete(
         found = found_in_archive(still_selected, archived).count()
         still = still_selected.count()
         if found != still:
-            # Staged by this run, still selected, and not in the archive: lost by the write.
-            ours = still_selected.join(read_staged_ids(spark, jdbc, conn, run_id), on="id", how="left_semi")
-            lost = missing_from_archive(ours, archived).count()
-            if lost:
-                raise ArchiveVerificationError(
-                    f"{lost} of {selected} selected jobs are not in the archive at {root} after the write; "
-                    "nothing was deleted. Check the archive's file system, then run the compaction again."
-                )
-            log.info(
-                "%s jobs processed during the run with an earlier time are left for the next run",
-                still - found,
+            # Staged by this run (read() reads nothing else), still selected, and not in the archive.
+            raise ArchiveVerificationError(
+                f"{still - found} of {selected} selected jobs are not in the archive at {root} after the "
+                "write; nothing was deleted. Check the archive's file system, then run the compaction again."
             )
     finally:
         still_selected.unpersist()
@@ -355,6 +393,41 @@ def _archive_and_delete(
             "after it was staged (the next run deletes those)",
             found - report["deleted"],
         )
+
+
+def check_written(
+    spark: SparkSession,
+    jdbc: JdbcTarget,
+    conn: psycopg.Connection[Any],
+    run_id: str,
+    written: Sequence[str],
+    existing: DataFrame | None,
+    root: str,
+) -> list[dict[str, Any]]:
+    """Check the files this run wrote against its staged selection; return their digests (for the manifest).
+
+    Read back after the sync: every id in them was staged by this run, none is there twice, and none
+    was already in the archive before the write. With the digests (rows, sum and XOR of the ids per
+    file) in the manifest, any reader can later check each file on its own.
+    """
+    if not written:
+        return []
+    digests, ids = file_digests(spark, written)
+    rows = sum(d["rows"] for d in digests)
+    stray = ids.join(read_staged_ids(spark, jdbc, conn, run_id), on="id", how="left_anti").count()
+    twice = rows - ids.distinct().count()
+    if existing is not None:
+        twice += ids.join(existing, on="id", how="left_semi").count()
+    if stray or twice:
+        raise ArchiveVerificationError(
+            f"the {len(written)} files this run wrote under {root} hold {stray} rows it did not stage and "
+            f"{twice} ids already archived; nothing was deleted. Move those files aside ({', '.join(written[:5])}"
+            f"{', ...' if len(written) > 5 else ''}), then run the compaction again."
+        )
+    prefix = f"{root}/"
+    for digest in digests:  # paths relative to the archive's root, as they stay valid if it moves
+        digest["file"] = digest["file"].split(prefix, 1)[-1] if prefix in digest["file"] else digest["file"]
+    return digests
 
 
 # --- command line ---------------------------------------------------------------------------------
