@@ -12,7 +12,7 @@ help:
 	@echo "make test   lint, type-check and run every test (needs PostgreSQL; started if missing)"
 	@echo "make up     broker + PostgreSQL + Airflow (http://localhost:8080, admin/admin) until Ctrl-C"
 	@echo "make bench  benchmark report against baselines, full sizes (bench/out/report.md; ~20 min)"
-	@echo "make chaos  fault injection: 100 trials and the bad-input corpus (bench/out/chaos.json; ~12 min)"
+	@echo "make chaos  fault injection: 100 trials and the bad-input corpus (bench/out/chaos.json; ~18 min)"
 	@echo "make lint   ruff + mypy only"
 
 $(STAMP): pyproject.toml
@@ -80,9 +80,9 @@ bench-quick: venv postgres
 	@mkdir -p $(BENCH_OUT)/quick
 	$(BIN)/retry-scheduler bench --quick --out $(BENCH_OUT)/quick $(BENCH_ARGS)
 
-# Fault injection: kill -9 of the workers at named points, the broker frozen, PostgreSQL restarted, and a
-# bad-input corpus, on a private PostgreSQL and broker; writes bench/out/chaos.json, fails unless nothing
-# was lost (~15 min). CHAOS_SEED=S replays a run; `make test` runs a short version.
+# Fault injection: kill -9 of the workers and of the bulk jobs at named points, the broker frozen,
+# PostgreSQL restarted, and a bad-input corpus, on a private PostgreSQL and broker; writes
+# bench/out/chaos.json, fails unless nothing was lost (~18 min). CHAOS_SEED=S replays a run; `make test` runs a short version.
 .PHONY: chaos
 CHAOS_TRIALS ?= 100
 CHAOS_RECORDS ?= 2500

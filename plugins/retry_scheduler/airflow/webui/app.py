@@ -421,7 +421,7 @@ def hand_to_dag(
         conf["ids"] = ",".join(map(str, conf["ids"]))
     run_id = f"dead_letters_page__{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_{uuid.uuid4().hex[:8]}"
     name = str(user.get_name())
-    wanted = {
+    wanted: dict[str, Any] = {
         "triggered_by": DagRunTriggeredByType.REST_API,
         "run_id": run_id,
         "conf": conf,
@@ -436,10 +436,8 @@ def hand_to_dag(
             "would do it is not in Airflow's database yet: check that its file is in the DAGs folder "
             "and parses (airflow dags list-import-errors)"
         ) from None
-    except Exception as exc:
-        if type(exc).__name__ != "ParamValidationError":
-            raise
-        raise dlq.DlqError(f"the {DAG_ID} DAG refused this filter: {exc}") from None
+    except ValueError as exc:  # the DAG's Params refused the conf (ParamValidationError), or its run type
+        raise dlq.DlqError(f"the {DAG_ID} DAG refused this run: {exc}") from None
     model = DagModel.get_dagmodel(DAG_ID)
     paused = bool(model and model.is_paused)
     root = request.scope.get("root_path", "").removesuffix(PREFIX)
