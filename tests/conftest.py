@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -195,3 +196,17 @@ def bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 def topic_prefix() -> str:
     """A unique prefix so tests sharing the broker never see each other's records."""
     return f"t{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Spark standalone cluster for the session: a master and one worker of 2 cores, JVMs of their own."""
+    from retry_scheduler.dev.spark_cluster import start_cluster
+
+    with start_cluster(tmp_path_factory.mktemp("spark-cluster"), workers=1, cores=2, memory="2g") as cluster:
+        yield cluster
+
+
+#: The Python a cluster's executors run in the tests: the interpreter this virtual environment was
+#: made from, which has none of the jobs' packages (they must come from the submission's archive).
+BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)

@@ -157,3 +157,48 @@ def test_cli_bulk_retry_and_compact(
     assert pq.read_table(airflow_env / "retry_jobs").num_rows == 40
     with psycopg.connect(database_url) as conn:
         assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)
+
+
+@pytest.mark.cluster
+def test_both_dags_run_their_jobs_on_the_cluster_spark_default_names(
+    airflow_db,
+    airflow_env: Path,
+    spark_cluster,
+    database_url: str,
+    bootstrap_servers: str,
+    topic_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    from airflow.utils.state import DagRunState
+
+    from tests.conftest import BASE_PYTHON
+    from tests.spark.test_cluster import completed_apps, executors_of
+
+    host, port = spark_cluster.url.removeprefix("spark://").split(":")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", f"spark://{host}:{port}?deploy-mode=client")
+    monkeypatch.setenv("RETRY_SPARK_EXECUTOR_PYTHON", BASE_PYTHON)  # no packages: they come with the job
+    monkeypatch.setenv("RETRY_DEV_HOME", str(tmp_path / "dev"))
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    before = frozenset(app["id"] for app in spark_cluster.status()["completedapps"])
+    dest = f"{topic_prefix}-payments"
+    create_topics(bootstrap_servers, [dest])
+    with Store(database_url) as store:
+        store.insert_jobs([dead_job(i, dest) for i in range(30)])
+
+    replay = get_dag("retry_bulk_replay").test(run_conf={"destination": dest, "dry_run": False})
+    assert replay.state == DagRunState.SUCCESS
+    assert sorted(s.key for s in consume(bootstrap_servers, [dest], 30)) == sorted(
+        f"k{i}".encode() for i in range(30)
+    )
+    with psycopg.connect(database_url) as conn:
+        conn.execute("UPDATE retry_jobs SET published_at = '2026-11-20 10:00:00+00'")
+    compaction = get_dag("retry_compaction").test(logical_date=datetime(2026, 11, 21, tzinfo=UTC))
+    assert compaction.state == DagRunState.SUCCESS
+    assert pq.read_table(airflow_env / "retry_jobs").num_rows == 30
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)
+
+    apps = completed_apps(spark_cluster, 2, since=before)
+    assert sorted(apps.values()) == ["retry-compaction", "retry_bulk_retry"], apps
+    assert set(apps) <= set(executors_of(spark_cluster))  # executors on the worker, for both

@@ -19,12 +19,16 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
     ``--connection-file PATH`` to the job's arguments and deletes the file when spark-submit is done.
     No password goes into XCom, the rendered arguments, the logged ``spark-submit`` command or any
     process's command line. The driver therefore runs beside the task: ``deploy-mode`` client
-    (Spark's default); a connection asking for ``cluster`` is refused with what to change.
+    (Spark's default); a connection asking for ``cluster`` is refused with what to change. When the
+    connection's master is a cluster, the executors' Python packages go with the submission
+    (:mod:`retry_scheduler.spark.executor_env`).
     """
 
     def execute(self, context: Any) -> None:
         from retry_scheduler.airflow.hook import settings_from_connections
+        from retry_scheduler.core.config import dev_home
         from retry_scheduler.core.connection_file import CONNECTION_FILE_OPTION, connection_file
+        from retry_scheduler.spark.executor_env import cluster_submit
 
         if self._get_hook()._connection["deploy_mode"] == "cluster":
             raise ValueError(
@@ -32,6 +36,10 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
                 "(deploy-mode client), where it reads its connections from a private file; "
                 "remove deploy-mode=cluster from the connection"
             )
+        archives, cluster_conf = cluster_submit(self._get_hook()._connection["master"], dev_home() / "spark")
+        if archives:  # a cluster: its executors get the jobs' Python packages from the submission
+            self._archives = ",".join(filter(None, [self._archives, archives]))
+            self.conf = {**(self.conf or {}), **cluster_conf}
         job_args = list(self.application_args or [])
         with connection_file(settings_from_connections()) as path:
             self.application_args = [*job_args, CONNECTION_FILE_OPTION, str(path)]

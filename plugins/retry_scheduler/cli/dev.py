@@ -1,4 +1,4 @@
-"""Dev tooling commands: ``dev up|postgres|spark-archive`` and ``demo``."""
+"""Dev tooling commands: ``dev up|postgres|spark-archive|spark-cluster`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -93,6 +93,29 @@ def _cmd_dev_spark_archive(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_dev_spark_cluster(args: argparse.Namespace, settings: Settings) -> int:
+    """A Spark standalone cluster in the foreground until Ctrl-C (jobs: --master URL)."""
+    import time
+
+    from retry_scheduler.dev.spark_cluster import start_cluster
+
+    work_dir = dev_home() / "spark-cluster"
+    with start_cluster(
+        work_dir, workers=args.workers, cores=args.cores, memory=args.memory, say=print
+    ) as cluster:
+        print(
+            f"Submit jobs with --master {cluster.url} (or RETRY_SPARK_MASTER={cluster.url}); Ctrl-C stops it",
+            flush=True,
+        )
+        try:
+            while all(proc.poll() is None for _name, proc in cluster.procs):
+                time.sleep(1)
+        except KeyboardInterrupt:
+            return 0
+    print("a Spark process of the cluster exited; logs in " + str(work_dir), file=sys.stderr)
+    return 1
+
+
 def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.dev.demo import run_demo
 
@@ -125,6 +148,17 @@ def add_parsers(sub: Any) -> None:
     )
     spark_archive.add_argument("--force", action="store_true", help="write it again even if it exists")
     spark_archive.set_defaults(func=_cmd_dev_spark_archive)
+    cluster = dev_sub.add_parser(
+        "spark-cluster",
+        help="run a Spark standalone cluster (a master and workers) in the foreground until Ctrl-C",
+        description="Start Spark's standalone master and workers from the installed pyspark, each a JVM "
+        "of its own on 127.0.0.1 (logs and work directories in .dev/spark-cluster/), and print the "
+        "spark:// URL for bulk-retry and compact --master (or the spark_default connection).",
+    )
+    cluster.add_argument("--workers", type=int, default=1, help="workers (1)")
+    cluster.add_argument("--cores", type=int, default=2, help="cores each worker offers (2)")
+    cluster.add_argument("--memory", default="2g", help="memory each worker offers (2g)")
+    cluster.set_defaults(func=_cmd_dev_spark_cluster)
 
     demo = sub.add_parser(
         "demo",

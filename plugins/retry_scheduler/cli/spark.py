@@ -21,7 +21,7 @@ def _cmd_bulk_retry(args: argparse.Namespace, settings: Settings) -> int:
         "dry_run": args.dry_run,
         "mark_batch": args.mark_batch,
     }
-    return run_spark_submit(BULK_RETRY_APP, bulk_retry_args(params), settings)
+    return run_spark_submit(BULK_RETRY_APP, bulk_retry_args(params), settings, master=args.master)
 
 
 def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
@@ -34,7 +34,16 @@ def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
         dry_run=args.dry_run,
         delete_batch=args.delete_batch,
     )
-    return run_spark_submit(COMPACT_APP, job_args, settings)
+    return run_spark_submit(COMPACT_APP, job_args, settings, master=args.master)
+
+
+def _add_master(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--master",
+        metavar="URL",
+        help="where the job runs: local[*] (this machine, the default), spark://HOST:PORT (a standalone "
+        "cluster, client mode), yarn, k8s://...; RETRY_SPARK_MASTER sets the default",
+    )
 
 
 def add_parsers(sub: Any) -> None:
@@ -59,6 +68,7 @@ def add_parsers(sub: Any) -> None:
         help="acknowledged jobs marked published per transaction (10000); after a crash, the jobs of "
         "batches not yet committed are published again by the next run, with the same retry.id",
     )
+    _add_master(bulk)
     bulk.set_defaults(func=_cmd_bulk_retry)
 
     compact = sub.add_parser(
@@ -79,4 +89,5 @@ def add_parsers(sub: Any) -> None:
     compact.add_argument(
         "--delete-batch", type=int, metavar="N", help="archived jobs deleted per transaction (50000)"
     )
+    _add_master(compact)
     compact.set_defaults(func=_cmd_compact)

@@ -25,6 +25,7 @@ from retry_scheduler.core.connection_file import CONNECTION_FILE_OPTION, connect
 from retry_scheduler.core.durations import parse_duration_ms
 from retry_scheduler.core.protocol import TOPIC_NAME
 from retry_scheduler.spark.class_archive import archive_complete, class_archive
+from retry_scheduler.spark.executor_env import cluster_submit
 from retry_scheduler.spark.jdbc import JobArgumentError, jdbc_jars, spark_packages
 
 JOBS_PACKAGE = "retry_scheduler.spark.jobs"
@@ -165,30 +166,42 @@ def compact_args(
     return args
 
 
+def spark_master(master: str | None = None) -> str:
+    """Where jobs run: ``master``, else ``RETRY_SPARK_MASTER``, else ``local[*]`` (this machine)."""
+    return master or os.environ.get("RETRY_SPARK_MASTER") or "local[*]"
+
+
 def run_spark_submit(
     app: Path | str,
     job_args: list[str],
     settings: Settings | None = None,
     conf: dict[str, str] | None = None,
+    master: str | None = None,
 ) -> int:
     """Run a PySpark job with the ``spark-submit`` beside this Python; return its exit status.
 
-    The master is ``RETRY_SPARK_MASTER`` (default ``local[*]``). Given ``settings``, the job reads
+    The master is :func:`spark_master`; on a cluster the executors get their Python packages by
+    ``--archives`` (:mod:`retry_scheduler.spark.executor_env`), the JDBC driver by ``--jars`` (or
+    ``--packages``), and the driver runs here (client mode). Given ``settings``, the job reads
     their database and Kafka from a private connection file (``--connection-file``, see
     :mod:`retry_scheduler.core.connection_file`), so no password is on any command line. The job's progress goes to stderr live; its result, the last JSON object it
     prints, is printed on stdout. ``conf`` replaces the default ``--conf`` of every job
     (:func:`spark_conf`).
     """
     spark_submit = Path(sys.executable).parent / "spark-submit"
+    master = spark_master(master)
+    archives, cluster_conf = cluster_submit(master, dev_home() / "spark")
     cmd = [
         str(spark_submit),
         "--master",
-        os.environ.get("RETRY_SPARK_MASTER", "local[*]"),
+        master,
         "--conf",
         "spark.log.level=WARN",
     ]
-    for key, value in (spark_conf() if conf is None else conf).items():
+    for key, value in {**(spark_conf() if conf is None else conf), **cluster_conf}.items():
         cmd += ["--conf", f"{key}={value}"]
+    if archives:
+        cmd += ["--archives", archives]
     if jars := jdbc_jars():
         cmd += ["--jars", jars]
     if packages := spark_packages():
