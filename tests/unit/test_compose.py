@@ -1,14 +1,19 @@
-"""Static checks of docker-compose.yaml: what an operator relies on when running `docker compose up`.
+"""Static checks of docker-compose.yaml and docker/*.Dockerfile: what an operator relies on when
+running `docker compose build && docker compose up`.
 
-There is no Docker engine in CI, so the file is only parsed; every check here is about wiring that
-would otherwise only break at deploy time (a dangling depends_on, a connection pointing at a host
-that is not a service, an undeclared volume, ...).
+There is no Docker engine here, so the files are only parsed; every check is about wiring that
+would otherwise only break at deploy time: a dangling depends_on, a connection pointing at a host
+that is not a service, an undeclared volume, Spark or Python versions that differ between the
+driver and the executors, a setting the service reads that nobody sets, a volume its writer
+cannot write.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path, PurePosixPath
+import re
+import tomllib
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,17 +22,21 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yaml"
-PROJECT_MOUNT = "/opt/retry-scheduler"
+AIRFLOW_DOCKERFILE = "docker/airflow.Dockerfile"
+SPARK_DOCKERFILE = "docker/spark.Dockerfile"
+DAGS_MOUNT = "/opt/airflow/dags"
+ARCHIVE_MOUNT = "/opt/retry-archive"
 
 AIRFLOW_SERVICES = (
     "airflow-init",
     "airflow-apiserver",
     "airflow-scheduler",
     "airflow-dag-processor",
+    "airflow-worker",
     "airflow-triggerer",
 )
 LONG_RUNNING_AIRFLOW_SERVICES = tuple(name for name in AIRFLOW_SERVICES if name != "airflow-init")
-EXPECTED_SERVICES = {"kafka", "postgres", "spark-master", "spark-worker", *AIRFLOW_SERVICES}
+EXPECTED_SERVICES = {"kafka", "postgres", "redis", "spark-master", "spark-worker", *AIRFLOW_SERVICES}
 CONNECTION_VARS = ("AIRFLOW_CONN_RETRY_POSTGRES", "AIRFLOW_CONN_RETRY_KAFKA", "AIRFLOW_CONN_SPARK_DEFAULT")
 
 
@@ -219,27 +228,28 @@ def test_postgres_creates_both_databases(compose: dict[str, Any]) -> None:
 # --- Airflow ----------------------------------------------------------------------------------------------
 
 
-def test_airflow_services_share_image_and_mount_the_project(services: dict[str, dict[str, Any]]) -> None:
+def test_airflow_services_share_the_image_built_here_and_mount_the_dags(
+    services: dict[str, dict[str, Any]],
+) -> None:
     images = {services[name].get("image") for name in AIRFLOW_SERVICES}
     assert len(images) == 1, f"Airflow services run different images: {images}"
-    assert str(images.pop()).startswith("apache/airflow:3.")
     for name in AIRFLOW_SERVICES:
-        assert (".", PROJECT_MOUNT, False) in mounts_of(services[name]), f"{name} does not mount the project"
+        build = services[name].get("build") or {}
+        assert build.get("dockerfile") == AIRFLOW_DOCKERFILE and build.get("context") == ".", name
+        assert ("./dags", DAGS_MOUNT, True) in mounts_of(services[name]), f"{name} does not mount ./dags ro"
+        assert "_PIP_ADDITIONAL_REQUIREMENTS" not in env_of(services[name]), "the image has the project"
 
 
 @pytest.mark.parametrize("name", AIRFLOW_SERVICES)
-def test_airflow_service_finds_dags_and_plugins(services: dict[str, dict[str, Any]], name: str) -> None:
+def test_airflow_service_finds_dags_and_runs_celery(services: dict[str, dict[str, Any]], name: str) -> None:
     env = env_of(services[name])
-    path = PurePosixPath(env.get("AIRFLOW__CORE__DAGS_FOLDER", ""))
-    assert path == PurePosixPath(PROJECT_MOUNT) / "dags", f"{name}: AIRFLOW__CORE__DAGS_FOLDER={path}"
-    # The mount maps the checkout onto PROJECT_MOUNT, so the folder must exist here too.
-    assert (REPO_ROOT / path.relative_to(PROJECT_MOUNT)).is_dir()
-    # The plugin comes from the installed package's entry point; a plugins folder inside the mounted
-    # checkout would make Airflow import every module of the package as a plugin file.
-    plugins = PurePosixPath(env.get("AIRFLOW__CORE__PLUGINS_FOLDER", "/opt/airflow/plugins"))
-    assert not plugins.is_relative_to(PROJECT_MOUNT), f"{name}: AIRFLOW__CORE__PLUGINS_FOLDER={plugins}"
-    assert "[airflow]" in env.get("_PIP_ADDITIONAL_REQUIREMENTS", ""), f"{name} does not install the package"
-    assert env.get("AIRFLOW__CORE__EXECUTOR") == "LocalExecutor"
+    assert env.get("AIRFLOW__CORE__DAGS_FOLDER") == DAGS_MOUNT
+    assert (REPO_ROOT / "dags" / "retry_scheduler_dag.py").is_file()
+    # The plugin comes from the installed wheel's entry point: no plugins folder is mounted.
+    assert not any(target.startswith("/opt/airflow/plugins") for _s, target, _ro in mounts_of(services[name]))
+    assert env.get("AIRFLOW__CORE__EXECUTOR") == "CeleryExecutor"
+    assert urlsplit(env["AIRFLOW__CELERY__BROKER_URL"]).hostname == "redis"
+    assert "postgres:5432/airflow" in env["AIRFLOW__CELERY__RESULT_BACKEND"]
 
 
 @pytest.mark.parametrize("name", AIRFLOW_SERVICES)
@@ -282,6 +292,7 @@ def test_airflow_service_waits_for_its_dependencies(services: dict[str, dict[str
     deps = depends_on_of(services[name])
     assert deps.get("postgres") == "service_healthy"
     assert deps.get("kafka") == "service_healthy"
+    assert deps.get("redis") == "service_healthy"
     assert deps.get("airflow-init") == "service_completed_successfully"
 
 
@@ -290,6 +301,16 @@ def test_airflow_init_migrates_both_databases_once(services: dict[str, dict[str,
     command = command_text(init)
     assert "airflow db migrate" in command
     assert "retry-scheduler db migrate" in command
+    # The always-on DAGs exist (reserialized from the mounted folder) and are unpaused before the
+    # scheduler starts; the manual and daily ones stay paused.
+    steps = [step.strip() for step in command.split("&&")]
+    assert steps.index("airflow dags reserialize") < steps.index("airflow dags unpause retry_scheduler")
+    assert {"airflow dags unpause retry_scheduler", "airflow dags unpause retry_monitor"} <= set(steps)
+    assert not [
+        step
+        for step in steps
+        if "unpause" in step and "retry_scheduler" not in step and "retry_monitor" not in step
+    ]
     # service_completed_successfully never fires for a container that is restarted forever.
     assert str(init.get("restart", "no")) == "no"
 
@@ -306,12 +327,202 @@ def test_api_server_publishes_8080(services: dict[str, dict[str, Any]]) -> None:
 
 def test_spark_cluster_matches_spark_default(services: dict[str, dict[str, Any]]) -> None:
     master, worker = services["spark-master"], services["spark-worker"]
-    assert str(master.get("image", "")).startswith("apache/spark:")
+    for service in (master, worker):
+        assert (service.get("build") or {}).get("dockerfile") == SPARK_DOCKERFILE
     assert master.get("image") == worker.get("image")
     assert "org.apache.spark.deploy.master.Master" in command_text(master)
     worker_command = command_text(worker)
     assert "org.apache.spark.deploy.worker.Worker" in worker_command
-    spark_default = env_of(services["airflow-scheduler"])["AIRFLOW_CONN_SPARK_DEFAULT"]
-    assert spark_default in worker_command.split()
-    for name in ("spark-master", "spark-worker"):
-        assert (".", PROJECT_MOUNT, True) in mounts_of(services[name]), f"{name} must mount the project ro"
+    spark_default = urlsplit(env_of(services["airflow-worker"])["AIRFLOW_CONN_SPARK_DEFAULT"])
+    assert f"spark://{spark_default.hostname}:{spark_default.port}" in worker_command.split()
+    assert "deploy-mode=client" in spark_default.query  # the driver reads its connection file beside the task
+
+
+# --- the images ---------------------------------------------------------------------------------------------
+
+
+def dockerfile(path: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
+    text = (REPO_ROOT / path).read_text(encoding="utf-8")
+    lines: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        lines.append(pending + stripped)
+        pending = ""
+    assert not pending, f"{path} ends inside a continued line"
+    known = {"FROM", "ARG", "RUN", "COPY", "ENV", "USER", "WORKDIR", "ENTRYPOINT", "CMD", "LABEL", "EXPOSE"}
+    parsed = []
+    for line in lines:
+        instruction, _, args = line.partition(" ")
+        assert instruction.upper() in known, f"{path}: unknown instruction {instruction!r}"
+        parsed.append((instruction.upper(), args.strip()))
+    return parsed
+
+
+def build_args(path: str) -> dict[str, str]:
+    """The ARG defaults of a Dockerfile (what `docker compose build` uses unless told otherwise)."""
+    defaults: dict[str, str] = {}
+    for instruction, args in dockerfile(path):
+        if instruction == "ARG" and "=" in args:
+            name, _, value = args.partition("=")
+            defaults.setdefault(name, value)
+    return defaults
+
+
+def base_images(path: str) -> list[str]:
+    """The FROM images of each stage, with the ARG defaults filled in."""
+    args = build_args(path)
+    images = []
+    for instruction, text in dockerfile(path):
+        if instruction == "FROM":
+            image = text.split()[0]
+            images.append(re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image))
+    return images
+
+
+def pinned(name: str) -> str:
+    """The version the project pins for ``name`` (``==``) in its extras."""
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    for extra in project["optional-dependencies"].values():
+        for requirement in extra:
+            if requirement.startswith(f"{name}=="):
+                return str(requirement.split("==", 1)[1])
+    raise AssertionError(f"{name} is not pinned in pyproject.toml")
+
+
+@pytest.mark.parametrize("path", [AIRFLOW_DOCKERFILE, SPARK_DOCKERFILE])
+def test_the_dockerfiles_parse_and_install_the_project_s_wheel(path: str) -> None:
+    steps = dockerfile(path)
+    assert steps[0][0] in ("ARG", "FROM") and any(i == "FROM" for i, _ in steps)
+    runs = " ".join(args for i, args in steps if i == "RUN")
+    assert "pip wheel --no-deps" in runs and "kafka_retry_scheduler-*.whl)[" in runs
+    assert "default-jre-headless" in runs, f"{path}: Spark needs a Java runtime"
+    for instruction, args in steps:
+        if instruction == "COPY" and not args.startswith("--from"):
+            for source in args.replace("--chown=airflow:0", "").split()[:-1]:
+                assert (REPO_ROOT / source).exists(), (
+                    f"{path} copies {source}, which is not in the repository"
+                )
+
+
+def test_spark_is_the_same_version_on_the_driver_and_the_executors() -> None:
+    pyspark = pinned("pyspark")
+    assert build_args(SPARK_DOCKERFILE)["SPARK_VERSION"] == pyspark
+    spark_runs = " ".join(args for i, args in dockerfile(SPARK_DOCKERFILE) if i == "RUN")
+    assert '"pyspark==${SPARK_VERSION}"' in spark_runs and "[service,spark]" in spark_runs
+    # The Airflow image gets pyspark through the wheel's spark extra, pinned to the same release.
+    airflow_runs = " ".join(args for i, args in dockerfile(AIRFLOW_DOCKERFILE) if i == "RUN")
+    assert "[airflow,spark]" in airflow_runs
+    assert pinned("pyspark-client") == pyspark
+
+
+def test_the_driver_and_the_executors_run_the_same_python_minor_version(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    airflow_base = base_images(AIRFLOW_DOCKERFILE)[-1]
+    spark_base = base_images(SPARK_DOCKERFILE)[-1]
+    driver = re.search(r"-python(3\.\d+)$", airflow_base)
+    executors = re.match(r"python:(3\.\d+)-", spark_base)
+    assert driver and executors, (airflow_base, spark_base)
+    assert driver.group(1) == executors.group(1)
+    # The executors' Python workers are started with exactly that interpreter.
+    assert env_of(services["airflow-worker"])["RETRY_SPARK_EXECUTOR_PYTHON"] == f"python{executors.group(1)}"
+    requires = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires == ">=3.11" and tuple(map(int, driver.group(1).split("."))) >= (3, 11)
+
+
+#: Settings the service reads that the stack leaves at their defaults, and why the default is right.
+DEFAULTS_ARE_RIGHT = {
+    "RETRY_CONSUMER_GROUP": "one service per Kafka cluster: the default group is its own",
+    "RETRY_TOPIC": "the contract's retry topic",
+    "RETRY_DELAY_TOPICS": "none: delays come from retry.at and the policies",
+    "RETRY_DELIVERY_TIMEOUT_MS": "tuned default",
+    "RETRY_DESTINATION_ALLOWLIST": "destinations are declared in dags/retry_policies.py",
+    "RETRY_INGEST_BATCH": "tuned default",
+    "RETRY_INGEST_WORKERS": "tuned default",
+    "RETRY_KAFKA_CONFIG": "plaintext Kafka inside the stack; the Airflow connection's extra for the tasks",
+    "RETRY_LEASE_MS": "tuned default",
+    "RETRY_LOOP_GRACE_MS": "tuned default",
+    "RETRY_MAX_CLOCK_SKEW_MS": "tuned default",
+    "RETRY_MAX_HEADER_NAME_CHARS": "protocol limit",
+    "RETRY_MAX_RECORD_BYTES": "the broker's default message.max.bytes",
+    "RETRY_MAX_RETRY_AHEAD_MS": "tuned default",
+    "RETRY_POLICIES": "retry_policies.py in the DAGs folder",
+    "RETRY_POLL_INTERVAL_MS": "tuned default",
+    "RETRY_PUBLISH_BATCH": "tuned default",
+    "RETRY_PUBLISH_WORKERS": "tuned default",
+    "RETRY_STATEMENT_TIMEOUT_MS": "five minutes",
+    "RETRY_TOPIC_REPLICATION_FACTOR": "the broker's default",
+    "RETRY_WEB_POOL_SIZE": "tuned default",
+    "RETRY_SPARK_JARS": "the image's /usr/share/java/postgresql.jar (libpostgresql-jdbc-java)",
+    "RETRY_SPARK_PACKAGES": "the JDBC jar is in the image: nothing to download",
+    "RETRY_SPARK_CLASS_ARCHIVE": "none is written in the image: jobs start without it",
+    "RETRY_SPARK_EXECUTOR_ARCHIVE": "packed on the first submission into RETRY_DEV_HOME",
+}
+#: Read only by the dev tooling and the chaos harness, never by a deployed service.
+DEV_ONLY = {"RETRY_DEV_API_HOST", "RETRY_FAULT"}
+
+
+def settings_read_by_the_service() -> set[str]:
+    """Every ``RETRY_*`` / ``KAFKA_*`` variable named in the package's code."""
+    names: set[str] = set()
+    for path in (REPO_ROOT / "plugins" / "retry_scheduler").rglob("*.py"):
+        names |= set(re.findall(r"\"((?:RETRY|KAFKA)_[A-Z0-9_]+)\"", path.read_text(encoding="utf-8")))
+    return names
+
+
+def test_every_setting_the_service_reads_is_set_or_its_default_is_right_here(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    read = settings_read_by_the_service()
+    assert {
+        "RETRY_DATABASE_URL",
+        "RETRY_ARCHIVE_URI",
+        "RETRY_SPARK_EXECUTOR_PYTHON",
+    } <= read  # the scan works
+    env = env_of(services["airflow-worker"])
+    unset = sorted(read - set(env) - set(DEFAULTS_ARE_RIGHT) - DEV_ONLY)
+    assert unset == [], f"set these in docker-compose.yaml or say why the default is right: {unset}"
+    assert sorted(set(DEFAULTS_ARE_RIGHT) - read) == [], "settings the code no longer reads"
+    for name in AIRFLOW_SERVICES:  # every Airflow container has the same settings as the worker
+        assert set(env) - {"DUMB_INIT_SETSID"} <= set(env_of(services[name])), f"{name} misses settings"
+
+
+def test_every_volume_a_service_writes_is_writable_by_it(services: dict[str, dict[str, Any]]) -> None:
+    """Named volumes written by our images: the writers share one uid, and the images own the mount point."""
+    writers: dict[str, set[str]] = {}
+    for name, service in services.items():
+        if "build" not in service:
+            continue  # kafka, postgres, redis: their images own their data directories
+        for source, _target, read_only in mounts_of(service):
+            if is_named_volume(source) and not read_only:
+                writers.setdefault(source, set()).add(name)
+                user = str(service.get("user", ""))
+                assert user == "${AIRFLOW_UID:-50000}:0", f"{name} writes {source} as {user!r}"
+    assert writers["retry-archive"] >= {"airflow-worker", "spark-worker"}
+    # A new named volume takes the ownership of the image's mount point: both images create it for
+    # uid 50000, group 0 writable (an AIRFLOW_UID other than 50000 writes through group 0).
+    for path in (AIRFLOW_DOCKERFILE, SPARK_DOCKERFILE):
+        runs = " ".join(args for i, args in dockerfile(path) if i == "RUN")
+        assert ARCHIVE_MOUNT in runs and "chmod -R g+rwX" in runs, path
+    archive = urlsplit(env_of(services["airflow-worker"])["RETRY_ARCHIVE_URI"])
+    assert (archive.scheme, archive.path) == ("file", ARCHIVE_MOUNT)
+    for name in ("airflow-worker", "spark-worker"):
+        assert ("retry-archive", ARCHIVE_MOUNT, False) in mounts_of(services[name])
+
+
+def test_the_ui_login_is_created_from_the_env_file(services: dict[str, dict[str, Any]]) -> None:
+    env = env_of(services["airflow-init"])
+    assert env["_AIRFLOW_WWW_USER_CREATE"] == "true"
+    assert env["_AIRFLOW_WWW_USER_PASSWORD"].startswith(
+        "${_AIRFLOW_WWW_USER_PASSWORD:?"
+    )  # no default password
+    assert "FabAuthManager" in env["AIRFLOW__CORE__AUTH_MANAGER"]
+    header = COMPOSE_FILE.read_text().split("name:", 1)[0]
+    assert "_AIRFLOW_WWW_USER_PASSWORD" in header and "AIRFLOW_JWT_SECRET" in header
