@@ -280,16 +280,24 @@ def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
                 assert selection.low is not None and selection.high is not None
                 bounds = (selection.low, selection.high)
 
-                staged_by = None if args.dry_run else run_id
+                # The run archives exactly what it staged: the staged ids are read once and joined in
+                # Spark (broadcast to every task while they are few), so PostgreSQL only scans id
+                # ranges of retry_jobs instead of probing the staging table for every row.
+                kept, staged = (
+                    (None, None) if args.dry_run else staged_ids(spark, jdbc, conn, run_id, selection.count)
+                )
 
                 def read() -> DataFrame:
-                    return with_partition_columns(
-                        read_selection(
-                            spark, jdbc, conn, window, bounds, args.partitions, fetchsize, staged_by
-                        )
-                    )
+                    rows = read_selection(spark, jdbc, conn, window, bounds, args.partitions, fetchsize)
+                    if staged is not None:
+                        rows = rows.join(staged, on="id", how="left_semi")
+                    return with_partition_columns(rows)
 
-                _archive_and_delete(spark, conn, jdbc, args, run_id, window, root, read, report)
+                try:
+                    _archive_and_delete(spark, conn, args, run_id, window, root, read, staged, report)
+                finally:
+                    if kept is not None:
+                        kept.unpersist()
         finally:
             if not args.dry_run:
                 clear_staging(conn, run_id)
@@ -316,17 +324,17 @@ def _describe(report: dict[str, Any]) -> str:
 def _archive_and_delete(
     spark: SparkSession,
     conn: psycopg.Connection[Any],
-    jdbc: JdbcTarget,
     args: argparse.Namespace,
     run_id: str,
     window: Window,
     root: str,
     read: Callable[[], DataFrame],
+    staged: DataFrame | None,
     report: dict[str, Any],
 ) -> None:
     """Archive, verify and delete the staged selection; ``read()`` reads it afresh over JDBC.
 
-    ``read()`` returns the jobs this run staged that are still selected. The archive is written from
+    ``read()`` returns the jobs this run staged (``staged``, None on a dry run) that are still selected. The archive is written from
     one read of every column (no copy of the rows is kept in Spark), synced, and the files written
     are read back and checked against the staging (:func:`check_written`); then every job still
     selected must be found in the archive by id. What is deleted is what was staged, is still
@@ -359,7 +367,8 @@ def _archive_and_delete(
     report["files_synced"] = sync_archive(root, days)  # durable before it is verified and relied on
     lap("sync_archive")
     written = sorted(archive_files(spark, root, days) - before)
-    report["files"] = check_written(spark, jdbc, conn, run_id, written, existing, root)
+    assert staged is not None  # only a dry run has no staging, and it returned before the write
+    report["files"] = check_written(spark, staged, written, existing, root)
     lap("check_files")
     # Fresh reads: the jobs still selected, and the archive (a DataFrame's file listing is fixed when
     # it is created).
@@ -395,11 +404,25 @@ def _archive_and_delete(
         )
 
 
+#: Up to this many staged ids are broadcast to the tasks (about 16 bytes each in the hash table);
+#: a larger selection is joined by shuffling the ids instead.
+BROADCAST_STAGED_IDS = 2_000_000
+
+
+def staged_ids(
+    spark: SparkSession, jdbc: JdbcTarget, conn: psycopg.Connection[Any], run_id: str, count: int
+) -> tuple[DataFrame, DataFrame]:
+    """The ids the run staged, read once and kept (for the write, the verification and the file check).
+
+    Returns the kept frame (to unpersist) and the one to join with (broadcast while they are few).
+    """
+    ids = read_staged_ids(spark, jdbc, conn, run_id).persist(StorageLevel.MEMORY_AND_DISK)
+    return ids, (F.broadcast(ids) if count <= BROADCAST_STAGED_IDS else ids)
+
+
 def check_written(
     spark: SparkSession,
-    jdbc: JdbcTarget,
-    conn: psycopg.Connection[Any],
-    run_id: str,
+    staged: DataFrame,
     written: Sequence[str],
     existing: DataFrame | None,
     root: str,
@@ -414,7 +437,7 @@ def check_written(
         return []
     digests, ids = file_digests(spark, written)
     rows = sum(d["rows"] for d in digests)
-    stray = ids.join(read_staged_ids(spark, jdbc, conn, run_id), on="id", how="left_anti").count()
+    stray = ids.join(staged, on="id", how="left_anti").count()
     twice = rows - ids.distinct().count()
     if existing is not None:
         twice += ids.join(existing, on="id", how="left_semi").count()

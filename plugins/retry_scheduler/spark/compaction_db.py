@@ -156,22 +156,14 @@ def read_selection(
     bounds: tuple[int, int],
     partitions: int,
     fetchsize: int,
-    run_id: str | None = None,
 ) -> DataFrame:
-    """The selected jobs, read over JDBC in ``partitions`` id ranges, ``fetchsize`` rows per round trip.
-
-    With ``run_id``, only the jobs that run staged (and that are still selected): a job that joined
-    the selection after the staging is left for the next run, which stages it.
-    """
+    """The selected jobs, read over JDBC in ``partitions`` id ranges, ``fetchsize`` rows per round trip."""
     columns = sql.SQL(", ").join(
         sql.SQL("status::text AS status") if c == "status" else sql.Identifier(c) for c in COLUMNS
     )
-    where = window.predicate()
-    if run_id is not None:
-        where = sql.SQL("({}) AND id IN (SELECT id FROM {} WHERE run_id = {})").format(
-            where, sql.Identifier(STAGING_TABLE), sql.Literal(run_id)
-        )
-    table = sql.SQL("(SELECT {} FROM retry_jobs WHERE {}) AS compaction_selection").format(columns, where)
+    table = sql.SQL("(SELECT {} FROM retry_jobs WHERE {}) AS compaction_selection").format(
+        columns, window.predicate()
+    )
     return (
         spark.read.format("jdbc")
         .options(**jdbc.options())
