@@ -62,11 +62,13 @@ test: lint postgres spark-deps browser-deps
 test-unit: venv
 	$(BIN)/python -m pytest -q tests/unit
 
+# EXECUTOR=celery runs the tasks on a Celery worker with Redis (started when none answers).
+EXECUTOR ?= local
 up: venv spark-deps
-	$(BIN)/retry-scheduler dev up
+	$(BIN)/retry-scheduler dev up --executor $(EXECUTOR)
 
 demo: venv
-	$(BIN)/retry-scheduler demo
+	$(BIN)/retry-scheduler demo --executor $(EXECUTOR)
 
 # The report (report.json, report.md, PNG plots) goes to $(BENCH_OUT); every figure is measured with its
 # baseline in the same run, on a throwaway database (retry_bench) and an embedded broker on a free port.

@@ -9,6 +9,8 @@ from typing import Any
 
 from retry_scheduler.core.config import Settings, dev_home
 
+#: ``dev up --executor``: DevStack.EXECUTORS (the stack module is not imported for --help).
+EXECUTORS = ("local", "celery")
 #: DAGs that run all the time; ``dev up`` unpauses them (Airflow creates every DAG paused).
 ALWAYS_ON_DAGS = ("retry_scheduler", "retry_monitor")
 
@@ -17,7 +19,7 @@ def _cmd_dev_up(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.dev.airflow_api import api_token, unpause_dag
     from retry_scheduler.dev.stack import DevStack
 
-    with DevStack(settings) as stack:
+    with DevStack(settings, executor=args.executor, celery_workers=args.celery_workers) as stack:
         if not args.paused:
             token = api_token(stack.base_url)
             for dag_id in ALWAYS_ON_DAGS:
@@ -119,7 +121,7 @@ def _cmd_dev_spark_cluster(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.dev.demo import run_demo
 
-    return run_demo(settings, records=args.records, timeout_s=args.timeout)
+    return run_demo(settings, records=args.records, timeout_s=args.timeout, executor=args.executor)
 
 
 def add_parsers(sub: Any) -> None:
@@ -135,6 +137,14 @@ def add_parsers(sub: Any) -> None:
         "retry_monitor DAGs, until Ctrl-C.",
     )
     up.add_argument("--paused", action="store_true", help="leave every DAG paused (Airflow's default)")
+    up.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="local",
+        help="where tasks run: the scheduler's LocalExecutor (default), or Celery workers with Redis as "
+        "the broker (RETRY_DEV_REDIS_URL, default redis://127.0.0.1:6379/0, started here if none answers)",
+    )
+    up.add_argument("--celery-workers", type=int, default=1, metavar="N", help="Celery workers (1)")
     up.set_defaults(func=_cmd_dev_up)
     dev_sub.add_parser(
         "postgres", help="make sure PostgreSQL answers at RETRY_DATABASE_URL (start one if not)"
@@ -168,4 +178,7 @@ def add_parsers(sub: Any) -> None:
     )
     demo.add_argument("--records", type=int, default=200, help="records in the workload (default 200)")
     demo.add_argument("--timeout", type=float, default=600, help="seconds to wait for the outcome")
+    demo.add_argument(
+        "--executor", choices=EXECUTORS, default="local", help="where the DAG's tasks run (local, or celery)"
+    )
     demo.set_defaults(func=_cmd_demo)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from retry_scheduler.core.config import Settings, dev_home
+from retry_scheduler.db.connection import redact_url
 from retry_scheduler.dev.postgres import ensure_database, ensure_postgres, libpq_url, with_database
 from retry_scheduler.dev.procs import (
     LOCAL_HOSTS,
@@ -180,6 +181,22 @@ def airflow_env(
     return env
 
 
+def celery_env(env: dict[str, str], broker_url: str) -> dict[str, str]:
+    """Airflow settings that run tasks on Celery workers, with ``broker_url`` (Redis) as the broker.
+
+    Task states go back through Airflow's metadata database (Celery's database result backend), so
+    nothing but the queue lives in Redis.
+    """
+    metadata = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    return {
+        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+        "AIRFLOW__CELERY__BROKER_URL": broker_url,
+        "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{metadata}",
+        # Up to three retry_scheduler runs overlap, two loops each, beside the other DAGs' tasks.
+        "AIRFLOW__CELERY__WORKER_CONCURRENCY": "8",
+    }
+
+
 def airflow_bin() -> str:
     beside = Path(sys.executable).parent / "airflow"
     return str(beside) if beside.exists() else shutil.which("airflow") or "airflow"
@@ -200,6 +217,7 @@ class DevStack:
     """Broker, PostgreSQL and the Airflow processes of ``make up``, started and stopped together."""
 
     AIRFLOW_COMMANDS = ("api-server", "scheduler", "dag-processor", "triggerer")
+    EXECUTORS = ("local", "celery")
 
     def __init__(
         self,
@@ -211,7 +229,19 @@ class DevStack:
         airflow_home: Path | None = None,
         health_timeout: float = 180.0,
         say: Say = print,
+        executor: str = "local",
+        redis_url: str | None = None,
+        celery_workers: int = 1,
     ) -> None:
+        """``executor`` ``celery`` runs tasks on ``celery_workers`` Celery workers (``airflow celery
+        worker``) with Redis at ``redis_url`` as the broker (:func:`retry_scheduler.dev.redis.redis_url`
+        by default; started here when none answers) instead of the scheduler's LocalExecutor."""
+        if executor not in self.EXECUTORS:
+            raise DevStackError(f"executor {executor!r} must be one of {', '.join(self.EXECUTORS)}")
+        from retry_scheduler.dev.redis import redis_url as default_redis_url
+
+        self.executor, self.celery_workers = executor, celery_workers
+        self.redis_url = redis_url or default_redis_url()
         self.settings = settings or Settings.from_env()
         self.dags_folder = (dags_folder or Path("dags")).resolve()
         self.api_port, self.metadata_db = api_port, metadata_db
@@ -259,6 +289,11 @@ class DevStack:
         self.env = airflow_env(
             self.settings, self.airflow_home, self.dags_folder, self.api_port, metadata_db=self.metadata_db
         )
+        if self.executor == "celery":
+            from retry_scheduler.dev.redis import ensure_redis
+
+            self._adopt("redis", ensure_redis(self.redis_url, self.log_dir / "redis.log", self.say))
+            self.env.update(celery_env(self.env, self.redis_url))
         ensure_database(self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], self.say)
         from retry_scheduler.db.schema import migrate
 
@@ -270,9 +305,21 @@ class DevStack:
         for name in self.AIRFLOW_COMMANDS:
             args = [name, "--port", str(self.api_port)] if name == "api-server" else [name]
             self._adopt(name, spawn([airflow_bin(), *args], self.log_dir / f"{name}.log", env=self.env))
+        if self.executor == "celery":
+            for index in range(self.celery_workers):
+                name = f"celery-worker-{index}"
+                args = ["celery", "worker", "--celery-hostname", f"{name}@%h"]
+                if index:  # one log server per host port: the others' task logs are read from the database
+                    args.append("--skip-serve-logs")
+                self._adopt(name, spawn([airflow_bin(), *args], self.log_dir / f"{name}.log", env=self.env))
         self._wait_healthy(began, spawned)
         self.say(
             f"Airflow is up after {time.monotonic() - began:.0f} s: {self.base_url} (login admin / admin)"
+            + (
+                f", tasks on {self.celery_workers} Celery worker(s) through {redact_url(self.redis_url)}"
+                if self.executor == "celery"
+                else ""
+            )
         )
         self.say(f"Logs are in {self.log_dir}")
 
