@@ -112,3 +112,14 @@ def test_airflow_s_own_commands_parse_every_dag_file_in_a_fresh_process(airflow_
         "dlq_replay",
         "retry_monitor",
     } <= listed
+
+
+def test_publish_is_mapped_into_as_many_tasks_as_retry_publish_tasks_says(monkeypatch) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("RETRY_PUBLISH_TASKS", "3")
+    dag = DagBag(dag_folder=str(ROOT / "dags" / "retry_scheduler_dag.py")).get_dag("retry_scheduler")
+    publish = dag.get_task("publish")
+    assert type(publish).__name__.endswith("MappedOperator")
+    assert publish.op_kwargs_expand_input.value == {"shard": [0, 1, 2]}
+    assert not type(dag.get_task("ingest")).__name__.endswith("MappedOperator")  # one ingest owns the topics

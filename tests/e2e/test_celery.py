@@ -53,8 +53,10 @@ def send_steadily(bootstrap: str, retry_topic: str, destination: str) -> dict[by
 
 
 def test_retries_come_back_never_early_from_loops_on_a_celery_worker(
-    database_url: str, tmp_path: Path
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Two publish tasks per run, side by side on the worker: they share the due jobs (SKIP LOCKED).
+    monkeypatch.setenv("RETRY_PUBLISH_TASKS", "2")
     settings = Settings(database_url=database_url, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
     settings = settings.with_overrides(create_topics=True)
     redis_port = free_port()
@@ -91,25 +93,27 @@ def test_retries_come_back_never_early_from_loops_on_a_celery_worker(
         while True:  # the runs the workload spanned finish as their successors relieve them
             with psycopg.connect(_db_url(stack.metadata_db)) as conn:
                 rows = conn.execute(
-                    "SELECT run_id, task_id, external_executor_id FROM task_instance"
+                    "SELECT run_id, task_id, map_index, external_executor_id FROM task_instance"
                     " WHERE dag_id = 'retry_scheduler' AND state = 'success'"
                 ).fetchall()
-            by_run: dict[str, set[str]] = defaultdict(set)
-            for run_id, task_id, _executor_id in rows:
-                by_run[run_id].add(task_id)
-            complete = [run for run, tasks in by_run.items() if tasks >= {"ingest", "publish"}]
+            by_run: dict[str, set[tuple[str, int]]] = defaultdict(set)
+            for run_id, task_id, map_index, _executor_id in rows:
+                by_run[run_id].add((task_id, map_index))
+            loops = {("ingest", -1), ("publish", 0), ("publish", 1)}
+            complete = [run for run, tasks in by_run.items() if tasks >= loops]
             if len(complete) >= 2 or time.monotonic() > deadline:
                 break
             time.sleep(2)
         worker_log = (stack.log_dir / "celery-worker-0.log").read_text(errors="replace")
     assert not port_open("127.0.0.1", redis_port), "the stack's Redis outlived the stack"
 
-    # Every record came back once, and none before its retry.at.
+    # Every record came back once (two publish tasks at a time, never the same job twice), none early.
     assert sorted(s.key for s in seen if s.key) == sorted(due)
     early = [(s.key, s.timestamp_ms - due[s.key]) for s in seen if s.key and s.timestamp_ms < due[s.key]]
     assert early == []
     # The loops ran as Celery tasks (Celery's task id is the executor's id of each task instance), and
-    # at least two runs' loops finished, each relieved by the next: the handover worked on the worker.
-    assert rows and all(executor_id for _run, _task, executor_id in rows), rows
+    # at least two runs' loops (ingest and both publish tasks) finished, each relieved by the next:
+    # the handover worked on the worker.
+    assert rows and all(executor_id for *_ids, executor_id in rows), rows
     assert len(complete) >= 2, dict(by_run)
     assert "retry_scheduler" in worker_log, worker_log[-3000:]

@@ -457,6 +457,7 @@ DEFAULTS_ARE_RIGHT = {
     "RETRY_POLL_INTERVAL_MS": "tuned default",
     "RETRY_PUBLISH_BATCH": "tuned default",
     "RETRY_PUBLISH_WORKERS": "tuned default",
+    "RETRY_PUBLISH_TASKS": "one Celery worker: one publish task per run (raise both together)",
     "RETRY_STATEMENT_TIMEOUT_MS": "five minutes",
     "RETRY_TOPIC_REPLICATION_FACTOR": "the broker's default",
     "RETRY_WEB_POOL_SIZE": "tuned default",
@@ -466,7 +467,7 @@ DEFAULTS_ARE_RIGHT = {
     "RETRY_SPARK_EXECUTOR_ARCHIVE": "packed on the first submission into RETRY_DEV_HOME",
 }
 #: Read only by the dev tooling and the chaos harness, never by a deployed service.
-DEV_ONLY = {"RETRY_DEV_API_HOST", "RETRY_FAULT"}
+DEV_ONLY = {"RETRY_DEV_API_HOST", "RETRY_DEV_REDIS_URL", "RETRY_FAULT"}
 
 
 def settings_read_by_the_service() -> set[str]:

@@ -38,3 +38,17 @@ def test_the_stack_s_tasks_allow_the_destinations_its_settings_allow(
     assert airflow_env(given, tmp_path, tmp_path / "dags")["RETRY_DESTINATION_ALLOWLIST"] == r"bench\..*"
     plain = airflow_env(Settings(), tmp_path, tmp_path / "dags")
     assert plain["RETRY_DESTINATION_ALLOWLIST"] == "from-the-environment"
+
+
+def test_a_celery_stack_queues_in_redis_and_keeps_task_states_in_airflow_s_database(tmp_path: Path) -> None:
+    from retry_scheduler.cli.dev import EXECUTORS
+    from retry_scheduler.dev.stack import DevStack, celery_env
+
+    env = airflow_env(Settings(), tmp_path / "airflow", Path("dags"), 8080)
+    celery = celery_env(env, "redis://127.0.0.1:6390/2")
+    assert celery["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert celery["AIRFLOW__CELERY__BROKER_URL"] == "redis://127.0.0.1:6390/2"
+    assert celery["AIRFLOW__CELERY__RESULT_BACKEND"] == "db+" + env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert EXECUTORS == DevStack.EXECUTORS  # the CLI's choices, kept apart so --help stays fast
+    with pytest.raises(Exception, match="executor 'kubernetes' must be one of local, celery"):
+        DevStack(Settings(), executor="kubernetes")

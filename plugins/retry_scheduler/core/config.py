@@ -162,6 +162,9 @@ class Settings:
     publish_batch: int = 2000
     #: Publishers working side by side in the publish task, each with its own connection and producer.
     publish_workers: int = 2
+    #: Publish tasks per ``retry_scheduler`` run (mapped), side by side: on the CeleryExecutor they can
+    #: run on different workers. Read when the DAG file is parsed.
+    publish_tasks: int = 1
     #: A claimed job not marked within this is claimable again: a dead job's lease on its way to the
     #: DLQ, and the longest a publisher may hold due jobs locked in an idle transaction.
     lease_ms: int = 60_000
@@ -195,6 +198,8 @@ class Settings:
             )
         if self.publish_workers < 1:
             raise ConfigError(f"RETRY_PUBLISH_WORKERS must be at least 1, not {self.publish_workers}")
+        if not 1 <= self.publish_tasks <= 32:
+            raise ConfigError(f"RETRY_PUBLISH_TASKS must be from 1 to 32, not {self.publish_tasks}")
         try:
             re.compile(self.destination_allowlist)
         except re.error as exc:
@@ -247,6 +252,7 @@ class Settings:
             ingest_workers=_env_int(env, "RETRY_INGEST_WORKERS", defaults.ingest_workers),
             publish_batch=_env_int(env, "RETRY_PUBLISH_BATCH", defaults.publish_batch),
             publish_workers=_env_int(env, "RETRY_PUBLISH_WORKERS", defaults.publish_workers),
+            publish_tasks=_env_int(env, "RETRY_PUBLISH_TASKS", defaults.publish_tasks),
             lease_ms=_env_int(env, "RETRY_LEASE_MS", defaults.lease_ms),
             delivery_timeout_ms=_env_int(env, "RETRY_DELIVERY_TIMEOUT_MS", defaults.delivery_timeout_ms),
             poll_interval_ms=_env_int(env, "RETRY_POLL_INTERVAL_MS", defaults.poll_interval_ms),

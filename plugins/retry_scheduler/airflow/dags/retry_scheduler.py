@@ -7,7 +7,8 @@ Moves failed Kafka records from the retry topics back to their destinations when
   table `retry_jobs`, committing Kafka offsets only after the rows are committed.
 * **publish** claims due jobs (`FOR UPDATE SKIP LOCKED`, with a lease), produces them with an
   idempotent producer, and marks them published once the broker acknowledged them. Dead jobs
-  go to their policy's DLQ topic.
+  go to their policy's DLQ topic. `RETRY_PUBLISH_TASKS` (read when this file is parsed) maps it
+  into that many tasks side by side, which the CeleryExecutor can spread over its workers.
 
 Both tasks loop for `loop_seconds` (default 90 s) and a run starts every minute, so runs
 overlap by about 30 s. A loop whose time is up also keeps going until the next run's loop is
@@ -53,13 +54,25 @@ def retry_scheduler() -> None:
         return run_ingest(float(get_current_context()["params"]["loop_seconds"]))
 
     @task(execution_timeout=timedelta(minutes=5))
-    def publish() -> dict:
+    def publish(shard: int = 0) -> dict:
+        """One publisher group; ``shard`` only tells the mapped copies apart (they share the queue)."""
         from retry_scheduler.airflow.tasks import run_publish
 
         return run_publish(float(get_current_context()["params"]["loop_seconds"]))
 
     ingest()
-    publish()
+    tasks = publish_tasks()
+    if tasks == 1:
+        publish()
+    else:  # claims skip locked rows: the copies share the due jobs without publishing one twice
+        publish.expand(shard=list(range(tasks)))
+
+
+def publish_tasks() -> int:
+    """``RETRY_PUBLISH_TASKS`` when the DAG file is parsed: how many publish tasks a run maps."""
+    from retry_scheduler.core.config import Settings
+
+    return Settings.from_env().publish_tasks
 
 
 def retry_scheduler_dag() -> DAG:
