@@ -460,6 +460,7 @@ DEFAULTS_ARE_RIGHT = {
     "RETRY_PUBLISH_TASKS": "one Celery worker: one publish task per run (raise both together)",
     "RETRY_STATEMENT_TIMEOUT_MS": "five minutes",
     "RETRY_TOPIC_REPLICATION_FACTOR": "the broker's default",
+    "RETRY_TOPIC_MIN_INSYNC_REPLICAS": "one broker: the broker's default",
     "RETRY_WEB_POOL_SIZE": "tuned default",
     "RETRY_SPARK_JARS": "the image's /usr/share/java/postgresql.jar (libpostgresql-jdbc-java)",
     "RETRY_SPARK_PACKAGES": "the JDBC jar is in the image: nothing to download",

@@ -35,3 +35,15 @@ def test_replication_factor_is_the_brokers_default_or_a_real_count() -> None:
     assert Settings.from_env({"RETRY_TOPIC_REPLICATION_FACTOR": "3"}).topic_replication_factor == 3
     with pytest.raises(ConfigError, match="RETRY_TOPIC_REPLICATION_FACTOR must be -1"):
         Settings(topic_replication_factor=0)
+
+
+def test_min_insync_replicas_is_the_brokers_default_or_a_count_the_replicas_allow() -> None:
+    assert Settings().topic_min_insync_replicas == -1
+    settings = Settings.from_env(
+        {"RETRY_TOPIC_REPLICATION_FACTOR": "3", "RETRY_TOPIC_MIN_INSYNC_REPLICAS": "2"}
+    )
+    assert (settings.topic_replication_factor, settings.topic_min_insync_replicas) == (3, 2)
+    with pytest.raises(ConfigError, match="RETRY_TOPIC_MIN_INSYNC_REPLICAS must be -1"):
+        Settings(topic_min_insync_replicas=0)
+    with pytest.raises(ConfigError, match=r"\(3\) is more than RETRY_TOPIC_REPLICATION_FACTOR \(2\)"):
+        Settings(topic_replication_factor=2, topic_min_insync_replicas=3)

@@ -143,6 +143,8 @@ class Settings:
     create_topics: bool = False
     #: Replication factor of the topics the service creates; -1: the broker's default.replication.factor.
     topic_replication_factor: int = -1
+    #: ``min.insync.replicas`` of the topics the service creates; -1: the broker's default.
+    topic_min_insync_replicas: int = -1
     #: Records whose key + value + headers exceed this are dead (invalid).
     max_record_bytes: int = 1024 * 1024
     max_headers: int = 256
@@ -189,6 +191,16 @@ class Settings:
             raise ConfigError(
                 f"RETRY_TOPIC_REPLICATION_FACTOR must be -1 (the broker's default) or at least 1, "
                 f"not {self.topic_replication_factor}"
+            )
+        if self.topic_min_insync_replicas == 0 or self.topic_min_insync_replicas < -1:
+            raise ConfigError(
+                f"RETRY_TOPIC_MIN_INSYNC_REPLICAS must be -1 (the broker's default) or at least 1, "
+                f"not {self.topic_min_insync_replicas}"
+            )
+        if 0 < self.topic_replication_factor < self.topic_min_insync_replicas:
+            raise ConfigError(
+                f"RETRY_TOPIC_MIN_INSYNC_REPLICAS ({self.topic_min_insync_replicas}) is more than "
+                f"RETRY_TOPIC_REPLICATION_FACTOR ({self.topic_replication_factor}): no write could succeed"
             )
         if self.max_clock_skew_ms < 0 or self.max_retry_ahead_ms < 0:
             raise ConfigError("RETRY_MAX_CLOCK_SKEW_MS and RETRY_MAX_RETRY_AHEAD_MS must be >= 0")
@@ -241,6 +253,9 @@ class Settings:
             create_topics=_env_bool(env, "RETRY_CREATE_TOPICS", defaults.create_topics),
             topic_replication_factor=_env_int(
                 env, "RETRY_TOPIC_REPLICATION_FACTOR", defaults.topic_replication_factor
+            ),
+            topic_min_insync_replicas=_env_int(
+                env, "RETRY_TOPIC_MIN_INSYNC_REPLICAS", defaults.topic_min_insync_replicas
             ),
             max_record_bytes=_env_int(env, "RETRY_MAX_RECORD_BYTES", defaults.max_record_bytes),
             max_header_name_chars=_env_int(

@@ -80,13 +80,18 @@ class TopicManager:
         if not missing or not create:
             return missing
         replication = self.settings.topic_replication_factor
-        futures = self.admin.create_topics([NewTopic(t, partitions, replication) for t in missing])
+        min_insync = self.settings.topic_min_insync_replicas
+        config = {} if min_insync < 0 else {"min.insync.replicas": str(min_insync)}
+        futures = self.admin.create_topics(
+            [NewTopic(t, partitions, replication, config=config) for t in missing]
+        )
         for topic, future in futures.items():
             try:
                 future.result(timeout=15)
                 log.info(
-                    "created topic %s (%s partitions, replication factor %s)", topic, partitions,
-                    "the broker's default" if replication < 0 else replication,
+                    "created topic %s (%s partitions, replication factor %s, min.insync.replicas %s)",
+                    topic, partitions, "the broker's default" if replication < 0 else replication,
+                    "the broker's default" if min_insync < 0 else min_insync,
                 )  # fmt: skip
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
