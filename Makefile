@@ -11,7 +11,7 @@ help:
 	@echo "make demo   run an end-to-end scenario under the real Airflow scheduler (embedded defaults)"
 	@echo "make test   lint, type-check and run every test (needs PostgreSQL; started if missing)"
 	@echo "make up     broker + PostgreSQL + Airflow (http://localhost:8080, admin/admin) until Ctrl-C"
-	@echo "make bench  benchmark report against baselines, full sizes (bench/out/report.md; ~20 min)"
+	@echo "make bench  benchmark report against baselines, full sizes (bench/out/report.md; ~1 h)"
 	@echo "make chaos  fault injection: 100 trials and the bad-input corpus (bench/out/chaos.json; ~18 min)"
 	@echo "make lint   ruff + mypy only"
 

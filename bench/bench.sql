@@ -154,3 +154,8 @@ SELECT count(*) FROM retry_jobs WHERE destination = %(destination)s AND status =
 -- Publish lateness (acknowledgement minus due time) of every retry of the lateness benchmark.
 SELECT extract(epoch FROM published_at - due_at)::float8
 FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';
+
+-- name: bench_published_span
+-- Seconds from the first to the last acknowledgement of a destination's published jobs.
+SELECT extract(epoch FROM max(published_at) - min(published_at))::float8
+FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';

@@ -32,7 +32,7 @@ from retry_scheduler.dev.procs import free_port
 log = logging.getLogger(__name__)
 
 #: Every measurement the harness knows, in the order it runs them.
-MEASUREMENTS = ("ingest", "publish", "claim", "spark", "lateness")
+MEASUREMENTS = ("ingest", "publish", "claim", "spark", "lateness", "capacity")
 #: Partitions of every benchmark topic: a multiple of the ingest worker processes (2), as a deployment
 #: would choose, so that each worker has an equal share.
 PARTITIONS = 6
@@ -90,6 +90,10 @@ class Sizes:
     spark_rows: int = 1_000_000
     lateness_rate: int = 1_000
     lateness_seconds: int = 300
+    #: Retry rates (records/s) the capacity measurement steps through, each for capacity_seconds.
+    capacity_rates: tuple[int, ...] = (1_000, 2_500, 5_000, 7_500, 10_000, 12_500)
+    capacity_seconds: int = 300
+    capacity_publish_rows: int = 200_000
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -107,6 +111,9 @@ class Sizes:
             spark_rows=20_000,
             lateness_rate=50,
             lateness_seconds=30,
+            capacity_rates=(50, 100),
+            capacity_seconds=10,
+            capacity_publish_rows=2_000,
         )
 
 

@@ -425,6 +425,7 @@ class BenchOptions:
 
 
 def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
+    from bench.capacity import measure_capacity
     from bench.slow import measure_lateness, measure_spark
 
     return {
@@ -433,6 +434,7 @@ def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
         "claim": measure_claim,
         "spark": measure_spark,
         "lateness": measure_lateness,
+        "capacity": measure_capacity,
     }
 
 

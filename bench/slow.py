@@ -283,7 +283,7 @@ def phases_text(outcome: dict[str, Any]) -> str:
 # -- lateness under the real Airflow scheduler -----------------------------------------------------------
 
 
-def _steady_producer(
+def steady_producer(
     bootstrap: str, topic: str, destination: str, rate: int, seconds: int, delay_ms: int, tag: str
 ) -> int:
     """Send ``rate`` records a second for ``seconds``, each due ``delay_ms`` after it is sent."""
@@ -354,7 +354,7 @@ def measure_lateness(env: BenchEnv, sizes: Sizes) -> Result:
         sent_box: list[int] = []
         producer = threading.Thread(
             target=lambda: sent_box.append(
-                _steady_producer(
+                steady_producer(
                     settings.bootstrap_servers, settings.retry_topic, destination, sizes.lateness_rate,
                     sizes.lateness_seconds, delay_ms, tag,
                 )

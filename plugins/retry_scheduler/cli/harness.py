@@ -90,7 +90,7 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument(
         "--only",
         metavar="NAMES",
-        help="comma-separated subset of: ingest, publish, claim, spark, lateness (default: all)",
+        help="comma-separated subset of: ingest, publish, claim, spark, lateness, capacity (default: all)",
     )
     bench.add_argument("--out", default="bench/out", metavar="DIR", help="report directory (bench/out)")
     bench.add_argument("--ingest-records", type=int, metavar="N", help="records to ingest (500000)")

@@ -197,6 +197,24 @@ def celery_env(env: dict[str, str], broker_url: str) -> dict[str, str]:
     }
 
 
+def fail_orphaned_tasks(metadata_url: str) -> int:
+    """Fail the task instances a stopped stack left queued or running; returns how many.
+
+    Their processes died with that stack, but a Celery executor adopts them by their Celery task id
+    and keeps a worker slot for each until Airflow's timeouts (minutes) give up on them, so a
+    restarted stack would run short of slots. Only for the dev stack's own metadata database, before
+    its scheduler starts.
+    """
+    import psycopg
+
+    with psycopg.connect(libpq_url(metadata_url), autocommit=True) as conn:
+        done = conn.execute(
+            "UPDATE task_instance SET state = 'failed', end_date = now()"
+            " WHERE state IN ('queued', 'running', 'restarting', 'up_for_retry', 'deferred')"
+        )
+        return done.rowcount
+
+
 def airflow_bin() -> str:
     beside = Path(sys.executable).parent / "airflow"
     return str(beside) if beside.exists() else shutil.which("airflow") or "airflow"
@@ -301,6 +319,10 @@ class DevStack:
         self.say(f"Retry-scheduler schema up to date ({len(applied)} migration(s) applied now)")
         self.say("Migrating the Airflow metadata database")
         airflow_cli(["db", "migrate"], self.env, timeout=900)
+        if self.executor == "celery":
+            orphans = fail_orphaned_tasks(self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+            if orphans:
+                self.say(f"Failed {orphans} task instance(s) a previous stack left queued or running")
         spawned = datetime.now(UTC)
         for name in self.AIRFLOW_COMMANDS:
             args = [name, "--port", str(self.api_port)] if name == "api-server" else [name]

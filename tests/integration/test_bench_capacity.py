@@ -1,0 +1,51 @@
+"""The benchmark's capacity measurement in small: the rate steps under the real scheduler and the
+publish runs on one and two Celery workers, with what the report says of them (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench.measure import BenchOptions, Sizes, run_bench
+from retry_scheduler.core.config import Settings
+from tests.conftest import ADMIN_URL
+
+pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster]
+
+
+def test_capacity_steps_the_rate_and_publishes_on_one_and_two_celery_workers(
+    tmp_path: Path, bootstrap_servers: str
+) -> None:
+    sizes = replace(Sizes.quick(), capacity_rates=(20, 40), capacity_seconds=8, capacity_publish_rows=1_000)
+    options = BenchOptions(
+        out=tmp_path,
+        quick=True,
+        only=("capacity",),
+        sizes=sizes,
+        db_name=f"retry_bench_capacity_{uuid.uuid4().hex[:8]}",
+        bootstrap=bootstrap_servers,
+    )
+    run_bench(Settings(database_url=ADMIN_URL), options, say=lambda _m: None)
+    report = json.loads((tmp_path / "report.json").read_text())
+    capacity = report["measurements"]["capacity"]
+    assert capacity["skipped"] is None, capacity["skipped"]
+
+    steps = capacity["details"]["steps"]
+    assert [s["rate_per_s"] for s in steps] == [20, 40]  # both low rates are sustained: no early stop
+    for step in steps:
+        assert step["sent"] >= step["rate_per_s"] * 8 * 0.9 and step["published"] == step["sent"], step
+        assert step["early"] == 0 and step["sustained"], step
+    assert report["sustained_retries_per_s"] == 40
+    assert report["targets"]["sustained_retries_per_s"]["target"] == 10_000
+
+    celery = capacity["details"]["celery"]
+    assert [c["workers"] for c in celery] == [1, 2]
+    assert all(c["rows"] == 1_000 and c["rows_per_s"] > 0 for c in celery), celery
+    assert report["publish_rows_per_s_1_worker"] == celery[0]["rows_per_s"]
+    assert report["publish_rows_per_s_2_workers"] == celery[1]["rows_per_s"]
+    md = (tmp_path / "report.md").read_text()
+    assert "Capacity under the Airflow scheduler" in md and "on 1 worker" in md
