@@ -29,8 +29,8 @@ from typing import Any
 
 from bench.chaos.common import FAULTS
 from bench.chaos.stack import ChaosStack, Supervisor, Worker, worker_env
-from bench.chaos.topics import Topics, create_topics, delete_topics, read_topics, send, wait_done
-from bench.chaos.trial import Expected, Tally, TrialResult, account, workload
+from bench.chaos.topics import Topics, read_topics, send, wait_done
+from bench.chaos.trial import Expected, Tally, TrialGround, TrialResult, account, workload
 
 log = logging.getLogger(__name__)
 
@@ -164,15 +164,11 @@ def run_bulk_trial(
 ) -> TrialResult:
     """One bulk-path trial on a fresh database and fresh topics; returns its count."""
     began = time.monotonic()
-    topics = Topics(f"c{index:03d}")
-    dbname = f"chaos_{index:03d}"
-    database_url = stack.create_database(dbname)
-    create_topics(stack.bootstrap, topics.all)
+    ground = TrialGround.prepare(stack, index)
+    topics, database_url, logs = ground.topics, ground.database_url, ground.logs
     detail, plan = plan_bulk_fault(fault, rng, records)
     archive_root = stack.work_dir / f"archive-{index:03d}"
     env = worker_env(stack, database_url, topics, RETRY_SPARK_MASTER="local[2]")
-    logs = stack.work_dir / "logs"
-    logs.mkdir(exist_ok=True)
     workers = {
         kind: Worker(kind, env, logs / f"trial-{index:03d}-{kind}.log") for kind in ("ingest", "publish")
     }
@@ -206,8 +202,7 @@ def run_bulk_trial(
     else:
         tally = account_replayed(expected, seen, topics)
     if recovered and tally.ok:
-        stack.drop_database(dbname)  # kept otherwise, for a look at the rows
-        delete_topics(stack.bootstrap, topics.all)
+        ground.clear(stack)
     starts = {kind: w.starts for kind, w in workers.items()}
     starts["job"] = len(codes)
     return TrialResult(

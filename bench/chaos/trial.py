@@ -10,6 +10,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bench.chaos.common import (
@@ -292,19 +293,39 @@ def _striker(
     return strike
 
 
+@dataclass(frozen=True)
+class TrialGround:
+    """A trial's own topics, database and log directory (for the workers' logs)."""
+
+    topics: Topics
+    dbname: str
+    database_url: str
+    logs: Path
+
+    @classmethod
+    def prepare(cls, stack: ChaosStack, index: int) -> TrialGround:
+        topics, dbname = Topics(f"c{index:03d}"), f"chaos_{index:03d}"
+        database_url = stack.create_database(dbname)
+        create_topics(stack.bootstrap, topics.all)
+        logs = stack.work_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        return cls(topics, dbname, database_url, logs)
+
+    def clear(self, stack: ChaosStack) -> None:
+        """Drop the database and the topics: only after a trial that passed (kept for a look otherwise)."""
+        stack.drop_database(self.dbname)
+        delete_topics(stack.bootstrap, self.topics.all)
+
+
 def run_trial(
     stack: ChaosStack, index: int, fault: str, rng: random.Random, records: int, timeout_s: float = 120
 ) -> TrialResult:
     """One trial on a fresh database and fresh topics; returns its count."""
     began = time.monotonic()
-    topics = Topics(f"c{index:03d}")
-    dbname = f"chaos_{index:03d}"
-    database_url = stack.create_database(dbname)
-    create_topics(stack.bootstrap, topics.all)
+    ground = TrialGround.prepare(stack, index)
+    topics, database_url, logs = ground.topics, ground.database_url, ground.logs
     detail, plans = plan_fault(fault, rng, records)
     env = worker_env(stack, database_url, topics)
-    logs = stack.work_dir / "logs"
-    logs.mkdir(exist_ok=True)
     workers = {
         kind: Worker(kind, env, logs / f"trial-{index:03d}-{kind}.log", plans.get(kind))
         for kind in ("ingest", "publish")
@@ -328,8 +349,7 @@ def run_trial(
     seen = read_topics(stack.bootstrap, topics.all)
     tally = account(expected, seen[topics.retry], seen[topics.dest], seen[topics.dlq])
     if recovered and tally.ok:
-        stack.drop_database(dbname)  # kept otherwise, for a look at the rows
-        delete_topics(stack.bootstrap, topics.all)
+        ground.clear(stack)
     return TrialResult(
         index, fault, detail, fired, recovered, round(time.monotonic() - began, 2),
         {kind: w.starts for kind, w in workers.items()}, tally,
