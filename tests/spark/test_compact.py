@@ -25,6 +25,7 @@ from retry_scheduler.core.config import Settings
 from retry_scheduler.core.connection_file import connection_file
 from retry_scheduler.core.jobs import Job, Status
 from retry_scheduler.db.store import Store
+from retry_scheduler.spark import archive_io
 from retry_scheduler.spark import compaction as compact
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
 
@@ -173,7 +174,7 @@ def test_defaults() -> None:
 
 def test_manifest_goes_through_hadoop_for_uris(spark: SparkSession, tmp_path: Path) -> None:
     target = tmp_path / "m" / "run.json"
-    compact.write_text_hadoop(spark, f"file://{target}", '{"selected": 3}\n')
+    archive_io.write_text_hadoop(spark, f"file://{target}", '{"selected": 3}\n')
     assert json.loads(target.read_text()) == {"selected": 3}
 
 

@@ -11,15 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import re
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -32,12 +28,18 @@ from retry_scheduler.core.config import ConfigError
 from retry_scheduler.core.connection_file import add_connection_options, job_settings
 from retry_scheduler.core.durations import parse_duration_ms
 from retry_scheduler.db.connection import StoreError, connect
+from retry_scheduler.spark.archive_io import (
+    archive_files,
+    check_written,
+    read_archived_ids,
+    sync_archive,
+    write_archive,
+    write_manifest,
+)
 from retry_scheduler.spark.compaction_db import (
-    ARCHIVED_ID_SCHEMA,
     DAY_PATTERN,
     MAX_DURATION_MS,
     NONE_DESTINATION,
-    PARTITION_COLUMNS,
     RUN_ID_PATTERN,
     ArchiveVerificationError,
     CompactionError,
@@ -46,7 +48,6 @@ from retry_scheduler.spark.compaction_db import (
     check_columns,
     clear_staging,
     delete_archived,
-    local_path,
     read_selection,
     read_staged_ids,
     select_and_stage,
@@ -85,149 +86,6 @@ def missing_from_archive(selection: DataFrame, archived: DataFrame) -> DataFrame
 def found_in_archive(selection: DataFrame, archived: DataFrame) -> DataFrame:
     """Ids of ``selection`` that are among ``archived``'s ids, each once."""
     return selection.select("id").join(archived.select("id"), on="id", how="left_semi")
-
-
-# --- archive I/O ----------------------------------------------------------------------------------
-
-
-def _hadoop_path(spark: SparkSession, uri: str) -> tuple[Any, Any]:
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None, "compaction needs a classic (not Spark Connect) session"
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    return path, path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-
-
-def path_exists(spark: SparkSession, uri: str) -> bool:
-    path, fs = _hadoop_path(spark, uri)
-    return bool(fs.exists(path))
-
-
-def write_text_hadoop(spark: SparkSession, uri: str, text: str) -> None:
-    """Write a small file through the Hadoop file system of ``uri`` (s3a://, hdfs://, abfs://, ...)."""
-    path, fs = _hadoop_path(spark, uri)
-    stream = fs.create(path, True)
-    try:
-        stream.write(bytearray(text.encode()))
-    finally:
-        stream.close()
-
-
-def archive_files(spark: SparkSession, root: str, days: Sequence[str]) -> set[str]:
-    """The Parquet files of the archive's ``days``, as readers see them (no ``_temporary`` or hidden files)."""
-    files: set[str] = set()
-    for day in days:
-        path, fs = _hadoop_path(spark, f"{root}/day={day}")
-        if not fs.exists(path):
-            continue
-        listing = fs.listFiles(path, True)
-        while listing.hasNext():
-            name = str(listing.next().getPath().toString())
-            inside = name.split(f"/day={day}/", 1)[-1]
-            if name.endswith(".parquet") and not any(part[:1] in "._" for part in inside.split("/")):
-                files.add(name)
-    return files
-
-
-def file_digests(spark: SparkSession, files: Sequence[str]) -> tuple[list[dict[str, Any]], DataFrame]:
-    """Per file: its rows and a checksum of its ids (their sum and XOR), read back from the archive.
-
-    Also returns the files' ids (column ``id``) for the checks against the staged selection.
-    """
-    ids = (
-        spark.read.schema(ARCHIVED_ID_SCHEMA).parquet(*files).select(F.input_file_name().alias("file"), "id")
-    )
-    per_file = ids.groupBy("file").agg(
-        F.count("*").alias("rows"), F.sum("id").alias("id_sum"), F.bit_xor("id").alias("id_xor")
-    )
-    digests = [
-        {"file": row.file, "rows": int(row.rows), "id_sum": int(row.id_sum), "id_xor": int(row.id_xor)}
-        for row in per_file.orderBy("file").collect()
-    ]
-    return digests, ids.select("id")
-
-
-def read_archived_ids(spark: SparkSession, root: str, days: Sequence[str]) -> DataFrame | None:
-    """Ids archived under ``root`` for ``days`` (only those day partitions are listed and read); None if none."""
-    paths = [f"{root}/day={day}" for day in days]
-    present = [p for p in paths if path_exists(spark, p)]
-    if not present:
-        return None
-    return spark.read.schema(ARCHIVED_ID_SCHEMA).option("basePath", root).parquet(*present).select("id")
-
-
-@contextmanager
-def _sql_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
-    previous = spark.conf.get(key)
-    spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        if previous is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, previous)
-
-
-def write_archive(rows: DataFrame, root: str) -> None:
-    """Append ``rows`` (with their ``day`` and ``destination`` columns) to the archive under ``root``."""
-    # Standard Parquet timestamps rather than Spark's legacy INT96, for any reader of the archive.
-    with _sql_conf(rows.sparkSession, "spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"):
-        rows.write.mode("append").partitionBy(*PARTITION_COLUMNS).parquet(root)
-
-
-def sync_archive(root: str, days: Sequence[str]) -> int:
-    """Make the archive's ``days`` durable before anything is deleted; returns the files synced.
-
-    On a local archive (``file://``) every file and directory under ``root/day=D`` is fsynced, then
-    ``root`` and its parent, so that a power cut after the delete cannot take back rows the
-    verification saw. Other file systems are durable when Spark's job commit returns (HDFS: the
-    blocks are replicated; S3A: the objects exist once written, with a committer such as the S3A
-    magic committer), and nothing is done here.
-    """
-    local = local_path(root)
-    if local is None:
-        return 0
-    synced = 0
-
-    def fsync(path: Path, directory: bool) -> None:
-        fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    for day in days:
-        top = local / f"day={day}"
-        if not top.is_dir():
-            continue
-        for walked, _dirs, files in os.walk(top, topdown=False):
-            for name in files:
-                fsync(Path(walked) / name, directory=False)
-                synced += 1
-            fsync(Path(walked), directory=True)
-    for folder in (local, local.parent):
-        if folder.is_dir():
-            fsync(folder, directory=True)
-    return synced
-
-
-def write_manifest(spark: SparkSession, archive: str, report: dict[str, Any]) -> str:
-    """Write ``<archive>/_manifests/<run_id>.json``; returns its URI."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", report["run_id"]) + ".json"
-    uri = f"{archive}/_manifests/{name}"
-    text = json.dumps(report, indent=2, sort_keys=True) + "\n"
-    local = local_path(uri)
-    if local is None:
-        write_text_hadoop(spark, uri, text)
-    else:
-        local.parent.mkdir(parents=True, exist_ok=True)
-        partial = local.with_name(f".{local.name}.partial")
-        with open(partial, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        partial.replace(local)
-    return uri
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -418,39 +276,6 @@ def staged_ids(
     """
     ids = read_staged_ids(spark, jdbc, conn, run_id).persist(StorageLevel.MEMORY_AND_DISK)
     return ids, (F.broadcast(ids) if count <= BROADCAST_STAGED_IDS else ids)
-
-
-def check_written(
-    spark: SparkSession,
-    staged: DataFrame,
-    written: Sequence[str],
-    existing: DataFrame | None,
-    root: str,
-) -> list[dict[str, Any]]:
-    """Check the files this run wrote against its staged selection; return their digests (for the manifest).
-
-    Read back after the sync: every id in them was staged by this run, none is there twice, and none
-    was already in the archive before the write. With the digests (rows, sum and XOR of the ids per
-    file) in the manifest, any reader can later check each file on its own.
-    """
-    if not written:
-        return []
-    digests, ids = file_digests(spark, written)
-    rows = sum(d["rows"] for d in digests)
-    stray = ids.join(staged, on="id", how="left_anti").count()
-    twice = rows - ids.distinct().count()
-    if existing is not None:
-        twice += ids.join(existing, on="id", how="left_semi").count()
-    if stray or twice:
-        raise ArchiveVerificationError(
-            f"the {len(written)} files this run wrote under {root} hold {stray} rows it did not stage and "
-            f"{twice} ids already archived; nothing was deleted. Move those files aside ({', '.join(written[:5])}"
-            f"{', ...' if len(written) > 5 else ''}), then run the compaction again."
-        )
-    prefix = f"{root}/"
-    for digest in digests:  # paths relative to the archive's root, as they stay valid if it moves
-        digest["file"] = digest["file"].split(prefix, 1)[-1] if prefix in digest["file"] else digest["file"]
-    return digests
 
 
 # --- command line ---------------------------------------------------------------------------------
