@@ -28,6 +28,7 @@ def test_contract_dag_ids_present(dagbag) -> None:
         "retry_bulk_replay",
         "retry_compaction",
         "dlq_replay",
+        "dlq_window_replay",
         "retry_monitor",
     } <= set(dagbag.dag_ids)
 
@@ -110,6 +111,7 @@ def test_airflow_s_own_commands_parse_every_dag_file_in_a_fresh_process(airflow_
         "retry_bulk_replay",
         "retry_compaction",
         "dlq_replay",
+        "dlq_window_replay",
         "retry_monitor",
     } <= listed
 

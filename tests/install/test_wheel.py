@@ -29,7 +29,14 @@ from tests.kafkautil import consume, create_topics, produce
 
 pytestmark = [pytest.mark.install, pytest.mark.integration]
 
-DAG_IDS = {"retry_scheduler", "retry_monitor", "dlq_replay", "retry_bulk_replay", "retry_compaction"}
+DAG_IDS = {
+    "retry_scheduler",
+    "retry_monitor",
+    "dlq_replay",
+    "dlq_window_replay",
+    "retry_bulk_replay",
+    "retry_compaction",
+}
 
 
 @dataclass

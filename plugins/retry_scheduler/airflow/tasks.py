@@ -1,4 +1,4 @@
-"""The bodies of the DAGs' Python tasks: the loops, the DLQ operation, the monitor check.
+"""The bodies of the DAGs' Python tasks: the loops, the DLQ operations, the monitor check.
 
 The DAG definitions (:mod:`retry_scheduler.airflow.dags`) call these. Settings come from the
 service's connections through :class:`~retry_scheduler.airflow.hook.RetrySchedulerHook`, read when
@@ -8,6 +8,7 @@ the task runs.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from retry_scheduler.airflow.hook import settings_from_connections
@@ -85,6 +86,34 @@ def run_dlq_operation(params: dict[str, Any], actor: str | None, run_id: str | N
     if dry_run and outcome.would_affect:
         log.info("nothing was changed: trigger again with dry_run unticked to %s these jobs", action)
     return outcome.as_json()
+
+
+#: The form fields of ``dlq_window_replay`` that narrow its window; any other key of a run's conf is ignored.
+WINDOW_FILTER = ("destination", "dead_reason", "error_class")
+
+
+def run_window_replay(
+    params: dict[str, Any], start: datetime | None, end: datetime | None, actor: str | None, run_id: str | None
+) -> dict[str, Any]:
+    """The ``dlq_window_replay`` DAG's task: replay the dead jobs that went dead in ``[start, end)``.
+
+    The window is the run's data interval and cannot be widened by the run's conf: only the
+    :data:`WINDOW_FILTER` fields, ``reset_attempts`` and ``dry_run`` are taken from ``params``.
+    """
+    if start is None or end is None:
+        raise ValueError(
+            "dlq_window_replay replays a data interval: trigger it with a logical date, or backfill it"
+        )
+    window = {name: params.get(name) for name in WINDOW_FILTER}
+    window.update(
+        action="replay",
+        since=start.isoformat(),
+        until=end.isoformat(),
+        reset_attempts=params.get("reset_attempts", False),
+        dry_run=params.get("dry_run", True),
+    )
+    log.info("dead jobs that went dead from %s until %s", start.isoformat(), end.isoformat())
+    return run_dlq_operation(window, actor, run_id)
 
 
 def run_monitor_task() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""A small client of Airflow's REST API v2 (urllib only): token, unpause, trigger, wait for a run."""
+"""A small client of Airflow's REST API v2 (urllib only): token, DAGs, runs, backfills."""
 
 from __future__ import annotations
 
@@ -86,3 +86,43 @@ def wait_for_dag_run(
             raise AirflowApiError(f"DAG run {dag_id}/{run_id} still {run.get('state')} after {timeout:.0f} s")
         time.sleep(1)
     return run
+
+
+def dag_details(base_url: str, token: str, dag_id: str, timeout: float = 90.0) -> dict[str, Any]:
+    """The DAG as the REST API shows it (``is_paused``, ``next_dagrun_logical_date``, ...), waiting up
+    to ``timeout`` s for the dag processor to have parsed it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return dict(_api("GET", _dag_url(base_url, dag_id), token))
+        except ApiError as exc:
+            if exc.status != 404 or time.monotonic() > deadline:
+                raise
+        time.sleep(1)
+
+
+def dag_runs(base_url: str, token: str, dag_id: str, run_type: str | None = None) -> list[dict[str, Any]]:
+    """Every run of a DAG (oldest logical date first), or only those of ``run_type`` (``backfill``, ...)."""
+    query = urllib.parse.urlencode(
+        {"limit": 1000, "order_by": "logical_date", **({"run_type": run_type} if run_type else {})}
+    )
+    return list(_api("GET", f"{_dag_url(base_url, dag_id)}/dagRuns?{query}", token)["dag_runs"])
+
+
+def wait_for_backfills(
+    base_url: str, token: str, dag_id: str, timeout: float = 600.0
+) -> list[dict[str, Any]]:
+    """Poll until every backfill of a DAG is complete (its runs finished); return them, oldest first."""
+    url = f"{base_url.rstrip('/')}/api/v2/backfills?" + urllib.parse.urlencode(
+        {"dag_id": dag_id, "order_by": "id"}
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        backfills = list(_api("GET", url, token)["backfills"])
+        if backfills and all(b.get("completed_at") for b in backfills):
+            return backfills
+        if time.monotonic() > deadline:
+            raise AirflowApiError(
+                f"the backfills of {dag_id} are not complete after {timeout:.0f} s: {backfills}"
+            )
+        time.sleep(2)

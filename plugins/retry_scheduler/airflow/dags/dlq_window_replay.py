@@ -1,0 +1,100 @@
+"""
+### dlq_window_replay
+
+Replays, once, every **dead** job that went dead inside the run's data interval (one UTC hour,
+`[start, end)`), narrowed by the form's filter. It is the DAG to **backfill** after an outage:
+
+```
+airflow dags unpause dlq_window_replay
+airflow backfill create --dag-id dlq_window_replay \
+    --from-date 2026-11-20T08:00:00+00:00 --to-date 2026-11-20T11:00:00+00:00 \
+    --dag-run-conf '{"dry_run": false, "destination": "payments"}'
+```
+
+Each hour of the range becomes its own run, with its own log, XCom and audit row
+(`retry_dlq_audit`, source `dag`, the run's id, the filter with the hour's `since` and `until`).
+**Dry run is on by default**: without `"dry_run": false` a run only counts the hour's dead jobs.
+A replayed job is due at once and is no longer dead, so running an hour again replays nothing
+more (`--reprocess-behavior completed` is safe). Jobs that went dead as `invalid` are left alone,
+as in `dlq_replay`.
+
+The DAG is created paused and its hourly schedule does not catch up: unpaused, it only counts
+the last hour's dead jobs each hour (a dry run) unless its runs are given `dry_run: false`.
+Airflow runs no task of a paused DAG, backfill runs included, so unpause it before a backfill.
+Ad-hoc filters over any span: `dlq_replay`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Param, dag, get_current_context, task
+
+try:
+    from airflow.sdk import CronDataIntervalTimetable
+except ImportError:  # Airflow 3.1 has it only here
+    from airflow.timetables.interval import CronDataIntervalTimetable  # type: ignore[assignment]
+
+from retry_scheduler.airflow.dags import default_args, in_dag_file
+from retry_scheduler.airflow.dags.dlq_replay import DEAD_REASONS
+from retry_scheduler.core.protocol import TOPIC_PATTERN
+
+
+@dag(
+    dag_id="dlq_window_replay",
+    # A data interval per UTC hour: the run for hour H starts once H is over and replays exactly H.
+    schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    is_paused_upon_creation=True,
+    max_active_runs=1,
+    dagrun_timeout=timedelta(hours=6),
+    # a retry continues where a failed run stopped: replayed jobs are no longer dead
+    default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
+    params={
+        "destination": Param(
+            None,
+            type=["null", "string"],
+            pattern=f"^{TOPIC_PATTERN}$",
+            title="Destination topic",
+            description="Only dead jobs for this destination (empty: every destination).",
+        ),
+        "dead_reason": Param(None, type=["null", "string"], enum=[None, *DEAD_REASONS], title="Dead reason"),
+        "error_class": Param(
+            None,
+            type=["null", "string"],
+            maxLength=500,
+            title="Error class",
+            description="Glob on the error class, e.g. *TimeoutError.",
+        ),
+        "reset_attempts": Param(
+            False, type="boolean", title="Reset attempts", description="Replay from attempt 0."
+        ),
+        "dry_run": Param(True, type="boolean", title="Dry run", description="Only count; change nothing."),
+    },
+    tags=["retry-scheduler", "operations"],
+    doc_md=__doc__,
+)
+def dlq_window_replay() -> None:
+    @task
+    def replay_window() -> dict:
+        """Replay the dead jobs that went dead in the run's data interval (or only count them)."""
+        from retry_scheduler.airflow.tasks import run_window_replay
+
+        context = get_current_context()
+        dag_run = context["dag_run"]
+        return run_window_replay(
+            dict(context["params"]),
+            context["data_interval_start"],
+            context["data_interval_end"],
+            getattr(dag_run, "triggering_user_name", None),
+            dag_run.run_id,
+        )
+
+    replay_window()
+
+
+def dlq_window_replay_dag() -> DAG:
+    """Build the ``dlq_window_replay`` DAG; call it from a file in the DAGs folder."""
+    return in_dag_file(dlq_window_replay())

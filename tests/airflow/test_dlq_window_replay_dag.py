@@ -1,0 +1,116 @@
+"""The ``dlq_window_replay`` DAG through Airflow's real ``dag.test()``: each run replays exactly the dead
+jobs of its data interval (one UTC hour, start included, end excluded), once, audited.
+
+The same DAG under the real scheduler with ``airflow backfill create``: ``tests/e2e/test_backfill.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from tests.conftest import ROOT
+from tests.integration.test_dlq import dead_job, insert, sql
+
+pytestmark = [pytest.mark.airflow, pytest.mark.integration]
+
+HOUR = datetime(2026, 11, 20, 9, tzinfo=UTC)
+
+
+@pytest.fixture
+def trigger(airflow_db, database_url: str, monkeypatch: pytest.MonkeyPatch):
+    """``trigger(logical_date, conf)``: a fresh parse of the DAGs folder, then ``dag.test()``."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("AIRFLOW_CONN_RETRY_POSTGRES", database_url)
+
+    def run(logical_date: datetime, conf: dict):
+        dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag("dlq_window_replay")
+        return dag.test(logical_date=logical_date, run_conf=conf)
+
+    return run
+
+
+def outcome(run) -> dict:
+    [ti] = run.get_task_instances()
+    return ti.xcom_pull(task_ids="replay_window")
+
+
+def dead_at(database_url: str, when: dict[int, datetime]) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for offset, at in when.items():
+            conn.execute("UPDATE retry_jobs SET dead_at = %s WHERE source_offset = %s", (at, offset))
+
+
+def test_each_run_replays_the_dead_jobs_of_its_hour_once(trigger, database_url: str) -> None:
+    from airflow.utils.state import DagRunState
+
+    insert(
+        database_url,
+        [
+            dead_job(1, destination="payments"),  # at the hour's start: in
+            dead_job(2, destination="payments"),  # a microsecond before its end: in
+            dead_job(3, destination="payments"),  # at its end: the next hour's
+            dead_job(4, destination="payments"),  # a microsecond before its start: the last hour's
+            dead_job(5, destination="orders"),  # in the hour, another destination
+            dead_job(6, destination="payments", reason="invalid"),  # in the hour, never replayed
+        ],
+    )
+    start, end = HOUR, HOUR + timedelta(hours=1)
+    dead_at(
+        database_url,
+        {
+            1: start,
+            2: end - timedelta(microseconds=1),
+            3: end,
+            4: start - timedelta(microseconds=1),
+            5: start + timedelta(minutes=30),
+            6: start + timedelta(minutes=1),
+        },
+    )
+
+    # The run for the hour starting at HOUR (a manual run's interval is the last complete hour
+    # before its logical date). The conf cannot widen the window: since, until and ids are ignored.
+    dry = trigger(end, {"destination": "payments", "since": "2020-01-01T00:00:00Z", "ids": "3,4"})
+    assert dry.state == DagRunState.SUCCESS
+    assert (dry.data_interval_start, dry.data_interval_end) == (start, end)
+    assert (outcome(dry)["matched"], outcome(dry)["would_affect"], outcome(dry)["affected"]) == (3, 2, 0)
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'dead'") == [(6,)]
+
+    replay = trigger(end, {"destination": "payments", "dry_run": False})
+    assert replay.state == DagRunState.SUCCESS
+    assert outcome(replay)["affected"] == 2
+    assert sql(database_url, "SELECT source_offset, status::text FROM retry_jobs ORDER BY source_offset") == [
+        (1, "pending"),
+        (2, "pending"),
+        (3, "dead"),
+        (4, "dead"),
+        (5, "dead"),
+        (6, "dead"),
+    ]
+
+    again = trigger(end, {"destination": "payments", "dry_run": False})
+    assert again.state == DagRunState.SUCCESS
+    assert outcome(again)["affected"] == 0
+
+    window = {"since": start.isoformat(), "until": end.isoformat(), "destination": "payments"}
+    audit = sql(
+        database_url,
+        "SELECT action, dry_run, source, run_id, filter, affected FROM retry_dlq_audit ORDER BY id",
+    )
+    assert audit == [
+        ("replay", True, "dag", dry.run_id, window, 0),
+        ("replay", False, "dag", replay.run_id, window, 2),
+        ("replay", False, "dag", again.run_id, window, 0),
+    ]
+
+
+def test_without_a_destination_every_destination_of_the_hour_is_replayed(trigger, database_url: str) -> None:
+    insert(database_url, [dead_job(1, destination="payments"), dead_job(2, destination="orders"), dead_job(3)])
+    dead_at(database_url, {1: HOUR, 2: HOUR + timedelta(minutes=59), 3: HOUR + timedelta(hours=2)})
+
+    run = trigger(HOUR + timedelta(hours=1), {"dry_run": False})
+    assert outcome(run)["affected"] == 2
+    assert sql(database_url, "SELECT source_offset FROM retry_jobs WHERE status = 'dead'") == [(3,)]

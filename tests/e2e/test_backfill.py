@@ -1,0 +1,199 @@
+"""Reprocessing a time window with the real ``airflow backfill create`` under the dev stack's scheduler.
+
+Each test starts the dev stack (broker, scheduler, dag processor, api-server; LocalExecutor), resets
+the DAG's history in the metadata database (kept between test runs), stores jobs in and around the
+window, backfills it with the ``airflow`` command an operator types, and waits for the backfill to
+complete through the REST API. Then: the runs were created for the asked intervals and no others,
+each processed exactly its own interval, and backfilling the window again (``--reprocess-behavior
+completed``) changed nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.jobs import Status
+from retry_scheduler.dev.airflow_api import (
+    api_token,
+    dag_details,
+    dag_runs,
+    unpause_dag,
+    wait_for_backfills,
+)
+from retry_scheduler.dev.procs import free_port
+from retry_scheduler.dev.stack import DevStack, airflow_cli
+from tests.conftest import checkout_database
+from tests.integration.test_dlq import dead_job, insert, sql
+
+pytestmark = [pytest.mark.integration, pytest.mark.airflow]
+
+
+@pytest.fixture
+def stack(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RETRY_ARCHIVE_URI", (tmp_path / "archive").as_uri())
+    settings = Settings(database_url=database_url, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
+    stack = DevStack(
+        settings,
+        api_port=free_port(),
+        metadata_db=checkout_database("retry_airflow_backfill_"),
+        airflow_home=tmp_path / "airflow",
+        say=lambda _message: None,
+    )
+    stack.log_dir = tmp_path / "logs"
+    with stack:
+        yield stack
+
+
+def fresh_dag(stack: DevStack, dag_id: str) -> str:
+    """Forget the DAG's runs and backfills of earlier test runs; wait until it is parsed again, paused."""
+    airflow_cli(["dags", "delete", dag_id, "--yes"], stack.env, check=False)
+    token = api_token(stack.base_url)
+    details = dag_details(stack.base_url, token, dag_id)
+    assert details["is_paused"] is True  # created paused, so nothing runs before the backfill
+    assert dag_runs(stack.base_url, token, dag_id) == []
+    return token
+
+
+def backfill(stack: DevStack, dag_id: str, start: datetime, end: datetime, *extra: str) -> None:
+    done = airflow_cli(
+        ["backfill", "create", "--dag-id", dag_id, "--from-date", start.isoformat(), "--to-date", end.isoformat(),
+         *extra],
+        stack.env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def intervals(runs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [(r["data_interval_start"], r["data_interval_end"], r["state"]) for r in runs]
+
+
+def iso(when: datetime) -> str:
+    return when.isoformat().replace("+00:00", "Z")
+
+
+def test_backfilling_dlq_window_replay_replays_each_hour_s_dead_jobs_once(stack: DevStack) -> None:
+    database_url = stack.settings.database_url
+    token = fresh_dag(stack, "dlq_window_replay")
+    first = datetime(2026, 11, 20, 8, tzinfo=UTC)
+    hours = [first + timedelta(hours=h) for h in range(3)]
+    # Per hour of the window, 1, 2 and 3 dead jobs; one just before the window and one at its end.
+    placed = {1: hours[0], 2: hours[1], 3: hours[1] + timedelta(minutes=59, seconds=59), 4: hours[2],
+              5: hours[2] + timedelta(minutes=30), 6: hours[2] + timedelta(minutes=59),
+              7: hours[0] - timedelta(microseconds=1), 8: hours[2] + timedelta(hours=1)}  # fmt: skip
+    insert(database_url, [dead_job(offset, destination="payments") for offset in placed])
+    for offset, at in placed.items():
+        sql(database_url, "UPDATE retry_jobs SET dead_at = %s WHERE source_offset = %s", at, offset)
+
+    # What the README tells an operator to type: unpause, then backfill with dry_run off.
+    unpause_dag(stack.base_url, token, "dlq_window_replay")
+    conf = json.dumps({"dry_run": False, "destination": "payments"})
+    backfill(stack, "dlq_window_replay", hours[0], hours[2], "--dag-run-conf", conf)
+    wait_for_backfills(stack.base_url, token, "dlq_window_replay")
+
+    runs = dag_runs(stack.base_url, token, "dlq_window_replay", run_type="backfill")
+    assert intervals(runs) == [(iso(h), iso(h + timedelta(hours=1)), "success") for h in hours]
+    # (unpaused, the DAG also counts the last hour in a dry run of its own: only the backfill's are read)
+    audit = sql(
+        database_url,
+        "SELECT run_id, filter->>'since', filter->>'until', dry_run, actor, affected FROM retry_dlq_audit"
+        " WHERE run_id LIKE 'backfill%%' ORDER BY filter->>'since'",
+    )
+    assert [(a[0], a[3], a[5]) for a in audit] == [
+        (r["dag_run_id"], False, n) for r, n in zip(runs, (1, 2, 3), strict=True)
+    ]
+    assert [(a[1], a[2]) for a in audit] == [
+        (h.isoformat(), (h + timedelta(hours=1)).isoformat()) for h in hours
+    ]
+    assert audit[0][4] and {a[4] for a in audit} == {audit[0][4]}  # the user who typed the backfill command
+    assert sql(database_url, "SELECT source_offset FROM retry_jobs WHERE status = 'dead' ORDER BY 1") == [
+        (7,),
+        (8,),
+    ]
+
+    # The same window again, every run re-run: nothing more is replayed.
+    backfill(stack, "dlq_window_replay", hours[0], hours[2], "--dag-run-conf", conf,
+             "--reprocess-behavior", "completed")  # fmt: skip
+    backfills = wait_for_backfills(stack.base_url, token, "dlq_window_replay")
+    assert len(backfills) == 2
+    again = sql(
+        database_url,
+        "SELECT filter->>'since', affected FROM retry_dlq_audit WHERE run_id LIKE 'backfill%%'"
+        " ORDER BY filter->>'since', id",
+    )
+    assert again == [
+        (h.isoformat(), n) for h, first_n in zip(hours, (1, 2, 3), strict=True) for n in (first_n, 0)
+    ]
+    assert intervals(dag_runs(stack.base_url, token, "dlq_window_replay", run_type="backfill")) == intervals(
+        runs
+    )
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'pending'") == [(6,)]
+
+
+def test_backfilling_retry_compaction_archives_each_day_once(stack: DevStack) -> None:
+    database_url = stack.settings.database_url
+    archive = Path(stack.env["RETRY_ARCHIVE_URI"].removeprefix("file://"))
+    token = fresh_dag(stack, "retry_compaction")
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    days = [today - timedelta(days=2), today - timedelta(days=1)]
+    before = today - timedelta(days=3)
+    # 4 jobs published on the first day, 6 on the second, 3 on the day before the range.
+    published = [(days[0], 4), (days[1], 6), (before, 3)]
+    offsets = iter(range(1, 100))
+    for day, count in published:
+        batch = [next(offsets) for _ in range(count)]
+        insert(database_url, [replace(dead_job(o), status=Status.PENDING, dead_reason=None) for o in batch])
+        sql(
+            database_url,
+            "UPDATE retry_jobs SET status = 'published', published_at = %s WHERE source_offset = ANY(%s)",
+            day + timedelta(hours=12),
+            batch,
+        )
+
+    backfill(stack, "retry_compaction", days[0], days[1])
+    # Catch-up starts after the newest run the DAG has: once the dag processor saw the backfill's runs,
+    # unpausing creates no scheduled run for the days before them.
+    dag_details(stack.base_url, token, "retry_compaction")
+    wait_until_next_run_after(stack, token, "retry_compaction", days[1])
+    unpause_dag(stack.base_url, token, "retry_compaction")
+    wait_for_backfills(stack.base_url, token, "retry_compaction", timeout=900)
+
+    runs = dag_runs(stack.base_url, token, "retry_compaction")
+    assert intervals(runs) == [(iso(d), iso(d + timedelta(days=1)), "success") for d in days]
+    assert {r["run_type"] for r in runs} == {"backfill"}
+
+    def archived() -> list[tuple[str, int]]:
+        table = pq.read_table(archive / "retry_jobs")
+        return sorted(
+            (day, table.column("day").to_pylist().count(day)) for day in set(table.column("day").to_pylist())
+        )
+
+    expected = [(days[0].strftime("%Y-%m-%d"), 4), (days[1].strftime("%Y-%m-%d"), 6)]
+    assert archived() == expected
+    left = [(before + timedelta(hours=12), 3)]
+    assert sql(database_url, "SELECT published_at, count(*) FROM retry_jobs GROUP BY 1") == left
+
+    backfill(stack, "retry_compaction", days[0], days[1], "--reprocess-behavior", "completed")
+    assert len(wait_for_backfills(stack.base_url, token, "retry_compaction", timeout=900)) == 2
+    assert intervals(dag_runs(stack.base_url, token, "retry_compaction")) == intervals(runs)
+    assert archived() == expected  # no row twice
+    assert sql(database_url, "SELECT published_at, count(*) FROM retry_jobs GROUP BY 1") == left
+
+
+def wait_until_next_run_after(stack: DevStack, token: str, dag_id: str, day: datetime) -> None:
+    import time
+
+    deadline = time.monotonic() + 120
+    while True:
+        upcoming = dag_details(stack.base_url, token, dag_id).get("next_dagrun_logical_date")
+        if upcoming and datetime.fromisoformat(upcoming.replace("Z", "+00:00")) > day:
+            return
+        assert time.monotonic() < deadline, f"{dag_id}'s next run is still {upcoming}"
+        time.sleep(2)
