@@ -108,7 +108,9 @@ def test_each_run_replays_the_dead_jobs_of_its_hour_once(trigger, database_url: 
 
 
 def test_without_a_destination_every_destination_of_the_hour_is_replayed(trigger, database_url: str) -> None:
-    insert(database_url, [dead_job(1, destination="payments"), dead_job(2, destination="orders"), dead_job(3)])
+    insert(
+        database_url, [dead_job(1, destination="payments"), dead_job(2, destination="orders"), dead_job(3)]
+    )
     dead_at(database_url, {1: HOUR, 2: HOUR + timedelta(minutes=59), 3: HOUR + timedelta(hours=2)})
 
     run = trigger(HOUR + timedelta(hours=1), {"dry_run": False})

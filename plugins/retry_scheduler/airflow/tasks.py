@@ -93,7 +93,11 @@ WINDOW_FILTER = ("destination", "dead_reason", "error_class")
 
 
 def run_window_replay(
-    params: dict[str, Any], start: datetime | None, end: datetime | None, actor: str | None, run_id: str | None
+    params: dict[str, Any],
+    start: datetime | None,
+    end: datetime | None,
+    actor: str | None,
+    run_id: str | None,
 ) -> dict[str, Any]:
     """The ``dlq_window_replay`` DAG's task: replay the dead jobs that went dead in ``[start, end)``.
 
