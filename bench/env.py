@@ -91,7 +91,7 @@ class Sizes:
     lateness_rate: int = 1_000
     lateness_seconds: int = 300
     #: Retry rates (records/s) the capacity measurement steps through, each for capacity_seconds.
-    capacity_rates: tuple[int, ...] = (1_000, 2_500, 5_000, 7_500, 10_000, 12_500)
+    capacity_rates: tuple[int, ...] = (1_000, 1_500, 2_000, 2_500, 3_000, 4_000, 5_000, 7_500, 10_000, 12_500)
     capacity_seconds: int = 300
     capacity_publish_rows: int = 200_000
 

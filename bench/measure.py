@@ -507,6 +507,8 @@ def main(settings: Settings, args: Any, say: Callable[[str], None] = print) -> i
             ("naive_rows", args.naive_rows),
             ("claim_large", args.claim_rows),
             ("lateness_seconds", args.lateness_seconds),
+            ("capacity_rates", getattr(args, "capacity_rates", None)),
+            ("capacity_seconds", getattr(args, "capacity_seconds", None)),
         )
         if value is not None
     }

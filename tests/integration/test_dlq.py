@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -368,8 +369,10 @@ def test_cli_lists_shows_and_replays_after_a_dry_run(
     audit = capsys.readouterr().out.splitlines()
     assert len(audit) == 3 and "replay 1 done" in audit[0] and "by cli:" in audit[0]
 
-    assert main(["dlq", "list", "--since", "yesterday"]) == 2
-    assert "neither an ISO-8601 time" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["dlq", "list", "--since", "yesterday"])
+    assert exited.value.code == 2
+    assert "argument --since: 'yesterday' is not a time: write an ISO-8601 time" in capsys.readouterr().err
 
 
 def test_cli_purges_in_batches_of_the_size_asked(
@@ -385,9 +388,50 @@ def test_cli_purges_in_batches_of_the_size_asked(
 
     assert main(["dlq", "purge", "--yes", "--batch-size", "2"]) == 0
     captured = capsys.readouterr()
-    assert captured.err.split() == ["2/5", "4/5", "5/5"]
+    # not a terminal: one plain line per batch on stderr (the bar is for terminals, test_cli.py)
+    assert captured.err.splitlines() == ["purge: 2/5 jobs", "purge: 4/5 jobs", "purge: 5/5 jobs"]
     assert "5 of 5 selected dead jobs purged" in captured.out
     assert sql(database_url, "SELECT count(*) FROM retry_jobs") == [(0,)]
+
+
+def test_in_a_terminal_a_replay_shows_a_progress_bar(database_url: str) -> None:
+    """stderr a real pseudo-terminal, as in an operator's shell; stdout (the result) a pipe."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    insert(database_url, [dead_job(i) for i in range(1, 7)])
+    leader, follower = pty.openpty()
+    env = {**os.environ, "RETRY_DATABASE_URL": database_url, "COLUMNS": "120", "TERM": "xterm"}
+    command = [
+        str(Path(sys.executable).parent / "retry-scheduler"),
+        "dlq",
+        "replay",
+        "--yes",
+        "--batch-size",
+        "2",
+    ]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=follower, text=True) as proc:
+        os.close(follower)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the command exited and closed the terminal
+                break
+            if not chunk:
+                break
+            screen += chunk
+        out = proc.stdout.read() if proc.stdout else ""
+    os.close(leader)
+    assert proc.returncode == 0, screen.decode(errors="replace")
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))  # colours, cursor
+    assert "replay ━━━━" in text and "6/6 jobs 100%" in text and "elapsed," in text, text
+    assert "replay: 2/6 jobs" not in text  # the plain lines are for pipes and logs
+    assert "6 of 6 selected dead jobs replayed" in out and "━" not in out
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'pending'") == [(6,)]
 
 
 def test_replay_leaves_dead_the_jobs_whose_destination_is_no_longer_allowed(database_url: str) -> None:

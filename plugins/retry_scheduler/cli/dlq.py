@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from retry_scheduler.cli.args import TIME_HELP, moment
+from retry_scheduler.cli.progress import progress
 from retry_scheduler.core.config import Settings
 
 
@@ -115,21 +117,19 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
             print("nothing done")
             return 1
 
-    def progress(done: int, total: int) -> None:
-        print(f"  {done}/{total}", file=sys.stderr)
-
-    outcome = run_action(
-        settings.database_url,
-        args.dlq_command,
-        flt,
-        actor=actor,
-        source="cli",
-        dry_run=False,
-        reset_attempts=reset,
-        progress=progress,
-        destinations=destinations,
-        **sizing,
-    )
+    with progress(args.dlq_command) as report:
+        outcome = run_action(
+            settings.database_url,
+            args.dlq_command,
+            flt,
+            actor=actor,
+            source="cli",
+            dry_run=False,
+            reset_attempts=reset,
+            progress=report,
+            destinations=destinations,
+            **sizing,
+        )
     print(to_json(outcome.as_json()) if args.json else outcome.summary())
     return 0
 
@@ -159,11 +159,9 @@ def _add_dlq_filters(parser: argparse.ArgumentParser, *, for_action: bool) -> No
     parser.add_argument("--error-class", metavar="GLOB", help="glob on the error class, e.g. '*Timeout*'")
     parser.add_argument("--search", metavar="TEXT", help="text in the reason or error class (any case)")
     parser.add_argument(
-        "--since", metavar="TIME", help="went dead at or after this ISO-8601 time, or this long ago (2h)"
+        "--since", type=moment, metavar="TIME", help=f"went dead at or after this: {TIME_HELP}"
     )
-    parser.add_argument(
-        "--until", metavar="TIME", help="went dead before this ISO-8601 time, or this long ago"
-    )
+    parser.add_argument("--until", type=moment, metavar="TIME", help=f"went dead before this: {TIME_HELP}")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     if for_action:
         parser.add_argument("--ids", metavar="ID,ID", help="only these job ids")

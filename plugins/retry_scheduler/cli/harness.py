@@ -72,6 +72,16 @@ def _cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if report["passed"] else 1
 
 
+def _rates(text: str) -> tuple[int, ...]:
+    try:
+        rates = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of rates like 1000,2000,5000") from None
+    if not rates or any(r < 1 for r in rates) or list(rates) != sorted(set(rates)):
+        raise argparse.ArgumentTypeError(f"{text!r}: give rising rates of at least 1, like 1000,2000,5000")
+    return rates
+
+
 def add_parsers(sub: Any) -> None:
     """Register ``bench`` and ``chaos``."""
     bench = sub.add_parser(
@@ -100,6 +110,16 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument("--naive-rows", type=int, metavar="N", help="due jobs for the naive poller (5000)")
     bench.add_argument("--claim-rows", type=int, metavar="N", help="rows of the large claim table (10000000)")
     bench.add_argument("--lateness-seconds", type=int, metavar="S", help="length of the lateness run (300)")
+    bench.add_argument(
+        "--capacity-rates",
+        type=_rates,
+        metavar="R,R",
+        help="retry rates (records/s) the capacity measurement steps through, lowest first, until one "
+        "is not sustained (1000,1500,2000,2500,3000,4000,5000,7500,10000,12500)",
+    )
+    bench.add_argument(
+        "--capacity-seconds", type=int, metavar="S", help="how long each capacity rate is held (300)"
+    )
     bench.add_argument("--db-name", default="retry_bench", help="the throwaway database (retry_bench)")
     bench.add_argument("--keep-db", action="store_true", help="keep the database afterwards, to look at it")
     bench.set_defaults(func=_cmd_bench)

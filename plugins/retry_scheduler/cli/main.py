@@ -1,4 +1,8 @@
-"""``retry-scheduler``: the command line of the retry and dead-letter service."""
+# PYTHON_ARGCOMPLETE_OK
+"""``retry-scheduler``: the command line of the retry and dead-letter service.
+
+Shell completion (bash, zsh): ``eval "$(register-python-argcomplete retry-scheduler)"``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from retry_scheduler import __version__
 from retry_scheduler.cli import dev, dlq, harness, service, spark
@@ -18,7 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="retry-scheduler",
         description="Delayed retries and dead letters for Kafka, run by Apache Airflow, kept in PostgreSQL.",
         epilog="Environment: RETRY_DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS, AIRFLOW_HOME, RETRY_POLICIES "
-        "and the RETRY_* settings (see the README, Configuration). The options below override them.",
+        "and the RETRY_* settings (see the README, Configuration); the global options override them. "
+        "Times and durations: an ISO-8601 time (UTC without a zone) or a duration ago; durations like "
+        '90s, 15m, 2h, 7d. Completion: eval "$(register-python-argcomplete retry-scheduler)".',
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
@@ -31,10 +38,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--kafka-bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers (KAFKA_BOOTSTRAP_SERVERS)"
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (service, dev, spark, dlq, harness):
+    sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
+    for group in (service, spark, dlq, dev, harness):
         group.add_parsers(sub)
+    _list_apart(parser, sub, DEVELOPMENT, "development and measurement (from a checkout or the dev extra)")
     return parser
+
+
+#: Commands for working on the service rather than operating it: listed apart in ``--help``.
+DEVELOPMENT = ("dev", "demo", "bench", "chaos")
+
+
+def _list_apart(parser: argparse.ArgumentParser, sub: Any, names: tuple[str, ...], title: str) -> None:
+    """Show the commands ``names`` under a heading of their own in ``--help`` (parsing is unchanged)."""
+    apart = [action for action in sub._choices_actions if action.dest in names]
+    sub._choices_actions[:] = [action for action in sub._choices_actions if action.dest not in names]
+    group = parser.add_argument_group(title)
+    group._group_actions.extend(apart)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -51,7 +71,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; exit status 0 done, 1 the command's own failure, 2 a usage or setup error."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    try:
+        import argcomplete
+    except ImportError:  # the SDK-only install has no command line dependencies
+        pass
+    else:
+        argcomplete.autocomplete(parser)  # answers the shell's completion request and exits, if one
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -8,6 +8,7 @@ import logging
 import threading
 from typing import Any
 
+from retry_scheduler.cli.args import DURATION_HELP, seconds
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import Status
 
@@ -18,7 +19,14 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.db.schema import migrate
 
     applied = migrate(settings.database_url)
-    print(f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied else "schema is up to date")
+    if args.json:
+        print(json.dumps({"applied": applied}))
+    else:
+        print(
+            f"applied {len(applied)} migration(s): {', '.join(applied)}"
+            if applied
+            else "schema is up to date"
+        )
     return 0
 
 
@@ -105,15 +113,23 @@ def add_parsers(sub: Any) -> None:
     """Register ``db``, ``status`` and ``run``."""
     db = sub.add_parser("db", help="database schema")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
-    db_sub.add_parser("migrate", help="apply pending migrations (idempotent)").set_defaults(func=_cmd_migrate)
+    migrate = db_sub.add_parser("migrate", help="apply pending migrations (idempotent)")
+    migrate.add_argument("--json", action="store_true", help="machine-readable output")
+    migrate.set_defaults(func=_cmd_migrate)
 
     status = sub.add_parser("status", help="jobs by status, oldest overdue job, lateness")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--destination", metavar="TOPIC", help="only jobs for this destination")
-    status.add_argument("--window", type=int, default=300, metavar="SECONDS", help="lateness window (300)")
+    status.add_argument(
+        "--window",
+        type=seconds,
+        default=300,
+        metavar="DURATION",
+        help=f"lateness window (5m): {DURATION_HELP}",
+    )
     status.set_defaults(func=_cmd_status)
 
     run = sub.add_parser("run", help="run the ingest and publish loops without Airflow")
-    run.add_argument("--seconds", type=float, default=60, help="how long to loop (default 60)")
+    run.add_argument("--seconds", type=float, default=60, metavar="S", help="how long to loop (default 60)")
     run.add_argument("--only", choices=["ingest", "publish"], help="run one loop only")
     run.set_defaults(func=_cmd_run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from retry_scheduler.cli.args import DURATION_HELP, TIME_HELP, duration, moment
 from retry_scheduler.core.config import Settings
 
 
@@ -15,8 +16,8 @@ def _cmd_bulk_retry(args: argparse.Namespace, settings: Settings) -> int:
         "destination": args.destination,
         "status": args.status,
         "error_class": args.error_class,
-        "since": args.since,
-        "until": args.until,
+        "since": args.since.isoformat() if args.since else None,
+        "until": args.until.isoformat() if args.until else None,
         "limit": args.limit,
         "dry_run": args.dry_run,
         "mark_batch": args.mark_batch,
@@ -57,8 +58,8 @@ def add_parsers(sub: Any) -> None:
     bulk.add_argument("--destination", metavar="TOPIC", help="only jobs for this destination")
     bulk.add_argument("--status", choices=["dead", "pending"], default="dead", help="which jobs (dead)")
     bulk.add_argument("--error-class", metavar="GLOB", help="glob on the error class, e.g. '*Timeout*'")
-    bulk.add_argument("--since", metavar="TIME", help="failed at or after this ISO-8601 time")
-    bulk.add_argument("--until", metavar="TIME", help="failed before this ISO-8601 time")
+    bulk.add_argument("--since", type=moment, metavar="TIME", help=f"failed at or after this: {TIME_HELP}")
+    bulk.add_argument("--until", type=moment, metavar="TIME", help=f"failed before this: {TIME_HELP}")
     bulk.add_argument("--limit", type=int, metavar="N", help="at most N jobs, oldest first")
     bulk.add_argument("--dry-run", action="store_true", help="only count the selected jobs")
     bulk.add_argument(
@@ -79,11 +80,19 @@ def add_parsers(sub: Any) -> None:
         "those rows from PostgreSQL in bounded batches.",
     )
     compact.add_argument(
-        "--older-than", default="7d", metavar="DURATION", help="processed before now - this (7d)"
+        "--older-than",
+        type=duration,
+        default="7d",
+        metavar="DURATION",
+        help=f"processed before now - this (7d): {DURATION_HELP}",
     )
     compact.add_argument("--archive", metavar="URI", help="local directory or Hadoop URI (RETRY_ARCHIVE_URI)")
     compact.add_argument(
-        "--dead-retention", default="30d", metavar="DURATION", help="keep dead jobs this long (30d)"
+        "--dead-retention",
+        type=duration,
+        default="30d",
+        metavar="DURATION",
+        help="keep dead jobs this long (30d)",
     )
     compact.add_argument("--dry-run", action="store_true", help="only count what would be archived")
     compact.add_argument(

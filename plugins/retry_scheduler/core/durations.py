@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -17,8 +18,8 @@ def parse_duration_ms(value: str | int | float) -> int:
     if isinstance(value, bool):
         raise ValueError(f"duration {value!r} must be a string like '5m' or a number of seconds")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"duration {value!r} must not be negative")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"duration {value!r} must be a finite number of seconds, not negative")
         return round(value * 1000)
     text = value.strip().lower()
     pos, total = 0, 0.0
