@@ -74,6 +74,8 @@ def test_spark_tasks_submit_like_the_cli(dagbag) -> None:
     ):
         task = dagbag.dags[dag_id].get_task(task_id)
         assert (task.application, task.name) == (str(app), dag_id)
+        # a backfill's runs compact one day at a time (one run holds the lock; the others would fail)
+        assert task.max_active_tis_per_dag == (1 if dag_id == "retry_compaction" else None)
         assert task.jars == jdbc_jars() and task.jars
         assert task.conf == spark_conf()
 

@@ -124,6 +124,54 @@ def test_claims_skip_future_jobs_and_jobs_another_publisher_holds(database_url: 
             assert [r.retry_id for r in b.claim_due(10)] == ["id-1"]
 
 
+def test_a_claim_reads_the_due_jobs_only_in_due_order_whatever_the_statistics(database_url: str) -> None:
+    """The claim walks retry_jobs_due_idx and stops at the first job not yet due: with 5 000 jobs
+    pending later it reads 10 index entries, not 5 010, and it does so on a table never analyzed (the
+    planner, left alone, then scans every pending job and sorts them). The plan is the one of the
+    real ``Store.claim_due`` call, sent back by PostgreSQL's auto_explain as a notice."""
+    now = int(time.time() * 1000)
+    with Store(database_url) as store:
+        store.insert_jobs([make_job(i, due_ms=now - 60_000 + i) for i in range(10)])
+        store.insert_jobs([make_job(100 + i, due_ms=now + 3_600_000 + i) for i in range(5_000)])
+        assert store.conn.execute(
+            "SELECT last_analyze, last_autoanalyze FROM pg_stat_user_tables WHERE relname = 'retry_jobs'"
+        ).fetchone() == (None, None)
+        for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                        "SET auto_explain.log_analyze = on", "SET auto_explain.log_format = json",
+                        "SET auto_explain.log_level = notice"):  # fmt: skip
+            store.conn.execute(setting)  # type: ignore[arg-type]
+        notices: list[str] = []
+        store.conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+
+        with store.conn.transaction():
+            claimed = store.claim_due(2_000)
+            raise psycopg.Rollback()
+        assert [r.retry_id for r in claimed] == [f"id-{i}" for i in range(10)]  # oldest due first
+        store.conn.execute("SELECT current_setting('enable_sort')")  # (the transaction ended: as configured)
+
+    plans = [json.loads(n[n.index("{") :]) for n in notices if "FOR UPDATE SKIP LOCKED" in n]
+    assert len(plans) == 1, notices
+
+    def nodes(node: dict) -> list[dict]:
+        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
+
+    tree = nodes(plans[0]["Plan"])
+    scans = [n for n in tree if n["Node Type"].endswith("Scan")]
+    assert [(n["Node Type"], n.get("Index Name")) for n in scans] == [("Index Scan", "retry_jobs_due_idx")]
+    assert "statement_timestamp()" in scans[0]["Index Cond"]
+    assert scans[0]["Actual Rows"] == 10 and scans[0].get("Rows Removed by Filter", 0) == 0
+    assert not any(n["Node Type"] == "Sort" for n in tree)
+    # inside the publisher's transaction, what follows the claim plans as configured again
+    reset = [n for n in notices if "pg_settings" in n]
+    assert reset, notices
+    with psycopg.connect(database_url) as conn, conn.transaction():
+        from retry_scheduler.db.schema import queries
+
+        conn.execute(queries()["claim_plan"])
+        conn.execute(queries()["claim_plan_reset"])
+        assert conn.execute("SHOW enable_sort").fetchone() == ("on",)
+
+
 def test_a_publisher_stuck_in_its_transaction_lets_its_jobs_go_after_the_lease(database_url: str) -> None:
     with Store(database_url) as stuck, Store(database_url) as other:
         stuck.insert_jobs([make_job(1)])

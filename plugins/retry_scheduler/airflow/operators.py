@@ -51,7 +51,7 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
 
 
 def spark_submit_operator(
-    *, task_id: str, application: Path, name: str, application_args: Any
+    *, task_id: str, application: Path, name: str, application_args: Any, **task_options: Any
 ) -> RetrySparkSubmitOperator:
     """The Spark submission of a retry-scheduler DAG, with what every job submission takes.
 
@@ -59,6 +59,7 @@ def spark_submit_operator(
     ``RETRY_SPARK_PACKAGES``, and the class archive of ``make spark-deps`` (``spark_conf``), are
     added as ``retry-scheduler bulk-retry|compact`` adds them. ``application_args`` may be an
     XComArg, resolved at run time; it holds no connection (:class:`RetrySparkSubmitOperator`).
+    ``task_options`` are the operator's own (``max_active_tis_per_dag``, ...).
     """
     return RetrySparkSubmitOperator(
         task_id=task_id,
@@ -69,4 +70,5 @@ def spark_submit_operator(
         packages=spark_packages(),
         name=name,
         application_args=application_args,
+        **task_options,
     )

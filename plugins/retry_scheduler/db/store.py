@@ -179,8 +179,11 @@ class Store:
         """
         self._require_transaction("claim_due")
         with self.conn.transaction():
+            # The plan walks the due index in order whatever the statistics say (queries.sql).
+            self.conn.execute(q("claim_plan"))
             # Binary results: bytea columns come as bytes, not as hex text to decode.
             rows = self.conn.execute(q("claim_due"), {"limit": limit}, binary=True).fetchall()
+            self.conn.execute(q("claim_plan_reset"))
         return [OutgoingRow(*row) for row in rows]
 
     def claim_dead(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:

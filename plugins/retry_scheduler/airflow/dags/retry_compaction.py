@@ -4,7 +4,7 @@
 Every night, moves processed jobs out of PostgreSQL into Parquet so the hot table stays small:
 the jobs published during the run's day, and the dead jobs whose retention (`dead_retention`, 30
 days) ended by the day's end. A dead job whose record is not yet on its DLQ topic is never taken.
-Each run's data interval is one UTC day; the run starts once the day is over. Catch-up and `airflow backfill create` re-run exactly the days asked for; a
+Each run's data interval is one UTC day; the run starts once the day is over. Catch-up and `airflow backfill create` re-run exactly the days asked for, one day at a time (the `compact` task runs once at a time across runs); a
 manual trigger archives the last complete day before the logical date it is given. Running a day twice neither duplicates
 archive rows nor deletes rows that are not in the archive: rows are deleted, in bounded batches,
 only after the archive was made durable (fsynced, on a local archive) and read back and found to
@@ -63,7 +63,13 @@ def retry_compaction() -> None:
         return compact_args(day=day, dead_retention=context["params"]["dead_retention"])
 
     spark_submit_operator(
-        task_id="compact", application=COMPACT_APP, name="retry_compaction", application_args=job_args()
+        task_id="compact",
+        application=COMPACT_APP,
+        name="retry_compaction",
+        application_args=job_args(),
+        # One compaction at a time holds the lock; a backfill's runs (which the DAG's max_active_runs
+        # does not limit) would otherwise start side by side and all but one fail into their retries.
+        max_active_tis_per_dag=1,
     )
 
 
