@@ -163,6 +163,14 @@ WHERE status = 'pending' AND due_at <= statement_timestamp()
 ORDER BY due_at
 LIMIT 1;
 
+-- name: backlog_due
+-- Jobs due now and not yet published, counted on the due index up to a cap (a gauge, read often).
+SELECT count(*) FROM (
+    SELECT 1 FROM retry_jobs
+    WHERE status = 'pending' AND due_at <= statement_timestamp()
+    LIMIT 100000
+) AS due;
+
 -- name: lateness
 -- Publish lateness (acknowledged minus due) of the jobs published in the last window.
 SELECT count(*),

@@ -13,6 +13,7 @@ from typing import Any
 
 from retry_scheduler.airflow.hook import settings_from_connections
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.metrics import Metrics
 from retry_scheduler.core.policy import load_policies
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import Ingestor
@@ -21,13 +22,17 @@ from retry_scheduler.loops.publish import Publisher
 log = logging.getLogger(__name__)
 
 
-def run_ingest(loop_seconds: float, settings: Settings | None = None) -> dict[str, Any]:
-    """Ingest the retry topics for ``loop_seconds``; returns the counts (pushed as XCom)."""
+def run_ingest(
+    loop_seconds: float, settings: Settings | None = None, metrics: Metrics | None = None
+) -> dict[str, Any]:
+    """Ingest the retry topics for ``loop_seconds``; returns the counts (pushed as XCom).
+
+    ``metrics``: where batches are reported (the DAG passes Airflow's metrics layer)."""
     settings = settings or settings_from_connections()
     registry = load_policies(settings.policies_file)
     log.info("policies from %s: %s", settings.policies_file, ", ".join(sorted(registry.policies)))
     with Store(settings.database_url) as store:
-        ingestor = Ingestor(settings, registry, store)
+        ingestor = Ingestor(settings, registry, store, metrics=metrics)
         try:
             counts = ingestor.run(loop_seconds)
         finally:
@@ -37,11 +42,15 @@ def run_ingest(loop_seconds: float, settings: Settings | None = None) -> dict[st
     return result
 
 
-def run_publish(loop_seconds: float, settings: Settings | None = None) -> dict[str, Any]:
-    """Publish due and dead jobs for ``loop_seconds``; returns the counts (pushed as XCom)."""
+def run_publish(
+    loop_seconds: float, settings: Settings | None = None, metrics: Metrics | None = None
+) -> dict[str, Any]:
+    """Publish due and dead jobs for ``loop_seconds``; returns the counts (pushed as XCom).
+
+    ``metrics``: where rounds, backlog and lateness are reported (the DAG passes Airflow's)."""
     settings = settings or settings_from_connections()
     with Store(settings.database_url) as store:
-        publisher = Publisher(settings, store)
+        publisher = Publisher(settings, store, metrics=metrics)
         try:
             counts = publisher.run(loop_seconds)
         finally:

@@ -280,6 +280,22 @@ class Store:
             "lateness": Lateness(int(late[0]), late[1], late[2], late[3], int(late[4])),
         }
 
+    def metrics_reading(self, window_s: int = 10) -> dict[str, Any]:
+        """The publish loop's gauges: due backlog (to 100 000), the oldest due job's wait, and the
+        lateness p50/p99 (seconds; None when nothing was published) over the last ``window_s``."""
+        params = {"destination": None, "window_s": window_s}
+        with self.conn.transaction():
+            backlog = self.conn.execute(q("backlog_due")).fetchone()
+            overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
+            late = self.conn.execute(q("lateness"), params).fetchone()
+        assert backlog is not None and late is not None
+        return {
+            "backlog_due": int(backlog[0]),
+            "oldest_overdue_s": 0.0 if overdue is None else max(0.0, float(overdue[3])),
+            "lateness_p50_s": late[1],
+            "lateness_p99_s": late[2],
+        }
+
     def monitor_reading(self, window_s: int, dead_window_s: int = 3600) -> dict[str, Any]:
         """What retry_monitor checks: the oldest overdue job, lateness over ``window_s``, recent dead jobs.
 

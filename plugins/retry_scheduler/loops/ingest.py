@@ -32,6 +32,7 @@ from retry_scheduler.core.config import Settings
 from retry_scheduler.core.durations import format_duration_ms
 from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import CopyRow
+from retry_scheduler.core.metrics import Metrics, NoMetrics
 from retry_scheduler.core.policy import PolicyRegistry
 from retry_scheduler.core.records import RowBuilder, limits_for
 from retry_scheduler.db.store import IngestLock, Store
@@ -125,9 +126,11 @@ class Ingestor:
         consumer: Consumer | None = None,
         clock: Callable[[], float] = time.time,
         share: Sequence[tuple[str, int, int]] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """``share``: a worker process's partitions (topic, partition, start offset), given by the
-        loop that holds the ingest lock; an ingestor with a share takes no lock of its own."""
+        loop that holds the ingest lock; an ingestor with a share takes no lock of its own.
+        ``metrics``: where each stored batch's counts are reported (its workers' too)."""
         self.settings = settings
         self.registry = registry
         self.store = store
@@ -145,6 +148,7 @@ class Ingestor:
             consumer = make_consumer(settings)
         self.consumer = consumer
         self.totals = IngestCounts()
+        self.metrics: Metrics = metrics or NoMetrics()
         self._control: Store | None = None
         self._lock: IngestLock | None = None
         self._assigned: set[tuple[str, int]] = set()
@@ -433,16 +437,28 @@ class Ingestor:
         try:
             counts = results.get(timeout=wait_s) if wait_s else results.get_nowait()
             while True:
-                self.totals.add(IngestCounts.from_dict(counts))
+                self._count(IngestCounts.from_dict(counts))
                 counts = results.get_nowait()
         except queue.Empty:
             pass
+
+    def _count(self, counts: IngestCounts) -> None:
+        """Add a stored batch's counts to the run's, and report them as metrics."""
+        self.totals.add(counts)
+        m = self.metrics
+        m.incr("retry_scheduler.ingest.records", counts.consumed)
+        m.incr("retry_scheduler.ingest.stored", counts.stored)
+        m.incr("retry_scheduler.ingest.duplicates", counts.duplicates)
+        m.incr("retry_scheduler.ingest.invalid", counts.dead.get("invalid", 0))
+        m.incr("retry_scheduler.ingest.dead", sum(counts.dead.values()))
+        if counts.consumed:
+            m.gauge("retry_scheduler.ingest.batch_size", counts.consumed)
 
     def _finish(self, batch: Batch, counts: IngestCounts) -> IngestCounts:
         """After a batch's rows are stored: commit its Kafka offsets and count it."""
         faults.checkpoint("ingest.stored")
         self._commit(batch.offsets)
-        self.totals.add(counts)
+        self._count(counts)
         log.info(
             "ingested %s records: %s stored, %s duplicates, %s pending, dead %s",
             counts.consumed, counts.stored, counts.duplicates, counts.pending, dict(counts.dead),

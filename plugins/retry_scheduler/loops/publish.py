@@ -20,6 +20,7 @@ from retry_scheduler.core import faults
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import OutgoingRow, destination_headers, dlq_headers
+from retry_scheduler.core.metrics import SNAPSHOT_EVERY_S, Metrics, NoMetrics
 from retry_scheduler.core.policy import load_policies
 from retry_scheduler.core.records import destinations_for
 from retry_scheduler.db.store import Store
@@ -77,8 +78,13 @@ class Publisher:
         clock: Callable[[], float] = time.time,
         store_factory: Callable[[str], Store] = Store,
         destinations: Destinations | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
+        """``metrics``: where each round's counts, and every :data:`SNAPSHOT_EVERY_S` the backlog
+        and lateness, are reported (by this publisher: its helpers report their rounds only)."""
         self.settings = settings
+        self.metrics: Metrics = metrics or NoMetrics()
+        self._snapshot_at = 0.0
         # Checked again before every publish: a destination taken off the list after its jobs were
         # stored is not published to (the job goes dead, invalid, with the reason).
         self.destinations = destinations or destinations_for(settings, load_policies(settings.policies_file))
@@ -249,6 +255,7 @@ class Publisher:
                     clock=self.clock,
                     store_factory=self.store_factory,
                     destinations=self.destinations,
+                    metrics=self.metrics,
                 )
                 self.helpers.append(helper)
                 threads.append(
@@ -278,6 +285,26 @@ class Publisher:
             total.add(publisher.totals)
         return total
 
+    def _report(self, batch: PublishCounts, *, snapshot: bool) -> None:
+        """A round's counts as metrics; now and then (``snapshot``) the backlog and lateness too."""
+        m = self.metrics
+        m.incr("retry_scheduler.publish.published", batch.published)
+        m.incr("retry_scheduler.publish.dead_published", batch.dead_published)
+        m.incr("retry_scheduler.publish.delivery_failures", batch.failed)
+        if batch.claimed:
+            m.gauge("retry_scheduler.publish.batch_size", batch.claimed)
+        now = self.clock()
+        if not snapshot or now - self._snapshot_at < SNAPSHOT_EVERY_S or isinstance(m, NoMetrics):
+            return
+        self._snapshot_at = now
+        reading = self.store.metrics_reading(window_s=60)
+        m.gauge("retry_scheduler.publish.backlog_due", reading["backlog_due"])
+        m.gauge("retry_scheduler.publish.oldest_overdue_s", reading["oldest_overdue_s"])
+        for name in ("p50", "p99"):
+            seconds = reading[f"lateness_{name}_s"]
+            if seconds is not None:
+                m.timing(f"retry_scheduler.publish.lateness_{name}", seconds * 1000)
+
     def published_so_far(self) -> int:
         """Jobs published by this publisher and its helpers in the current ``run`` (read while it runs)."""
         return sum(p.totals.published for p in (self, *self.helpers))
@@ -304,6 +331,7 @@ class Publisher:
                         batch.claimed, batch.published, batch.dead_published, batch.failed,
                     )  # fmt: skip
                 self.totals.add(batch)
+                self._report(batch, snapshot=not helper)
                 if batch.claimed >= self.settings.publish_batch:
                     continue  # more may be waiting
                 wait = self.store.seconds_until_next_due()

@@ -49,16 +49,18 @@ LOOP_SECONDS = 90
 def retry_scheduler() -> None:
     @task(execution_timeout=timedelta(minutes=5))
     def ingest() -> dict:
+        from retry_scheduler.airflow.metrics import AirflowMetrics
         from retry_scheduler.airflow.tasks import run_ingest
 
-        return run_ingest(float(get_current_context()["params"]["loop_seconds"]))
+        return run_ingest(float(get_current_context()["params"]["loop_seconds"]), metrics=AirflowMetrics())
 
     @task(execution_timeout=timedelta(minutes=5))
     def publish(shard: int = 0) -> dict:
         """One publisher group; ``shard`` only tells the mapped copies apart (they share the queue)."""
+        from retry_scheduler.airflow.metrics import AirflowMetrics
         from retry_scheduler.airflow.tasks import run_publish
 
-        return run_publish(float(get_current_context()["params"]["loop_seconds"]))
+        return run_publish(float(get_current_context()["params"]["loop_seconds"]), metrics=AirflowMetrics())
 
     ingest()
     tasks = publish_tasks()
