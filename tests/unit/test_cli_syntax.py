@@ -123,11 +123,3 @@ def test_the_shell_completes_commands_and_options(tmp_path: Path) -> None:
     assert complete("retry-scheduler dlq re") == ["replay "]
     assert "--reset-attempts " in complete("retry-scheduler dlq replay --re")
     assert complete("retry-scheduler dlq list --dead-reason ex") == ["exhausted", "expired"]  # two: no space
-
-
-def test_the_readme_lists_every_metric_the_loops_send() -> None:
-    from retry_scheduler.core.metrics import METRICS
-    from tests.conftest import ROOT
-
-    readme = (ROOT / "README.md").read_text()
-    assert [name for name in METRICS if f"| `{name}` |" not in readme] == []
