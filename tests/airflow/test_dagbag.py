@@ -57,6 +57,18 @@ def test_every_task_alerts_on_failure_through_every_channel(dagbag) -> None:
             )
 
 
+def test_every_dag_run_alerts_when_it_fails(dagbag) -> None:
+    from retry_scheduler.airflow.notifiers import EmailNotifier, LogNotifier, WebhookNotifier
+
+    for dag_id, dag in dagbag.dags.items():
+        callbacks = (
+            dag.on_failure_callback
+            if isinstance(dag.on_failure_callback, list)
+            else [dag.on_failure_callback]
+        )
+        assert {WebhookNotifier, EmailNotifier, LogNotifier} <= {type(cb) for cb in callbacks}, dag_id
+
+
 def test_policies_module_is_not_parsed_as_a_dag(dagbag) -> None:
     assert not any("retry_policies" in path for path in dagbag.import_errors)
     assert all(not dag.fileloc.endswith("retry_policies.py") for dag in dagbag.dags.values())

@@ -1,5 +1,6 @@
 """retry_monitor through Airflow's real ``dag.test()``: a crossed threshold posts one alert to the
-webhook connection, and a failing task reaches the same webhook through the failure callback."""
+webhook connection, and a failing task reaches the same webhook through the failure callbacks (the
+task's, then the run's)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,16 @@ def test_failing_task_alerts_through_the_failure_callback(
     run = dag.test()
 
     assert run.state == DagRunState.FAILED
-    [failure] = webhook.delivered()
+    # one alert for the task, then one for the run (the DAG's own failure callback)
+    failure, run_failed = webhook.delivered()
+    assert run_failed["text"] == (
+        f"[FAILED] retry_monitor run failed\nRun {run.run_id} of DAG retry_monitor failed: a task failed"
+    )
+    assert run_failed["alert"]["fields"] == {
+        "dag_id": "retry_monitor",
+        "run_id": run.run_id,
+        "reason": "task_failure",
+    }
     assert failure["text"].startswith(
         "[FAILED] retry_monitor.check failed\nTask check of DAG retry_monitor failed"
     )

@@ -132,6 +132,23 @@ def test_compaction_dag_archives_its_logical_day(airflow_db, airflow_env: Path, 
         left = conn.execute("SELECT published_at::date::text, count(*) FROM retry_jobs GROUP BY 1").fetchall()
     assert left == [("2026-11-19", 2)]  # the other day stays until its own run
 
+    # The run updated the archive's Asset, for downstream DAGs scheduled on it, with its day.
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from retry_scheduler.airflow.assets import ARCHIVE_ASSET
+
+    with create_session() as session:
+        events = session.execute(
+            select(AssetModel.name, AssetModel.uri, AssetEvent.extra)
+            .join(AssetEvent, AssetEvent.asset_id == AssetModel.id)
+            .where(AssetEvent.source_dag_id == "retry_compaction", AssetEvent.source_run_id == run.run_id)
+        ).all()
+    assert [tuple(e) for e in events] == [
+        (ARCHIVE_ASSET, airflow_env.as_uri(), {"day": "2026-11-20", "archive": airflow_env.as_uri()})
+    ]
+
 
 def test_cli_bulk_retry_and_compact(
     airflow_env: Path,

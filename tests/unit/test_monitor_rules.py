@@ -297,3 +297,17 @@ def test_alerts_and_the_log_channel_work_without_airflow() -> None:
         "WARNING ALERT [FIRING] t: x (check=c)",
         "None True",
     ]
+
+
+def test_a_run_s_failure_context_becomes_an_alert_naming_dag_run_and_reason() -> None:
+    run = SimpleNamespace(dag_id="retry_compaction", run_id="scheduled__2026-11-20")
+    alert = alert_from_context({"dag_run": run, "reason": "timed_out"})
+    assert (alert.title, alert.severity) == ("retry_compaction run failed", "failure")
+    assert (
+        alert.text == "Run scheduled__2026-11-20 of DAG retry_compaction failed: ran past its dagrun_timeout"
+    )
+    assert alert.fields == {
+        "dag_id": "retry_compaction",
+        "run_id": "scheduled__2026-11-20",
+        "reason": "timed_out",
+    }

@@ -48,6 +48,18 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
                 super().execute(context)
             finally:
                 self.application_args = job_args
+        self._describe_outlets(context, job_args)
+
+    def _describe_outlets(self, context: Any, job_args: list[str]) -> None:
+        """Give the task's asset events the job's day and archive (``--day``, ``--archive``), if it has them."""
+        extra = {
+            name.lstrip("-"): job_args[i + 1]
+            for i, name in enumerate(job_args[:-1])
+            if name in ("--day", "--archive")
+        }
+        if extra and self.outlets:
+            for outlet in self.outlets:
+                context["outlet_events"][outlet].extra = extra
 
 
 def spark_submit_operator(

@@ -280,6 +280,12 @@ class Store:
             "lateness": Lateness(int(late[0]), late[1], late[2], late[3], int(late[4])),
         }
 
+    def lateness(self, window_s: int, destination: str | None = None) -> Lateness:
+        """Publish lateness of the jobs published in the last ``window_s`` seconds."""
+        late = self.conn.execute(q("lateness"), {"destination": destination, "window_s": window_s}).fetchone()
+        assert late is not None
+        return Lateness(int(late[0]), late[1], late[2], late[3], int(late[4]))
+
     def metrics_reading(self, window_s: int = 10) -> dict[str, Any]:
         """The publish loop's gauges: due backlog (to 100 000), the oldest due job's wait, and the
         lateness p50/p99 (seconds; None when nothing was published) over the last ``window_s``."""

@@ -55,6 +55,9 @@ class IngestCounts:
     batches: int = 0
     #: Records whose timestamp was outside the trusted window: their ingest time counted instead.
     untrusted_timestamps: int = 0
+    #: The batch that took longest to store: its seconds and records.
+    slowest_batch_s: float = 0.0
+    slowest_batch_records: int = 0
 
     def add(self, other: IngestCounts) -> None:
         self.consumed += other.consumed
@@ -64,13 +67,18 @@ class IngestCounts:
         self.dead.update(other.dead)
         self.batches += other.batches
         self.untrusted_timestamps += other.untrusted_timestamps
+        if other.slowest_batch_s > self.slowest_batch_s:
+            self.slowest_batch_s, self.slowest_batch_records = (
+                other.slowest_batch_s,
+                other.slowest_batch_records,
+            )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IngestCounts:
         """Inverse of :meth:`as_dict` (counts come back from worker processes as dicts)."""
         return cls(
             d["consumed"], d["stored"], d["duplicates"], d["pending"], Counter(d["dead"]), d["batches"],
-            d.get("untrusted_timestamps", 0),
+            d.get("untrusted_timestamps", 0), d.get("slowest_batch_s", 0.0), d.get("slowest_batch_records", 0),
         )  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,6 +90,8 @@ class IngestCounts:
             "dead": dict(self.dead),
             "batches": self.batches,
             "untrusted_timestamps": self.untrusted_timestamps,
+            "slowest_batch_s": round(self.slowest_batch_s, 3),
+            "slowest_batch_records": self.slowest_batch_records,
         }
 
 
@@ -274,10 +284,12 @@ class Ingestor:
 
     def store_batch(self, batch: Batch) -> IngestCounts:
         """Store a batch's rows and its next offsets in one transaction."""
+        began = time.perf_counter()
         stored = self.store.insert_rows(
             batch.rows, consumer_group=self.settings.consumer_group, offsets=batch.offsets
         )
         counts = IngestCounts(consumed=len(batch.rows), stored=len(stored), batches=1)
+        counts.slowest_batch_s, counts.slowest_batch_records = time.perf_counter() - began, len(batch.rows)
         untrusted = batch.untrusted_timestamps
         if untrusted:
             counts.untrusted_timestamps = untrusted

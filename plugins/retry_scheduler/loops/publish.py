@@ -46,6 +46,9 @@ class PublishCounts:
     failed: int = 0
     lateness_max_s: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)
+    #: The round that took longest (claim, produce, acknowledgements, mark): its seconds and jobs.
+    slowest_round_s: float = 0.0
+    slowest_round_jobs: int = 0
 
     def add(self, other: PublishCounts) -> None:
         self.claimed += other.claimed
@@ -55,6 +58,8 @@ class PublishCounts:
         self.lateness_max_s = max(self.lateness_max_s, other.lateness_max_s)
         for k, v in other.errors.items():
             self.errors[k] = self.errors.get(k, 0) + v
+        if other.slowest_round_s > self.slowest_round_s:
+            self.slowest_round_s, self.slowest_round_jobs = other.slowest_round_s, other.slowest_round_jobs
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +68,8 @@ class PublishCounts:
             "dead_published": self.dead_published,
             "failed": self.failed,
             "errors": dict(self.errors),
+            "slowest_round_s": round(self.slowest_round_s, 3),
+            "slowest_round_jobs": self.slowest_round_jobs,
         }
 
 
@@ -201,6 +208,7 @@ class Publisher:
         which also tells DLQ operations that a job is being sent right now.
         """
         counts = PublishCounts()
+        began = time.perf_counter()
         s = self.settings
         failed: list[tuple[int, str]] = []
         dead_rows = self.store.claim_dead(s.publish_batch, s.lease_ms, self.worker)
@@ -225,6 +233,8 @@ class Publisher:
             if failed:
                 counts.failed = self.store.mark_failed(failed)
         counts.claimed = len(dead_rows) + len(due_rows)
+        if counts.claimed:
+            counts.slowest_round_s, counts.slowest_round_jobs = time.perf_counter() - began, counts.claimed
         if failed:
             for _, error in failed:
                 counts.errors[error] = counts.errors.get(error, 0) + 1

@@ -59,8 +59,11 @@ class Alert:
 
 
 def alert_from_context(context: Mapping[str, Any]) -> Alert:
-    """The Alert for a task-failure callback context (Airflow's ``ti``, ``exception``...)."""
+    """The Alert for a failure callback's context: a task's (``ti``, ``exception``...) or, without a
+    task instance, a DAG run's (``dag_run``, ``reason``: ``task_failure``, ``timed_out``...)."""
     ti = context.get("ti") or context.get("task_instance")
+    if ti is None and context.get("dag_run") is not None:
+        return _run_alert(context)
     dag = context.get("dag")
     dag_id = getattr(ti, "dag_id", None) or getattr(dag, "dag_id", None) or "?"
     task_id = getattr(ti, "task_id", None) or "?"
@@ -89,4 +92,19 @@ def alert_from_context(context: Mapping[str, Any]) -> Alert:
             "log_url": log_url,
             "error": reason or None,
         },
+    )
+
+
+def _run_alert(context: Mapping[str, Any]) -> Alert:
+    run = context["dag_run"]
+    dag_id = getattr(run, "dag_id", None) or getattr(context.get("dag"), "dag_id", None) or "?"
+    run_id = getattr(run, "run_id", None) or context.get("run_id")
+    reason = str(context.get("reason") or "")[:_MAX_ERROR_CHARS]
+    why = {"timed_out": "ran past its dagrun_timeout", "task_failure": "a task failed"}.get(reason, reason)
+    text = f"Run {run_id} of DAG {dag_id} failed" + (f": {why}" if why else "")
+    return Alert(
+        title=f"{dag_id} run failed",
+        text=text,
+        severity="failure",
+        fields={"dag_id": dag_id, "run_id": run_id, "reason": reason or None},
     )

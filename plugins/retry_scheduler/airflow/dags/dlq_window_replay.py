@@ -38,6 +38,7 @@ except ImportError:  # Airflow 3.1 has it only here
 
 from retry_scheduler.airflow.dags import default_args, in_dag_file
 from retry_scheduler.airflow.dags.dlq_replay import DEAD_REASONS
+from retry_scheduler.airflow.notifiers import failure_notifiers
 from retry_scheduler.core.protocol import TOPIC_PATTERN
 
 
@@ -52,6 +53,8 @@ from retry_scheduler.core.protocol import TOPIC_PATTERN
     dagrun_timeout=timedelta(hours=6),
     # a retry continues where a failed run stopped: replayed jobs are no longer dead
     default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
+    # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
+    on_failure_callback=failure_notifiers(),
     params={
         "destination": Param(
             None,

@@ -21,6 +21,7 @@ import pendulum
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 
 from retry_scheduler.airflow.dags import default_args, in_dag_file
+from retry_scheduler.airflow.notifiers import failure_notifiers
 from retry_scheduler.airflow.operators import spark_submit_operator
 from retry_scheduler.core.protocol import TOPIC_PATTERN
 from retry_scheduler.spark.submit import BULK_RETRY_APP
@@ -33,6 +34,8 @@ from retry_scheduler.spark.submit import BULK_RETRY_APP
     catchup=False,
     max_active_runs=1,
     default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
+    # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
+    on_failure_callback=failure_notifiers(),
     params={
         "destination": Param(
             None,

@@ -10,6 +10,9 @@ archive rows nor deletes rows that are not in the archive: rows are deleted, in 
 only after the archive was made durable (fsynced, on a local archive) and read back and found to
 hold every one of them.
 
+Each run that archived its day updates the Asset `retry_scheduler_archive` (extra: `day`,
+`archive`): schedule a DAG on `retry_scheduler.airflow.assets.archive_asset()` to load each day.
+
 Archive: `RETRY_ARCHIVE_URI` (a local directory or any Hadoop-compatible URI), partitioned by
 `day` and `destination`, with a JSON manifest per run. Same job on the command line:
 `retry-scheduler compact`.
@@ -27,7 +30,9 @@ try:
 except ImportError:  # Airflow 3.1 has it only here
     from airflow.timetables.interval import CronDataIntervalTimetable  # type: ignore[assignment]
 
+from retry_scheduler.airflow.assets import archive_asset
 from retry_scheduler.airflow.dags import default_args, in_dag_file
+from retry_scheduler.airflow.notifiers import failure_notifiers
 from retry_scheduler.airflow.operators import spark_submit_operator
 from retry_scheduler.spark.submit import COMPACT_APP
 
@@ -41,6 +46,8 @@ from retry_scheduler.spark.submit import COMPACT_APP
     catchup=True,
     max_active_runs=1,
     default_args=default_args(retries=2, retry_delay=timedelta(minutes=5)),
+    # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
+    on_failure_callback=failure_notifiers(),
     params={
         "dead_retention": Param(
             "30d", type="string", pattern=r"^(\d+(ms|s|m|h|d))+$", title="Keep dead jobs in PostgreSQL for"
@@ -70,6 +77,8 @@ def retry_compaction() -> None:
         # One compaction at a time holds the lock; a backfill's runs (which the DAG's max_active_runs
         # does not limit) would otherwise start side by side and all but one fail into their retries.
         max_active_tis_per_dag=1,
+        # Each run that archived its day updates the archive's Asset (extra: day, archive).
+        outlets=[archive_asset()],
     )
 
 

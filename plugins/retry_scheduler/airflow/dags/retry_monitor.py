@@ -39,6 +39,7 @@ import pendulum
 from airflow.sdk import DAG, dag, task
 
 from retry_scheduler.airflow.dags import default_args, in_dag_file
+from retry_scheduler.airflow.notifiers import failure_notifiers
 
 
 @dag(
@@ -49,6 +50,8 @@ from retry_scheduler.airflow.dags import default_args, in_dag_file
     max_active_runs=1,
     dagrun_timeout=timedelta(minutes=4),
     default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
+    # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
+    on_failure_callback=failure_notifiers(),
     tags=["retry-scheduler", "monitoring"],
     doc_md=__doc__,
 )
