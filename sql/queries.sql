@@ -163,6 +163,13 @@ WHERE status = 'pending' AND due_at <= statement_timestamp()
 ORDER BY due_at
 LIMIT 1;
 
+-- name: vacuum_state
+-- Whether autovacuum runs on this server, and retry_jobs' dead rows (what claims walk until vacuumed).
+SELECT current_setting('autovacuum')::boolean, coalesce(n_dead_tup, 0), coalesce(n_live_tup, 0),
+       greatest(last_vacuum, last_autovacuum)
+FROM (SELECT 1) AS one
+LEFT JOIN pg_stat_user_tables ON relname = 'retry_jobs' AND schemaname = current_schema();
+
 -- name: backlog_due
 -- Jobs due now and not yet published, counted on the due index up to a cap (a gauge, read often).
 SELECT count(*) FROM (

@@ -71,12 +71,13 @@ def test_failing_task_alerts_through_the_failure_callback(
     # one alert for the task, then one for the run (the DAG's own failure callback)
     failure, run_failed = webhook.delivered()
     assert run_failed["text"] == (
-        f"[FAILED] retry_monitor run failed\nRun {run.run_id} of DAG retry_monitor failed: a task failed"
+        f"[FAILED] retry_monitor run failed\nRun {run.run_id} of DAG retry_monitor failed: a task failed (check)"
     )
     assert run_failed["alert"]["fields"] == {
         "dag_id": "retry_monitor",
         "run_id": run.run_id,
         "reason": "task_failure",
+        "task_id": "check",
     }
     assert failure["text"].startswith(
         "[FAILED] retry_monitor.check failed\nTask check of DAG retry_monitor failed"

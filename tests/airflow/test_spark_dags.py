@@ -146,7 +146,7 @@ def test_compaction_dag_archives_its_logical_day(airflow_db, airflow_env: Path, 
             .where(AssetEvent.source_dag_id == "retry_compaction", AssetEvent.source_run_id == run.run_id)
         ).all()
     assert [tuple(e) for e in events] == [
-        (ARCHIVE_ASSET, airflow_env.as_uri(), {"day": "2026-11-20", "archive": airflow_env.as_uri()})
+        (ARCHIVE_ASSET, ARCHIVE_ASSET, {"day": "2026-11-20", "archive": airflow_env.as_uri()})
     ]
 
 

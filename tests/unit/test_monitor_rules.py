@@ -310,4 +310,9 @@ def test_a_run_s_failure_context_becomes_an_alert_naming_dag_run_and_reason() ->
         "dag_id": "retry_compaction",
         "run_id": "scheduled__2026-11-20",
         "reason": "timed_out",
+        "task_id": None,
     }
+    # Airflow hands a run's failure callback the failed task's instance too: still the run's alert
+    ti = SimpleNamespace(dag_id="retry_monitor", task_id="check", run_id="manual__1", try_number=1)
+    alert = alert_from_context({"ti": ti, "reason": "task_failure"})
+    assert alert.text == "Run manual__1 of DAG retry_monitor failed: a task failed (check)"

@@ -92,6 +92,10 @@ class AlertNotifier(BaseNotifier):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(conn_id={self.conn_id!r})"
 
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        """Nothing to render: a channel has no templated fields (and ``dag.test()`` hands a DAG run's
+        callback a serialized DAG, which has no template environment)."""
+
     def notify(self, context: Any) -> None:
         """The Airflow callback: never raises, so a broken channel cannot fail the task."""
         try:

@@ -48,6 +48,7 @@ def status_report(settings: Settings, destination: str | None, window_s: int) ->
         "max_s": late.max_s,
         "early": late.early,
     }
+    report["vacuum"] = raw["vacuum"]
     report["destination"] = destination
     return report
 
@@ -81,6 +82,13 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         f"  lateness, last {late['window_s']}s: {late['published']} published, p50 {_fmt_s(late['p50_s'])}, "
         f"p99 {_fmt_s(late['p99_s'])}, max {_fmt_s(late['max_s'])}, early {late['early']}"
     )
+    vacuum = report["vacuum"]
+    if not vacuum["autovacuum"]:
+        print(
+            f"  warning: autovacuum is off on this PostgreSQL server; retry_jobs has {vacuum['dead_rows']:,} dead "
+            "rows, which every claim walks until a VACUUM: turn autovacuum on (the default), or VACUUM "
+            "retry_jobs regularly"
+        )
     return 0
 
 

@@ -265,8 +265,15 @@ class Store:
             dead = dict(self.conn.execute(q("dead_by_reason"), params).fetchall())
             overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
             late = self.conn.execute(q("lateness"), params).fetchone()
-        assert late is not None
+            vacuum = self.conn.execute(q("vacuum_state")).fetchone()
+        assert late is not None and vacuum is not None
         return {
+            "vacuum": {
+                "autovacuum": bool(vacuum[0]),
+                "dead_rows": int(vacuum[1]),
+                "live_rows": int(vacuum[2]),
+                "last_vacuum": vacuum[3].isoformat() if vacuum[3] else None,
+            },
             "counts": counts,
             "dead_by_reason": dead,
             "oldest_overdue": None

@@ -62,7 +62,7 @@ def alert_from_context(context: Mapping[str, Any]) -> Alert:
     """The Alert for a failure callback's context: a task's (``ti``, ``exception``...) or, without a
     task instance, a DAG run's (``dag_run``, ``reason``: ``task_failure``, ``timed_out``...)."""
     ti = context.get("ti") or context.get("task_instance")
-    if ti is None and context.get("dag_run") is not None:
+    if context.get("reason"):  # only a DAG run's callback has one (its failed task's ti, if any, too)
         return _run_alert(context)
     dag = context.get("dag")
     dag_id = getattr(ti, "dag_id", None) or getattr(dag, "dag_id", None) or "?"
@@ -96,15 +96,19 @@ def alert_from_context(context: Mapping[str, Any]) -> Alert:
 
 
 def _run_alert(context: Mapping[str, Any]) -> Alert:
-    run = context["dag_run"]
-    dag_id = getattr(run, "dag_id", None) or getattr(context.get("dag"), "dag_id", None) or "?"
-    run_id = getattr(run, "run_id", None) or context.get("run_id")
+    run, ti = context.get("dag_run"), context.get("ti") or context.get("task_instance")
+    dag_id = (
+        next((getattr(o, "dag_id", None) for o in (run, ti, context.get("dag")) if o is not None), None)
+        or "?"
+    )
+    run_id = getattr(run, "run_id", None) or getattr(ti, "run_id", None) or context.get("run_id")
     reason = str(context.get("reason") or "")[:_MAX_ERROR_CHARS]
     why = {"timed_out": "ran past its dagrun_timeout", "task_failure": "a task failed"}.get(reason, reason)
-    text = f"Run {run_id} of DAG {dag_id} failed" + (f": {why}" if why else "")
+    task_id = getattr(ti, "task_id", None)
+    text = f"Run {run_id} of DAG {dag_id} failed: {why}" + (f" ({task_id})" if task_id else "")
     return Alert(
         title=f"{dag_id} run failed",
         text=text,
         severity="failure",
-        fields={"dag_id": dag_id, "run_id": run_id, "reason": reason or None},
+        fields={"dag_id": dag_id, "run_id": run_id, "reason": reason, "task_id": task_id},
     )

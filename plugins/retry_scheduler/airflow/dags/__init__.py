@@ -13,6 +13,7 @@ runs it from the DAGs folder like any other DAG.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,14 @@ def default_args(*, retries: int, retry_delay: timedelta) -> dict[str, Any]:
         "retry_delay": retry_delay,
         "on_failure_callback": failure_notifiers(),
     }
+
+
+def run_failure_callbacks() -> list[Callable[[Any], None]]:
+    """What every DAG of the service takes as its own ``on_failure_callback``: the failure alerts of
+    its tasks, for a run that fails or outlives its ``dagrun_timeout``."""
+    from retry_scheduler.airflow.notifiers import failure_notifiers
+
+    return list(failure_notifiers())
 
 
 def in_dag_file(dag: DAG) -> DAG:

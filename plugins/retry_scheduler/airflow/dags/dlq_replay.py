@@ -24,8 +24,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 
-from retry_scheduler.airflow.dags import default_args, in_dag_file
-from retry_scheduler.airflow.notifiers import failure_notifiers
+from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
 from retry_scheduler.core.protocol import TOPIC_PATTERN
 
 DEAD_REASONS = ["exhausted", "expired", "fatal", "requested", "invalid"]
@@ -41,7 +40,7 @@ DEAD_REASONS = ["exhausted", "expired", "fatal", "requested", "invalid"]
     # a retry continues where a failed run stopped: replayed or purged jobs are no longer dead
     default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
     # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=failure_notifiers(),
+    on_failure_callback=run_failure_callbacks(),
     params={
         "action": Param("replay", enum=["replay", "purge"], title="Action"),
         "destination": Param(

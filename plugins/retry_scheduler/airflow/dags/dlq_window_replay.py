@@ -36,9 +36,8 @@ try:
 except ImportError:  # Airflow 3.1 has it only here
     from airflow.timetables.interval import CronDataIntervalTimetable  # type: ignore[assignment]
 
-from retry_scheduler.airflow.dags import default_args, in_dag_file
+from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
 from retry_scheduler.airflow.dags.dlq_replay import DEAD_REASONS
-from retry_scheduler.airflow.notifiers import failure_notifiers
 from retry_scheduler.core.protocol import TOPIC_PATTERN
 
 
@@ -54,7 +53,7 @@ from retry_scheduler.core.protocol import TOPIC_PATTERN
     # a retry continues where a failed run stopped: replayed jobs are no longer dead
     default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
     # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=failure_notifiers(),
+    on_failure_callback=run_failure_callbacks(),
     params={
         "destination": Param(
             None,

@@ -20,8 +20,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 
-from retry_scheduler.airflow.dags import default_args, in_dag_file
-from retry_scheduler.airflow.notifiers import failure_notifiers
+from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
 from retry_scheduler.airflow.operators import spark_submit_operator
 from retry_scheduler.core.protocol import TOPIC_PATTERN
 from retry_scheduler.spark.submit import BULK_RETRY_APP
@@ -35,7 +34,7 @@ from retry_scheduler.spark.submit import BULK_RETRY_APP
     max_active_runs=1,
     default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
     # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=failure_notifiers(),
+    on_failure_callback=run_failure_callbacks(),
     params={
         "destination": Param(
             None,

@@ -31,8 +31,7 @@ except ImportError:  # Airflow 3.1 has it only here
     from airflow.timetables.interval import CronDataIntervalTimetable  # type: ignore[assignment]
 
 from retry_scheduler.airflow.assets import archive_asset
-from retry_scheduler.airflow.dags import default_args, in_dag_file
-from retry_scheduler.airflow.notifiers import failure_notifiers
+from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
 from retry_scheduler.airflow.operators import spark_submit_operator
 from retry_scheduler.spark.submit import COMPACT_APP
 
@@ -47,7 +46,7 @@ from retry_scheduler.spark.submit import COMPACT_APP
     max_active_runs=1,
     default_args=default_args(retries=2, retry_delay=timedelta(minutes=5)),
     # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=failure_notifiers(),
+    on_failure_callback=run_failure_callbacks(),
     params={
         "dead_retention": Param(
             "30d", type="string", pattern=r"^(\d+(ms|s|m|h|d))+$", title="Keep dead jobs in PostgreSQL for"

@@ -38,8 +38,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, dag, task
 
-from retry_scheduler.airflow.dags import default_args, in_dag_file
-from retry_scheduler.airflow.notifiers import failure_notifiers
+from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
 
 
 @dag(
@@ -51,7 +50,7 @@ from retry_scheduler.airflow.notifiers import failure_notifiers
     dagrun_timeout=timedelta(minutes=4),
     default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
     # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=failure_notifiers(),
+    on_failure_callback=run_failure_callbacks(),
     tags=["retry-scheduler", "monitoring"],
     doc_md=__doc__,
 )

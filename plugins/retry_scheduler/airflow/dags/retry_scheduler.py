@@ -25,8 +25,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 
-from retry_scheduler.airflow.dags import default_args, in_dag_file
-from retry_scheduler.airflow.notifiers import failure_notifiers
+from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
 
 LOOP_SECONDS = 90
 
@@ -40,7 +39,7 @@ LOOP_SECONDS = 90
     dagrun_timeout=timedelta(minutes=10),
     default_args=default_args(retries=2, retry_delay=timedelta(seconds=5)),
     # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=failure_notifiers(),
+    on_failure_callback=run_failure_callbacks(),
     params={
         "loop_seconds": Param(
             LOOP_SECONDS, type="integer", minimum=1, maximum=3600, description="How long each task loops."
