@@ -7,6 +7,10 @@ TRUNCATE retry_jobs RESTART IDENTITY;
 -- name: bench_max_id
 SELECT coalesce(max(id), 0) FROM retry_jobs;
 
+-- name: bench_autovacuum
+-- Whether the server vacuums tables by itself (the capacity report says so when it does not).
+SHOW autovacuum;
+
 -- name: bench_analyze
 -- After a bulk load: the statistics autovacuum would gather within a minute (the steady state).
 ANALYZE retry_jobs;
