@@ -287,6 +287,52 @@ def test_crash_between_produce_and_mark_republishes_with_same_identity(loop: Loo
     assert loop.rows()[0]["status"] == "published"
 
 
+def test_metrics_are_reported_per_round_and_a_failing_snapshot_never_stops_publishing(loop: Loop) -> None:
+    """The metrics sink records what the loop reports (a recorder at that one boundary); the snapshot's
+    reading fails, as a statement timeout would, and the loop publishes on."""
+    import threading
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, str, float]] = []
+
+        def incr(self, name: str, count: int = 1) -> None:
+            self.sent.append(("incr", name, count))
+
+        def gauge(self, name: str, value: float) -> None:
+            self.sent.append(("gauge", name, value))
+
+        def timing(self, name: str, ms: float) -> None:
+            self.sent.append(("timing", name, ms))
+
+    loop.send(
+        [
+            {"key": str(i).encode(), "value": b"v", "headers": hdr(destination=loop.dest, at="0")}
+            for i in range(3)
+        ]
+    )
+    loop.ingest(3)
+    recorder = Recorder()
+    with loop.store() as store:
+        publisher = Publisher(loop.settings, store, metrics=recorder)
+
+        def timed_out() -> dict:
+            raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+
+        store.metrics_reading = timed_out  # type: ignore[method-assign]
+        stop = threading.Event()
+        rounds = iter(range(3))
+        publisher.work(stop, go_on=lambda: next(rounds, None) is not None)
+        publisher.close()
+    assert publisher.totals.published == 3
+    assert ("incr", "retry_scheduler.publish.published", 3) in recorder.sent
+    assert ("gauge", "retry_scheduler.publish.batch_size", 3) in recorder.sent
+    assert not [
+        s for s in recorder.sent if s[1].endswith(("backlog_due", "lateness_p99"))
+    ]  # snapshot skipped
+    assert [r["status"] for r in loop.rows()] == ["published"] * 3
+
+
 def test_a_job_in_flight_is_not_claimed_by_another_publisher(loop: Loop) -> None:
     loop.send(
         [

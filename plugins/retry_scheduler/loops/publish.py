@@ -307,7 +307,11 @@ class Publisher:
         if not snapshot or now - self._snapshot_at < SNAPSHOT_EVERY_S or isinstance(m, NoMetrics):
             return
         self._snapshot_at = now
-        reading = self.store.metrics_reading(window_s=60)
+        try:
+            reading = self.store.metrics_reading()
+        except Exception as exc:  # metrics never stop the loop; the next round's claim meets a real fault
+            log.warning("metrics snapshot skipped: %s: %s", type(exc).__name__, exc)
+            return
         m.gauge("retry_scheduler.publish.backlog_due", reading["backlog_due"])
         m.gauge("retry_scheduler.publish.oldest_overdue_s", reading["oldest_overdue_s"])
         for name in ("p50", "p99"):
