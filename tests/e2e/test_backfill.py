@@ -19,7 +19,6 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import Status
 from retry_scheduler.dev.airflow_api import (
     api_token,
@@ -28,9 +27,8 @@ from retry_scheduler.dev.airflow_api import (
     unpause_dag,
     wait_for_backfills,
 )
-from retry_scheduler.dev.procs import free_port
 from retry_scheduler.dev.stack import DevStack, airflow_cli
-from tests.conftest import checkout_database
+from tests.e2e.stacks import new_dev_stack
 from tests.integration.test_dlq import dead_job, insert, sql
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
@@ -39,15 +37,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 @pytest.fixture
 def stack(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("RETRY_ARCHIVE_URI", (tmp_path / "archive").as_uri())
-    settings = Settings(database_url=database_url, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
-    stack = DevStack(
-        settings,
-        api_port=free_port(),
-        metadata_db=checkout_database("retry_airflow_backfill_"),
-        airflow_home=tmp_path / "airflow",
-        say=lambda _message: None,
-    )
-    stack.log_dir = tmp_path / "logs"
+    stack = new_dev_stack(database_url, tmp_path, "retry_airflow_backfill_")
     with stack:
         yield stack
 

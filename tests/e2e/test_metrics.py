@@ -20,13 +20,10 @@ import pytest
 from confluent_kafka import Producer
 
 from retry_scheduler.core import protocol
-from retry_scheduler.core.config import Settings
 from retry_scheduler.core.metrics import METRICS
 from retry_scheduler.dev.airflow_api import api_token, trigger_dag, unpause_dag
 from retry_scheduler.dev.demo import warm_up
-from retry_scheduler.dev.procs import free_port
-from retry_scheduler.dev.stack import DevStack
-from tests.conftest import checkout_database
+from tests.e2e.stacks import new_dev_stack
 from tests.kafkautil import consume, create_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
@@ -83,15 +80,8 @@ def test_the_loops_report_counts_backlog_and_lateness_through_airflow_statsd(
     for key, value in {"STATSD_ON": "True", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": str(receiver.port),
                        "STATSD_PREFIX": "airflow"}.items():  # fmt: skip
         monkeypatch.setenv(f"AIRFLOW__METRICS__{key}", value)
-    settings = Settings(database_url=database_url, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
-    stack = DevStack(
-        settings,
-        api_port=free_port(),
-        metadata_db=checkout_database("retry_airflow_metrics_"),
-        airflow_home=tmp_path / "airflow",
-        say=lambda _message: None,
-    )
-    stack.log_dir = tmp_path / "logs"
+    stack = new_dev_stack(database_url, tmp_path, "retry_airflow_metrics_")
+    settings = stack.settings
     destination = f"demo.metrics-{uuid.uuid4().hex[:8]}"  # dags/retry_policies.py allows demo.*
     try:
         with stack:

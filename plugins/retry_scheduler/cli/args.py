@@ -19,16 +19,22 @@ DURATION_HELP = "90s, 15m, 2h, 7d, 1h30m or seconds"
 TIME_HELP = "an ISO-8601 time (UTC without a zone) or a duration ago (2h, 7d)"
 
 
+def _ms(text: str) -> int:
+    """A duration or plain seconds in milliseconds, within what a date can be moved by (about 2.7
+    million years); ValueError or OverflowError otherwise."""
+    ms = parse_duration_ms(float(text) if _is_number(text) else text)
+    timedelta(milliseconds=ms)
+    return ms
+
+
 def duration_ms(value: str) -> int:
     """A duration in milliseconds; ``argparse.ArgumentTypeError`` names the accepted forms."""
     try:
-        ms = parse_duration_ms(float(value) if _is_number(value) else value)
-        timedelta(milliseconds=ms)  # within what a date can be moved by (about 2.7 million years)
+        return _ms(value)
     except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a duration: write it like {DURATION_HELP}"
         ) from None
-    return ms
 
 
 def duration(value: str) -> str:
@@ -48,8 +54,7 @@ def moment(value: str, *, now: datetime | None = None) -> datetime:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         try:
-            ago = parse_duration_ms(float(text) if _is_number(text) else text)
-            return (now or datetime.now(UTC)) - timedelta(milliseconds=ago)
+            return (now or datetime.now(UTC)) - timedelta(milliseconds=_ms(text))
         except (ValueError, OverflowError):
             raise argparse.ArgumentTypeError(
                 f"{value!r} is not a time: write {TIME_HELP}, e.g. 2026-11-20T08:00:00Z or 2h"

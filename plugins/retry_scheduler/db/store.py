@@ -264,9 +264,9 @@ class Store:
             counts = dict(self.conn.execute(q("status_counts"), params).fetchall())
             dead = dict(self.conn.execute(q("dead_by_reason"), params).fetchall())
             overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
-            late = self.conn.execute(q("lateness"), params).fetchone()
+            late = self.lateness(window_s, destination)
             vacuum = self.conn.execute(q("vacuum_state")).fetchone()
-        assert late is not None and vacuum is not None
+        assert vacuum is not None
         return {
             "vacuum": {
                 "autovacuum": bool(vacuum[0]),
@@ -284,7 +284,7 @@ class Store:
                 "due_at": overdue[2].isoformat(),
                 "overdue_s": round(overdue[3], 3),
             },
-            "lateness": Lateness(int(late[0]), late[1], late[2], late[3], int(late[4])),
+            "lateness": late,
         }
 
     def lateness(self, window_s: int, destination: str | None = None) -> Lateness:
@@ -300,13 +300,13 @@ class Store:
         with self.conn.transaction():
             backlog = self.conn.execute(q("backlog_due")).fetchone()
             overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
-            late = self.conn.execute(q("lateness"), params).fetchone()
-        assert backlog is not None and late is not None
+            late = self.lateness(window_s)
+        assert backlog is not None
         return {
             "backlog_due": int(backlog[0]),
             "oldest_overdue_s": 0.0 if overdue is None else max(0.0, float(overdue[3])),
-            "lateness_p50_s": late[1],
-            "lateness_p99_s": late[2],
+            "lateness_p50_s": late.p50_s,
+            "lateness_p99_s": late.p99_s,
         }
 
     def monitor_reading(self, window_s: int, dead_window_s: int = 3600) -> dict[str, Any]:
@@ -318,16 +318,16 @@ class Store:
         with self.conn.transaction():
             now = self.conn.execute(q("monitor_now")).fetchone()
             overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
-            late = self.conn.execute(q("lateness"), params).fetchone()
+            late = self.lateness(window_s)
             dead = self.conn.execute(q("monitor_dead_recent"), {"window_s": dead_window_s}).fetchall()
             stuck = self.conn.execute(q("monitor_stuck_delivery")).fetchone()
-        assert now is not None and late is not None
+        assert now is not None
         return {
             "now": now[0],
             "oldest_overdue": None
             if overdue is None
             else {"id": overdue[0], "destination": overdue[1], "due_at": overdue[2], "overdue_s": overdue[3]},
-            "lateness": Lateness(int(late[0]), late[1], late[2], late[3], int(late[4])),
+            "lateness": late,
             "dead_by_destination": {row[0]: int(row[1]) for row in dead},
             "stuck_delivery": None
             if stuck is None

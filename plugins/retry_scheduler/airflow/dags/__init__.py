@@ -33,6 +33,16 @@ def default_args(*, retries: int, retry_delay: timedelta) -> dict[str, Any]:
     }
 
 
+def utc_intervals(cron: str) -> Any:
+    """A schedule whose runs each cover one interval of ``cron`` in UTC (a day, an hour): the data
+    interval a run archives or replays, created once the interval is over."""
+    try:
+        from airflow.sdk import CronDataIntervalTimetable
+    except ImportError:  # Airflow 3.1 has it only here
+        from airflow.timetables.interval import CronDataIntervalTimetable  # type: ignore[assignment]
+    return CronDataIntervalTimetable(cron, timezone="UTC")
+
+
 def run_failure_callbacks() -> list[Callable[[Any], None]]:
     """What every DAG of the service takes as its own ``on_failure_callback``: the failure alerts of
     its tasks, for a run that fails or outlives its ``dagrun_timeout``."""

@@ -30,19 +30,9 @@ from retry_scheduler.core.protocol import TOPIC_PATTERN
 DEAD_REASONS = ["exhausted", "expired", "fatal", "requested", "invalid"]
 
 
-@dag(
-    dag_id="dlq_replay",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    dagrun_timeout=timedelta(hours=6),
-    # a retry continues where a failed run stopped: replayed or purged jobs are no longer dead
-    default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
-    # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=run_failure_callbacks(),
-    params={
-        "action": Param("replay", enum=["replay", "purge"], title="Action"),
+def dead_job_filter_params() -> dict[str, Param]:
+    """The form fields that narrow dead jobs, shared by ``dlq_replay`` and ``dlq_window_replay``."""
+    return {
         "destination": Param(
             None,
             type=["null", "string"],
@@ -58,6 +48,33 @@ DEAD_REASONS = ["exhausted", "expired", "fatal", "requested", "invalid"]
             title="Error class",
             description="Glob on the error class, e.g. *TimeoutError.",
         ),
+    }
+
+
+def replay_option_params() -> dict[str, Param]:
+    """How a replay goes: from attempt 0 or not, and a dry run by default."""
+    return {
+        "reset_attempts": Param(
+            False, type="boolean", title="Reset attempts", description="Replay from attempt 0."
+        ),
+        "dry_run": Param(True, type="boolean", title="Dry run", description="Only count; change nothing."),
+    }
+
+
+@dag(
+    dag_id="dlq_replay",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    dagrun_timeout=timedelta(hours=6),
+    # a retry continues where a failed run stopped: replayed or purged jobs are no longer dead
+    default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
+    # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
+    on_failure_callback=run_failure_callbacks(),
+    params={
+        "action": Param("replay", enum=["replay", "purge"], title="Action"),
+        **dead_job_filter_params(),
         "search": Param(
             None,
             type=["null", "string"],
@@ -82,10 +99,7 @@ DEAD_REASONS = ["exhausted", "expired", "fatal", "requested", "invalid"]
             title="Limit",
             description="At most this many, oldest first (0: all).",
         ),
-        "reset_attempts": Param(
-            False, type="boolean", title="Reset attempts", description="Replay from attempt 0."
-        ),
-        "dry_run": Param(True, type="boolean", title="Dry run", description="Only count; change nothing."),
+        **replay_option_params(),
     },
     tags=["retry-scheduler", "operations"],
     doc_md=__doc__,

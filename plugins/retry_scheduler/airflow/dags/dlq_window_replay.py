@@ -29,22 +29,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, Param, dag, get_current_context, task
+from airflow.sdk import DAG, dag, get_current_context, task
 
-try:
-    from airflow.sdk import CronDataIntervalTimetable
-except ImportError:  # Airflow 3.1 has it only here
-    from airflow.timetables.interval import CronDataIntervalTimetable  # type: ignore[assignment]
-
-from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
-from retry_scheduler.airflow.dags.dlq_replay import DEAD_REASONS
-from retry_scheduler.core.protocol import TOPIC_PATTERN
+from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks, utc_intervals
+from retry_scheduler.airflow.dags.dlq_replay import dead_job_filter_params, replay_option_params
 
 
 @dag(
     dag_id="dlq_window_replay",
     # A data interval per UTC hour: the run for hour H starts once H is over and replays exactly H.
-    schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
+    schedule=utc_intervals("0 * * * *"),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     is_paused_upon_creation=True,
@@ -55,25 +49,8 @@ from retry_scheduler.core.protocol import TOPIC_PATTERN
     # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
     on_failure_callback=run_failure_callbacks(),
     params={
-        "destination": Param(
-            None,
-            type=["null", "string"],
-            pattern=f"^{TOPIC_PATTERN}$",
-            title="Destination topic",
-            description="Only dead jobs for this destination (empty: every destination).",
-        ),
-        "dead_reason": Param(None, type=["null", "string"], enum=[None, *DEAD_REASONS], title="Dead reason"),
-        "error_class": Param(
-            None,
-            type=["null", "string"],
-            maxLength=500,
-            title="Error class",
-            description="Glob on the error class, e.g. *TimeoutError.",
-        ),
-        "reset_attempts": Param(
-            False, type="boolean", title="Reset attempts", description="Replay from attempt 0."
-        ),
-        "dry_run": Param(True, type="boolean", title="Dry run", description="Only count; change nothing."),
+        **dead_job_filter_params(),
+        **replay_option_params(),
     },
     tags=["retry-scheduler", "operations"],
     doc_md=__doc__,

@@ -25,13 +25,8 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 
-try:
-    from airflow.sdk import CronDataIntervalTimetable
-except ImportError:  # Airflow 3.1 has it only here
-    from airflow.timetables.interval import CronDataIntervalTimetable  # type: ignore[assignment]
-
 from retry_scheduler.airflow.assets import archive_asset
-from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
+from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks, utc_intervals
 from retry_scheduler.airflow.operators import spark_submit_operator
 from retry_scheduler.spark.submit import COMPACT_APP
 
@@ -39,7 +34,7 @@ from retry_scheduler.spark.submit import COMPACT_APP
 @dag(
     dag_id="retry_compaction",
     # A data interval per UTC day: the run for day D starts once D is over and archives exactly D.
-    schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
+    schedule=utc_intervals("0 0 * * *"),
     # Catch-up fills days missed while the scheduler was down; a day is safe to run again.
     start_date=pendulum.datetime(2026, 11, 20, tz="UTC"),
     catchup=True,
