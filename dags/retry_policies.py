@@ -30,3 +30,10 @@ DESTINATIONS = {
 
 #: The destinations of the README's examples and of the demo.
 ALLOWED_DESTINATIONS = ["orders", "payments", "demo.*"]
+
+#: Alert channels beyond the built-in webhook, e-mail and log: any Airflow notifier, rendered with the
+#: alert in its context (README, "Add a Slack channel"). For example:
+#:
+#:     from airflow.providers.slack.notifications.slack_webhook import SlackWebhookNotifier
+#:     ALERT_CHANNELS = [SlackWebhookNotifier(slack_webhook_conn_id="slack_ops", text="{{ alert.summary() }}")]
+ALERT_CHANNELS: list = []

@@ -13,6 +13,7 @@ from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.store import Store
 from retry_scheduler.dev.procs import free_port
 from tests.conftest import ROOT
+from tests.integration.test_alert_channels import slack as slack  # the fixture: a declared Slack channel
 from tests.integration.test_monitor import WebhookReceiver, make_job
 from tests.integration.test_monitor import (
     webhook as webhook,  # the fixture: the receiver as retry_alert_webhook
@@ -87,4 +88,27 @@ def test_failing_task_alerts_through_the_failure_callback(
     assert (fields["dag_id"], fields["task_id"], fields["run_id"]) == ("retry_monitor", "check", run.run_id)
     assert fields["log_url"].endswith(
         f"/dags/retry_monitor/runs/{quote(run.run_id)}/tasks/check?try_number=1"
+    )
+
+
+def test_a_failure_reaches_the_channels_declared_next_to_the_policies(
+    airflow_db, slack: WebhookReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.utils.state import DagRunState
+
+    monkeypatch.setenv("AIRFLOW_CONN_RETRY_POSTGRES", f"postgresql://postgres@127.0.0.1:{free_port()}/retry")
+    dag = monitor_dag()
+    dag.get_task("check").retries = 0
+
+    run = dag.test()
+
+    assert run.state == DagRunState.FAILED
+    # the task's failure callback, then the run's: both rendered by the SlackWebhookNotifier
+    task_failed, run_failed = (post["text"] for post in slack.delivered())
+    assert task_failed.startswith(
+        "[FAILED] retry_monitor.check failed\nTask check of DAG retry_monitor failed"
+    )
+    assert "StoreError: cannot connect to PostgreSQL" in task_failed
+    assert run_failed == (
+        f"[FAILED] retry_monitor run failed\nRun {run.run_id} of DAG retry_monitor failed: a task failed (check)"
     )

@@ -11,18 +11,29 @@ A channel whose connection is not defined is off: it says so once in the log and
 delivery that fails is logged and reported by ``send`` returning False, never raised: a broken
 alert channel must not fail the task it reports on.
 
+Any other Airflow notifier (Slack, Apprise, SMTP, the HTTP provider's...) is a channel too: list
+instances in ``ALERT_CHANNELS`` in the policies module (or name such a list in the setting
+``RETRY_ALERT_CHANNELS``, ``package.module:NAME``). Each is wrapped in a :class:`NotifierChannel`,
+which renders the notifier's templated fields with the alert in the context (``{{ alert.summary() }}``,
+``{{ alert.headline }}``, ``{{ alert.text }}``, ``{{ alert.severity }}``, ``{{ alert.fields }}``)
+and calls its ``notify``: the monitor's alerts and every failure callback go to the same list.
+
 :class:`Alert` (:mod:`retry_scheduler.ops.alerts`) and its formatting need no Airflow; the notifiers work without it too.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
+import importlib
 import json
 import logging
+import os
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from retry_scheduler.ops.alerts import Alert, alert_from_context
@@ -30,6 +41,10 @@ from retry_scheduler.ops.alerts import Alert, alert_from_context
 log = logging.getLogger(__name__)
 
 WEBHOOK_CONN_ID = "retry_alert_webhook"
+#: The setting naming a list of notifiers elsewhere than the policies module: ``package.module:NAME``.
+CHANNELS_SETTING = "RETRY_ALERT_CHANNELS"
+#: The list of notifiers in the policies module.
+CHANNELS_NAME = "ALERT_CHANNELS"
 EMAIL_CONN_ID = "retry_alert_email"
 DEFAULT_TIMEOUT_S = 10.0
 _DEFAULT_EMAIL_BACKEND = "airflow.utils.email.send_email_smtp"
@@ -81,9 +96,9 @@ class AlertNotifier(BaseNotifier):
     """A channel: ``send(alert)`` for the monitor, ``notify(context)`` as a task failure callback."""
 
     #: How the channel is named in log lines ("webhook alerts are off").
-    kind: ClassVar[str] = "alert"
+    kind: str = "alert"
     #: Whether a delivery reaches a person (the monitor retries an incident nobody was told about).
-    reaches_people: ClassVar[bool] = True
+    reaches_people: bool = True
 
     def __init__(self, conn_id: str | None = None) -> None:
         super().__init__()
@@ -296,11 +311,129 @@ class LogNotifier(AlertNotifier):
         log.log(level, "ALERT %s: %s%s", alert.headline, alert.text, f" ({details})" if details else "")
 
 
-def alert_notifiers() -> list[AlertNotifier]:
-    """Every channel: webhook, e-mail and log (the first two off until their connection is defined)."""
+class NotifierChannel(AlertNotifier):
+    """Any Airflow notifier as a channel: ``SlackWebhookNotifier``, ``AppriseNotifier``, ``SmtpNotifier``...
+
+    Each alert renders a copy of the notifier (its templated fields, with ``alert`` in the context), so
+    one declared instance serves every alert; its ``notify`` then sends it. A notifier that raises
+    has not delivered (``send`` returns False), and the error is logged, never raised.
+    """
+
+    def __init__(self, notifier: Any, *, reaches_people: bool = True, name: str | None = None) -> None:
+        super().__init__(None)
+        if not callable(getattr(notifier, "notify", None)):
+            raise AlertConfigError(
+                f"{notifier!r} is not an Airflow notifier (a BaseNotifier such as SlackWebhookNotifier)"
+            )
+        self.notifier = notifier
+        self.kind = name or type(notifier).__name__
+        self.reaches_people = reaches_people
+        self._context: Mapping[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"NotifierChannel({self.notifier!r})"
+
+    def notify(self, context: Any) -> None:
+        """The Airflow callback: the failure alert, with the task's context for the templates."""
+        self._context = context if isinstance(context, Mapping) else {}
+        try:
+            super().notify(context)
+        finally:
+            self._context = {}
+
+    def deliver(self, alert: Alert, conn: Any) -> None:
+        context: dict[str, Any] = dict(self._context or _current_context())
+        context["alert"] = alert
+        notifier = copy.copy(self.notifier)  # rendering replaces the templates: keep them for the next alert
+        render = getattr(notifier, "render_template_fields", None)
+        if render is not None:
+            # a template environment of its own: dag.test() hands a DAG run's callback a serialized
+            # DAG, which has none
+            render(context, jinja_env=notifier.get_template_env())
+        notifier.notify(context)
+        log.info("%s alert %r sent", self.kind, alert.headline)
+
+
+def _current_context() -> Mapping[str, Any]:
+    """The running task's context (the monitor's), or nothing outside a task."""
+    try:
+        from airflow.sdk import get_current_context
+
+        return get_current_context()
+    except Exception:  # not in a task, or no Airflow: the alert alone
+        return {}
+
+
+def declared_channels(env: Mapping[str, str] | None = None) -> list[AlertNotifier]:
+    """The channels a deployment declared: ``ALERT_CHANNELS`` of the policies module, or the list
+    ``RETRY_ALERT_CHANNELS`` names. An entry is an Airflow notifier (wrapped in a
+    :class:`NotifierChannel`) or one of this module's channels (a second webhook connection, say).
+
+    Raises :class:`AlertConfigError` naming the entry that is neither, or the setting that cannot be read.
+    """
+    env = os.environ if env is None else env
+    where = env.get(CHANNELS_SETTING, "").strip()
+    if where:
+        module_name, _, attr = where.partition(":")
+        if not module_name or not attr:
+            raise AlertConfigError(f"{CHANNELS_SETTING}={where!r}: name a list as package.module:NAME")
+        try:
+            entries = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise AlertConfigError(f"{CHANNELS_SETTING}={where!r}: {type(exc).__name__}: {exc}") from None
+    else:
+        from retry_scheduler.core.config import Settings
+        from retry_scheduler.core.policy import load_policies_module
+
+        path = Settings.from_env(dict(env)).policies_file
+        where = f"{path}: {CHANNELS_NAME}"
+        entries = getattr(load_policies_module(path), CHANNELS_NAME, [])
+    if not isinstance(entries, Sequence) or isinstance(entries, str | bytes):
+        raise AlertConfigError(f"{where} must be a list of notifiers, not {type(entries).__name__}")
+    channels: list[AlertNotifier] = []
+    for n, entry in enumerate(entries):
+        if isinstance(entry, AlertNotifier):
+            channels.append(entry)
+        elif callable(getattr(entry, "notify", None)):
+            channels.append(NotifierChannel(entry))
+        else:
+            raise AlertConfigError(
+                f"{where}[{n}] is {type(entry).__name__}, not a notifier: list notifier instances, "
+                "such as SlackWebhookNotifier(slack_webhook_conn_id='slack', text='{{ alert.summary() }}')"
+            )
+    return channels
+
+
+def builtin_notifiers() -> list[AlertNotifier]:
+    """The built-in channels: webhook, e-mail and log (the first two off until their connection is defined)."""
     return [WebhookNotifier(), EmailNotifier(), LogNotifier()]
 
 
+def alert_notifiers() -> list[AlertNotifier]:
+    """Every channel: the built-ins, then the declared ones (:func:`declared_channels`), read now."""
+    return builtin_notifiers() + declared_channels()
+
+
+class DeclaredChannels(AlertNotifier):
+    """The declared channels as one failure callback: read when a failure is reported (not when a DAG
+    file is parsed), so a deployment's channels change without touching the DAGs. A declaration that
+    cannot be read is logged: the built-in channels still report the failure."""
+
+    kind = "declared"
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def notify(self, context: Any) -> None:
+        try:
+            channels = declared_channels()
+        except Exception as exc:
+            log.error("the declared alert channels cannot be read: %s: %s", type(exc).__name__, exc)
+            return
+        for channel in channels:
+            channel.notify(context)
+
+
 def failure_notifiers() -> list[AlertNotifier]:
-    """The ``on_failure_callback`` of every task of every DAG: all the channels."""
-    return alert_notifiers()
+    """The ``on_failure_callback`` of every task and DAG: the built-in channels and the declared ones."""
+    return [*builtin_notifiers(), DeclaredChannels()]

@@ -12,6 +12,7 @@ and reviewed like code::
     ]
     DESTINATIONS = {"payments": "payments"}   # destination topic -> policy name
     ALLOWED_DESTINATIONS = ["orders", "shop.*"]   # and the DESTINATIONS above; nothing else
+    ALERT_CHANNELS = [SlackWebhookNotifier(slack_webhook_conn_id="slack", text="{{ alert.summary() }}")]
 
 Everything here is a pure function of its inputs (the clock is a parameter), so the
 strategy is tested with a frozen clock and tables of cases.
@@ -25,6 +26,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.destinations import Allowed, DestinationRuleError, Destinations
@@ -247,13 +249,8 @@ class PolicyRegistry:
 DEFAULT = Policy(DEFAULT_POLICY, delays=["10s", "1m", "5m", "30m"], max_attempts=4, max_age="7d")
 
 
-def load_policies(path: str | Path) -> PolicyRegistry:
-    """Import the policies module at *path* and return its registry.
-
-    The module declares ``POLICIES`` (a list of :class:`Policy`) and optionally
-    ``DESTINATIONS`` (destination topic -> policy name) and ``ALLOWED_DESTINATIONS`` (the other
-    topics retries may go to: names, globs like ``"orders.*"`` or ``re.compile(...)``).
-    """
+def load_policies_module(path: str | Path) -> ModuleType:
+    """Import the policies module at *path* as it is (its policies, destinations and alert channels)."""
     path = Path(path)
     if not path.is_file():
         raise PolicyError(f"policies module {path} does not exist (set RETRY_POLICIES to its path)")
@@ -262,6 +259,18 @@ def load_policies(path: str | Path) -> PolicyRegistry:
         raise PolicyError(f"cannot import policies module {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def load_policies(path: str | Path) -> PolicyRegistry:
+    """Import the policies module at *path* and return its registry.
+
+    The module declares ``POLICIES`` (a list of :class:`Policy`) and optionally
+    ``DESTINATIONS`` (destination topic -> policy name) and ``ALLOWED_DESTINATIONS`` (the other
+    topics retries may go to: names, globs like ``"orders.*"`` or ``re.compile(...)``).
+    """
+    path = Path(path)
+    module = load_policies_module(path)
     policies = getattr(module, "POLICIES", None)
     if policies is None:
         raise PolicyError(f"{path} must define POLICIES = [Policy(...), ...]")

@@ -26,6 +26,8 @@ check off. A bad key or value fails the task with a message naming it.
 * `retry_alert_email`: recipients in the extra, `{"to": ["ops@example.com"]}`; mail goes out
   through Airflow's e-mail setup (the `smtp_default` connection, or `[email] email_backend`).
 * the task log, always (WARNING).
+* any Airflow notifier listed in `ALERT_CHANNELS` in the policies module (Slack, Apprise, SMTP...),
+  its templates rendered with `alert` in the context: `text="{{ alert.summary() }}"`.
 
 The same channels are every DAG's task failure callback. The task returns the figures and the
 alerts it sent (XCom).
