@@ -26,6 +26,28 @@ FROM (
 ORDER BY waited_s DESC
 LIMIT 1;
 
+-- name: monitor_deliveries
+-- Per topic: dead jobs not yet on their DLQ topic longer than the grace after they died (per DLQ
+-- topic), and pending jobs whose last deliveries to their destination failed at least %(failures)s
+-- times in a row (per destination), with the broker's last error of the job failing most. Only jobs
+-- with a failed delivery or a DLQ delivery to do are read (the pending index, retry_jobs_dlq_todo_idx).
+SELECT target,
+       sum(undelivered)::bigint,
+       sum(failing)::bigint,
+       (array_agg(last_error ORDER BY failures DESC) FILTER (WHERE last_error IS NOT NULL))[1]
+FROM (
+    SELECT destination AS target, 0 AS undelivered, (publish_failures >= %(failures)s)::int AS failing,
+           publish_failures AS failures, last_error
+    FROM retry_jobs WHERE status = 'pending' AND publish_failures > 0
+    UNION ALL
+    SELECT dlq_topic, (dead_at < clock_timestamp() - %(grace_s)s * interval '1 second')::int, 0,
+           publish_failures, last_error
+    FROM retry_jobs WHERE status = 'dead' AND dlq_published_at IS NULL
+) AS deliveries
+GROUP BY target
+HAVING sum(undelivered) > 0 OR sum(failing) > 0
+ORDER BY sum(undelivered) + sum(failing) DESC, target;
+
 -- name: monitor_now
 SELECT clock_timestamp();
 

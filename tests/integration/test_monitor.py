@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -178,6 +179,9 @@ def test_nothing_is_sent_while_every_check_is_under_its_threshold(
         "lateness_p99": (False, 1.0),
         "dead_per_hour": (False, 5.0),
         "stuck_delivery": (False, 600.0),  # the 5 dead jobs died just now: not waiting long yet
+        "consumer_lag": (False, 100_000.0),  # no reader given: nothing to judge
+        "undelivered_dead": (False, 0.0),  # within the minute they have to reach their DLQ topic
+        "failing_deliveries": (False, 0.0),
     }
     assert rows["dead_per_hour"]["value"] == 5.0
 
@@ -234,8 +238,10 @@ def test_a_delivery_failing_for_long_alerts_with_the_broker_s_error_then_resolve
             " last_error = 'delivery failed: Broker: Message size too large' WHERE id = 1"
         )
 
-    under = run_monitor(database_url, Thresholds(stuck_delivery_s=1800), alert_notifiers())
-    over = run_monitor(database_url, Thresholds(stuck_delivery_s=600), alert_notifiers())
+    # undelivered_dead tells of job 1 early (tested on its own below); this test is the escalation's
+    early = Thresholds(undelivered_dead=None)
+    under = run_monitor(database_url, replace(early, stuck_delivery_s=1800), alert_notifiers())
+    over = run_monitor(database_url, replace(early, stuck_delivery_s=600), alert_notifiers())
 
     assert under["alerts"] == [] and 1190 < under["reading"]["stuck_delivery_s"] < 1300
     assert [a["check"] for a in over["alerts"]] == ["stuck_delivery"]
@@ -247,7 +253,7 @@ def test_a_delivery_failing_for_long_alerts_with_the_broker_s_error_then_resolve
 
     with psycopg.connect(database_url) as conn:  # the topic's limit was raised: it went out
         conn.execute("UPDATE retry_jobs SET dlq_published_at = now() WHERE id = 1")
-    after = run_monitor(database_url, Thresholds(stuck_delivery_s=600), alert_notifiers())
+    after = run_monitor(database_url, replace(early, stuck_delivery_s=600), alert_notifiers())
     assert [a["severity"] for a in after["alerts"]] == ["resolved"]
     assert after["reading"]["stuck_job"] is None  # job 2 is pending and never failed: not stuck
 

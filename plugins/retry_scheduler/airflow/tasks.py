@@ -146,8 +146,16 @@ def run_monitor_task() -> dict[str, Any]:
     from airflow.sdk import Variable
 
     from retry_scheduler.airflow.notifiers import alert_notifiers
+    from retry_scheduler.loops.offsets import ingest_lag
     from retry_scheduler.ops.monitor import VARIABLE, Thresholds, run_monitor
 
     raw = Variable.get(VARIABLE, default=None)
     thresholds = Thresholds.from_json(raw if raw is None else str(raw))
-    return run_monitor(settings_from_connections().database_url, thresholds, alert_notifiers())
+    settings = settings_from_connections()
+    channels = alert_notifiers()
+    return run_monitor(
+        settings.database_url,
+        thresholds,
+        channels,
+        lag=lambda store: ingest_lag(settings, store.ingest_offsets(settings.consumer_group)),
+    )

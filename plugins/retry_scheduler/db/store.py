@@ -309,8 +309,12 @@ class Store:
             "lateness_p99_s": late.p99_s,
         }
 
-    def monitor_reading(self, window_s: int, dead_window_s: int = 3600) -> dict[str, Any]:
-        """What retry_monitor checks: the oldest overdue job, lateness over ``window_s``, recent dead jobs.
+    def monitor_reading(
+        self, window_s: int, dead_window_s: int = 3600, *, dlq_grace_s: int = 60, repeated_failures: int = 5
+    ) -> dict[str, Any]:
+        """What retry_monitor checks: the oldest overdue job, lateness over ``window_s``, recent dead jobs,
+        and the deliveries that do not go through (dead jobs off their DLQ topic ``dlq_grace_s`` after
+        they died, jobs whose last ``repeated_failures`` deliveries failed), per topic.
 
         Unlike ``status`` it counts nothing over the whole table: each figure comes from a partial index.
         """
@@ -321,6 +325,9 @@ class Store:
             late = self.lateness(window_s)
             dead = self.conn.execute(q("monitor_dead_recent"), {"window_s": dead_window_s}).fetchall()
             stuck = self.conn.execute(q("monitor_stuck_delivery")).fetchone()
+            deliveries = self.conn.execute(
+                q("monitor_deliveries"), {"grace_s": dlq_grace_s, "failures": repeated_failures}
+            ).fetchall()
         assert now is not None
         return {
             "now": now[0],
@@ -329,6 +336,10 @@ class Store:
             else {"id": overdue[0], "destination": overdue[1], "due_at": overdue[2], "overdue_s": overdue[3]},
             "lateness": late,
             "dead_by_destination": {row[0]: int(row[1]) for row in dead},
+            "deliveries": [
+                {"topic": row[0], "undelivered_dead": int(row[1]), "failing": int(row[2]), "error": row[3]}
+                for row in deliveries
+            ],
             "stuck_delivery": None
             if stuck is None
             else {

@@ -1,4 +1,5 @@
-"""Where ingestion starts reading a retry-topic partition: PostgreSQL's offset, or Kafka's reset.
+"""Where ingestion starts reading a retry-topic partition (PostgreSQL's offset, or Kafka's reset),
+and how far behind the broker it is (the lag retry_monitor watches).
 
 The next offset of every partition is stored in PostgreSQL with the rows (one transaction), and
 the group's Kafka offset is committed after. PostgreSQL's is the source of truth when the partition
@@ -8,6 +9,8 @@ is the one it was taken from.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_STORED, Consumer, TopicPartition
 
@@ -61,3 +64,50 @@ def same_partition(
         return False
     finally:
         probe.close()
+
+
+@dataclass(frozen=True)
+class IngestLag:
+    """Records on the retry topics that ingestion has not stored yet."""
+
+    total: int
+    by_topic: dict[str, int]
+    #: Retry topics the broker does not have (yet): nothing to ingest there.
+    missing_topics: tuple[str, ...] = ()
+
+
+def ingest_lag(
+    settings: Settings, stored: Mapping[tuple[str, int], int], timeout_s: float = 10.0
+) -> IngestLag:
+    """The records of every retry-topic partition past where ingestion stands: the broker's high
+    watermark minus PostgreSQL's next offset (``stored``, the truth), else the group's Kafka offset,
+    else the partition's first record (nothing of it ingested yet).
+
+    Reads the broker's metadata and offsets only: it joins no group and moves no offset.
+    Raises ``KafkaException`` when the broker cannot be asked.
+    """
+    consumer = Consumer({**consumer_config(settings), "group.id": settings.consumer_group})
+    try:
+        metadata = consumer.list_topics(timeout=timeout_s)
+        partitions: list[TopicPartition] = []
+        missing = []
+        for topic in settings.retry_topics:
+            found = metadata.topics.get(topic)
+            if found is None or found.error is not None:
+                missing.append(topic)
+                continue
+            partitions += [TopicPartition(topic, p) for p in sorted(found.partitions)]
+        unknown = [tp for tp in partitions if (tp.topic, tp.partition) not in stored]
+        committed = {
+            (tp.topic, tp.partition): tp.offset
+            for tp in (consumer.committed(unknown, timeout=timeout_s) if unknown else [])
+        }
+        by_topic: dict[str, int] = {}
+        for tp in partitions:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+            at = stored.get((tp.topic, tp.partition), committed.get((tp.topic, tp.partition), -1))
+            behind = max(0, high - max(at, low))
+            by_topic[tp.topic] = by_topic.get(tp.topic, 0) + behind
+        return IngestLag(sum(by_topic.values()), by_topic, tuple(missing))
+    finally:
+        consumer.close()

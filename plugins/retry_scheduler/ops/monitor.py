@@ -1,6 +1,6 @@
-"""retry_monitor: backlog, lateness and DLQ-growth checks that alert once per incident.
+"""retry_monitor: backlog, lateness, DLQ-growth and delivery checks that alert once per incident.
 
-Four checks, each against a threshold (:class:`Thresholds`, overridden by the Airflow Variable
+Seven checks, each against a threshold (:class:`Thresholds`, overridden by the Airflow Variable
 ``retry_monitor_thresholds``; ``null`` turns a check off):
 
 * ``oldest_overdue``: how long the oldest pending job has been past its due time, in seconds
@@ -11,7 +11,15 @@ Four checks, each against a threshold (:class:`Thresholds`, overridden by the Ai
 * ``stuck_delivery``: how long the delivery that has waited longest has been waiting, in seconds: a
   pending job whose deliveries fail (since its due time), or a dead job not yet on its DLQ topic
   (since it died); the alert names the job, the topic and the broker's last error (a record larger
-  than the topic's ``max.message.bytes``, a topic that does not exist, missing rights).
+  than the topic's ``max.message.bytes``, a topic that does not exist, missing rights);
+* ``consumer_lag``: records on the retry topics not ingested yet (the broker's high watermarks
+  minus where ingestion stands), per topic; the broker out of reach: nothing to judge;
+* ``undelivered_dead``: dead jobs not yet on their DLQ topic ``DLQ_GRACE_S`` after they died;
+* ``failing_deliveries``: pending jobs whose last ``REPEATED_FAILURES`` deliveries (or more) to
+  their destination all failed.
+
+The last two tell early (a minute, half a minute) that a DLQ topic or a destination refuses records;
+``stuck_delivery`` is the escalation that names the job still waiting after ten minutes.
 
 A check is crossed when its value is above its threshold. Its incident state lives in
 ``retry_alerts``, one row per check: a new incident sends one ``firing`` alert, a crossed check
@@ -30,7 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -40,12 +48,27 @@ from retry_scheduler.ops.alerts import Alert
 
 if TYPE_CHECKING:
     from retry_scheduler.airflow.notifiers import AlertNotifier
+    from retry_scheduler.loops.offsets import IngestLag
 
 log = logging.getLogger(__name__)
 
 VARIABLE = "retry_monitor_thresholds"
-CHECKS = ("oldest_overdue", "lateness_p99", "dead_per_hour", "stuck_delivery")
+CHECKS = (
+    "oldest_overdue",
+    "lateness_p99",
+    "dead_per_hour",
+    "stuck_delivery",
+    "consumer_lag",
+    "undelivered_dead",
+    "failing_deliveries",
+)
 _DEAD_WINDOW_S = 3600
+#: A dead job is sent to its DLQ topic in the publish loop's next round: one still off it a minute
+#: after it died is one the topic refuses (``undelivered_dead``).
+DLQ_GRACE_S = 60
+#: Failed deliveries in a row that make a job's delivery "failing repeatedly" (the backoff between them
+#: doubles from 1 s: five take about half a minute).
+REPEATED_FAILURES = 5
 
 
 class ThresholdsError(ValueError):
@@ -60,6 +83,12 @@ class Thresholds:
     lateness_p99_s: float | None = 2.0
     dead_per_hour: float | None = 1000.0
     stuck_delivery_s: float | None = 600.0
+    #: Records on the retry topics not ingested yet.
+    consumer_lag: float | None = 100_000.0
+    #: Dead jobs still off their DLQ topic a minute after they died (0: any).
+    undelivered_dead: float | None = 0.0
+    #: Pending jobs whose last five deliveries to their destination failed (0: any).
+    failing_deliveries: float | None = 0.0
     #: The lateness window, in seconds: jobs published in the last ``interval_s``.
     interval_s: int = 300
 
@@ -113,6 +142,9 @@ class Thresholds:
             "lateness_p99": self.lateness_p99_s,
             "dead_per_hour": self.dead_per_hour,
             "stuck_delivery": self.stuck_delivery_s,
+            "consumer_lag": self.consumer_lag,
+            "undelivered_dead": self.undelivered_dead,
+            "failing_deliveries": self.failing_deliveries,
         }[check]
 
 
@@ -138,13 +170,33 @@ class Reading:
     stuck_topic: str | None = None
     stuck_failures: int = 0
     stuck_error: str | None = None
+    #: Records on the retry topics not ingested yet, per topic; None when the broker could not be asked.
+    consumer_lag: int | None = None
+    lag_by_topic: Mapping[str, int] = field(default_factory=dict)
+    lag_error: str | None = None
+    #: Per topic: dead jobs off their DLQ topic past the grace, jobs failing repeatedly, the last error.
+    deliveries: Sequence[Mapping[str, Any]] = ()
+
+    @property
+    def undelivered_dead(self) -> int:
+        return sum(int(d["undelivered_dead"]) for d in self.deliveries)
+
+    @property
+    def failing_deliveries(self) -> int:
+        return sum(int(d["failing"]) for d in self.deliveries)
 
     @property
     def dead_last_hour(self) -> int:
         return sum(self.dead_by_destination.values())
 
     @classmethod
-    def from_store(cls, raw: Mapping[str, Any], interval_s: int) -> Reading:
+    def from_store(
+        cls,
+        raw: Mapping[str, Any],
+        interval_s: int,
+        lag: IngestLag | None = None,
+        lag_error: str | None = None,
+    ) -> Reading:
         overdue = raw["oldest_overdue"] or {}
         late = raw["lateness"]
         return cls(
@@ -157,6 +209,10 @@ class Reading:
             interval_s=interval_s,
             dead_by_destination=dict(raw["dead_by_destination"]),
             **_stuck(raw.get("stuck_delivery")),
+            consumer_lag=None if lag is None else lag.total,
+            lag_by_topic={} if lag is None else dict(lag.by_topic),
+            lag_error=lag_error,
+            deliveries=tuple(raw.get("deliveries") or ()),
         )
 
     def value(self, check: str) -> float | None:
@@ -165,6 +221,9 @@ class Reading:
             "lateness_p99": self.lateness_p99_s,
             "dead_per_hour": float(self.dead_last_hour),
             "stuck_delivery": self.stuck_delivery_s,
+            "consumer_lag": None if self.consumer_lag is None else float(self.consumer_lag),
+            "undelivered_dead": float(self.undelivered_dead),
+            "failing_deliveries": float(self.failing_deliveries),
         }[check]
 
     def as_dict(self) -> dict[str, Any]:
@@ -183,6 +242,12 @@ class Reading:
             "stuck_topic": self.stuck_topic,
             "stuck_failures": self.stuck_failures,
             "stuck_error": self.stuck_error,
+            "consumer_lag": self.consumer_lag,
+            "lag_by_topic": dict(self.lag_by_topic),
+            "lag_error": self.lag_error,
+            "undelivered_dead": self.undelivered_dead,
+            "failing_deliveries": self.failing_deliveries,
+            "deliveries": [dict(d) for d in self.deliveries],
         }
 
 
@@ -253,7 +318,7 @@ def _num(value: float) -> str:
 
 def _describe(check: str, reading: Reading, threshold: float | None) -> tuple[str, str, dict[str, Any]]:
     """A headline (the figure and its threshold), a sentence of detail, and the structured fields."""
-    unit = "" if check == "dead_per_hour" else " s"  # the others are in seconds
+    unit = "" if check in _COUNTS else " s"  # the others are in seconds
     limit = "check off" if threshold is None else f"threshold {_num(threshold)}{unit}"
     if check == "oldest_overdue":
         head = f"oldest overdue job is {_secs(reading.oldest_overdue_s)} late ({limit})"
@@ -294,6 +359,41 @@ def _describe(check: str, reading: Reading, threshold: float | None) -> tuple[st
             "failures": reading.stuck_failures,
             "error": reading.stuck_error,
         }
+    elif check == "consumer_lag":
+        lag = "an unknown number of" if reading.consumer_lag is None else str(reading.consumer_lag)
+        head = f"{lag} records on the retry topics are not ingested yet ({limit})"
+        top = sorted(reading.lag_by_topic.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+        if reading.consumer_lag is None:
+            detail = f"The broker could not be asked: {(reading.lag_error or 'no reader')[:300]}."
+        else:
+            detail = (
+                "Behind, by topic: "
+                + ", ".join(f"{t} {n}" for t, n in top)
+                + ". Is the retry_scheduler DAG's "
+                "ingest task running, and keeping up (its log's per-batch figures)?"
+                if reading.consumer_lag
+                else "Ingestion is up to date."
+            )
+        extra = {"by_topic": dict(top), "error": reading.lag_error}
+    elif check in ("undelivered_dead", "failing_deliveries"):
+        key = "undelivered_dead" if check == "undelivered_dead" else "failing"
+        rows = [d for d in reading.deliveries if d[key]][:5]
+        count = reading.undelivered_dead if check == "undelivered_dead" else reading.failing_deliveries
+        if check == "undelivered_dead":
+            head = f"{count} dead jobs are not on their DLQ topic {DLQ_GRACE_S} s after they died ({limit})"
+        else:
+            head = f"{count} jobs failed {REPEATED_FAILURES} or more deliveries to their destination in a row ({limit})"
+        detail = (
+            "By topic: "
+            + "; ".join(
+                f"{d['topic']} {d[key]} (last error: {(d['error'] or 'none recorded')[:200]})" for d in rows
+            )
+            + ". Fix the topic (its existence, max.message.bytes, the service's rights) or the records; "
+            "the publish loop keeps trying, and `retry-scheduler dlq show` shows a job's last error."
+            if rows
+            else "Every delivery goes through."
+        )
+        extra = {"by_topic": {d["topic"]: d[key] for d in rows}}
     else:
         top = sorted(reading.dead_by_destination.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
         head = f"{reading.dead_last_hour} jobs went dead in the last hour ({limit})"
@@ -304,6 +404,10 @@ def _describe(check: str, reading: Reading, threshold: float | None) -> tuple[st
         ) + " Browse them with `retry-scheduler dlq list`."
         extra = {"by_destination": dict(top)}
     return head, detail, extra
+
+
+#: The checks that count things (the others are durations in seconds).
+_COUNTS = frozenset({"dead_per_hour", "consumer_lag", "undelivered_dead", "failing_deliveries"})
 
 
 def evaluate(reading: Reading, thresholds: Thresholds, incidents: Mapping[str, Incident]) -> list[Outcome]:
@@ -360,19 +464,32 @@ def announced(results: Sequence[tuple[AlertNotifier, bool | None]]) -> bool:
 
 
 def run_monitor(
-    database_url: str, thresholds: Thresholds, notifiers: Sequence[AlertNotifier]
+    database_url: str,
+    thresholds: Thresholds,
+    notifiers: Sequence[AlertNotifier],
+    lag: Callable[[Store], IngestLag] | None = None,
 ) -> dict[str, Any]:
-    """One monitor run: lock, read, evaluate, send, record, commit. Returns the reading and alerts sent."""
+    """One monitor run: lock, read, evaluate, send, record, commit. Returns the reading and alerts sent.
+
+    ``lag`` asks the broker how far ingestion is behind (``loops.offsets.ingest_lag``); without it, or
+    when it fails (logged), ``consumer_lag`` has nothing to judge.
+    """
     sent: list[dict[str, Any]] = []
+    with Store(database_url) as store:
+        behind, lag_error = _read_lag(lag, store)
     with Store(database_url) as store, store.conn.transaction():
         locked = store.lock_alerts(CHECKS)
         incidents = {
             check: Incident(firing, since, was_announced)
             for check, (firing, since, was_announced) in locked.items()
         }
-        reading = Reading.from_store(
-            store.monitor_reading(thresholds.interval_s, _DEAD_WINDOW_S), thresholds.interval_s
+        raw = store.monitor_reading(
+            thresholds.interval_s,
+            _DEAD_WINDOW_S,
+            dlq_grace_s=DLQ_GRACE_S,
+            repeated_failures=REPEATED_FAILURES,
         )
+        reading = Reading.from_store(raw, thresholds.interval_s, behind, lag_error)
         outcomes = evaluate(reading, thresholds, incidents)
         states = []
         for outcome in outcomes:
@@ -394,14 +511,29 @@ def run_monitor(
     firing = sorted(s["check"] for s in states if s["firing"])
     log.info(
         "monitor run: oldest overdue %.3fs, lateness p99 %s over %ss (%s published), %s dead in the last hour, "
-        "longest waiting delivery %.1fs; firing: %s; alerts sent: %s",
+        "longest waiting delivery %.1fs, %s records not ingested, %s dead jobs off their DLQ topic, "
+        "%s jobs failing deliveries; firing: %s; alerts sent: %s",
         reading.oldest_overdue_s,
         "-" if reading.lateness_p99_s is None else f"{reading.lateness_p99_s:.4f}s",
         reading.interval_s,
         reading.published,
         reading.dead_last_hour,
         reading.stuck_delivery_s,
+        "?" if reading.consumer_lag is None else reading.consumer_lag,
+        reading.undelivered_dead,
+        reading.failing_deliveries,
         ", ".join(firing) or "none",
         ", ".join(f"{a['check']} {a['severity']}" for a in sent) or "none",
     )
     return {"reading": reading.as_dict(), "thresholds": asdict(thresholds), "firing": firing, "alerts": sent}
+
+
+def _read_lag(lag: Callable[[Store], IngestLag] | None, store: Store) -> tuple[IngestLag | None, str | None]:
+    """The broker's answer, before the alert rows are locked (it may take the broker's timeout)."""
+    if lag is None:
+        return None, None
+    try:
+        return lag(store), None
+    except Exception as exc:  # the broker out of reach: the other checks still run
+        log.warning("cannot read the retry topics' lag: %s: %s", type(exc).__name__, exc)
+        return None, f"{type(exc).__name__}: {exc}"

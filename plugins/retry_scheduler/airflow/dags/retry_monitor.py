@@ -8,6 +8,10 @@ Every 5 minutes, checks the retry database and alerts when a threshold is crosse
 | `oldest_overdue` | seconds the oldest pending job is past its due time | `oldest_overdue_s` 60 |
 | `lateness_p99` | p99 publish lateness of the jobs published in the last `interval_s` (300 s) | `lateness_p99_s` 2.0 |
 | `dead_per_hour` | jobs that went dead in the last hour (still dead) | `dead_per_hour` 1000 |
+| `stuck_delivery` | seconds the longest-waiting delivery has waited (failing, or a dead job off its DLQ topic) | `stuck_delivery_s` 600 |
+| `consumer_lag` | records on the retry topics not ingested yet | `consumer_lag` 100000 |
+| `undelivered_dead` | dead jobs not on their DLQ topic a minute after they died | `undelivered_dead` 0 |
+| `failing_deliveries` | pending jobs whose last 5 deliveries to their destination failed | `failing_deliveries` 0 |
 
 **Once per incident**: a check that crosses its threshold sends one *firing* alert, nothing while it
 stays crossed, and one *resolved* alert when it is back under. The state is kept in the table

@@ -1,0 +1,156 @@
+"""retry_monitor's delivery and ingestion checks on the real PostgreSQL and broker: records on the retry
+topics not ingested yet (``consumer_lag``), dead jobs off their DLQ topic (``undelivered_dead``), and
+deliveries failing again and again (``failing_deliveries``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from retry_scheduler.airflow.notifiers import alert_notifiers
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.jobs import Status
+from retry_scheduler.db.store import Store
+from retry_scheduler.dev.procs import free_port
+from retry_scheduler.loops.offsets import ingest_lag
+from retry_scheduler.ops.monitor import Thresholds, run_monitor
+from tests.integration.test_monitor import WebhookReceiver, make_job
+from tests.integration.test_monitor import webhook as webhook  # the fixture
+from tests.kafkautil import create_topics, produce
+
+pytestmark = pytest.mark.integration
+
+#: Only the check under test: the others stay quiet.
+ONLY = Thresholds(
+    oldest_overdue_s=None,
+    lateness_p99_s=None,
+    dead_per_hour=None,
+    stuck_delivery_s=None,
+    consumer_lag=None,
+    undelivered_dead=None,
+    failing_deliveries=None,
+)
+
+
+def lag_reader(settings: Settings, timeout_s: float = 10.0):
+    return lambda store: ingest_lag(settings, store.ingest_offsets(settings.consumer_group), timeout_s)
+
+
+def test_records_not_ingested_yet_are_the_lag_from_postgresql_s_offsets_else_the_group_s(
+    database_url: str, bootstrap_servers: str, topic_prefix: str, webhook: WebhookReceiver
+) -> None:
+    settings = Settings(
+        database_url=database_url,
+        kafka={"bootstrap.servers": bootstrap_servers},
+        retry_topic=f"{topic_prefix}-retry",
+        consumer_group=f"{topic_prefix}-scheduler",
+        delay_topics={f"{topic_prefix}-retry-never-created": 60_000},
+    )
+    create_topics(bootstrap_servers, [settings.retry_topic], partitions=2)
+    # One record per produce request: the embedded broker (Tansu) answers a ListOffsets for the latest
+    # offset with the last batch's first offset + 1, where Kafka answers the high watermark. With
+    # batches of one record both are the same.
+    for partition, count in ((0, 7), (1, 3)):
+        for _ in range(count):
+            produce(bootstrap_servers, settings.retry_topic, [{"value": b"r"}], partition=partition)
+    check = replace(ONLY, consumer_lag=4)
+
+    nothing_ingested = run_monitor(database_url, check, alert_notifiers(), lag=lag_reader(settings))
+    # ingestion stored 5 records of partition 0 (PostgreSQL's offset); the group committed 2 of partition 1
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO retry_ingest_offsets (consumer_group, topic, partition, next_offset) VALUES (%s, %s, 0, 5)",
+            [settings.consumer_group, settings.retry_topic],
+        )
+    group = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": settings.consumer_group})
+    group.commit(offsets=[TopicPartition(settings.retry_topic, 1, 2)], asynchronous=False)
+    group.close()
+    caught_up = run_monitor(database_url, check, alert_notifiers(), lag=lag_reader(settings))
+
+    reading = nothing_ingested["reading"]
+    assert (reading["consumer_lag"], reading["lag_by_topic"]) == (10, {settings.retry_topic: 10})
+    assert caught_up["reading"]["consumer_lag"] == 2 + 1
+    fired, resolved = (post["text"] for post in webhook.delivered())
+    assert fired.startswith(
+        "[FIRING] retry_monitor: 10 records on the retry topics are not ingested yet (threshold 4)\n"
+        f"Behind, by topic: {settings.retry_topic} 10. Is the retry_scheduler DAG's ingest task running"
+    )
+    assert resolved.startswith("[RESOLVED] retry_monitor: consumer_lag back to normal: 3 records")
+
+
+def test_a_broker_out_of_reach_leaves_the_lag_unjudged_and_the_other_checks_running(
+    database_url: str, webhook: WebhookReceiver
+) -> None:
+    settings = Settings(database_url=database_url, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
+    with Store(database_url) as store:
+        store.insert_jobs([make_job(1, due_s_ago=120)])
+
+    result = run_monitor(
+        database_url,
+        replace(ONLY, consumer_lag=0, oldest_overdue_s=60),
+        alert_notifiers(),
+        lag=lag_reader(settings, 2),
+    )
+
+    assert result["reading"]["consumer_lag"] is None
+    assert result["reading"]["lag_error"].startswith("KafkaException")
+    assert result["firing"] == ["oldest_overdue"]
+    [fired] = webhook.delivered()
+    assert fired["alert"]["fields"]["check"] == "oldest_overdue"
+
+
+def test_dead_jobs_off_their_dlq_topic_after_a_minute_alert_by_topic_with_the_broker_s_error(
+    database_url: str, webhook: WebhookReceiver
+) -> None:
+    with Store(database_url) as store:
+        store.insert_jobs([make_job(n, status=Status.DEAD) for n in range(1, 5)])
+    with psycopg.connect(database_url) as conn:
+        # jobs 1-3 died two minutes ago and their DLQ topic refuses them; job 4 died just now
+        conn.execute(
+            "UPDATE retry_jobs SET dead_at = now() - interval '2 minutes', publish_failures = 3,"
+            " last_error = 'delivery failed: Broker: Topic authorization failed' WHERE id <= 3"
+        )
+    check = replace(ONLY, undelivered_dead=0)
+
+    fired = run_monitor(database_url, check, alert_notifiers())
+    with psycopg.connect(database_url) as conn:  # the service was granted the topic: they went out
+        conn.execute("UPDATE retry_jobs SET dlq_published_at = now() WHERE id <= 3")
+    resolved = run_monitor(database_url, check, alert_notifiers())
+
+    assert fired["reading"]["undelivered_dead"] == 3
+    first, last = (post["text"] for post in webhook.delivered())
+    assert first == (
+        "[FIRING] retry_monitor: 3 dead jobs are not on their DLQ topic 60 s after they died (threshold 0)\n"
+        "By topic: retry.dlq 3 (last error: delivery failed: Broker: Topic authorization failed). Fix the "
+        "topic (its existence, max.message.bytes, the service's rights) or the records; the publish loop "
+        "keeps trying, and `retry-scheduler dlq show` shows a job's last error."
+    )
+    assert last.startswith("[RESOLVED] retry_monitor: undelivered_dead back to normal: 0 dead jobs")
+    assert resolved["reading"]["undelivered_dead"] == 0  # job 4 is still within its minute
+
+
+def test_deliveries_failing_five_times_in_a_row_alert_per_destination(
+    database_url: str, webhook: WebhookReceiver
+) -> None:
+    with Store(database_url) as store:
+        store.insert_jobs([make_job(1, destination="payments"), make_job(2, destination="orders")])
+        store.insert_jobs([make_job(3, destination="orders")])
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "UPDATE retry_jobs SET publish_failures = 5, last_error = 'delivery failed: Broker: Unknown topic'"
+            " WHERE id = 1"
+        )
+        conn.execute("UPDATE retry_jobs SET publish_failures = 4, last_error = 'timed out' WHERE id = 2")
+
+    result = run_monitor(database_url, replace(ONLY, failing_deliveries=0), alert_notifiers())
+
+    [alert] = result["alerts"]
+    assert alert["title"] == (
+        "[FIRING] retry_monitor: 1 jobs failed 5 or more deliveries to their destination in a row (threshold 0)"
+    )
+    [fired] = webhook.delivered()
+    assert "By topic: payments 1 (last error: delivery failed: Broker: Unknown topic)" in fired["text"]
+    assert fired["alert"]["fields"]["by_topic"] == {"payments": 1}  # orders' job failed 4 times only
