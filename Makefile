@@ -25,13 +25,13 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: venv
-	$(BIN)/ruff check plugins dags tests include bench
-	$(BIN)/ruff format --check plugins dags tests include bench
+	$(BIN)/ruff check plugins dags examples tests include bench
+	$(BIN)/ruff format --check plugins dags examples tests include bench
 	$(BIN)/mypy
 
 format: venv
-	$(BIN)/ruff format plugins dags tests include bench
-	$(BIN)/ruff check --fix plugins dags tests include bench
+	$(BIN)/ruff format plugins dags examples tests include bench
+	$(BIN)/ruff check --fix plugins dags examples tests include bench
 
 # PostgreSQL must answer for the tests; the dev tooling starts one from the machine's binaries if not.
 postgres: venv

@@ -3,10 +3,12 @@ Airflow's metadata database kept per checkout (``prefix``), logs under the test'
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 from retry_scheduler.core.config import Settings
+from retry_scheduler.dev.postgres import with_database
 from retry_scheduler.dev.procs import free_port
 from retry_scheduler.dev.stack import DevStack
 from tests.conftest import checkout_database
@@ -23,4 +25,19 @@ def new_dev_stack(database_url: str, tmp_path: Path, prefix: str, **options: Any
         **{"say": lambda _message: None, **options},
     )
     stack.log_dir = tmp_path / "logs"
+    _forget_triggers(with_database(database_url, stack.metadata_db))
     return stack
+
+
+def _forget_triggers(metadata_url: str) -> None:
+    """Drop the triggers an earlier run left in the kept metadata database: their arguments are
+    encrypted with that run's Fernet key (each stack has its own), which this run's triggerer cannot
+    read (it would exit). A deployment keeps one key, so only the tests meet this."""
+    import psycopg
+
+    # (a new metadata database has no trigger table yet: nothing left over)
+    with (
+        psycopg.connect(metadata_url, autocommit=True) as conn,
+        contextlib.suppress(psycopg.errors.UndefinedTable),
+    ):
+        conn.execute("DELETE FROM trigger")

@@ -126,3 +126,14 @@ def wait_for_backfills(
                 f"the backfills of {dag_id} are not complete after {timeout:.0f} s: {backfills}"
             )
         time.sleep(2)
+
+
+def xcom_value(
+    base_url: str, token: str, dag_id: str, run_id: str, task_id: str, key: str = "return_value"
+) -> Any:
+    """What a task instance pushed to XCom (its return value by default), deserialized."""
+    url = (
+        f"{_dag_url(base_url, dag_id)}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/"
+        f"{urllib.parse.quote(task_id, safe='')}/xcomEntries/{urllib.parse.quote(key, safe='')}?deserialize=true"
+    )
+    return _api("GET", url, token)["value"]

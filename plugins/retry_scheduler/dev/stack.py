@@ -164,6 +164,18 @@ def airflow_env(
             "AIRFLOW_CONN_RETRY_KAFKA": json.dumps(
                 {"conn_type": "kafka", "extra": {**settings.kafka, "session.timeout.ms": 6000}}
             ),
+            # The dead-letter watcher's consumer (retry_scheduler.airflow.dead_letters): a group of its
+            # own; from the earliest record, as the embedded broker starts empty.
+            "AIRFLOW_CONN_RETRY_DLQ_WATCH": json.dumps(
+                {
+                    "conn_type": "kafka",
+                    "extra": {
+                        **settings.kafka,
+                        "group.id": "retry-dlq-watch",
+                        "auto.offset.reset": "earliest",
+                    },
+                }
+            ),
             # conn_type spark with host "local[*]": the Spark hook then takes the host as the master.
             "AIRFLOW_CONN_SPARK_DEFAULT": "spark://local%5B%2A%5D?deploy-mode=client",
             "RETRY_DATABASE_URL": settings.database_url,
