@@ -1,4 +1,5 @@
-"""An alert: a monitor incident starting or ending, or a failed task, rendered for each channel."""
+"""An alert: a monitor incident starting or ending, a failed task, or a run past its deadline, rendered
+for each channel."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from typing import Any, Literal
 
 _MAX_ERROR_CHARS = 2000
 
-Severity = Literal["firing", "resolved", "failure"]
-_TAGS: dict[str, str] = {"firing": "FIRING", "resolved": "RESOLVED", "failure": "FAILED"}
+Severity = Literal["firing", "resolved", "failure", "late"]
+_TAGS: dict[str, str] = {"firing": "FIRING", "resolved": "RESOLVED", "failure": "FAILED", "late": "LATE"}
 
 
 @dataclass(frozen=True)
 class Alert:
-    """One notification: a monitor incident starting or ending, or a failed task."""
+    """One notification: a monitor incident starting or ending, a failed task, or a run past its deadline."""
 
     title: str
     text: str
@@ -111,4 +112,27 @@ def _run_alert(context: Mapping[str, Any]) -> Alert:
         text=text,
         severity="failure",
         fields={"dag_id": dag_id, "run_id": run_id, "reason": reason, "task_id": task_id},
+    )
+
+
+def deadline_alert_from_context(context: Mapping[str, Any]) -> Alert:
+    """The Alert for a missed Deadline Alert: the context Airflow hands its callback holds the run
+    (``dag_run``, as the REST API shows it) and the ``deadline`` (``deadline_time``)."""
+    run = context.get("dag_run") or {}
+    deadline = context.get("deadline") or {}
+    dag_id = str(run.get("dag_id") or "?")
+    run_id = str(run.get("dag_run_id") or run.get("run_id") or "?")
+    queued_at, due = run.get("queued_at"), deadline.get("deadline_time")
+    state = run.get("state")
+    text = (
+        f"Run {run_id} of DAG {dag_id} has not finished by its deadline, {due}"
+        + (f" (queued at {queued_at})" if queued_at else "")
+        + (f"; it is {state}" if state else "")
+        + ". Look at its tasks' logs: a slow Spark job, a cluster short of executors, or a lock held by another run."
+    )
+    return Alert(
+        title=f"{dag_id} run {run_id} missed its deadline",
+        text=text,
+        severity="late",
+        fields={"dag_id": dag_id, "run_id": run_id, "queued_at": queued_at, "deadline": due, "state": state},
     )

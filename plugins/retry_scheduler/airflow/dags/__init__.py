@@ -51,6 +51,16 @@ def run_failure_callbacks() -> list[Callable[[Any], None]]:
     return list(failure_notifiers())
 
 
+def with_deadline(dag: DAG, after: timedelta | None) -> DAG:
+    """Give *dag* a Deadline Alert: a run still going ``after`` its queueing alerts through the
+    failure channels (``retry_scheduler.airflow.deadlines``); ``None``: no deadline."""
+    if after is not None:
+        from retry_scheduler.airflow.deadlines import deadline_alert
+
+        dag.deadline = deadline_alert(after)
+    return dag
+
+
 def in_dag_file(dag: DAG) -> DAG:
     """Give *dag* the file of the factory's caller: the DAG file Airflow parsed, not this package."""
     caller = sys._getframe(2)

@@ -20,10 +20,18 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 
-from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
+from retry_scheduler.airflow.dags import (
+    default_args,
+    in_dag_file,
+    run_failure_callbacks,
+    with_deadline,
+)
 from retry_scheduler.airflow.operators import spark_submit_operator
 from retry_scheduler.core.protocol import TOPIC_PATTERN
 from retry_scheduler.spark.submit import BULK_RETRY_APP
+
+#: A run still going this long after it was queued alerts (the factory's ``deadline``).
+DEADLINE = timedelta(hours=2)
 
 
 @dag(
@@ -78,6 +86,10 @@ def retry_bulk_replay() -> None:
     )
 
 
-def retry_bulk_replay_dag() -> DAG:
-    """Build the ``retry_bulk_replay`` DAG; call it from a file in the DAGs folder."""
-    return in_dag_file(retry_bulk_replay())
+def retry_bulk_replay_dag(deadline: timedelta | None = DEADLINE) -> DAG:
+    """Build the ``retry_bulk_replay`` DAG; call it from a file in the DAGs folder.
+
+    ``deadline``: a run still going this long after it was queued alerts (a Deadline Alert, through
+    the failure channels); ``None`` turns it off.
+    """
+    return in_dag_file(with_deadline(retry_bulk_replay(), deadline))

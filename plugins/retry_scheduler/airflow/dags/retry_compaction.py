@@ -26,9 +26,18 @@ import pendulum
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 
 from retry_scheduler.airflow.assets import archive_asset
-from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks, utc_intervals
+from retry_scheduler.airflow.dags import (
+    default_args,
+    in_dag_file,
+    run_failure_callbacks,
+    utc_intervals,
+    with_deadline,
+)
 from retry_scheduler.airflow.operators import spark_submit_operator
 from retry_scheduler.spark.submit import COMPACT_APP
+
+#: A run still going this long after it was queued alerts (the factory's ``deadline``).
+DEADLINE = timedelta(hours=2)
 
 
 @dag(
@@ -76,6 +85,10 @@ def retry_compaction() -> None:
     )
 
 
-def retry_compaction_dag() -> DAG:
-    """Build the ``retry_compaction`` DAG; call it from a file in the DAGs folder."""
-    return in_dag_file(retry_compaction())
+def retry_compaction_dag(deadline: timedelta | None = DEADLINE) -> DAG:
+    """Build the ``retry_compaction`` DAG; call it from a file in the DAGs folder.
+
+    ``deadline``: a run still going this long after it was queued alerts (a Deadline Alert, through
+    the failure channels); ``None`` turns it off.
+    """
+    return in_dag_file(with_deadline(retry_compaction(), deadline))
