@@ -112,3 +112,10 @@ RETURNING affected;
 SELECT id, at, action, dry_run, actor, source, run_id, filter, reset_attempts, matched, affected, skipped,
        finished_at
 FROM retry_dlq_audit ORDER BY at DESC, id DESC LIMIT %(limit)s;
+
+-- name: dlq_audit_of_run
+-- What an Airflow run replayed: its latest audit row of that action (a retried task writes another).
+SELECT id, at, action, dry_run, actor, source, run_id, filter, reset_attempts, matched, affected, skipped,
+       finished_at
+FROM retry_dlq_audit WHERE run_id = %(run_id)s AND action = %(action)s
+ORDER BY id DESC LIMIT 1;

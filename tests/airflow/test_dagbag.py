@@ -139,3 +139,14 @@ def test_publish_is_mapped_into_as_many_tasks_as_retry_publish_tasks_says(monkey
     assert type(publish).__name__.endswith("MappedOperator")
     assert publish.op_kwargs_expand_input.value == {"shard": [0, 1, 2]}
     assert not type(dag.get_task("ingest")).__name__.endswith("MappedOperator")  # one ingest owns the topics
+
+
+def test_the_spark_dags_alert_two_hours_after_a_run_was_queued_and_the_loops_have_no_deadline(dagbag) -> None:
+    from datetime import timedelta
+
+    for dag_id in ("retry_compaction", "retry_bulk_replay"):
+        [deadline] = dagbag.get_dag(dag_id).deadline
+        assert deadline.interval == timedelta(hours=2), dag_id
+        assert type(deadline.reference).__name__ == "DagRunQueuedAtDeadline"
+        assert deadline.callback.path == "retry_scheduler.airflow.deadlines.deadline_missed"
+    assert not dagbag.get_dag("retry_scheduler").deadline  # bounded by dagrun_timeout instead

@@ -34,8 +34,27 @@ def trigger(airflow_db, database_url: str, monkeypatch: pytest.MonkeyPatch):
 
 
 def outcome(run) -> dict:
-    [ti] = run.get_task_instances()
+    [ti] = [ti for ti in run.get_task_instances() if ti.task_id == "replay_window"]
     return ti.xcom_pull(task_ids="replay_window")
+
+
+def replay_events(dag_id: str, run_id: str) -> list[dict]:
+    """The ``retry_scheduler_replays`` asset events a run recorded (their extra)."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from retry_scheduler.airflow.assets import REPLAYS_ASSET
+
+    with create_session() as session:
+        return list(
+            session.scalars(
+                select(AssetEvent.extra)
+                .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                .where(AssetModel.name == REPLAYS_ASSET)
+                .where(AssetEvent.source_dag_id == dag_id, AssetEvent.source_run_id == run_id)
+            )
+        )
 
 
 def dead_at(database_url: str, when: dict[int, datetime]) -> None:
@@ -96,6 +115,18 @@ def test_each_run_replays_the_dead_jobs_of_its_hour_once(trigger, database_url: 
     assert outcome(again)["affected"] == 0
 
     window = {"since": start.isoformat(), "until": end.isoformat(), "destination": "payments"}
+    # Only the run that replayed something updated the replays asset, with its audit record.
+    assert replay_events("dlq_window_replay", dry.run_id) == []  # a dry run: record skipped
+    assert replay_events("dlq_window_replay", again.run_id) == []  # nothing replayed
+    [event] = replay_events("dlq_window_replay", replay.run_id)
+    assert {k: event[k] for k in ("dag_id", "run_id", "action", "matched", "replayed", "filter")} == {
+        "dag_id": "dlq_window_replay",
+        "run_id": replay.run_id,
+        "action": "replay",
+        "matched": 3,
+        "replayed": 2,
+        "filter": window,
+    }
     audit = sql(
         database_url,
         "SELECT action, dry_run, source, run_id, filter, affected FROM retry_dlq_audit ORDER BY id",

@@ -7,9 +7,15 @@
 
     @dag(schedule=[archive_asset()], ...)
     def load_retry_archive(): ...
+
+``dlq_window_replay`` and ``retry_bulk_replay`` update :func:`replays_asset` each time a run put dead
+jobs back on their way (not for a dry run, nor a run that replayed nothing): the event's ``extra`` is
+the run's audit record (:func:`replay_extra`): what it selected, how many it replayed, the filter.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from airflow.sdk import Asset
 
@@ -22,3 +28,26 @@ def archive_asset() -> Asset:
     Airflow keeps an asset's name and URI unique, so an archive moved to another ``RETRY_ARCHIVE_URI``
     would otherwise leave the DAG's outlet inactive. Each event's ``extra`` says where it is."""
     return Asset(name=ARCHIVE_ASSET, group="retry-scheduler")
+
+
+#: Updated by every replay run that replayed something (window or bulk).
+REPLAYS_ASSET = "retry_scheduler_replays"
+
+
+def replays_asset() -> Asset:
+    """The dead jobs replayed by ``dlq_window_replay`` and ``retry_bulk_replay`` runs."""
+    return Asset(name=REPLAYS_ASSET, group="retry-scheduler")
+
+
+def replay_extra(dag_id: str, audit: dict[str, Any]) -> dict[str, Any]:
+    """A replay run's asset event ``extra``, from its audit row (``ops.dlq.audit_of_run``)."""
+    return {
+        "dag_id": dag_id,
+        "run_id": audit.get("run_id"),
+        "action": audit.get("action"),
+        "matched": audit.get("matched"),
+        "replayed": audit.get("affected"),
+        "filter": audit.get("filter") or {},
+        "skipped": audit.get("skipped") or {},
+        "audit_id": audit.get("id"),
+    }

@@ -141,6 +141,29 @@ def run_window_replay(
     return run_dlq_operation(window, actor, run_id)
 
 
+def record_replay(dag_id: str, run_id: str, action: str) -> dict[str, Any]:
+    """The ``record`` task of the replay DAGs: the run's audit row becomes the event of the
+    ``retry_scheduler_replays`` asset. A dry run, or a run that replayed nothing, records no event
+    (the task is skipped): a DAG scheduled on the asset runs only when jobs went back on their way."""
+    from airflow.sdk import get_current_context
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from retry_scheduler.airflow.assets import replay_extra, replays_asset
+    from retry_scheduler.ops.dlq import audit_of_run
+
+    audit = audit_of_run(settings_from_connections().database_url, run_id, action)
+    if audit is None:
+        raise ValueError(f"no {action} audit row for run {run_id}: did the replay task run?")
+    extra = replay_extra(dag_id, audit)
+    if audit["dry_run"] or not audit["affected"]:
+        raise AirflowSkipException(
+            f"nothing replayed ({'dry run' if audit['dry_run'] else 'no job replayed'}): no asset event"
+        )
+    get_current_context()["outlet_events"][replays_asset()].extra = extra
+    log.info("%d dead jobs replayed; asset %s updated", audit["affected"], replays_asset().name)
+    return extra
+
+
 def run_monitor_task() -> dict[str, Any]:
     """The ``check`` task of the ``retry_monitor`` DAG: connections and the Variable read at run time."""
     from airflow.sdk import Variable

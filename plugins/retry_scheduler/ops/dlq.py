@@ -533,8 +533,18 @@ def run_action(
 
 def recent_audit(database_url: Database, limit: int = 20) -> list[dict[str, Any]]:
     """The latest audit rows, newest first."""
+    return _audit_rows(database_url, "dlq_audit_recent", {"limit": limit})
+
+
+def audit_of_run(database_url: Database, run_id: str, action: str) -> dict[str, Any] | None:
+    """The audit row of an Airflow run's ``action`` (``replay``, ``bulk_replay``...): its latest one."""
+    rows = _audit_rows(database_url, "dlq_audit_of_run", {"run_id": run_id, "action": action})
+    return rows[0] if rows else None
+
+
+def _audit_rows(database_url: Database, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     with _connection(database_url) as conn:
-        cur = conn.execute(sql.SQL(queries()["dlq_audit_recent"]), {"limit": limit})
+        cur = conn.execute(sql.SQL(queries()[query]), params)
         names = [d.name for d in cur.description or []]
         rows = cur.fetchall()
     return [

@@ -116,14 +116,12 @@ def dag_audit_args(actor: str | None, run_id: str) -> list[str]:
     The job's run id allows ``[A-Za-z0-9._:-]``: other characters of Airflow's run id become ``_``.
     """
     name = (actor or "airflow")[:200]
-    return [
-        "--actor",
-        name,
-        "--source",
-        "dag",
-        "--run-id",
-        re.sub(r"[^A-Za-z0-9._:-]", "_", run_id)[:128] or "dag",
-    ]
+    return ["--actor", name, "--source", "dag", "--run-id", job_run_id(run_id)]
+
+
+def job_run_id(run_id: str) -> str:
+    """The bulk retry job's run id for an Airflow run id (as its audit row records it)."""
+    return re.sub(r"[^A-Za-z0-9._:-]", "_", run_id)[:128] or "dag"
 
 
 def compact_args(

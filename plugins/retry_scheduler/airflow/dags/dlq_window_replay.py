@@ -31,6 +31,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, dag, get_current_context, task
 
+from retry_scheduler.airflow.assets import replays_asset
 from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks, utc_intervals
 from retry_scheduler.airflow.dags.dlq_replay import dead_job_filter_params, replay_option_params
 
@@ -71,7 +72,14 @@ def dlq_window_replay() -> None:
             dag_run.run_id,
         )
 
-    replay_window()
+    @task(outlets=[replays_asset()])
+    def record() -> dict:
+        """The run's replay as an event of the ``retry_scheduler_replays`` asset (skipped for a dry run)."""
+        from retry_scheduler.airflow.tasks import record_replay
+
+        return record_replay("dlq_window_replay", get_current_context()["dag_run"].run_id, "replay")
+
+    replay_window() >> record()
 
 
 def dlq_window_replay_dag() -> DAG:

@@ -20,6 +20,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 
+from retry_scheduler.airflow.assets import replays_asset
 from retry_scheduler.airflow.dags import (
     default_args,
     in_dag_file,
@@ -78,12 +79,22 @@ def retry_bulk_replay() -> None:
         audit = dag_audit_args(getattr(dag_run, "triggering_user_name", None), dag_run.run_id)
         return bulk_retry_args(context["params"]) + audit
 
-    spark_submit_operator(
+    @task(outlets=[replays_asset()])
+    def record() -> dict:
+        """The run's replay as an event of the ``retry_scheduler_replays`` asset (skipped for a dry run)."""
+        from retry_scheduler.airflow.tasks import record_replay
+        from retry_scheduler.spark.submit import job_run_id
+
+        run_id = job_run_id(get_current_context()["dag_run"].run_id)  # as the job audited it
+        return record_replay("retry_bulk_replay", run_id, "bulk_replay")
+
+    bulk = spark_submit_operator(
         task_id="bulk_retry",
         application=BULK_RETRY_APP,
         name="retry_bulk_replay",
         application_args=job_args(),
     )
+    bulk >> record()
 
 
 def retry_bulk_replay_dag(deadline: timedelta | None = DEADLINE) -> DAG:
