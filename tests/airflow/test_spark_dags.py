@@ -177,12 +177,20 @@ def test_cli_bulk_retry_and_compact(
     assert main(["bulk-retry", "--destination", dest, "--dry-run"]) == 0
     assert json.loads(capfd.readouterr().out.strip().splitlines()[-1])["selected"] == 40
     assert main(["bulk-retry", "--destination", dest]) == 0
-    assert json.loads(capfd.readouterr().out.strip().splitlines()[-1])["published"] == 40
+    out, err = capfd.readouterr()
+    assert json.loads(out.strip().splitlines()[-1])["published"] == 40
     assert len(consume(bootstrap_servers, [dest], 40)) == 40
+    # the job's progress, from its driver's status tracker: lines on stderr when it is no terminal
+    steps = re.findall(r"^bulk-retry: ([\d,]+)/([\d,]+) Spark tasks$", err, re.MULTILINE)
+    assert steps and steps[-1][0] == steps[-1][1] != "0", err[-2000:]
+    assert "PROGRESS" not in out + err  # the job's raw lines became the progress, not output
 
     assert main(["compact", "--older-than", "0s"]) == 0
-    result = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    out, err = capfd.readouterr()
+    result = json.loads(out.strip().splitlines()[-1])
     assert result["deleted"] == 40
+    steps = re.findall(r"^compact: ([\d,]+)/([\d,]+) Spark tasks$", err, re.MULTILINE)
+    assert steps and steps[-1][0] == steps[-1][1] != "0", err[-2000:]
     assert pq.read_table(airflow_env / "retry_jobs").num_rows == 40
     with psycopg.connect(database_url) as conn:
         assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)

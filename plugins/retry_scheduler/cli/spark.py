@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from retry_scheduler.cli.args import DURATION_HELP, TIME_HELP, duration, moment
+from retry_scheduler.cli.progress import progress
 from retry_scheduler.core.config import Settings
 
 
@@ -22,7 +23,10 @@ def _cmd_bulk_retry(args: argparse.Namespace, settings: Settings) -> int:
         "dry_run": args.dry_run,
         "mark_batch": args.mark_batch,
     }
-    return run_spark_submit(BULK_RETRY_APP, bulk_retry_args(params), settings, master=args.master)
+    with progress("bulk-retry", unit="Spark tasks") as report:
+        return run_spark_submit(
+            BULK_RETRY_APP, bulk_retry_args(params), settings, master=args.master, progress=report
+        )
 
 
 def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
@@ -35,7 +39,8 @@ def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
         dry_run=args.dry_run,
         delete_batch=args.delete_batch,
     )
-    return run_spark_submit(COMPACT_APP, job_args, settings, master=args.master)
+    with progress("compact", unit="Spark tasks") as report:
+        return run_spark_submit(COMPACT_APP, job_args, settings, master=args.master, progress=report)
 
 
 def _add_master(parser: argparse.ArgumentParser) -> None:

@@ -39,6 +39,7 @@ from retry_scheduler.db.store import like_pattern
 from retry_scheduler.spark.bulk_guard import BulkAudit, guarded_run
 from retry_scheduler.spark.bulk_options import MARK_BATCH, Options, parse_args
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows, jdbc_target
+from retry_scheduler.spark.progress import reporting
 from retry_scheduler.spark.selection import (
     BulkRetryError,
     Selection,
@@ -436,7 +437,8 @@ def run(argv: list[str] | None = None) -> int:
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        outcome = main(argv)
+        with reporting("bulk-retry"):
+            outcome = main(argv)
     except (BulkRetryError, JobArgumentError, StoreError, ConfigError) as exc:
         print(f"bulk_retry: {exc}", file=sys.stderr)
         return 2

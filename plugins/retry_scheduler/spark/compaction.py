@@ -55,6 +55,7 @@ from retry_scheduler.spark.compaction_db import (
     take_lock,
 )
 from retry_scheduler.spark.jdbc import JdbcTarget, fetch_rows, jdbc_target
+from retry_scheduler.spark.progress import reporting
 
 log = logging.getLogger("retry_scheduler.compact")
 
@@ -372,7 +373,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def run(argv: list[str] | None = None) -> int:
     """The job's command line: the counts as one JSON line on stdout; exit 2 when it cannot start."""
     try:
-        result = main(argv)
+        with reporting("compact"):
+            result = main(argv)
     except ArchiveVerificationError:
         raise  # nothing was deleted; the traceback shows where the archive and the selection differ
     except (CompactionError, StoreError, ConfigError) as exc:

@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
@@ -175,6 +175,7 @@ def run_spark_submit(
     settings: Settings | None = None,
     conf: dict[str, str] | None = None,
     master: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> int:
     """Run a PySpark job with the ``spark-submit`` beside this Python; return its exit status.
 
@@ -182,10 +183,14 @@ def run_spark_submit(
     ``--archives`` (:mod:`retry_scheduler.spark.executor_env`), the JDBC driver by ``--jars`` (or
     ``--packages``), and the driver runs here (client mode). Given ``settings``, the job reads
     their database and Kafka from a private connection file (``--connection-file``, see
-    :mod:`retry_scheduler.core.connection_file`), so no password is on any command line. The job's progress goes to stderr live; its result, the last JSON object it
+    :mod:`retry_scheduler.core.connection_file`), so no password is on any command line. The job's
+    log goes to stderr live; its progress lines (:mod:`retry_scheduler.spark.progress`) go to
+    ``progress(done, total)`` when given (else to stderr); its result, the last JSON object it
     prints, is printed on stdout. ``conf`` replaces the default ``--conf`` of every job
     (:func:`spark_conf`).
     """
+    from retry_scheduler.spark import progress as job_progress
+
     spark_submit = Path(sys.executable).parent / "spark-submit"
     master = spark_master(master)
     archives, cluster_conf = cluster_submit(master, dev_home() / "spark")
@@ -219,6 +224,8 @@ def run_spark_submit(
             for line in proc.stdout:
                 if line.startswith("{") and _is_json_object(line):
                     result = line.strip()
+                elif progress is not None and (step := job_progress.parse(line)) is not None:
+                    progress(step[1], step[2])
                 else:
                     sys.stderr.write(line)
     if result is not None:
