@@ -163,7 +163,7 @@ def test_no_password_in_argv_xcom_logs_or_output(
         cli = Path(sys.executable).parent / "retry-scheduler"
         cli_runs = [
             subprocess.run([str(cli), *args], env=cli_env, capture_output=True, text=True, timeout=600)
-            for args in (["bulk-retry", "--destination", dest], ["compact", "--older-than", "0s"])
+            for args in (["bulk-retry", "--destination", dest, "--json"], ["compact", "--older-than", "0s"])
         ]
 
     # Everything really ran, with the passwords: 30 records out, all 30 jobs archived and deleted.

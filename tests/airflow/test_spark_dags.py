@@ -175,19 +175,21 @@ def test_cli_bulk_retry_and_compact(
         store.insert_jobs([dead_job(i, dest) for i in range(40)])
 
     assert main(["bulk-retry", "--destination", dest, "--dry-run"]) == 0
-    assert json.loads(capfd.readouterr().out.strip().splitlines()[-1])["selected"] == 40
+    assert capfd.readouterr().out == "dry run: 40 dead jobs would be re-published (nothing changed)\n"
+    assert main(["bulk-retry", "--destination", dest, "--dry-run", "--json"]) == 0
+    assert json.loads(capfd.readouterr().out)["selected"] == 40
     assert main(["bulk-retry", "--destination", dest]) == 0
     out, err = capfd.readouterr()
-    assert json.loads(out.strip().splitlines()[-1])["published"] == 40
+    assert re.fullmatch(r"published 40 of 40 selected dead jobs, 0 failed \(run [\w:.-]+\)\n", out), out
     assert len(consume(bootstrap_servers, [dest], 40)) == 40
     # the job's progress, from its driver's status tracker: lines on stderr when it is no terminal
     steps = re.findall(r"^bulk-retry: ([\d,]+)/([\d,]+) Spark tasks$", err, re.MULTILINE)
     assert steps and steps[-1][0] == steps[-1][1] != "0", err[-2000:]
     assert "PROGRESS" not in out + err  # the job's raw lines became the progress, not output
 
-    assert main(["compact", "--older-than", "0s"]) == 0
+    assert main(["compact", "--older-than", "0s", "--json"]) == 0
     out, err = capfd.readouterr()
-    result = json.loads(out.strip().splitlines()[-1])
+    result = json.loads(out)
     assert result["deleted"] == 40
     steps = re.findall(r"^compact: ([\d,]+)/([\d,]+) Spark tasks$", err, re.MULTILINE)
     assert steps and steps[-1][0] == steps[-1][1] != "0", err[-2000:]

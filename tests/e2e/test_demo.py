@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import json
+
 import pytest
 
 from retry_scheduler.core.config import Settings
@@ -15,11 +18,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 def test_demo_under_the_real_scheduler(database_url: str, tmp_path) -> None:
     settings = Settings(database_url=database_url, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
     lines: list[str] = []
+    summary = io.StringIO()  # what `demo --json` prints on stdout
     code = run_demo(
         settings,
         records=40,
         timeout_s=240,
         say=lines.append,
+        json_out=summary,
         api_port=free_port(),
         metadata_db=checkout_database("retry_airflow_e2e_"),
         airflow_home=tmp_path / "airflow",
@@ -31,3 +36,7 @@ def test_demo_under_the_real_scheduler(database_url: str, tmp_path) -> None:
     assert "dead: exhausted                   12   (expected 12)" in text
     assert "dead: invalid                      4   (expected 4)" in text
     assert "early: 0" in text
+    result = json.loads(summary.getvalue())
+    assert (result["ok"], result["recovered"], result["early"]) == (True, 20, 0)
+    assert result["dead"] == result["expected"]["dead"] and result["dead"]["exhausted"] == 12
+    assert result["lateness_s"]["p99"] is not None and result["lateness_s"]["p99"] >= 0

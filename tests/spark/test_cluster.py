@@ -48,7 +48,7 @@ def seed_dead_jobs(database_url: str, destination: str, count: int) -> None:
 def cli(env: dict[str, str], *args: str) -> dict:
     """``retry-scheduler ARGS`` as a subprocess; its JSON result (the job's last line on stdout)."""
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "retry-scheduler"), *args],
+        [str(Path(sys.executable).parent / "retry-scheduler"), *args, "--json"],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]

@@ -121,6 +121,15 @@ def _cmd_dev_spark_cluster(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.dev.demo import run_demo
 
+    if args.json:  # the narrative to stderr, the summary as JSON to stdout
+        return run_demo(
+            settings,
+            records=args.records,
+            timeout_s=args.timeout,
+            executor=args.executor,
+            say=lambda line: print(line, file=sys.stderr, flush=True),
+            json_out=sys.stdout,
+        )
     return run_demo(settings, records=args.records, timeout_s=args.timeout, executor=args.executor)
 
 
@@ -178,6 +187,11 @@ def add_parsers(sub: Any) -> None:
     )
     demo.add_argument("--records", type=int, default=200, help="records in the workload (default 200)")
     demo.add_argument("--timeout", type=float, default=600, help="seconds to wait for the outcome")
+    demo.add_argument(
+        "--json",
+        action="store_true",
+        help="the summary as one JSON object on stdout (the narrative on stderr)",
+    )
     demo.add_argument(
         "--executor", choices=EXECUTORS, default="local", help="where the DAG's tasks run (local, or celery)"
     )

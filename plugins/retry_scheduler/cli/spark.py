@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable
 from typing import Any
 
 from retry_scheduler.cli.args import DURATION_HELP, TIME_HELP, duration, moment
@@ -25,7 +27,12 @@ def _cmd_bulk_retry(args: argparse.Namespace, settings: Settings) -> int:
     }
     with progress("bulk-retry", unit="Spark tasks") as report:
         return run_spark_submit(
-            BULK_RETRY_APP, bulk_retry_args(params), settings, master=args.master, progress=report
+            BULK_RETRY_APP,
+            bulk_retry_args(params),
+            settings,
+            master=args.master,
+            progress=report,
+            show=_show(args.json, lambda result: bulk_retry_summary(result, args.status)),
         )
 
 
@@ -40,7 +47,55 @@ def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
         delete_batch=args.delete_batch,
     )
     with progress("compact", unit="Spark tasks") as report:
-        return run_spark_submit(COMPACT_APP, job_args, settings, master=args.master, progress=report)
+        return run_spark_submit(
+            COMPACT_APP,
+            job_args,
+            settings,
+            master=args.master,
+            progress=report,
+            show=_show(args.json, compact_summary),
+        )
+
+
+def bulk_retry_summary(result: dict[str, Any], status: str = "dead") -> str:
+    """What a bulk retry of ``status`` jobs did, in a sentence (``--json`` prints the whole result)."""
+    if result.get("dry_run"):
+        return f"dry run: {result.get('selected', 0):,} {status} jobs would be re-published (nothing changed)"
+    failed = result.get("failed", 0)
+    text = (
+        f"published {result.get('published', 0):,} of {result.get('selected', 0):,} selected {status} jobs, "
+        f"{failed:,} failed (run {result.get('run_id')})"
+    )
+    if failed:
+        text += "; run the same command again: the jobs not published are selected again"
+    return text
+
+
+def compact_summary(result: dict[str, Any]) -> str:
+    """What a compaction did, in a sentence (``--json`` prints the whole result)."""
+    if result.get("dry_run"):
+        return (
+            f"dry run: {result.get('selected', 0):,} processed jobs would be archived and deleted "
+            "(nothing written, nothing deleted)"
+        )
+    return (
+        f"archived {result.get('archived_new', 0):,} jobs ({result.get('already_archived', 0):,} were "
+        f"already in the archive), deleted {result.get('deleted', 0):,} from PostgreSQL; manifest "
+        f"{result.get('manifest')}"
+    )
+
+
+def _show(as_json: bool, summary: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], None]:
+    def show(result: dict[str, Any]) -> None:
+        print(json.dumps(result) if as_json else summary(result), flush=True)
+
+    return show
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", action="store_true", help="the job's whole result as one JSON object (default: a sentence)"
+    )
 
 
 def _add_master(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +129,7 @@ def add_parsers(sub: Any) -> None:
         help="acknowledged jobs marked published per transaction (10000); after a crash, the jobs of "
         "batches not yet committed are published again by the next run, with the same retry.id",
     )
+    _add_json(bulk)
     _add_master(bulk)
     bulk.set_defaults(func=_cmd_bulk_retry)
 
@@ -103,5 +159,6 @@ def add_parsers(sub: Any) -> None:
     compact.add_argument(
         "--delete-batch", type=int, metavar="N", help="archived jobs deleted per transaction (50000)"
     )
+    _add_json(compact)
     _add_master(compact)
     compact.set_defaults(func=_cmd_compact)

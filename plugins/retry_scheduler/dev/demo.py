@@ -9,6 +9,7 @@ summary and stops the stack.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -16,7 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TextIO, cast
 
 from retry_scheduler.client import RetryClient
 from retry_scheduler.core import protocol
@@ -209,11 +210,14 @@ def run_demo(
     records: int = 200,
     timeout_s: float = 600,
     say: Callable[[str], None] = print,
+    json_out: TextIO | None = None,
     **stack_options: Any,
 ) -> int:
     """Run the scenario; returns the exit code (0 when every record reached its expected outcome).
 
-    ``stack_options`` go to :class:`DevStack` (ports, metadata database, AIRFLOW_HOME).
+    ``json_out``: where the summary also goes, as one JSON object (``demo --json``: stdout, the
+    narrative then going to stderr). ``stack_options`` go to :class:`DevStack` (ports, metadata
+    database, AIRFLOW_HOME).
     """
     from retry_scheduler.dev.airflow_api import api_token, trigger_dag, unpause_dag
     from retry_scheduler.dev.stack import DevStack
@@ -278,4 +282,19 @@ def run_demo(
     say(
         "  result: " + ("OK, every record reached its expected outcome" if done else "INCOMPLETE (timed out)")
     )
-    return 0 if done and early == 0 else 1
+    ok = done and early == 0
+    if json_out is not None:
+        summary = {
+            "ok": ok,
+            "complete": done,
+            "ingested": outcome["ingested"],
+            "published": outcome["published"],
+            "recovered": len(app.recovered),
+            "dead": outcome["dead"],
+            "dead_on_dlq": outcome["dead_on_dlq"],
+            "expected": {"recovered": plan.recover, "dead": plan.expected_dead},
+            "lateness_s": {"p50": p50, "p99": p99, "max": late[-1] if late else None},
+            "early": early,
+        }
+        print(json.dumps(summary, sort_keys=True), file=json_out, flush=True)
+    return 0 if ok else 1

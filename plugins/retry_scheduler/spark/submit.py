@@ -176,6 +176,7 @@ def run_spark_submit(
     conf: dict[str, str] | None = None,
     master: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    show: Callable[[dict[str, Any]], None] | None = None,
 ) -> int:
     """Run a PySpark job with the ``spark-submit`` beside this Python; return its exit status.
 
@@ -186,8 +187,8 @@ def run_spark_submit(
     :mod:`retry_scheduler.core.connection_file`), so no password is on any command line. The job's
     log goes to stderr live; its progress lines (:mod:`retry_scheduler.spark.progress`) go to
     ``progress(done, total)`` when given (else to stderr); its result, the last JSON object it
-    prints, is printed on stdout. ``conf`` replaces the default ``--conf`` of every job
-    (:func:`spark_conf`).
+    prints, goes to ``show`` (else printed on stdout as it is). ``conf`` replaces the default
+    ``--conf`` of every job (:func:`spark_conf`).
     """
     from retry_scheduler.spark import progress as job_progress
 
@@ -229,7 +230,10 @@ def run_spark_submit(
                 else:
                     sys.stderr.write(line)
     if result is not None:
-        print(result)
+        if show is None:
+            print(result)
+        else:
+            show(json.loads(result))
     return proc.returncode
 
 
