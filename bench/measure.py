@@ -439,9 +439,14 @@ def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
 
 
 def run_bench(
-    settings: Settings, options: BenchOptions, say: Callable[[str], None] = print
+    settings: Settings,
+    options: BenchOptions,
+    say: Callable[[str], None] = print,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the selected measurements and write the report; returns report.json's content."""
+    """Run the selected measurements and write the report; returns report.json's content.
+
+    ``progress(done, total)`` hears of each selected measurement finished (the command's bar)."""
     from bench import cpu as bench_cpu
     from bench import report as bench_report
 
@@ -455,6 +460,9 @@ def run_bench(
     started = datetime.now(UTC).isoformat()
     results: list[Result] = []
     measurers = _measurers()
+    selected = [name for name in MEASUREMENTS if name in options.only]
+    if progress is not None:
+        progress(0, len(selected))
     with BenchEnv(settings, options.db_name, options.bootstrap, options.keep_db) as env:
         machine = bench_report.machine_info(env.url)
         run_cpu = bench_cpu.cpu_times()
@@ -480,6 +488,8 @@ def run_bench(
             say(
                 f"bench: {name} done in {time.perf_counter() - began:.0f} s: {result.skipped or result.figures}"
             )
+            if progress is not None:
+                progress(selected.index(name) + 1, len(selected))
         machine["cpu_during_run"] = bench_cpu.cpu_shares(run_cpu, bench_cpu.cpu_times())
     report = bench_report.build_report(
         results,
@@ -525,7 +535,10 @@ def main(settings: Settings, args: Any, say: Callable[[str], None] = print) -> i
         db_name=args.db_name,
         keep_db=args.keep_db,
     )
-    report = run_bench(settings, options, say)
+    from retry_scheduler.cli.progress import progress
+
+    with progress("bench", unit="measurements") as report_progress:
+        report = run_bench(settings, options, say, report_progress)
     missed = [k for k, t in report["targets"].items() if t["pass"] is False]
     if missed and not args.quick:
         say(f"bench: missed target(s): {', '.join(missed)} (see the report for what limits them)")

@@ -33,7 +33,11 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory, bootstrap_servers: str)
         db_name=DB_NAME,
         bootstrap=bootstrap_servers,
     )
-    run_bench(Settings(database_url=ADMIN_URL), options, say=lambda _m: None)
+    steps: list[tuple[int, int]] = []
+    run_bench(
+        Settings(database_url=ADMIN_URL), options, say=lambda _m: None, progress=lambda *s: steps.append(s)
+    )
+    assert steps == [(0, 3), (1, 3), (2, 3), (3, 3)]  # the command's progress: one step per measurement
     return out
 
 
