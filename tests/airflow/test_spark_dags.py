@@ -198,6 +198,34 @@ def test_cli_bulk_retry_and_compact(
         assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)
 
 
+def test_in_a_terminal_compact_shows_the_job_s_progress_as_a_bar(
+    airflow_env: Path, database_url: str
+) -> None:
+    from tests.terminal import run_in_terminal
+
+    with Store(database_url) as store:
+        store.insert_jobs(
+            [replace(dead_job(i, "orders"), status=Status.PENDING, dead_reason=None) for i in range(10)]
+        )
+    with psycopg.connect(database_url) as conn:
+        conn.execute("UPDATE retry_jobs SET status = 'published', published_at = now() - interval '1 day'")
+    command = [
+        str(Path(sys.executable).parent / "retry-scheduler"),
+        "compact",
+        "--older-than",
+        "1h",
+    ]
+
+    code, text, out = run_in_terminal(command, dict(os.environ))
+
+    assert code == 0, text[-3000:]
+    assert re.search(r"compact ━+ (\d+)/\1 Spark tasks 100%", text), text[-3000:]
+    assert not re.search(r"compact: \d+/\d+ Spark tasks", text)  # the plain lines are for pipes and logs
+    assert out.startswith(
+        "archived 10 jobs (0 were already in the archive), deleted 10 from PostgreSQL; manifest "
+    )
+
+
 @pytest.mark.cluster
 def test_both_dags_run_their_jobs_on_the_cluster_spark_default_names(
     airflow_db,

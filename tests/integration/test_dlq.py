@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -397,14 +396,12 @@ def test_cli_purges_in_batches_of_the_size_asked(
 def test_in_a_terminal_a_replay_shows_a_progress_bar(database_url: str) -> None:
     """stderr a real pseudo-terminal, as in an operator's shell; stdout (the result) a pipe."""
     import os
-    import pty
-    import subprocess
     import sys
     from pathlib import Path
 
+    from tests.terminal import run_in_terminal
+
     insert(database_url, [dead_job(i) for i in range(1, 7)])
-    leader, follower = pty.openpty()
-    env = {**os.environ, "RETRY_DATABASE_URL": database_url, "COLUMNS": "120", "TERM": "xterm"}
     command = [
         str(Path(sys.executable).parent / "retry-scheduler"),
         "dlq",
@@ -413,21 +410,8 @@ def test_in_a_terminal_a_replay_shows_a_progress_bar(database_url: str) -> None:
         "--batch-size",
         "2",
     ]
-    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=follower, text=True) as proc:
-        os.close(follower)
-        screen = b""
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # EIO: the command exited and closed the terminal
-                break
-            if not chunk:
-                break
-            screen += chunk
-        out = proc.stdout.read() if proc.stdout else ""
-    os.close(leader)
-    assert proc.returncode == 0, screen.decode(errors="replace")
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))  # colours, cursor
+    code, text, out = run_in_terminal(command, {**os.environ, "RETRY_DATABASE_URL": database_url})
+    assert code == 0, text
     assert "replay ━━━━" in text and "6/6 jobs 100%" in text and "elapsed," in text, text
     assert "replay: 2/6 jobs" not in text  # the plain lines are for pipes and logs
     assert "6 of 6 selected dead jobs replayed" in out and "━" not in out

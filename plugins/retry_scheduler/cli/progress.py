@@ -48,6 +48,9 @@ def progress(label: str, unit: str = "jobs", stream: TextIO | None = None) -> It
         TimeRemainingColumn(),
         TextColumn("left"),
         console=Console(file=out),
+        # Results printed while the bar runs still go to stdout (a pipe, a file), not to the terminal;
+        # lines written to stderr (a job's log) go above the bar.
+        redirect_stdout=False,
     )
     task = bar.add_task(label, total=None)
     with bar:
