@@ -12,9 +12,11 @@ by :mod:`bench.report`; the baselines live in :mod:`bench.baselines`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import statistics
+import sys
 import time
 import uuid
 from collections import defaultdict
@@ -537,8 +539,12 @@ def main(settings: Settings, args: Any, say: Callable[[str], None] = print) -> i
     )
     from retry_scheduler.cli.progress import progress
 
+    if getattr(args, "json", False):  # the report on stdout; what happens meanwhile on stderr
+        say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     with progress("bench", unit="measurements") as report_progress:
         report = run_bench(settings, options, say, report_progress)
+    if getattr(args, "json", False):
+        print(json.dumps(report, default=str), flush=True)
     missed = [k for k, t in report["targets"].items() if t["pass"] is False]
     if missed and not args.quick:
         say(f"bench: missed target(s): {', '.join(missed)} (see the report for what limits them)")

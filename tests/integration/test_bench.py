@@ -137,3 +137,22 @@ def test_the_benchmark_database_is_dropped(report: dict) -> None:
     with psycopg.connect(ADMIN_URL) as conn:
         row = conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (DB_NAME,)).fetchone()
     assert row == (0,)
+
+
+def test_the_command_prints_the_report_as_json_and_its_progress_apart(tmp_path: Path) -> None:
+    """``retry-scheduler bench --json`` as a script runs it: the report on stdout, the rest on stderr."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "retry-scheduler"), "--database-url", ADMIN_URL, "bench", "--quick",
+         "--only", "claim", "--json", "--db-name", f"{DB_NAME}_cli", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["claim_cost_ratio_10m_vs_10k"] > 0 and report["quick"] is True
+    assert report == json.loads((tmp_path / "report.json").read_text())
+    assert "bench: 0/1 measurements" in done.stderr and "bench: 1/1 measurements" in done.stderr
+    assert "claim_cost_ratio_10m_vs_10k" in done.stderr  # the table, for whoever watches

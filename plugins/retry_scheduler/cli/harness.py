@@ -122,6 +122,9 @@ def add_parsers(sub: Any) -> None:
     )
     bench.add_argument("--db-name", default="retry_bench", help="the throwaway database (retry_bench)")
     bench.add_argument("--keep-db", action="store_true", help="keep the database afterwards, to look at it")
+    bench.add_argument(
+        "--json", action="store_true", help="print report.json's content on stdout (the narrative on stderr)"
+    )
     bench.set_defaults(func=_cmd_bench)
 
     chaos = sub.add_parser(
