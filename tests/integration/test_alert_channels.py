@@ -149,14 +149,17 @@ def test_the_setting_names_a_list_of_notifiers_in_an_importable_module(
 ) -> None:
     (tmp_path / "ops_channels.py").write_text(
         "from airflow.providers.slack.notifications.slack_webhook import SlackWebhookNotifier\n"
-        "CHANNELS = [SlackWebhookNotifier(slack_webhook_conn_id='s', text='{{ alert.text }}')]\n"
+        "CHANNELS = [SlackWebhookNotifier(slack_webhook_conn_id='s', text='{{ alert.text }}'),\n"
+        "            SlackWebhookNotifier(slack_webhook_conn_id='pager', text='{{ alert.headline }}')]\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "ops_channels", raising=False)
 
-    [channel] = declared_channels({"RETRY_ALERT_CHANNELS": "ops_channels:CHANNELS"})
+    channels = declared_channels({"RETRY_ALERT_CHANNELS": "ops_channels:CHANNELS"})
 
-    assert isinstance(channel, NotifierChannel) and channel.kind == "SlackWebhookNotifier"
+    assert all(isinstance(channel, NotifierChannel) for channel in channels)
+    # each its own name in the monitor's results
+    assert [c.kind for c in channels] == ["SlackWebhookNotifier", "SlackWebhookNotifier#2"]
     with pytest.raises(AlertConfigError, match=r"RETRY_ALERT_CHANNELS='ops_channels': name a list as"):
         declared_channels({"RETRY_ALERT_CHANNELS": "ops_channels"})
     with pytest.raises(

@@ -395,7 +395,9 @@ def declared_channels(env: Mapping[str, str] | None = None) -> list[AlertNotifie
         if isinstance(entry, AlertNotifier):
             channels.append(entry)
         elif callable(getattr(entry, "notify", None)):
-            channels.append(NotifierChannel(entry))
+            kind = type(entry).__name__
+            taken = sum(1 for c in channels if c.kind == kind or c.kind.startswith(f"{kind}#"))
+            channels.append(NotifierChannel(entry, name=f"{kind}#{taken + 1}" if taken else kind))
         else:
             raise AlertConfigError(
                 f"{where}[{n}] is {type(entry).__name__}, not a notifier: list notifier instances, "

@@ -121,16 +121,13 @@ def _cmd_dev_spark_cluster(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.dev.demo import run_demo
 
-    if args.json:  # the narrative to stderr, the summary as JSON to stdout
-        return run_demo(
-            settings,
-            records=args.records,
-            timeout_s=args.timeout,
-            executor=args.executor,
-            say=lambda line: print(line, file=sys.stderr, flush=True),
-            json_out=sys.stdout,
-        )
-    return run_demo(settings, records=args.records, timeout_s=args.timeout, executor=args.executor)
+    # --json: the summary as JSON on stdout, the narrative on stderr
+    output: dict[str, Any] = (
+        {"say": lambda line: print(line, file=sys.stderr, flush=True), "json_out": sys.stdout}
+        if args.json
+        else {}
+    )
+    return run_demo(settings, records=args.records, timeout_s=args.timeout, executor=args.executor, **output)
 
 
 def add_parsers(sub: Any) -> None:
