@@ -1,6 +1,6 @@
 """retry_monitor: backlog, lateness, DLQ-growth and delivery checks that alert once per incident.
 
-Seven checks, each against a threshold (:class:`Thresholds`, overridden by the Airflow Variable
+Seven checks, each against a threshold (:class:`~retry_scheduler.ops.thresholds.Thresholds`, overridden by the Airflow Variable
 ``retry_monitor_thresholds``; ``null`` turns a check off):
 
 * ``oldest_overdue``: how long the oldest pending job has been past its due time, in seconds
@@ -36,15 +36,15 @@ again. An incident that ends before anyone was told ends silently.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from retry_scheduler.db.store import Store
 from retry_scheduler.ops.alerts import Alert
+from retry_scheduler.ops.thresholds import VARIABLE, Thresholds, ThresholdsError
 
 if TYPE_CHECKING:
     from retry_scheduler.airflow.notifiers import AlertNotifier
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-VARIABLE = "retry_monitor_thresholds"
 CHECKS = (
     "oldest_overdue",
     "lateness_p99",
@@ -69,83 +68,6 @@ DLQ_GRACE_S = 60
 #: Failed deliveries in a row that make a job's delivery "failing repeatedly" (the backoff between them
 #: doubles from 1 s: five take about half a minute).
 REPEATED_FAILURES = 5
-
-
-class ThresholdsError(ValueError):
-    """The thresholds Variable is not valid; the message names the key and what it must be."""
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """When each check fires (above the value); ``None`` turns a check off."""
-
-    oldest_overdue_s: float | None = 60.0
-    lateness_p99_s: float | None = 2.0
-    dead_per_hour: float | None = 1000.0
-    stuck_delivery_s: float | None = 600.0
-    #: Records on the retry topics not ingested yet.
-    consumer_lag: float | None = 100_000.0
-    #: Dead jobs still off their DLQ topic a minute after they died (0: any).
-    undelivered_dead: float | None = 0.0
-    #: Pending jobs whose last five deliveries to their destination failed (0: any).
-    failing_deliveries: float | None = 0.0
-    #: The lateness window, in seconds: jobs published in the last ``interval_s``.
-    interval_s: int = 300
-
-    @classmethod
-    def from_json(cls, raw: str | None) -> Thresholds:
-        """The defaults with the overrides of a JSON object, e.g. ``{"oldest_overdue_s": 120}``."""
-        if raw is None or not raw.strip():
-            return cls()
-        try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise ThresholdsError(f"Variable {VARIABLE} is not valid JSON: {exc}") from None
-        return cls.from_mapping(data)
-
-    @classmethod
-    def from_mapping(cls, data: object) -> Thresholds:
-        known = [f.name for f in fields(cls)]
-        if not isinstance(data, dict):
-            raise ThresholdsError(
-                f'Variable {VARIABLE} must be a JSON object such as {{"oldest_overdue_s": 120}}, '
-                f"not {type(data).__name__}"
-            )
-        values: dict[str, Any] = {}
-        for key, value in data.items():
-            if key not in known:
-                raise ThresholdsError(
-                    f"Variable {VARIABLE}: unknown key {key!r}; the keys are {', '.join(known)}"
-                )
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if key == "interval_s":
-                if not number or value <= 0 or value != int(value):
-                    raise ThresholdsError(
-                        f"Variable {VARIABLE}: 'interval_s' must be a whole number of seconds above 0, "
-                        f"not {value!r}"
-                    )
-                values[key] = int(value)
-            elif value is None:
-                values[key] = None
-            elif not number or value < 0:
-                raise ThresholdsError(
-                    f"Variable {VARIABLE}: {key!r} must be a number >= 0, or null to turn the check off, "
-                    f"not {value!r}"
-                )
-            else:
-                values[key] = float(value)
-        return cls(**values)
-
-    def limit(self, check: str) -> float | None:
-        return {
-            "oldest_overdue": self.oldest_overdue_s,
-            "lateness_p99": self.lateness_p99_s,
-            "dead_per_hour": self.dead_per_hour,
-            "stuck_delivery": self.stuck_delivery_s,
-            "consumer_lag": self.consumer_lag,
-            "undelivered_dead": self.undelivered_dead,
-            "failing_deliveries": self.failing_deliveries,
-        }[check]
 
 
 @dataclass(frozen=True)
@@ -537,3 +459,17 @@ def _read_lag(lag: Callable[[Store], IngestLag] | None, store: Store) -> tuple[I
     except Exception as exc:  # the broker out of reach: the other checks still run
         log.warning("cannot read the retry topics' lag: %s: %s", type(exc).__name__, exc)
         return None, f"{type(exc).__name__}: {exc}"
+
+
+__all__ = [
+    "CHECKS",
+    "VARIABLE",
+    "Incident",
+    "Outcome",
+    "Reading",
+    "Thresholds",
+    "ThresholdsError",
+    "announced",
+    "evaluate",
+    "run_monitor",
+]
