@@ -205,3 +205,10 @@ SELECT EXISTS (
 -- name: loop_finish
 DELETE FROM retry_loops
 WHERE worker = %(worker)s OR heartbeat_at < clock_timestamp() - interval '1 hour';
+
+-- name: mark_adopted_delivered
+-- Records of adopted dead-letter topics (core/adopt.py) are on a dead-letter topic already: the jobs
+-- stored from them in this transaction count as delivered there, so the publish loop never sends
+-- them to a DLQ topic again. Reads the partial index of dead jobs not yet delivered.
+UPDATE retry_jobs SET dlq_published_at = dead_at
+WHERE status = 'dead' AND dlq_published_at IS NULL AND source_topic = ANY(%(topics)s::text[]);

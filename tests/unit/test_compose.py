@@ -439,6 +439,7 @@ def test_the_driver_and_the_executors_run_the_same_python_minor_version(
 
 #: Settings the service reads that the stack leaves at their defaults, and why the default is right.
 DEFAULTS_ARE_RIGHT = {
+    "RETRY_ADOPT_TOPICS": "none: a deployment names its other tools' dead-letter topics itself",
     "RETRY_ALERT_CHANNELS": "alert channels are declared in dags/retry_policies.py (ALERT_CHANNELS)",
     "RETRY_CONSUMER_GROUP": "one service per Kafka cluster: the default group is its own",
     "RETRY_TOPIC": "the contract's retry topic",

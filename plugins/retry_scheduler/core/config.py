@@ -75,6 +75,15 @@ def _parse_delay_topics(raw: str) -> dict[str, int]:
     return topics
 
 
+def _parse_adopt_topics(raw: str) -> dict[str, str]:
+    from retry_scheduler.core.adopt import parse_adopt_topics
+
+    try:
+        return parse_adopt_topics(raw)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def kafka_config_from_json(text: str, where: str) -> dict[str, Any]:
     """librdkafka settings from a JSON object (``RETRY_KAFKA_CONFIG``, a connection file).
 
@@ -135,6 +144,8 @@ class Settings:
     retry_topic: str = "retry"
     #: Per-delay retry topics: topic -> delay counted from the record timestamp.
     delay_topics: dict[str, int] = field(default_factory=dict)
+    #: Other tools' dead-letter topics read as dead jobs: topic -> format (``spring``, ``connect``).
+    adopt_topics: dict[str, str] = field(default_factory=dict)
     consumer_group: str = "retry-scheduler"
     #: A regular expression of destinations allowed beyond those the policies module declares
     #: (:mod:`retry_scheduler.core.destinations`); empty: none.
@@ -180,6 +191,11 @@ class Settings:
     policies_path: str = ""
 
     def __post_init__(self) -> None:
+        if clash := sorted(set(self.adopt_topics) & {self.retry_topic, *self.delay_topics}):
+            raise ConfigError(
+                f"RETRY_ADOPT_TOPICS names {', '.join(clash)}, a retry topic of this service: adopt only "
+                "other tools' dead-letter topics"
+            )
         if self.delivery_timeout_ms >= self.lease_ms:
             raise ConfigError(
                 f"delivery timeout ({self.delivery_timeout_ms} ms) must be shorter than the claim "
@@ -228,8 +244,8 @@ class Settings:
 
     @property
     def retry_topics(self) -> list[str]:
-        """Every topic the ingest loop consumes."""
-        return [self.retry_topic, *sorted(self.delay_topics)]
+        """Every topic the ingest loop consumes: the retry topic, the delay topics, the adopted ones."""
+        return [self.retry_topic, *sorted(self.delay_topics), *sorted(self.adopt_topics)]
 
     def with_overrides(self, **changes: Any) -> Settings:
         return replace(self, **changes)
@@ -248,6 +264,7 @@ class Settings:
             kafka=kafka,
             retry_topic=env.get("RETRY_TOPIC") or defaults.retry_topic,
             delay_topics=_parse_delay_topics(env.get("RETRY_DELAY_TOPICS", "")),
+            adopt_topics=_parse_adopt_topics(env.get("RETRY_ADOPT_TOPICS", "")),
             consumer_group=env.get("RETRY_CONSUMER_GROUP") or defaults.consumer_group,
             destination_allowlist=env.get("RETRY_DESTINATION_ALLOWLIST", ""),
             create_topics=_env_bool(env, "RETRY_CREATE_TOPICS", defaults.create_topics),

@@ -30,7 +30,9 @@ DEAD_EXPIRED: Final = "expired"
 DEAD_FATAL: Final = "fatal"
 DEAD_REQUESTED: Final = "requested"
 DEAD_INVALID: Final = "invalid"
-DEAD_REASONS: Final = (DEAD_EXHAUSTED, DEAD_EXPIRED, DEAD_FATAL, DEAD_REQUESTED, DEAD_INVALID)
+#: Read from another tool's dead-letter topic (Spring Kafka, Kafka Connect): ``core/adopt.py``.
+DEAD_ADOPTED: Final = "adopted"
+DEAD_REASONS: Final = (DEAD_EXHAUSTED, DEAD_EXPIRED, DEAD_FATAL, DEAD_REQUESTED, DEAD_INVALID, DEAD_ADOPTED)
 
 #: Headers the scheduler understands; every other header passes through byte for byte.
 KNOWN: Final = frozenset(

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from retry_scheduler.core import protocol
+from retry_scheduler.core.adopt import AdoptError, adopt
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.durations import format_duration_ms
@@ -115,6 +116,7 @@ class RowBuilder:
         self.limits = limits
         self.max_record_bytes = settings.max_record_bytes
         self.delay_topics = settings.delay_topics
+        self.adopt_topics = settings.adopt_topics
         self.max_skew_ms = settings.max_clock_skew_ms
         self.max_ahead_ms = settings.max_retry_ahead_ms
         self.default = registry.resolve(None, None)
@@ -133,6 +135,8 @@ class RowBuilder:
         now_ms: int,
     ) -> CopyRow:
         """The row of one consumed record; never raises."""
+        if self.adopt_topics and topic in self.adopt_topics:
+            return self.adopted(topic, partition, offset, timestamp_ms, key, value, headers, now_ms)
         try:
             parsed = parse_headers(
                 headers,
@@ -188,6 +192,41 @@ class RowBuilder:
             reason = str(exc)
         except Exception as exc:  # a fault of ours must not halt ingestion: keep the record, dead
             reason = f"the record could not be turned into a job ({type(exc).__name__}: {exc})"
+        return self.invalid(topic, partition, offset, timestamp_ms, key, value, headers, now_ms, reason)
+
+    def adopted(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp_ms: int | None,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header] | None,
+        now_ms: int,
+    ) -> CopyRow:
+        """The dead (``adopted``) row of a record of another tool's dead-letter topic
+        (:mod:`retry_scheduler.core.adopt`): its original topic is the destination, its exception the
+        error class and reason; kept byte for byte. One that names no valid original topic is invalid."""
+        try:
+            found = adopt(self.adopt_topics[topic], headers or (), self.limits.max_reason_chars)
+            policy = self.registry.resolve(None, found.original_topic)
+            first_seen = found.original_timestamp_ms
+            if first_seen is None or not MIN_TRUSTED_MS <= first_seen <= now_ms + self.max_skew_ms:
+                first_seen = self._seen_ms(timestamp_ms, now_ms)
+            now = pg_time(now_ms)
+            return CopyRow(
+                topic, partition, offset, _int8(timestamp_ms), found.original_topic, found.original_partition,
+                key, value, encode_headers(headers or ()), 0, policy.name,
+                None if found.reason is None else truncate_reason(found.reason, self.limits.max_reason_chars),
+                found.error_class, found.group, _raw_retry_id(headers or ()) or new_retry_id(),
+                found.original_topic, found.original_partition, found.original_offset, pg_time(first_seen), now,
+                _DEAD, protocol.DEAD_ADOPTED, topic, now,
+            )  # fmt: skip
+        except AdoptError as exc:
+            reason = str(exc)
+        except Exception as exc:  # a fault of ours must not halt ingestion: keep the record, dead
+            reason = f"the dead letter could not be adopted ({type(exc).__name__}: {exc})"
         return self.invalid(topic, partition, offset, timestamp_ms, key, value, headers, now_ms, reason)
 
     def invalid(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -107,9 +107,13 @@ class Store:
         *,
         consumer_group: str | None = None,
         offsets: Mapping[tuple[str, int], int] | None = None,
+        adopted_topics: Collection[str] = (),
     ) -> list[str | None]:
         """Store new jobs (:class:`~retry_scheduler.core.jobs.CopyRow`) and, in the same transaction, the next
         ``offsets`` to read of ``consumer_group``'s retry-topic partitions.
+
+        Dead jobs read from ``adopted_topics`` (other tools' dead-letter topics) are marked delivered
+        to their DLQ topic in the same transaction: they are on one already.
 
         The rows go straight into ``retry_jobs`` with one binary COPY. If one of them is stored
         already (the same source record, read again), the batch goes through a staging table instead
@@ -130,6 +134,9 @@ class Store:
                 log.info(
                     "%s of %s records were stored already (read again)", len(rows) - len(stored), len(rows)
                 )
+            adopted = sorted({row.source_topic for row in rows} & set(adopted_topics))
+            if adopted:
+                cur.execute(q("mark_adopted_delivered"), {"topics": adopted})
             if offsets:
                 keys = sorted(offsets)
                 cur.execute(

@@ -286,7 +286,10 @@ class Ingestor:
         """Store a batch's rows and its next offsets in one transaction."""
         began = time.perf_counter()
         stored = self.store.insert_rows(
-            batch.rows, consumer_group=self.settings.consumer_group, offsets=batch.offsets
+            batch.rows,
+            consumer_group=self.settings.consumer_group,
+            offsets=batch.offsets,
+            adopted_topics=self.settings.adopt_topics,
         )
         counts = IngestCounts(consumed=len(batch.rows), stored=len(stored), batches=1)
         counts.slowest_batch_s, counts.slowest_batch_records = time.perf_counter() - began, len(batch.rows)

@@ -25,9 +25,7 @@ import pendulum
 from airflow.sdk import DAG, Param, dag, get_current_context, task
 
 from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
-from retry_scheduler.core.protocol import TOPIC_PATTERN
-
-DEAD_REASONS = ["exhausted", "expired", "fatal", "requested", "invalid"]
+from retry_scheduler.core.protocol import DEAD_REASONS, TOPIC_PATTERN
 
 
 def dead_job_filter_params() -> dict[str, Param]:
