@@ -47,6 +47,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (7, "0007_bulk_marks_in_executors"),
         (8, "0008_bulk_replay_audit"),
         (9, "0009_queue_table_vacuum"),
+        (10, "0010_adopted_dead_letters"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(
