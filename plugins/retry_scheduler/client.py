@@ -88,8 +88,17 @@ def build_retry_headers(
     at_ms: int | None = None,
     send_to_dlq: bool = False,
     now_ms: int | None = None,
+    scope: str = protocol.SCOPE_TOPIC,
 ) -> list[Header]:
-    """Headers for the retry topic: the record's own headers plus the ``retry.*`` protocol."""
+    """Headers for the retry topic: the record's own headers plus the ``retry.*`` protocol.
+
+    ``scope="group"`` sends the retry to ``group``'s redelivery topic instead of the shared topic
+    (``retry.scope``; see :func:`retry_scheduler.core.protocol.redelivery_topic`).
+    """
+    if scope not in (protocol.SCOPE_TOPIC, protocol.SCOPE_GROUP):
+        raise ValueError(f"scope must be 'topic' or 'group', not {scope!r}")
+    if scope == protocol.SCOPE_GROUP and not group:
+        raise ValueError("scope='group' needs the consumer group: RetryClient(..., group='orders-app')")
     raw = record.headers() or []
     headers: list[Header] = [(k, v if v is None or isinstance(v, bytes) else str(v).encode()) for k, v in raw]
     passthrough = [(k, v) for k, v in headers if k not in protocol.KNOWN]
@@ -127,6 +136,7 @@ def build_retry_headers(
         put(protocol.ERROR_CLASS, error_class_name(error))
     put(protocol.GROUP, group)
     put(protocol.SEND_TO, protocol.SEND_TO_DLQ if send_to_dlq else None)
+    put(protocol.SCOPE, protocol.SCOPE_GROUP if scope == protocol.SCOPE_GROUP else None)
     return passthrough + out
 
 
@@ -137,6 +147,9 @@ class RetryClient:
     :param group: your consumer group, sent as ``retry.group`` for diagnostics.
     :param fatal_errors: exception types that will never succeed on retry: sent to the DLQ.
     :param classify: optional ``error -> "retry" | "dlq"``; overrides ``fatal_errors``.
+    :param scope: ``"topic"`` (the default): a retry goes back to the record's topic, where every
+        consumer group reads it again; ``"group"``: to ``{topic}.{group}.redelivery``, which only
+        ``group`` reads (:class:`retry_scheduler.consumer.RetryingConsumer` subscribes to it).
     """
 
     def __init__(
@@ -148,7 +161,10 @@ class RetryClient:
         fatal_errors: tuple[type[BaseException], ...] = (),
         classify: Callable[[BaseException], str] | None = None,
         timeout_s: float = 30.0,
+        scope: str = protocol.SCOPE_TOPIC,
     ) -> None:
+        if scope == protocol.SCOPE_GROUP and not group:
+            raise ValueError("scope='group' needs the consumer group: RetryClient(..., group='orders-app')")
         if isinstance(producer, dict):
             producer = Producer({"enable.idempotence": True, "acks": "all", **producer})
         self.producer = producer
@@ -157,6 +173,7 @@ class RetryClient:
         self.fatal_errors = fatal_errors
         self.classify = classify
         self.timeout_s = timeout_s
+        self.scope = scope
         self._errors: list[KafkaError] = []
 
     def is_fatal(self, error: BaseException | None) -> bool:
@@ -195,6 +212,7 @@ class RetryClient:
             at_ms=None if at is None else _to_ms(at),
             send_to_dlq=dead or self.is_fatal(error),
             now_ms=int(datetime.now().timestamp() * 1000),
+            scope=self.scope,
         )
 
         def delivered(err: KafkaError | None, _msg: object) -> None:

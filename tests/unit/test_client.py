@@ -105,8 +105,21 @@ def test_sdk_imports_with_only_confluent_kafka() -> None:
         "import sys\n"
         "for m in ('airflow', 'psycopg', 'psycopg2', 'pyspark', 'pandas'): sys.modules[m] = None\n"
         "from retry_scheduler.client import RetryClient\n"
+        "from retry_scheduler.consumer import RetryingConsumer\n"
         "assert not any(m.startswith(('airflow', 'psycopg', 'pyspark')) for m in sys.modules if sys.modules[m])\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
+
+
+def test_group_scope_asks_for_the_group_s_redelivery_topic() -> None:
+    import pytest
+
+    scoped = as_dict(build_retry_headers(FakeRecord([]), PaymentDown("x"), group="billing", scope="group"))
+    assert (scoped[p.SCOPE], scoped[p.GROUP], scoped[p.ORIGINAL_TOPIC]) == ("group", "billing", "orders")
+    assert p.SCOPE not in as_dict(build_retry_headers(FakeRecord([]), PaymentDown("x"), group="billing"))
+    with pytest.raises(ValueError, match="scope='group' needs the consumer group"):
+        RetryClient({"bootstrap.servers": "127.0.0.1:1"}, scope="group")
+    with pytest.raises(ValueError, match="scope must be 'topic' or 'group'"):
+        build_retry_headers(FakeRecord([]), PaymentDown("x"), group="billing", scope="everyone")

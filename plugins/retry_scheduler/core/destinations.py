@@ -3,7 +3,8 @@
 Allowed are the names and patterns the policies module declares (``ALLOWED_DESTINATIONS``, plus
 the destinations ``DESTINATIONS`` maps to a policy) and whatever ``RETRY_DESTINATION_ALLOWLIST``
 (a regular expression) adds. Never allowed, whatever is declared: internal topics (a name starting
-with ``_``, as ``__consumer_offsets`` or ``_schemas``), the retry topics and the DLQ topics.
+with ``_``, as ``__consumer_offsets`` or ``_schemas``), the retry topics and the DLQ topics. A
+group's redelivery topic (``{topic}.{group}.redelivery``) is allowed when its topic is.
 The rules are checked at ingest (a record for a refused destination is dead ``invalid``) and again
 before every publish, DLQ replay and bulk replay, so a destination taken off the list after its
 jobs were stored is not published to.
@@ -15,7 +16,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from retry_scheduler.core.protocol import TOPIC_NAME
+from retry_scheduler.core.protocol import TOPIC_NAME, redelivery_bases
 
 #: What a deployment may list in ``ALLOWED_DESTINATIONS``: a topic name, a glob on topic names
 #: (``*`` is not a topic-name character, so ``orders.*`` can only be a glob) or a compiled regex.
@@ -82,12 +83,21 @@ class Destinations:
             return f"destination {topic!r} is not allowed: internal topics never are"
         if topic in self.own_topics:
             return f"destination {topic!r} is not allowed: it is a retry or DLQ topic of this service"
-        if topic in self.names or any(p.fullmatch(topic) for p in self.patterns):
+        if self._declared(topic):
+            return None
+        # A group's redelivery topic ({topic}.{group}.redelivery) of a destination that is allowed
+        if any(
+            base not in self.own_topics and not base.startswith("_") and self._declared(base)
+            for base in redelivery_bases(topic)
+        ):
             return None
         return (
             f"destination {topic!r} is not allowed: add it to ALLOWED_DESTINATIONS in the policies "
             "module (or to RETRY_DESTINATION_ALLOWLIST)"
         )
+
+    def _declared(self, topic: str) -> bool:
+        return topic in self.names or any(p.fullmatch(topic) for p in self.patterns)
 
     def allows(self, topic: str) -> bool:
         return self.refusal(topic) is None

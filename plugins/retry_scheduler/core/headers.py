@@ -50,6 +50,8 @@ class RetryHeaders(NamedTuple):
     send_to_dlq: bool
     retry_id: str | None
     passthrough: tuple[Header, ...]
+    #: The topic whose policy applies when ``destination`` is a group's redelivery topic (``retry.scope``).
+    scoped_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,20 @@ def parse_headers(
     destination = texts.get(protocol.DESTINATION) or texts.get(protocol.ORIGINAL_TOPIC)
     if not destination:
         raise InvalidRecordError(f"no destination: set {protocol.DESTINATION} or {protocol.ORIGINAL_TOPIC}")
+    scope, scoped_from = texts.get(protocol.SCOPE), None
+    if scope is not None and scope.strip().lower() != protocol.SCOPE_TOPIC:
+        if scope.strip().lower() != protocol.SCOPE_GROUP:
+            raise InvalidRecordError(f"header {protocol.SCOPE}={scope[:40]!r} must be 'topic' or 'group'")
+        group = texts.get(protocol.GROUP)
+        if not group:
+            raise InvalidRecordError(
+                f"header {protocol.SCOPE}=group needs {protocol.GROUP}: the group whose redelivery topic the "
+                "retry goes to"
+            )
+        try:
+            scoped_from, destination = destination, protocol.redelivery_topic(destination, group)
+        except ValueError as exc:
+            raise InvalidRecordError(f"header {protocol.SCOPE}=group: {exc}") from None
     if (refusal := limits.destinations.refusal(destination)) is not None:
         raise InvalidRecordError(refusal)
 
@@ -207,6 +223,7 @@ def parse_headers(
         send_to == protocol.SEND_TO_DLQ,
         texts.get(protocol.ID) or None,
         tuple(passthrough),
+        scoped_from,
     )
 
 

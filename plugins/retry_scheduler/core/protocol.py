@@ -19,11 +19,18 @@ GROUP: Final = "retry.group"
 SEND_TO: Final = "retry.send-to"
 ID: Final = "retry.id"
 DEAD_REASON: Final = "retry.dead-reason"
+#: Where the retry goes: ``topic`` (back to the destination, every group reads it) or ``group`` (to
+#: the failing group's redelivery topic, :func:`redelivery_topic`).
+SCOPE: Final = "retry.scope"
 
 PREFIX: Final = "retry."
 
 SEND_TO_RETRY: Final = "retry"
 SEND_TO_DLQ: Final = "dlq"
+
+SCOPE_TOPIC: Final = "topic"
+SCOPE_GROUP: Final = "group"
+REDELIVERY_SUFFIX: Final = ".redelivery"
 
 DEAD_EXHAUSTED: Final = "exhausted"
 DEAD_EXPIRED: Final = "expired"
@@ -51,9 +58,32 @@ KNOWN: Final = frozenset(
         SEND_TO,
         ID,
         DEAD_REASON,
+        SCOPE,
     }
 )
 
 #: Kafka's own rule for topic names (legal characters, 1-249 of them).
 TOPIC_PATTERN: Final = r"[A-Za-z0-9._-]{1,249}"
 TOPIC_NAME: Final = re.compile(TOPIC_PATTERN)
+
+
+def redelivery_topic(topic: str, group: str) -> str:
+    """The topic only ``group`` reads for its retries of records from ``topic``: ``{topic}.{group}.redelivery``.
+
+    Raises ``ValueError`` when the group cannot be part of a topic name, or the name is too long.
+    """
+    name = f"{topic}.{group}{REDELIVERY_SUFFIX}"
+    if not group or not TOPIC_NAME.fullmatch(group) or not TOPIC_NAME.fullmatch(name):
+        raise ValueError(
+            f"group {group[:60]!r} of topic {topic[:60]!r} gives no topic name for its redelivery topic "
+            "([A-Za-z0-9._-], 249 characters in all)"
+        )
+    return name
+
+
+def redelivery_bases(topic: str) -> list[str]:
+    """The topics ``topic`` may be the redelivery topic of (a group name may hold dots); none when it is not one."""
+    if not topic.endswith(REDELIVERY_SUFFIX):
+        return []
+    stem = topic[: -len(REDELIVERY_SUFFIX)]
+    return [stem[:i] for i, char in enumerate(stem) if char == "." and 0 < i < len(stem) - 1]

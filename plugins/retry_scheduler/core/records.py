@@ -145,7 +145,7 @@ class RowBuilder:
                 max_record_bytes=self.max_record_bytes,
             )
             try:
-                policy = self.registry.resolve(parsed.policy, parsed.destination)
+                policy = self.registry.resolve(parsed.policy, parsed.scoped_from or parsed.destination)
             except UnknownPolicyError as exc:
                 raise InvalidRecordError(str(exc)) from None
             if parsed.at_ms is not None and parsed.at_ms > now_ms + self.max_ahead_ms:
