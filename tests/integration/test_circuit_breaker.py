@@ -1,0 +1,105 @@
+"""The consumer helper's circuit breaker with a real consumer on the real broker: a dependency that fails
+for a while, then recovers. Instead of sending every record to retry, the consumer pauses its
+partitions, probes after the cool-down, and goes on where it stopped: no record lost or skipped, few
+sent to retry, and no rebalance while paused."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+from confluent_kafka import Message
+
+from retry_scheduler.client import RetryClient
+from retry_scheduler.consumer import CircuitBreaker, RetryingConsumer
+from tests.kafkautil import consume, create_topics, produce
+
+pytestmark = pytest.mark.integration
+
+RECORDS = 60
+
+
+class Dependency:
+    """A payment service that is down until ``recover()``; each call is timed."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.calls: list[tuple[float, bytes, bool]] = []
+
+    def call(self, msg: Message) -> None:
+        key = msg.key()
+        assert isinstance(key, bytes)
+        self.calls.append((time.monotonic(), key, self.up))
+        if not self.up:
+            raise ConnectionError("payment service unreachable")
+
+
+def test_a_failing_dependency_pauses_the_consumer_then_it_goes_on_where_it_stopped(
+    bootstrap_servers: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    orders, retry = f"{topic_prefix}-orders", f"{topic_prefix}-retry"
+    create_topics(bootstrap_servers, [orders, retry], partitions=2)
+    produce(
+        bootstrap_servers, orders, [{"key": f"k{i:02d}".encode(), "value": b"{}"} for i in range(RECORDS)]
+    )
+    dependency = Dependency()
+    breaker = CircuitBreaker(failure_rate=0.5, window_s=30, min_records=5, cooldown_s=1.0)
+    consumer = RetryingConsumer(
+        {"bootstrap.servers": bootstrap_servers, "group.id": f"{topic_prefix}-billing", "auto.offset.reset": "earliest",
+         "session.timeout.ms": 6000},
+        [orders],
+        dependency.call,
+        RetryClient({"bootstrap.servers": bootstrap_servers}, retry_topic=retry, group=f"{topic_prefix}-billing"),
+        scope="topic",
+        breaker=breaker,
+    )  # fmt: skip
+    thread = threading.Thread(target=consumer.run, args=(0.2,), daemon=True)
+
+    with caplog.at_level(logging.WARNING, logger="retry_scheduler.consumer"):
+        thread.start()
+        deadline = time.monotonic() + 60
+        while breaker.counts["opened"] < 3 and time.monotonic() < deadline:  # down through 2 failed probes
+            time.sleep(0.1)
+        dependency.up = True  # the service is back
+        while len(dependency.calls) < RECORDS and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)  # anything unexpected (a record handled twice) has time to show
+        revoked_while_running = consumer.revocations  # (closing the consumer revokes its partitions)
+        consumer.stop()
+        thread.join(30)
+
+    assert breaker.counts["opened"] >= 3 and breaker.counts["closed"] == 1, breaker.counts
+    assert breaker.counts["probes"] >= 3  # two failed probes while down, the one that closed it
+    # Only the records that failed before the breaker opened, and the failed probes, went to retry ...
+    retried = failed_keys(dependency)
+    assert len(retried) <= 5 + breaker.counts["probes"], retried
+    assert sorted(s.key for s in consume(bootstrap_servers, [retry], expected=len(retried))) == sorted(
+        retried
+    )
+    # ... every other record was handled once the dependency was back: none lost, none skipped
+    handled = {key for _, key, ok in dependency.calls if ok}
+    assert handled | set(retried) == {f"k{i:02d}".encode() for i in range(RECORDS)}
+    assert not handled & set(retried)
+    # while open, nothing reached the dependency but the probes
+    assert len(dependency.calls) == len(handled) + len(retried)
+    assert revoked_while_running == 0  # paused, not rebalanced
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("circuit open: 5 of 5 records failed in the last 30 s") for m in messages), (
+        messages
+    )
+    assert any(m.startswith("circuit open: the probe failed") for m in messages)
+    assert "circuit half-open: letting one record through to probe the dependency" in messages
+    assert messages[-1] == "circuit closed: the probe succeeded, consuming again"
+
+
+def failed_keys(dependency: Dependency) -> list[bytes]:
+    return [key for _, key, ok in dependency.calls if not ok]
+
+
+def test_a_breaker_refuses_settings_that_cannot_work() -> None:
+    with pytest.raises(ValueError, match="failure_rate must be in"):
+        CircuitBreaker(failure_rate=0)
+    with pytest.raises(ValueError, match="min_records must be at least 1"):
+        CircuitBreaker(min_records=0)
