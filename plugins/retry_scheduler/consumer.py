@@ -193,10 +193,13 @@ class RetryingConsumer:
             return False
         error = msg.error()
         if error is not None:
+            if error.fatal():
+                raise KafkaException(error)
             if error.code() in _NOT_THERE_YET:  # a redelivery topic the scheduler has not created yet
                 log.debug("%s", error)
-                return False
-            raise KafkaException(error)
+            else:  # a broker restarting, a partition moving: the client recovers by itself
+                log.warning("consumer: %s (the client retries)", error)
+            return False
         ok = True
         try:
             self.handler(msg)
