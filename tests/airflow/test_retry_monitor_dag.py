@@ -28,6 +28,15 @@ def monitor_dag():
     return DagBag(dag_folder=str(ROOT / "dags")).get_dag("retry_monitor")
 
 
+def failed_run(monkeypatch: pytest.MonkeyPatch):
+    """A ``retry_monitor`` run whose ``check`` fails (PostgreSQL out of reach), through ``dag.test()``."""
+    monkeypatch.setenv("AIRFLOW_CONN_RETRY_POSTGRES", f"postgresql://postgres@127.0.0.1:{free_port()}/retry")
+    dag = monitor_dag()
+    # dag.test() would wait out the retry delay before the final failure: the first failure is final here.
+    dag.get_task("check").retries = 0
+    return dag.test()
+
+
 def test_crossed_threshold_posts_one_alert_across_runs(
     airflow_db, database_url: str, webhook: WebhookReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -61,12 +70,7 @@ def test_failing_task_alerts_through_the_failure_callback(
 ) -> None:
     from airflow.utils.state import DagRunState
 
-    monkeypatch.setenv("AIRFLOW_CONN_RETRY_POSTGRES", f"postgresql://postgres@127.0.0.1:{free_port()}/retry")
-    dag = monitor_dag()
-    # dag.test() would wait out the retry delay before the final failure: the first failure is final here.
-    dag.get_task("check").retries = 0
-
-    run = dag.test()
+    run = failed_run(monkeypatch)
 
     assert run.state == DagRunState.FAILED
     # one alert for the task, then one for the run (the DAG's own failure callback)
@@ -96,11 +100,7 @@ def test_a_failure_reaches_the_channels_declared_next_to_the_policies(
 ) -> None:
     from airflow.utils.state import DagRunState
 
-    monkeypatch.setenv("AIRFLOW_CONN_RETRY_POSTGRES", f"postgresql://postgres@127.0.0.1:{free_port()}/retry")
-    dag = monitor_dag()
-    dag.get_task("check").retries = 0
-
-    run = dag.test()
+    run = failed_run(monkeypatch)
 
     assert run.state == DagRunState.FAILED
     # the task's failure callback, then the run's: both rendered by the SlackWebhookNotifier

@@ -5,7 +5,6 @@ topic like the service's own."""
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 import time
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import ConfigError, Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.ops.dlq import DlqFilter, run_action
-from tests.integration.test_loop import POLICIES, Loop
+from tests.integration.test_loop import Loop, new_loop
 from tests.kafkautil import consume, create_topics
 
 pytestmark = pytest.mark.integration
@@ -26,21 +25,12 @@ STACKTRACE = ("\tat org.example.OrdersListener.onMessage(OrdersListener.java:42)
 
 @pytest.fixture
 def loop(database_url: str, bootstrap_servers: str, topic_prefix: str) -> Iterator[Loop]:
-    settings = Settings(
-        database_url=database_url,
-        kafka={"bootstrap.servers": bootstrap_servers},
-        retry_topic=f"{topic_prefix}-retry",
-        consumer_group=f"{topic_prefix}-scheduler",
-        destination_allowlist=rf"^{topic_prefix}-[a-z.]+$",
+    yield new_loop(
+        database_url,
+        bootstrap_servers,
+        topic_prefix,
         adopt_topics={f"{topic_prefix}-orders.DLT": "spring", f"{topic_prefix}-connect.dlq": "connect"},
-        create_topics=True,
-        lease_ms=3000,
-        delivery_timeout_ms=2000,
-        loop_grace_ms=0,
     )
-    dlq = f"{topic_prefix}-dlq"
-    registry = type(POLICIES).of([dataclasses.replace(x, dlq_topic=dlq) for x in POLICIES.policies.values()])
-    yield Loop(settings, registry, bootstrap_servers, f"{topic_prefix}-orders")
 
 
 def spring(prefix: str, key: bytes, **overrides: bytes | None) -> dict:
@@ -158,3 +148,16 @@ def test_a_retry_topic_cannot_be_adopted(database_url: str) -> None:
         "orders.DLT": "spring",
         "c.dlq": "connect",
     }
+
+
+def test_a_long_exception_message_is_cut_saying_so() -> None:
+    from retry_scheduler.core.adopt import adopt
+
+    found = adopt(
+        "connect",
+        [("__connect.errors.topic", b"orders"), ("__connect.errors.exception.message", b"x" * 5000)],
+        max_reason_chars=2000,
+    )
+
+    assert found.reason is not None and len(found.reason) == 2000
+    assert found.reason.startswith("xxx") and not found.reason.endswith("xxx")  # the cut is marked

@@ -74,8 +74,9 @@ class Loop:
             return conn.execute(f"SELECT * FROM retry_jobs WHERE {where} ORDER BY id").fetchall()  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def loop(database_url: str, bootstrap_servers: str, topic_prefix: str) -> Iterator[Loop]:
+def new_loop(database_url: str, bootstrap_servers: str, topic_prefix: str, **changes: object) -> Loop:
+    """The loops of these tests on topics of their own (``{prefix}-retry``, ``-orders``, ``-dlq``);
+    ``changes`` override the settings."""
     settings = Settings(
         database_url=database_url,
         kafka={"bootstrap.servers": bootstrap_servers},
@@ -86,10 +87,15 @@ def loop(database_url: str, bootstrap_servers: str, topic_prefix: str) -> Iterat
         lease_ms=3000,
         delivery_timeout_ms=2000,
         loop_grace_ms=0,  # no successor loop in these tests: stop on time
-    )
+    ).with_overrides(**changes)
     dlq = f"{topic_prefix}-dlq"
     registry = PolicyRegistry.of([dataclasses.replace(x, dlq_topic=dlq) for x in POLICIES.policies.values()])
-    yield Loop(settings, registry, bootstrap_servers, f"{topic_prefix}-orders")
+    return Loop(settings, registry, bootstrap_servers, f"{topic_prefix}-orders")
+
+
+@pytest.fixture
+def loop(database_url: str, bootstrap_servers: str, topic_prefix: str) -> Iterator[Loop]:
+    yield new_loop(database_url, bootstrap_servers, topic_prefix)
 
 
 def hdr(**kv: str | bytes) -> list[tuple[str, bytes]]:

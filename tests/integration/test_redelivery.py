@@ -4,7 +4,6 @@ scheduler); group B never sees a second copy."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -14,10 +13,9 @@ from confluent_kafka import Message
 
 from retry_scheduler.consumer import RetryingConsumer, original_topic
 from retry_scheduler.core import protocol as p
-from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.headers import InvalidRecordError, Limits, parse_headers
-from tests.integration.test_loop import POLICIES, Loop
+from tests.integration.test_loop import Loop, new_loop
 from tests.kafkautil import create_topics, produce
 
 pytestmark = pytest.mark.integration
@@ -25,21 +23,12 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def loop(database_url: str, bootstrap_servers: str, topic_prefix: str) -> Iterator[Loop]:
-    settings = Settings(
-        database_url=database_url,
-        kafka={"bootstrap.servers": bootstrap_servers},
-        retry_topic=f"{topic_prefix}-retry",
-        consumer_group=f"{topic_prefix}-scheduler",
+    yield new_loop(
+        database_url,
+        bootstrap_servers,
+        topic_prefix,
         destination_allowlist=rf"^{topic_prefix}-orders$",  # its redelivery topics come with it
-        create_topics=True,
-        lease_ms=3000,
-        delivery_timeout_ms=2000,
-        loop_grace_ms=0,
     )
-    registry = type(POLICIES).of(
-        [dataclasses.replace(x, dlq_topic=f"{topic_prefix}-dlq") for x in POLICIES.policies.values()]
-    )
-    yield Loop(settings, registry, bootstrap_servers, f"{topic_prefix}-orders")
 
 
 class App:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from retry_scheduler.core import protocol
+from retry_scheduler.core.headers import truncate_reason
 
 SPRING: Final = "spring"
 CONNECT: Final = "connect"
@@ -105,6 +106,11 @@ def _text_int(raw: bytes | None, low: int) -> int | None:
     return value if low <= value < 2**63 else None
 
 
+def _reason(text: str | None, max_chars: int) -> str | None:
+    """The exception message, cut to ``max_chars`` saying so, as a ``retry.reason`` is."""
+    return None if text is None else truncate_reason(text, max_chars)
+
+
 def adopt(fmt: str, headers: Sequence[tuple[str, bytes | None]], max_reason_chars: int) -> Adopted:
     """Read a foreign dead letter's headers (``fmt``: ``spring`` or ``connect``).
 
@@ -132,7 +138,7 @@ def adopt(fmt: str, headers: Sequence[tuple[str, bytes | None]], max_reason_char
         original_offset=offset,
         original_timestamp_ms=timestamp,
         error_class=_text(_first(headers, names["error_class"]), 300),
-        reason=_text(_first(headers, names["reason"]), max_reason_chars),
+        reason=_reason(_text(_first(headers, names["reason"]), max_reason_chars + 1), max_reason_chars),
         group=_text(_first(headers, names["group"]), 300),
     )
 

@@ -218,8 +218,7 @@ class RowBuilder:
             return CopyRow(
                 topic, partition, offset, _int8(timestamp_ms), found.original_topic, found.original_partition,
                 key, value, encode_headers(headers or ()), 0, policy.name,
-                None if found.reason is None else truncate_reason(found.reason, self.limits.max_reason_chars),
-                found.error_class, found.group, _raw_retry_id(headers or ()) or new_retry_id(),
+                found.reason, found.error_class, found.group, _raw_retry_id(headers or ()) or new_retry_id(),
                 found.original_topic, found.original_partition, found.original_offset, pg_time(first_seen), now,
                 _DEAD, protocol.DEAD_ADOPTED, topic, now,
             )  # fmt: skip
