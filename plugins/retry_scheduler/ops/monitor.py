@@ -399,37 +399,37 @@ def run_monitor(
     sent: list[dict[str, Any]] = []
     with Store(database_url) as store:
         behind, lag_error = _read_lag(lag, store)
-    with Store(database_url) as store, store.conn.transaction():
-        locked = store.lock_alerts(CHECKS)
-        incidents = {
-            check: Incident(firing, since, was_announced)
-            for check, (firing, since, was_announced) in locked.items()
-        }
-        raw = store.monitor_reading(
-            thresholds.interval_s,
-            _DEAD_WINDOW_S,
-            dlq_grace_s=DLQ_GRACE_S,
-            repeated_failures=REPEATED_FAILURES,
-        )
-        reading = Reading.from_store(raw, thresholds.interval_s, behind, lag_error)
-        outcomes = evaluate(reading, thresholds, incidents)
-        states = []
-        for outcome in outcomes:
-            delivered = False
-            if outcome.alert is not None:
-                results = [(notifier, notifier.send(outcome.alert)) for notifier in notifiers]
-                delivered = announced(results)
-                sent.append(
-                    {
-                        "check": outcome.check,
-                        "severity": outcome.alert.severity,
-                        "title": outcome.alert.headline,
-                        "delivered": delivered,
-                        "channels": {n.kind: r for n, r in results},
-                    }
-                )
-            states.append(outcome.record(delivered))
-        store.save_alerts(states)
+        with store.conn.transaction():  # one connection: the broker is asked before the rows are locked
+            locked = store.lock_alerts(CHECKS)
+            incidents = {
+                check: Incident(firing, since, was_announced)
+                for check, (firing, since, was_announced) in locked.items()
+            }
+            raw = store.monitor_reading(
+                thresholds.interval_s,
+                _DEAD_WINDOW_S,
+                dlq_grace_s=DLQ_GRACE_S,
+                repeated_failures=REPEATED_FAILURES,
+            )
+            reading = Reading.from_store(raw, thresholds.interval_s, behind, lag_error)
+            outcomes = evaluate(reading, thresholds, incidents)
+            states = []
+            for outcome in outcomes:
+                delivered = False
+                if outcome.alert is not None:
+                    results = [(notifier, notifier.send(outcome.alert)) for notifier in notifiers]
+                    delivered = announced(results)
+                    sent.append(
+                        {
+                            "check": outcome.check,
+                            "severity": outcome.alert.severity,
+                            "title": outcome.alert.headline,
+                            "delivered": delivered,
+                            "channels": {n.kind: r for n, r in results},
+                        }
+                    )
+                states.append(outcome.record(delivered))
+            store.save_alerts(states)
     firing = sorted(s["check"] for s in states if s["firing"])
     log.info(
         "monitor run: oldest overdue %.3fs, lateness p99 %s over %ss (%s published), %s dead in the last hour, "
