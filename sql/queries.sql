@@ -7,7 +7,7 @@ COPY retry_jobs (
     source_topic, source_partition, source_offset, source_timestamp_ms, destination, destination_partition,
     msg_key, msg_value, headers, attempt, policy, reason, error_class, consumer_group, retry_id,
     original_topic, original_partition, original_offset, first_seen_at, due_at, status, dead_reason,
-    dlq_topic, dead_at
+    dlq_topic, dead_at, held_by
 ) FROM STDIN (FORMAT BINARY);
 
 -- name: save_ingest_offsets
@@ -37,7 +37,7 @@ CREATE TEMP TABLE IF NOT EXISTS retry_jobs_stage (
     attempt integer, policy text, reason text, error_class text, consumer_group text, retry_id text,
     original_topic text, original_partition integer, original_offset bigint,
     first_seen_at timestamptz, due_at timestamptz, status retry_job_status, dead_reason text, dlq_topic text,
-    dead_at timestamptz
+    dead_at timestamptz, held_by text
 ) ON COMMIT DELETE ROWS;
 
 -- name: copy_stage
@@ -49,7 +49,7 @@ INSERT INTO retry_jobs (
     source_topic, source_partition, source_offset, source_timestamp_ms, destination, destination_partition,
     msg_key, msg_value, headers, attempt, policy, reason, error_class, consumer_group, retry_id,
     original_topic, original_partition, original_offset, first_seen_at, due_at, status, dead_reason,
-    dlq_topic, dead_at
+    dlq_topic, dead_at, held_by
 )
 SELECT * FROM retry_jobs_stage
 ON CONFLICT (source_topic, source_partition, source_offset, source_timestamp_ms) DO NOTHING
@@ -67,7 +67,7 @@ RETURNING dead_reason;
 SELECT id, destination, destination_partition, msg_key, msg_value, headers, attempt,
        policy, reason, error_class, consumer_group, retry_id, original_topic,
        original_partition, original_offset, (extract(epoch FROM first_seen_at) * 1000)::bigint,
-       dead_reason, dlq_topic
+       dead_reason, dlq_topic, held_by
 FROM retry_jobs
 WHERE status = 'pending'
   AND due_at <= statement_timestamp()
@@ -93,7 +93,7 @@ WHERE j.id = todo.id
 RETURNING j.id, j.destination, j.destination_partition, j.msg_key, j.msg_value, j.headers, j.attempt,
           j.policy, j.reason, j.error_class, j.consumer_group, j.retry_id, j.original_topic,
           j.original_partition, j.original_offset, (extract(epoch FROM j.first_seen_at) * 1000)::bigint,
-          j.dead_reason, j.dlq_topic;
+          j.dead_reason, j.dlq_topic, j.held_by;
 
 -- name: mark_published
 -- Only after the broker acknowledged: published_at is the acknowledgement time.
@@ -212,3 +212,35 @@ WHERE worker = %(worker)s OR heartbeat_at < clock_timestamp() - interval '1 hour
 -- them to a DLQ topic again. Reads the partial index of dead jobs not yet delivered.
 UPDATE retry_jobs SET dlq_published_at = dead_at
 WHERE status = 'dead' AND dlq_published_at IS NULL AND source_topic = ANY(%(topics)s::text[]);
+
+-- name: release_holds
+-- The consumer helper handled these blockers (its release records): their held jobs may go.
+INSERT INTO retry_released_holds (blocker, why)
+SELECT DISTINCT b, 'released' FROM unnest(%(blockers)s::text[]) AS b
+ON CONFLICT (blocker) DO NOTHING;
+
+-- name: release_dead_blockers
+-- Blockers that are dead (dead-lettered, and not pending again after a replay): their held jobs are
+-- released in order rather than held for ever (README, "Per-key ordering"). Asked for the retry.ids of
+-- a batch's dead jobs and the blockers its held jobs name. The first test reads only the small index
+-- of held jobs, so a batch of dead jobs nothing waits behind costs one probe each.
+INSERT INTO retry_released_holds (blocker, why)
+SELECT DISTINCT b, 'dead' FROM unnest(%(blockers)s::text[]) AS b
+WHERE EXISTS (SELECT 1 FROM retry_jobs WHERE held_by = b AND status = 'pending')
+  AND EXISTS (SELECT 1 FROM retry_jobs WHERE retry_id = b AND status = 'dead')
+  AND NOT EXISTS (SELECT 1 FROM retry_jobs WHERE retry_id = b AND status = 'pending' AND held_by IS NULL)
+ON CONFLICT (blocker) DO NOTHING;
+
+-- name: advance_holds
+-- For each released blocker of these with no held job on its way (due, not yet published), the next
+-- of its held jobs in original order falls due now: one at a time, so a chain stays in order however
+-- many publishers run. Called when a chain is released, a held job is stored, and one is published.
+UPDATE retry_jobs AS j SET due_at = clock_timestamp()
+FROM (
+    SELECT DISTINCT ON (h.held_by) h.id
+    FROM retry_jobs AS h JOIN retry_released_holds AS r ON r.blocker = h.held_by
+    WHERE h.held_by = ANY(%(blockers)s::text[]) AND h.status = 'pending'
+    ORDER BY h.held_by, h.original_partition, h.original_offset, h.id
+) AS nxt
+WHERE j.id = nxt.id AND j.due_at = %(held_due)s
+RETURNING j.held_by;

@@ -89,11 +89,13 @@ def build_retry_headers(
     send_to_dlq: bool = False,
     now_ms: int | None = None,
     scope: str = protocol.SCOPE_TOPIC,
+    hold: str | None = None,
 ) -> list[Header]:
     """Headers for the retry topic: the record's own headers plus the ``retry.*`` protocol.
 
     ``scope="group"`` sends the retry to ``group``'s redelivery topic instead of the shared topic
-    (``retry.scope``; see :func:`retry_scheduler.core.protocol.redelivery_topic`).
+    (``retry.scope``; see :func:`retry_scheduler.core.protocol.redelivery_topic`). ``hold`` parks the
+    record behind the retry of an earlier record of its key (``retry.hold``; ordered mode).
     """
     if scope not in (protocol.SCOPE_TOPIC, protocol.SCOPE_GROUP):
         raise ValueError(f"scope must be 'topic' or 'group', not {scope!r}")
@@ -137,6 +139,7 @@ def build_retry_headers(
     put(protocol.GROUP, group)
     put(protocol.SEND_TO, protocol.SEND_TO_DLQ if send_to_dlq else None)
     put(protocol.SCOPE, protocol.SCOPE_GROUP if scope == protocol.SCOPE_GROUP else None)
+    put(protocol.HOLD, hold)
     return passthrough + out
 
 
@@ -194,13 +197,16 @@ class RetryClient:
         policy: str | None = None,
         dead: bool = False,
         wait: bool = True,
-    ) -> None:
-        """Send ``record`` to the retry topic.
+        hold: str | None = None,
+    ) -> str:
+        """Send ``record`` to the retry topic; returns its ``retry.id`` (kept from the record, or new).
 
         ``at`` is an explicit due time (aware datetime or epoch ms); otherwise the policy decides.
         ``dead=True`` (or a fatal error) sends it straight to the DLQ. With ``wait`` (the default)
         this returns only once the broker acknowledged the record, so committing the failed
         offset afterwards loses nothing; with ``wait=False`` call :meth:`flush` before committing.
+        ``hold`` parks the record, unfailed, behind the retry whose ``retry.id`` it names: the scheduler
+        publishes it only after :meth:`release` of that one, in its original order.
         """
         headers = build_retry_headers(
             record,
@@ -213,25 +219,34 @@ class RetryClient:
             send_to_dlq=dead or self.is_fatal(error),
             now_ms=int(datetime.now().timestamp() * 1000),
             scope=self.scope,
+            hold=hold,
         )
+        self._produce(record.key(), record.value(), headers, wait)
+        return next(v for k, v in headers if k == protocol.ID and v is not None).decode()
 
+    def release(self, record: FailedRecord, blocker: str, *, wait: bool = True) -> None:
+        """Tell the scheduler that the retry ``blocker`` (a ``retry.id``) was handled: the records held
+        behind it (``hold=blocker``) are published, in their original order. ``record`` is the
+        blocker as it came back (its key and origin route the release)."""
+        headers = build_retry_headers(record, group=self.group, scope=self.scope)
+        kept = {protocol.ORIGINAL_TOPIC, protocol.ORIGINAL_PARTITION, protocol.GROUP, protocol.SCOPE}
+        out = [(k, v) for k, v in headers if k in kept] + [(protocol.RELEASE, blocker.encode())]
+        self._produce(record.key(), None, out, wait)
+
+    def _produce(self, key: Any, value: Any, headers: list[Header], wait: bool) -> None:
         def delivered(err: KafkaError | None, _msg: object) -> None:
             if err is not None:
                 self._errors.append(err)
 
         self.producer.produce(
-            self.retry_topic,
-            key=record.key(),
-            value=record.value(),
-            headers=cast(Any, headers),
-            on_delivery=delivered,
+            self.retry_topic, key=key, value=value, headers=cast(Any, headers), on_delivery=delivered
         )
         if wait:
             self.flush()
 
-    def dead_letter(self, record: FailedRecord, error: BaseException | None = None, **kwargs: Any) -> None:
+    def dead_letter(self, record: FailedRecord, error: BaseException | None = None, **kwargs: Any) -> str:
         """Send ``record`` straight to the DLQ (``retry.send-to=dlq``), keeping it in PostgreSQL."""
-        self.retry(record, error, dead=True, **kwargs)
+        return self.retry(record, error, dead=True, **kwargs)
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait for every record sent so far to be acknowledged."""

@@ -30,6 +30,12 @@ Past the failure rate over the window it pauses the assigned partitions (``Consu
 goes on, so the group does not rebalance and nothing is skipped: the records not yet handled are
 read again on resume), lets one record through after the cool-down (half-open), and resumes when
 that one succeeds, or pauses again. State changes are logged and counted (``CircuitBreaker.counts``).
+
+``ordered=True`` keeps each key's order: once a record of a key failed, the key's later records are
+parked behind its retry (``retry.hold``) instead of handled; when the retry came back and was
+handled, a release (``retry.release``) has the scheduler publish them one at a time in their original
+order. The held keys are kept in a compacted topic (:mod:`retry_scheduler.holds`), so a restart or a
+rebalance keeps the order. The protocol: docs/header-protocol.md, "Per-key ordering".
 """
 
 from __future__ import annotations
@@ -39,13 +45,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from retry_scheduler.client import RetryClient
 from retry_scheduler.core import protocol
+from retry_scheduler.holds import DEFAULT_HOLDS_TOPIC, Hold, HoldStore
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +61,20 @@ METADATA_REFRESH_MS = 10_000
 _NOT_THERE_YET = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
 
-def original_topic(msg: Message) -> str | None:
-    """The topic a record was first consumed from: its ``retry.original-topic``, else its own topic."""
+def _header(msg: Message, wanted: str) -> str | None:
     headers: Any = msg.headers() or ()
     for name, value in headers:
-        if name == protocol.ORIGINAL_TOPIC and isinstance(value, bytes):
+        if name == wanted and isinstance(value, bytes):
             try:
                 return value.decode("utf-8")
             except UnicodeDecodeError:
-                break
-    return msg.topic()
+                return None
+    return None
+
+
+def original_topic(msg: Message) -> str | None:
+    """The topic a record was first consumed from: its ``retry.original-topic``, else its own topic."""
+    return _header(msg, protocol.ORIGINAL_TOPIC) or msg.topic()
 
 
 @dataclass
@@ -136,6 +147,8 @@ class RetryingConsumer:
         Auto-commit is turned off (offsets are committed after each record).
     :param retries: the :class:`RetryClient` to send failures with; by default one on the same
         brokers, for this group and scope.
+    :param ordered: keep each key's order (records without a key are handled as usual); the held
+        keys are kept in ``holds_topic``, created (compacted) when missing.
     """
 
     def __init__(
@@ -147,6 +160,8 @@ class RetryingConsumer:
         *,
         scope: str = protocol.SCOPE_GROUP,
         breaker: CircuitBreaker | None = None,
+        ordered: bool = False,
+        holds_topic: str = DEFAULT_HOLDS_TOPIC,
     ) -> None:
         group = config.get("group.id")
         if not group:
@@ -169,8 +184,22 @@ class RetryingConsumer:
         self.breaker = breaker
         #: Partitions revoked from this consumer so far (a pause must not cause any).
         self.revocations = 0
-        self.consumer.subscribe(self.topics + self.redelivery_topics, on_revoke=self._revoked)
+        #: Ordered mode: the keys held, by (original topic, key); kept in ``holds_topic``.
+        self.holds: dict[tuple[str, bytes], Hold] = {}
+        self.hold_store: HoldStore | None = None
+        if ordered:
+            self.hold_store = HoldStore(config, group, holds_topic)
+            self.hold_store.ensure_topic()
+            self.holds = self.hold_store.load()
+        self.consumer.subscribe(
+            self.topics + self.redelivery_topics, on_assign=self._assigned, on_revoke=self._revoked
+        )
         self._stop = threading.Event()
+
+    def _assigned(self, _consumer: Consumer, _partitions: list[Any]) -> None:
+        # Another member may have held keys of these partitions until now: read the holds again.
+        if self.hold_store is not None:
+            self.holds = self.hold_store.load()
 
     def _revoked(self, _consumer: Consumer, partitions: list[Any]) -> None:
         self.revocations += len(partitions)
@@ -200,19 +229,79 @@ class RetryingConsumer:
             else:  # a broker restarting, a partition moving: the client recovers by itself
                 log.warning("consumer: %s (the client retries)", error)
             return False
-        ok = True
+        key = msg.key()
+        if self.hold_store is not None and isinstance(key, bytes):
+            ok = self._ordered(msg, (original_topic(msg) or "", key))
+        else:
+            ok = self._handle(msg) is None
+        self.consumer.commit(message=msg, asynchronous=False)
+        if breaker is not None and ok is not None:
+            self._count(breaker, ok)
+        return True
+
+    def _handle(self, msg: Message) -> str | None:
+        """Call the handler; when it raises, send the record to retry: its ``retry.id``, else None."""
         try:
             self.handler(msg)
         except Exception as exc:
-            ok = False
             log.info(
                 "record %s[%s]@%s failed (%s): sent to retry", msg.topic(), msg.partition(), msg.offset(), exc
             )
-            self.retries.retry(msg, exc)  # returns once acknowledged: committing after it loses nothing
-        self.consumer.commit(message=msg, asynchronous=False)
-        if breaker is not None:
-            self._count(breaker, ok)
-        return True
+            return self.retries.retry(
+                msg, exc
+            )  # returns once acknowledged: committing after it loses nothing
+        return None
+
+    def _ordered(self, msg: Message, where: tuple[str, bytes]) -> bool | None:
+        """Ordered mode: handle ``msg`` or park it behind its key's retry, keeping the key's order.
+        Whether the handler succeeded; None when the record was parked (not handled)."""
+        hold = self.holds.get(where)
+        before = None if hold is None else Hold(**asdict(hold))
+        chain, retry_id = _header(msg, protocol.HOLD), _header(msg, protocol.ID)
+        ok: bool | None
+        if hold is not None and not hold.released and chain == hold.blocker:
+            # A record of the blocker's chain without the blocker: the scheduler released it, the
+            # blocker died (it is on the DLQ).
+            log.warning(
+                "retry %s of a held key is dead: the records held behind it come in order", hold.blocker
+            )
+            hold.released = True
+        if hold is None:
+            failed = self._handle(msg)
+            ok = failed is None
+            if failed is not None:
+                hold = Hold(failed)
+        elif not hold.released and chain is None and retry_id == hold.blocker:  # the blocker is back
+            failed = self._handle(msg)
+            ok = failed is None
+            if ok and hold.parked > 0:
+                self.retries.release(msg, hold.blocker)
+                hold.released = True
+            elif ok:
+                hold = None
+        elif hold.released and chain == hold.blocker:  # the next of the released chain
+            hold.parked -= 1
+            failed = self._handle(msg)
+            ok = failed is None
+            if failed is not None:
+                hold = Hold(failed, parked=max(hold.parked, 0))
+            elif hold.parked <= 0:
+                hold = None
+        elif hold.released and chain is None and retry_id == hold.blocker:  # the blocker again (a copy)
+            ok = self._handle(msg) is None
+        else:  # behind the key's retry: parked, unfailed, until the chain before it was handled
+            self.retries.retry(msg, hold=hold.blocker)
+            if chain is None:
+                hold.parked += 1
+            ok = None
+        if hold != before:
+            if hold is None:
+                self.holds.pop(where, None)
+            else:
+                self.holds[where] = hold
+            assert self.hold_store is not None
+            self.hold_store.put(where[0], where[1], hold)
+        return ok
 
     def _hold(self, timeout_s: float) -> None:
         """Poll while open: the membership stays. Partitions assigned since the pause are paused too;
@@ -256,3 +345,5 @@ class RetryingConsumer:
     def close(self) -> None:
         self.consumer.close()
         self.retries.flush()
+        if self.hold_store is not None:
+            self.hold_store.close()

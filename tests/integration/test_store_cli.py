@@ -48,6 +48,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (8, "0008_bulk_replay_audit"),
         (9, "0009_queue_table_vacuum"),
         (10, "0010_adopted_dead_letters"),
+        (11, "0011_held_jobs"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(

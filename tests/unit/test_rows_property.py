@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
-from retry_scheduler.core.jobs import CopyRow, decode_headers, ms_of_pg_time, pg_time
+from retry_scheduler.core.jobs import HELD_DUE, CopyRow, decode_headers, ms_of_pg_time, pg_time
 from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.core.records import MIN_TRUSTED_MS, RowBuilder, limits_for
 
@@ -57,8 +57,22 @@ timestamps = st.one_of(
 def build(
     ts: int | None, key: bytes | None, value: bytes | None, hs: list | None, topic: str = "retry"
 ) -> CopyRow:
+    row = build_any(ts, key, value, hs, topic)
+    assert row is not None
+    return row
+
+
+def build_any(
+    ts: int | None, key: bytes | None, value: bytes | None, hs: list | None, topic: str = "retry"
+) -> CopyRow | None:
+    """The row; None for a release record, only when its blocker was taken for the batch."""
     builder = RowBuilder(SETTINGS, REGISTRY, limits_for(SETTINGS, REGISTRY))
-    return builder.row(topic, 0, 7, ts, key, value, hs, NOW)
+    row = builder.row(topic, 0, 7, ts, key, value, hs, NOW)
+    releases = builder.take_releases()
+    assert (row is None) == bool(releases)
+    if row is None:
+        assert any(name == p.RELEASE for name, _ in hs or [])
+    return row
 
 
 def check_storable(row: CopyRow) -> None:
@@ -78,9 +92,13 @@ def check_storable(row: CopyRow) -> None:
     for column in ("source_partition", "attempt", "original_partition", "destination_partition"):
         value = getattr(row, column)
         assert value is None or value in INT4, column
-    # never a job that waits for centuries: at most the allowed retry.at window, or the policy's delay
+    # never a job that waits for centuries: at most the allowed retry.at window, or the policy's delay;
+    # only a held job waits for its chain's release, pending
     latest = NOW + max(SETTINGS.max_retry_ahead_ms, SETTINGS.max_clock_skew_ms + 2 * 3_600_000)
-    assert ms_of_pg_time(row.due_at) <= latest
+    if row.held_by is None:
+        assert ms_of_pg_time(row.due_at) <= latest
+    else:
+        assert (row.due_at, row.status, row.dead_reason) == (HELD_DUE, "pending", None)
     assert ms_of_pg_time(row.first_seen_at) <= NOW + SETTINGS.max_clock_skew_ms
 
 
@@ -97,7 +115,9 @@ def check_storable(row: CopyRow) -> None:
 def test_row_building_never_raises_and_every_record_ends_pending_or_dead(
     ts: int | None, key: bytes | None, value: bytes | None, hs: list | None, topic: str
 ) -> None:
-    row = build(ts, key, value, hs, topic)
+    row = build_any(ts, key, value, hs, topic)
+    if row is None:
+        return  # a release record: it stores no job
     check_storable(row)
     assert (row.msg_key, row.msg_value) == (key, value)
     if row.dead_reason == p.DEAD_INVALID:
@@ -166,3 +186,14 @@ def test_a_fault_of_the_builder_itself_becomes_an_invalid_row() -> None:
 
 def test_min_trusted_is_the_year_2000() -> None:
     assert time.gmtime(MIN_TRUSTED_MS / 1000)[:3] == (2000, 1, 1)
+
+
+def test_a_held_record_waits_unfailed_and_a_release_stores_no_job() -> None:
+    origin = [(p.ORIGINAL_TOPIC, b"orders"), (p.ORIGINAL_OFFSET, b"12"), (p.ATTEMPT, b"3")]
+    held = build(NOW, b"k", b"v", [*origin, (p.HOLD, b" B ")])
+    check_storable(held)
+    assert (held.held_by, held.attempt, held.original_offset, held.destination) == ("B", 3, 12, "orders")
+    assert build_any(NOW, b"k", None, [(p.ORIGINAL_TOPIC, b"orders"), (p.RELEASE, b"B")]) is None
+    # a release to a destination not allowed is kept, invalid, like any such record
+    refused = build(NOW, b"k", None, [(p.ORIGINAL_TOPIC, b"payments"), (p.RELEASE, b"B")])
+    assert refused.dead_reason == p.DEAD_INVALID

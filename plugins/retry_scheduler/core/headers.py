@@ -21,6 +21,8 @@ Header = tuple[str, bytes | None]
 #: Epoch milliseconds accepted in time headers: 1970 .. year 9999.
 MAX_EPOCH_MS = 253_402_300_799_999
 MAX_INT32 = 2**31 - 1
+#: The longest ``retry.id`` a hold or release may name.
+MAX_RETRY_ID_CHARS = 200
 _INT = re.compile(r"-?[0-9]{1,20}")
 _TRUNCATED = "...[truncated]"
 
@@ -52,6 +54,10 @@ class RetryHeaders(NamedTuple):
     passthrough: tuple[Header, ...]
     #: The topic whose policy applies when ``destination`` is a group's redelivery topic (``retry.scope``).
     scoped_from: str | None = None
+    #: ``retry.hold``: the ``retry.id`` this record is parked behind (the consumer helper's ordered mode).
+    hold: str | None = None
+    #: ``retry.release``: this is a release record; the ``retry.id`` whose held records may go.
+    release: str | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +213,14 @@ def parse_headers(
     # The original partition only means something on the original topic.
     same_topic = original_topic is None or original_topic == destination
     reason = texts.get(protocol.REASON)
+    hold, release = texts.get(protocol.HOLD), texts.get(protocol.RELEASE)
+    if hold is not None and release is not None:
+        raise InvalidRecordError(f"a record cannot carry both {protocol.HOLD} and {protocol.RELEASE}")
+    for name, held in ((protocol.HOLD, hold), (protocol.RELEASE, release)):
+        if held is not None and not 0 < len(held.strip()) <= MAX_RETRY_ID_CHARS:
+            raise InvalidRecordError(
+                f"header {name} must be the retry.id of the record held on (1 to {MAX_RETRY_ID_CHARS} characters)"
+            )
     return RetryHeaders(
         destination,
         partition if same_topic else None,
@@ -224,6 +238,8 @@ def parse_headers(
         texts.get(protocol.ID) or None,
         tuple(passthrough),
         scoped_from,
+        None if hold is None else hold.strip(),
+        None if release is None else release.strip(),
     )
 
 

@@ -51,6 +51,8 @@ class CopyRow(NamedTuple):
     dead_reason: str | None
     dlq_topic: str
     dead_at: int | None
+    #: The ``retry.id`` this job is parked behind (``retry.hold``); its due time is then :data:`HELD_DUE`.
+    held_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class Job:
     dead_reason: str | None
     dlq_topic: str
     id: int | None = None
+    held_by: str | None = None
 
     def copy_row(self) -> CopyRow:
         """The job as the ingest loop COPYs it into ``retry_jobs`` (``COPY_COLUMNS``, ``COPY_TYPES``)."""
@@ -91,7 +94,7 @@ class Job:
             self.attempt, self.policy, self.reason, self.error_class, self.consumer_group, self.retry_id,
             self.original_topic, self.original_partition, self.original_offset,
             pg_time(self.original_timestamp_ms), pg_time(self.due_ms), self.status.value, self.dead_reason,
-            self.dlq_topic, pg_time(self.due_ms) if self.status is Status.DEAD else None,
+            self.dlq_topic, pg_time(self.due_ms) if self.status is Status.DEAD else None, self.held_by,
         )  # fmt: skip
 
     @classmethod
@@ -106,7 +109,7 @@ class Job:
             retry_id=row.retry_id, original_topic=row.original_topic, original_partition=row.original_partition,
             original_offset=row.original_offset, original_timestamp_ms=ms_of_pg_time(row.first_seen_at),
             due_ms=ms_of_pg_time(row.due_at), status=Status(row.status), dead_reason=row.dead_reason,
-            dlq_topic=row.dlq_topic,
+            dlq_topic=row.dlq_topic, held_by=row.held_by,
         )  # fmt: skip
 
 
@@ -117,7 +120,7 @@ COPY_COLUMNS = CopyRow._fields
 #: so spares the ingest loop building a datetime per timestamp.
 COPY_TYPES = [
     "text", "int4", "int8", "int8", "text", "int4", "bytea", "bytea", "bytea", "int4", "text", "text", "text",
-    "text", "text", "text", "int4", "int8", "int8", "int8", "text", "text", "text", "int8",
+    "text", "text", "text", "int4", "int8", "int8", "int8", "text", "text", "text", "int8", "text",
 ]  # fmt: skip
 
 _PG_EPOCH_MS = 946_684_800_000
@@ -130,6 +133,12 @@ def pg_time(ms: int) -> int:
 
 def ms_of_pg_time(us: int) -> int:
     return us // 1000 + _PG_EPOCH_MS
+
+
+#: The due time of a held job (9999-12-31 UTC): never claimed until its chain is released, which sets
+#: a real one. Not ``infinity``: PostgreSQL 15 cannot subtract it (the publish loop's next-due wait does).
+HELD_DUE_MS = 253_402_214_400_000
+HELD_DUE = pg_time(HELD_DUE_MS)
 
 
 _HEADER = struct.Struct(">Hi")
@@ -217,10 +226,21 @@ class OutgoingRow(NamedTuple):
     original_timestamp_ms: int
     dead_reason: str | None
     dlq_topic: str
+    held_by: str | None = None
 
 
 def destination_headers(row: OutgoingRow) -> list[Header]:
-    """Headers of a retry published back to its destination: attempt raised, id and origin kept."""
+    """Headers of a retry published back to its destination: attempt raised, id and origin kept.
+
+    A released held job (ordered mode) did not fail: its attempt stays, and ``retry.hold`` names the
+    record it waited behind, which tells the consumer helper it is one of that chain."""
+    if row.held_by is not None:
+        return [
+            *decode_headers(row.headers),
+            (protocol.ATTEMPT, str(row.attempt).encode()),
+            *_common(row),
+            (protocol.HOLD, row.held_by.encode()),
+        ]
     return [
         *decode_headers(row.headers),
         (protocol.ATTEMPT, str(row.attempt + 1).encode()),

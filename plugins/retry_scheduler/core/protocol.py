@@ -22,6 +22,11 @@ DEAD_REASON: Final = "retry.dead-reason"
 #: Where the retry goes: ``topic`` (back to the destination, every group reads it) or ``group`` (to
 #: the failing group's redelivery topic, :func:`redelivery_topic`).
 SCOPE: Final = "retry.scope"
+#: On a record parked by the consumer helper's ordered mode: the ``retry.id`` of the earlier record of
+#: its key it waits behind. Published back with it, so the helper knows a released record.
+HOLD: Final = "retry.hold"
+#: On the consumer helper's release record: the ``retry.id`` whose held records may now be published.
+RELEASE: Final = "retry.release"
 
 PREFIX: Final = "retry."
 
@@ -59,6 +64,8 @@ KNOWN: Final = frozenset(
         ID,
         DEAD_REASON,
         SCOPE,
+        HOLD,
+        RELEASE,
     }
 )
 

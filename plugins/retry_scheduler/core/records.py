@@ -15,8 +15,15 @@ from retry_scheduler.core.adopt import AdoptError, adopt
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.durations import format_duration_ms
-from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers, truncate_reason
-from retry_scheduler.core.jobs import CopyRow, Job, Status, encode_headers, pg_time
+from retry_scheduler.core.headers import (
+    Header,
+    InvalidRecordError,
+    Limits,
+    RetryHeaders,
+    parse_headers,
+    truncate_reason,
+)
+from retry_scheduler.core.jobs import HELD_DUE, CopyRow, Job, Status, encode_headers, pg_time
 from retry_scheduler.core.policy import PolicyRegistry, UnknownPolicyError, load_policies
 
 
@@ -122,6 +129,38 @@ class RowBuilder:
         self.default = registry.resolve(None, None)
         #: Records so far whose timestamp was outside the trusted window (their ingest time was used).
         self.untrusted_timestamps = 0
+        #: The blockers named by the release records read so far (taken by :meth:`take_releases`).
+        self.releases: list[str] = []
+
+    def take_releases(self) -> list[str]:
+        """The blockers released by the records built since the last call."""
+        releases, self.releases = self.releases, []
+        return releases
+
+    def _held(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp_ms: int | None,
+        key: bytes | None,
+        value: bytes | None,
+        parsed: RetryHeaders,
+        policy: str,
+        dlq_topic: str,
+        retry_id: str,
+        first_seen_ms: int,
+    ) -> CopyRow:
+        """A record parked behind an earlier one of its key (``retry.hold``): pending, due when its chain
+        is released (:data:`~retry_scheduler.core.jobs.HELD_DUE` until then). It did not fail: no policy
+        decision, its attempt stays."""
+        return CopyRow(
+            topic, partition, offset, timestamp_ms or 0, parsed.destination, parsed.destination_partition, key,
+            value, encode_headers(parsed.passthrough), parsed.attempt, policy, parsed.reason,
+            parsed.error_class, parsed.group, retry_id, parsed.original_topic or parsed.destination,
+            parsed.original_partition, parsed.original_offset, pg_time(first_seen_ms), HELD_DUE, _PENDING, None,
+            dlq_topic, None, parsed.hold,
+        )  # fmt: skip
 
     def row(
         self,
@@ -133,8 +172,9 @@ class RowBuilder:
         value: bytes | None,
         headers: Sequence[Header] | None,
         now_ms: int,
-    ) -> CopyRow:
-        """The row of one consumed record; never raises."""
+    ) -> CopyRow | None:
+        """The row of one consumed record; never raises. None for a release record (``retry.release``):
+        it stores no job, its blocker is added to :attr:`releases` for the batch's transaction."""
         if self.adopt_topics and topic in self.adopt_topics:
             return self.adopted(topic, partition, offset, timestamp_ms, key, value, headers, now_ms)
         try:
@@ -162,9 +202,15 @@ class RowBuilder:
                     f"{format_duration_ms(self.max_skew_ms)} in the future (RETRY_MAX_CLOCK_SKEW_MS); it must be "
                     "in epoch milliseconds"
                 )
+            if parsed.release is not None:
+                self.releases.append(parsed.release)
+                return None
             seen_ms = self._seen_ms(timestamp_ms, now_ms)
             retry_id = parsed.retry_id or new_retry_id()
             first_seen = parsed.original_timestamp_ms or seen_ms
+            if parsed.hold is not None:
+                return self._held(topic, partition, offset, timestamp_ms, key, value, parsed, policy.name,
+                                  policy.dlq_topic, retry_id, first_seen)  # fmt: skip
             at_ms = parsed.at_ms
             if at_ms is None and topic in self.delay_topics:
                 at_ms = seen_ms + self.delay_topics[topic]
@@ -292,9 +338,13 @@ def job_from_record(
     limits: Limits,
     now_ms: int,
 ) -> Job:
-    """Turn one consumed record into a job: pending with a due time, or dead with a reason."""
+    """Turn one consumed record into a job: pending with a due time, or dead with a reason.
+
+    Raises ``ValueError`` for a release record (``retry.release``): it stores no job."""
     row = RowBuilder(settings, registry, limits).row(
         record.topic, record.partition, record.offset, record.timestamp_ms, record.key, record.value,
         record.headers, now_ms,
     )  # fmt: skip
+    if row is None:
+        raise ValueError(f"a record with {protocol.RELEASE} is a release, not a job")
     return Job.from_copy_row(row)

@@ -10,17 +10,23 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import psycopg
 from psycopg.adapt import PyFormat
 
-from retry_scheduler.core.jobs import COPY_TYPES, CopyRow, Job, OutgoingRow
+from retry_scheduler.core import protocol
+from retry_scheduler.core.jobs import COPY_TYPES, HELD_DUE_MS, CopyRow, Job, OutgoingRow
 from retry_scheduler.db.connection import StoreError, connect, require_migrated
 from retry_scheduler.db.schema import q
 
 log = logging.getLogger(__name__)
+
+#: The due time of a held job, as PostgreSQL is sent it.
+_HELD_DUE = datetime.fromtimestamp(HELD_DUE_MS / 1000, UTC)
+#: A job that died in any of these ways may be a blocker whose held jobs must now go (an adopted one never is).
+_BLOCKER_DEATHS = frozenset(protocol.DEAD_REASONS) - {protocol.DEAD_ADOPTED}
 
 #: ``!`` escapes LIKE wildcards: unlike a backslash it means the same with any standard_conforming_strings.
 LIKE_ESCAPE = "!"
@@ -108,35 +114,30 @@ class Store:
         consumer_group: str | None = None,
         offsets: Mapping[tuple[str, int], int] | None = None,
         adopted_topics: Collection[str] = (),
+        releases: Sequence[str] = (),
     ) -> list[str | None]:
         """Store new jobs (:class:`~retry_scheduler.core.jobs.CopyRow`) and, in the same transaction, the next
         ``offsets`` to read of ``consumer_group``'s retry-topic partitions.
 
         Dead jobs read from ``adopted_topics`` (other tools' dead-letter topics) are marked delivered
-        to their DLQ topic in the same transaction: they are on one already.
+        to their DLQ topic in the same transaction: they are on one already. ``releases`` (the
+        blockers the batch's release records name), held jobs whose blocker is released or dead, and
+        dead jobs that held jobs wait behind release the next held job of their chain
+        (:meth:`advance_holds`).
 
         The rows go straight into ``retry_jobs`` with one binary COPY. If one of them is stored
         already (the same source record, read again), the batch goes through a staging table instead
         and only the new ones are stored. Returns the dead reason (None for pending) of each row
         stored. Commits before returning, so the caller may then commit the Kafka offsets.
         """
-        if not rows:
+        if not rows and not releases:
             return []
         with self.conn.transaction(), self.conn.cursor() as cur:
-            try:
-                with self.conn.transaction(), cur.copy(q("copy_jobs")) as copy:
-                    copy.set_types(COPY_TYPES)
-                    for row in rows:
-                        copy.write_row(row)
-                stored = [row.dead_reason for row in rows]
-            except psycopg.errors.UniqueViolation:
-                stored = self._insert_new_only(cur, rows)
-                log.info(
-                    "%s of %s records were stored already (read again)", len(rows) - len(stored), len(rows)
-                )
+            stored = self._copy_rows(cur, rows) if rows else []
             adopted = sorted({row.source_topic for row in rows} & set(adopted_topics))
             if adopted:
                 cur.execute(q("mark_adopted_delivered"), {"topics": adopted})
+            self._settle_holds(cur, rows, releases)
             if offsets:
                 keys = sorted(offsets)
                 cur.execute(
@@ -149,6 +150,48 @@ class Store:
                     },
                 )
         return stored
+
+    def _copy_rows(self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow]) -> list[str | None]:
+        try:
+            with self.conn.transaction(), cur.copy(q("copy_jobs")) as copy:
+                copy.set_types(COPY_TYPES)
+                for row in rows:
+                    copy.write_row(row)
+            return [row.dead_reason for row in rows]
+        except psycopg.errors.UniqueViolation:
+            stored = self._insert_new_only(cur, rows)
+            log.info("%s of %s records were stored already (read again)", len(rows) - len(stored), len(rows))
+            return stored
+
+    def _settle_holds(
+        self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], releases: Sequence[str]
+    ) -> None:
+        """Ordered mode's part of a batch: chains released, blockers found dead, held jobs stored."""
+        held = {row.held_by for row in rows if row.held_by is not None}
+        dead = {row.retry_id for row in rows if row.dead_reason in _BLOCKER_DEATHS}
+        if not (held or dead or releases):
+            return
+        if releases:
+            cur.execute(q("release_holds"), {"blockers": sorted(set(releases))})
+        if held or dead:
+            cur.execute(q("release_dead_blockers"), {"blockers": sorted(held | dead)})
+        cur.execute(
+            q("advance_holds"), {"blockers": sorted(held | dead | set(releases)), "held_due": _HELD_DUE}
+        )
+
+    def advance_holds(self, blockers: Collection[str], *, dead: bool = False) -> int:
+        """Make the next held job of each released chain of ``blockers`` due now, unless one is on its
+        way; with ``dead``, first release the chains of those that are dead. In the caller's
+        transaction (the publisher's, after marking jobs published or invalid). Returns how many
+        jobs fell due."""
+        if not blockers:
+            return 0
+        names = sorted(set(blockers))
+        with self.conn.cursor() as cur:
+            if dead:
+                cur.execute(q("release_dead_blockers"), {"blockers": names})
+            cur.execute(q("advance_holds"), {"blockers": names, "held_due": _HELD_DUE})
+            return cur.rowcount
 
     def _insert_new_only(self, cur: psycopg.Cursor[Any], rows: Sequence[Sequence[Any]]) -> list[str | None]:
         cur.execute(q("create_stage"))

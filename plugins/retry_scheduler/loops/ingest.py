@@ -113,6 +113,8 @@ class Batch:
     offsets: dict[tuple[str, int], int]
     #: Rows whose record timestamp was not trusted (their ingest time counted instead).
     untrusted_timestamps: int = 0
+    #: The blockers the batch's release records name (ordered mode): their held jobs may go.
+    releases: list[str] = field(default_factory=list)
 
 
 class Ingestor:
@@ -275,12 +277,13 @@ class Ingestor:
                     )
                 )  # fmt: skip
             else:
-                rows.append(
-                    build(topic, partition, offset, timestamp, msg.key(), msg.value(), headers, now_ms)
-                )
+                row = build(topic, partition, offset, timestamp, msg.key(), msg.value(), headers, now_ms)
+                if row is not None:  # None: a release record, taken below
+                    rows.append(row)
             offsets[(topic, partition)] = offset + 1  # a partition's records come in order
         untrusted = self.rows.untrusted_timestamps - untrusted_before
-        return Batch(rows, offsets, untrusted) if rows else None
+        releases = self.rows.take_releases()
+        return Batch(rows, offsets, untrusted, releases) if offsets else None
 
     def store_batch(self, batch: Batch) -> IngestCounts:
         """Store a batch's rows and its next offsets in one transaction."""
@@ -290,8 +293,11 @@ class Ingestor:
             consumer_group=self.settings.consumer_group,
             offsets=batch.offsets,
             adopted_topics=self.settings.adopt_topics,
+            releases=batch.releases,
         )
-        counts = IngestCounts(consumed=len(batch.rows), stored=len(stored), batches=1)
+        counts = IngestCounts(consumed=len(batch.rows) + len(batch.releases), stored=len(stored), batches=1)
+        if batch.releases:
+            log.info("%s chain(s) of held records released", len(batch.releases))
         counts.slowest_batch_s, counts.slowest_batch_records = time.perf_counter() - began, len(batch.rows)
         untrusted = batch.untrusted_timestamps
         if untrusted:
@@ -301,7 +307,7 @@ class Ingestor:
                 "was used (their own is kept in source_timestamp_ms)", untrusted,
                 format_duration_ms(self.settings.max_clock_skew_ms),
             )  # fmt: skip
-        counts.duplicates = counts.consumed - counts.stored
+        counts.duplicates = len(batch.rows) - counts.stored
         counts.pending = stored.count(None)
         counts.dead.update(reason for reason in stored if reason)
         for row in batch.rows:

@@ -190,6 +190,19 @@ class Publisher:
             old.flush(0)
         return acked, failed, unroutable
 
+    def _advance_holds(
+        self, rows: list[OutgoingRow], acked: list[tuple[int, int]], unroutable: list[tuple[int, str]]
+    ) -> None:
+        """Ordered mode: a held job published lets the next of its chain fall due; a blocker found
+        unroutable (dead) releases its chain. In the claim's transaction, with the marks."""
+        published = {job_id for job_id, _ in acked}
+        held = [row.held_by for row in rows if row.held_by is not None and row.id in published]
+        if held:
+            self.store.advance_holds(held)
+        if unroutable:
+            dead = {job_id for job_id, _ in unroutable}
+            self.store.advance_holds([row.retry_id for row in rows if row.id in dead], dead=True)
+
     def _lacks_partition(self, exc: KafkaException, topic: str, partition: int) -> bool:
         """Whether ``exc`` says the partition is unknown and fresh metadata confirms ``topic`` lacks it."""
         if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
@@ -230,6 +243,7 @@ class Publisher:
                         self.store.mark_invalid(unroutable),
                         unroutable[0][1],
                     )
+                self._advance_holds(due_rows, acked, unroutable)
             if failed:
                 counts.failed = self.store.mark_failed(failed)
         counts.claimed = len(dead_rows) + len(due_rows)

@@ -1,0 +1,299 @@
+"""Per-key ordering (the consumer helper's ordered mode), on the real broker and PostgreSQL.
+
+The scheduler's part: records parked behind a retry (``retry.hold``) wait until that retry's release
+record (``retry.release``), or its death, then go out one at a time in their original order. The whole:
+a real consumer in ordered mode, keys interleaved, some of their records failing (one for good), the
+consumer restarted mid-way; each key's records are handled in their original order, none lost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Message
+
+from retry_scheduler.consumer import RetryingConsumer
+from retry_scheduler.core import protocol as p
+from retry_scheduler.db.store import Store
+from retry_scheduler.holds import Hold, HoldStore
+from retry_scheduler.loops.ingest import Ingestor
+from retry_scheduler.loops.publish import Publisher
+from tests.integration.test_loop import Loop, hdr, new_loop
+from tests.kafkautil import consume, create_topics, produce
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def loop(database_url: str, bootstrap_servers: str, topic_prefix: str) -> Iterator[Loop]:
+    yield new_loop(
+        database_url,
+        bootstrap_servers,
+        topic_prefix,
+        destination_allowlist=rf"^{topic_prefix}-orders$",  # its redelivery topics come with it
+    )
+
+
+def parked(loop: Loop, offset: int, blocker: str, key: bytes = b"k") -> dict:
+    """A record of ``key`` parked behind ``blocker``, as the consumer helper sends it."""
+    return {
+        "key": key,
+        "value": f"v{offset}".encode(),
+        "headers": hdr(original_topic=loop.dest, original_partition="0", original_offset=str(offset),
+                       id=f"id-{offset}", group="billing", hold=blocker),
+    }  # fmt: skip
+
+
+def failed(loop: Loop, offset: int, retry_id: str, key: bytes = b"k", **more: str) -> dict:
+    return {
+        "key": key,
+        "value": f"v{offset}".encode(),
+        "headers": hdr(original_topic=loop.dest, original_partition="0", original_offset=str(offset),
+                       id=retry_id, group="billing", at=str(int(time.time() * 1000)), **more),
+    }  # fmt: skip
+
+
+def release(loop: Loop, blocker: str, key: bytes = b"k") -> dict:
+    return {
+        "key": key,
+        "value": None,
+        "headers": hdr(original_topic=loop.dest, group="billing", release=blocker),
+    }
+
+
+def test_held_records_go_out_after_the_release_one_at_a_time_in_original_order(loop: Loop) -> None:
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic])
+    # The blocker (offset 1), then its key's later records parked behind it, not in their order here
+    loop.send([failed(loop, 1, "B"), parked(loop, 4, "B"), parked(loop, 2, "B"), parked(loop, 3, "B")])
+    assert loop.ingest(4).stored == 4
+    assert loop.publish(3).published == 1
+    [blocker] = consume(loop.bootstrap, [loop.dest], expected=1)
+    assert (blocker.value, blocker.header(p.HOLD)) == (b"v1", None)
+    held = loop.rows("held_by IS NOT NULL")
+    assert [(r["status"], r["due_at"].year, r["attempt"]) for r in held] == [("pending", 9999, 0)] * 3
+
+    loop.send([release(loop, "B")])
+    counts = loop.ingest(1)
+    assert (counts.consumed, counts.stored, counts.duplicates) == (1, 0, 0)  # a release is no job
+    assert loop.publish(4).published == 3
+    seen = consume(loop.bootstrap, [loop.dest], expected=4)
+    assert [(s.value, s.header(p.HOLD), s.header(p.ATTEMPT), s.header(p.ID)) for s in seen[1:]] == [
+        (b"v2", "B", "0", "id-2"),  # the attempt stays: a held record did not fail
+        (b"v3", "B", "0", "id-3"),
+        (b"v4", "B", "0", "id-4"),
+    ]
+    # one at a time: each published only after the one before it was acknowledged
+    done = sorted(loop.rows("held_by IS NOT NULL"), key=lambda r: r["published_at"])
+    assert [r["original_offset"] for r in done] == [2, 3, 4]
+    assert all(a["published_at"] <= b["due_at"] for a, b in itertools.pairwise(done))
+
+    # a record parked behind a chain released already goes at once
+    loop.send([parked(loop, 5, "B")])
+    loop.ingest(1)
+    assert loop.publish(3).published == 1
+    assert consume(loop.bootstrap, [loop.dest], expected=5)[-1].value == b"v5"
+
+
+def test_a_dead_blocker_releases_its_chain(loop: Loop) -> None:
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{loop.dest}.billing.redelivery"])
+    # parked first, while the blocker is still being retried; then its last attempt fails (2 allowed)
+    loop.send([parked(loop, 3, "D"), parked(loop, 2, "D")])
+    loop.ingest(2)
+    assert loop.publish(2).published == 0
+    loop.send([failed(loop, 1, "D", attempt="2", reason="payment service down")])
+    counts = loop.ingest(1)
+    assert dict(counts.dead) == {"exhausted": 1}
+    published = loop.publish(4)
+    assert (published.published, published.dead_published) == (2, 1)
+    assert [s.value for s in consume(loop.bootstrap, [loop.dest], expected=2)] == [b"v2", b"v3"]
+    with Store(loop.settings.database_url) as store:
+        why = store.conn.execute("SELECT why FROM retry_released_holds WHERE blocker = 'D'").fetchone()
+    assert why == ("dead",)
+
+    # one parked after its blocker died goes at once too
+    loop.send([parked(loop, 4, "D")])
+    loop.ingest(1)
+    assert loop.publish(3).published == 1
+
+
+def test_a_record_cannot_both_hold_and_release(loop: Loop) -> None:
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic])
+    bad = release(loop, "B")
+    bad["headers"] += hdr(hold="C")
+    empty = parked(loop, 1, " ")
+    loop.send([bad, empty])
+    counts = loop.ingest(2)
+    assert dict(counts.dead) == {"invalid": 2}
+    reasons = [r["reason"] for r in loop.rows()]
+    assert "cannot carry both retry.hold and retry.release" in reasons[0]
+    assert "retry.hold must be the retry.id of the record held on" in reasons[1]
+
+
+def test_the_hold_store_reads_back_its_groups_holds_and_skips_what_is_not_one(
+    bootstrap_servers: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic, config = f"{topic_prefix}-holds", {"bootstrap.servers": bootstrap_servers, "group.id": "a"}
+    billing, shipping = HoldStore(config, "billing", topic), HoldStore(config, "shipping", topic)
+    billing.ensure_topic()
+    billing.ensure_topic()  # there already: nothing to do
+    billing.put("orders", b"k1", Hold("B", released=True, parked=2))
+    billing.put("orders", b"\x00\xffk", Hold("C"))  # any key bytes
+    billing.put("orders", b"k2", Hold("D"))
+    billing.put("orders", b"k2", None)  # free again
+    shipping.put("orders", b"k1", Hold("X"))
+    produce(
+        bootstrap_servers,
+        topic,
+        [
+            {"key": b"billing\0orders\0k3", "value": b"not json"},
+            {"key": b"billing\0orders\0k4", "value": b'{"blocker": 5}'},
+            {"key": b"billing\0\xff\0k5", "value": b'{"blocker": "E"}'},
+            {"key": b"unrelated", "value": b"{}"},
+        ],
+    )
+    with caplog.at_level(logging.WARNING, logger="retry_scheduler.holds"):
+        assert billing.load() == {("orders", b"k1"): Hold("B", True, 2), ("orders", b"\x00\xffk"): Hold("C")}
+    assert shipping.load() == {("orders", b"k1"): Hold("X")}
+    assert caplog.text.count("is not a hold, left out") == 3
+    billing.close()
+    shipping.close()
+
+
+# -- end to end: a real consumer in ordered mode ---------------------------------------------------------
+
+KEYS = 6
+PER_KEY = 8
+
+
+class Service:
+    """The scheduler's ingest and publish loops, running in threads as the Airflow DAG runs them."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._ingest, daemon=True),
+            threading.Thread(target=self._publish, daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _ingest(self) -> None:
+        with Store(self.loop.settings.database_url) as store:
+            ingestor = Ingestor(self.loop.settings, self.loop.registry, store)
+            try:
+                ingestor.run(300, self.stop.is_set)
+            finally:
+                ingestor.close()
+
+    def _publish(self) -> None:
+        with Store(self.loop.settings.database_url) as store:
+            publisher = Publisher(self.loop.settings.with_overrides(poll_interval_ms=100), store)
+            try:
+                publisher.run(300, self.stop.is_set)
+            finally:
+                publisher.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(60)
+
+
+class App:
+    """The application: handles ``k{n}`` records whose value is their place in the key's order.
+
+    ``failures[(key, n)]`` is how many times that record fails before it succeeds (-1: always)."""
+
+    def __init__(self, failures: dict[tuple[bytes, int], int]) -> None:
+        self.failures = dict(failures)
+        self.handled: dict[bytes, list[int]] = defaultdict(list)
+        self.calls = 0
+
+    def handle(self, msg: Message) -> None:
+        key, value = msg.key(), msg.value()
+        assert isinstance(key, bytes) and isinstance(value, bytes)
+        n = int(value)
+        self.calls += 1
+        left = self.failures.get((key, n), 0)
+        if left:
+            self.failures[(key, n)] = left - 1
+            raise TimeoutError(f"{key!r} #{n}: the ledger is not there yet")
+        self.handled[key].append(n)
+
+
+def test_every_keys_records_are_handled_in_order_across_failures_and_a_restart(
+    loop: Loop, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    group = f"{topic_prefix}-billing"
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{topic_prefix}-dlq"], partitions=2)
+    create_topics(loop.bootstrap, [f"{loop.dest}.{group}.redelivery"], partitions=2)
+    failures = {
+        (b"k0", 0): 1,  # the first record of a key, once: everything after it waits
+        (b"k1", 3): 1,  # one in the middle
+        (b"k1", 5): 1,  # and a second chain on the same key
+        (b"k2", 2): 1,  # a released record failing again while its chain comes back ...
+        (b"k2", 4): 1,  # ... and one behind it
+        (b"k3", 1): -1,  # never succeeds: dead after the policy's 2 attempts, the rest go on in order
+    }
+    app = App(failures)
+    config = {
+        "bootstrap.servers": loop.bootstrap,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        "topic.metadata.refresh.interval.ms": 1000,
+    }
+
+    def consumer() -> RetryingConsumer:
+        c = RetryingConsumer(
+            config, [loop.dest], app.handle, ordered=True, holds_topic=f"{topic_prefix}-holds"
+        )
+        c.retries.retry_topic = loop.settings.retry_topic
+        return c
+
+    records = [
+        {"key": f"k{k}".encode(), "value": str(n).encode()} for n in range(PER_KEY) for k in range(KEYS)
+    ]  # interleaved: k0 #0, k1 #0, ... k0 #1, ...
+    service = Service(loop)
+    first = consumer()
+    try:
+        produce(loop.bootstrap, loop.dest, records)
+        # the first instance runs until a key's chain is coming back, its retry handled and records
+        # parked behind it still out
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(h.released and h.parked for h in first.holds.values()):
+            first.poll(0.2)
+        held_at_stop = dict(first.holds)
+        first.close()
+        assert any(h.released and h.parked for h in held_at_stop.values()), held_at_stop
+
+        # a new instance (a restart, or the member the partitions moved to) knows the holds
+        second = consumer()
+        assert second.holds == held_at_stop
+        with caplog.at_level(logging.WARNING, logger="retry_scheduler.consumer"):
+            deadline = time.monotonic() + 150
+            expected = KEYS * PER_KEY - 1  # all but k3's #1, which is dead
+            while time.monotonic() < deadline and (
+                sum(len(set(v)) for v in app.handled.values()) < expected or second.holds
+            ):
+                second.poll(0.2)
+        second.close()
+    finally:
+        service.close()
+
+    for k in range(KEYS):
+        key = f"k{k}".encode()
+        want = [n for n in range(PER_KEY) if (key, n) != (b"k3", 1)]
+        got = app.handled[key]
+        assert [n for i, n in enumerate(got) if i == 0 or got[i - 1] != n] == want, (key, got)
+    assert HoldStore(config, group, f"{topic_prefix}-holds").load() == {}  # every key free again
+    [dead] = loop.rows("status = 'dead'")
+    assert (dead["msg_key"], dead["msg_value"], dead["dead_reason"]) == (b"k3", b"1", "exhausted")
+    assert "is dead: the records held behind it come in order" in caplog.text
+    assert not loop.rows("status = 'pending'")  # nothing left behind
