@@ -23,7 +23,14 @@ from retry_scheduler.cli import main as cli
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.connection_file import connection_file
-from retry_scheduler.core.jobs import Job, OutgoingRow, Status, destination_headers, encode_headers
+from retry_scheduler.core.jobs import (
+    HELD_DUE_MS,
+    Job,
+    OutgoingRow,
+    Status,
+    destination_headers,
+    encode_headers,
+)
 from retry_scheduler.db.store import Store
 from retry_scheduler.spark import bulk_options, bulk_retry
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
@@ -156,7 +163,31 @@ def test_jdbc_query_inlines_only_validated_literals() -> None:
 def test_pending_selection_skips_jobs_leased_by_the_publish_loop() -> None:
     fragments, params = Selection(status=Status.PENDING).conditions()
     assert "(lease_until IS NULL OR lease_until < now())" in fragments
+    assert "held_by IS NULL" in fragments  # a held job waits for its chain
     assert params == {"status": "pending"}
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_a_pending_bulk_retry_leaves_held_jobs_to_their_chain(
+    spark: SparkSession, database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    # Ordered mode: a held job goes out only after the records before it; a bulk retry must not
+    # publish it now. A dead one (its place in the chain lost) is replayed like any other.
+    orders = f"{topic_prefix}.orders"
+    create_topics(bootstrap_servers, [orders])
+    free = make_job(1, orders, status=Status.PENDING)
+    held = replace(make_job(2, orders, status=Status.PENDING), held_by="rid-1", due_ms=HELD_DUE_MS)
+    dead_held = replace(make_job(3, orders), held_by="rid-1")
+    with Store(database_url) as store:
+        store.insert_jobs([free, held, dead_held])
+    assert run(database_url, bootstrap_servers, "--status", "pending")["published"] == 1
+    assert run(database_url, bootstrap_servers)["published"] == 1
+    assert published_ids(database_url) == {"rid-1", "rid-3"}
+    [replayed] = [
+        r for r in consume(bootstrap_servers, [orders], expected=2) if r.header(protocol.ID) == "rid-3"
+    ]
+    assert replayed.header(protocol.HOLD) == "rid-1"  # as the publish loop sends a held job
 
 
 @pytest.mark.parametrize(
@@ -262,7 +293,7 @@ def as_row(job_id: int, job: Job) -> dict[str, Any]:
         "consumer_group": job.consumer_group, "retry_id": job.retry_id, "original_topic": job.original_topic,
         "original_partition": job.original_partition, "original_offset": job.original_offset,
         "original_timestamp_ms": job.original_timestamp_ms, "dead_reason": job.dead_reason,
-        "dlq_topic": job.dlq_topic,
+        "dlq_topic": job.dlq_topic, "held_by": job.held_by,
     }  # fmt: skip
 
 

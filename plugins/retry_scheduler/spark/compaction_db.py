@@ -30,7 +30,7 @@ COLUMNS: tuple[str, ...] = (
     "destination_partition", "msg_key", "msg_value", "headers", "attempt", "policy", "reason", "error_class",
     "consumer_group", "retry_id", "original_topic", "original_partition", "original_offset", "first_seen_at",
     "due_at", "status", "dead_reason", "dlq_topic", "lease_until", "claimed_by", "publish_failures",
-    "last_error", "published_at", "dead_at", "dlq_published_at", "created_at", "updated_at",
+    "last_error", "published_at", "dead_at", "dlq_published_at", "created_at", "updated_at", "held_by",
 )  # fmt: skip
 PARTITION_COLUMNS = ("day", "destination")
 NONE_DESTINATION = "__none__"

@@ -32,7 +32,7 @@ OUTGOING_COLUMNS: LiteralString = (
     "id, destination, destination_partition, msg_key AS key, msg_value AS value, headers, attempt, "
     "policy, reason, error_class, consumer_group, retry_id, original_topic, original_partition, "
     "original_offset, (extract(epoch FROM first_seen_at) * 1000)::bigint AS original_timestamp_ms, "
-    "dead_reason, dlq_topic"
+    "dead_reason, dlq_topic, held_by"
 )
 SUMMARY_SQL: LiteralString = (
     "SELECT destination, count(*), min(id), max(id), max(payload_bytes) FROM ({inner}) AS selection "
@@ -152,6 +152,9 @@ class Selection:
             # publish loop is sending at this moment may go out twice, with the same retry.id and
             # attempt (at-least-once); the mark then finds it published already.
             fragments.append("(lease_until IS NULL OR lease_until < now())")
+            # A held job waits for its chain (ordered mode): published now, it would overtake the
+            # records before it. It goes when its chain is released.
+            fragments.append("held_by IS NULL")
         if self.destination is not None:
             fragments.append("destination = %(destination)s")
             params["destination"] = self.destination
