@@ -233,28 +233,34 @@ class RetryingConsumer:
         if self.hold_store is not None and isinstance(key, bytes):
             ok = self._ordered(msg, (original_topic(msg) or "", key))
         else:
-            ok = self._handle(msg) is None
+            ok = self._handle(msg)[0]
         self.consumer.commit(message=msg, asynchronous=False)
         if breaker is not None and ok is not None:
             self._count(breaker, ok)
         return True
 
-    def _handle(self, msg: Message) -> str | None:
-        """Call the handler; when it raises, send the record to retry: its ``retry.id``, else None."""
+    def _handle(self, msg: Message) -> tuple[bool, str | None]:
+        """Call the handler; when it raises, send the record to retry. Whether it succeeded, and the
+        ``retry.id`` of the retry it failed into (None when it succeeded or was dead-lettered)."""
         try:
             self.handler(msg)
         except Exception as exc:
+            dead = self.retries.is_fatal(exc)
             log.info(
-                "record %s[%s]@%s failed (%s): sent to retry", msg.topic(), msg.partition(), msg.offset(), exc
-            )
-            return self.retries.retry(
-                msg, exc
-            )  # returns once acknowledged: committing after it loses nothing
-        return None
+                "record %s[%s]@%s failed (%s): sent to %s",
+                msg.topic(), msg.partition(), msg.offset(), exc, "the DLQ" if dead else "retry",
+            )  # fmt: skip
+            # Returns once acknowledged: committing the offset after it loses nothing.
+            retry_id = self.retries.retry(msg, exc)
+            return False, None if dead else retry_id
+        return True, None
 
     def _ordered(self, msg: Message, where: tuple[str, bytes]) -> bool | None:
         """Ordered mode: handle ``msg`` or park it behind its key's retry, keeping the key's order.
-        Whether the handler succeeded; None when the record was parked (not handled)."""
+        Whether the handler succeeded; None when the record was parked (not handled).
+
+        A retry that is dead-lettered (a fatal error) holds nothing back: the scheduler releases
+        what waits behind a dead retry."""
         hold = self.holds.get(where)
         before = None if hold is None else Hold(**asdict(hold))
         chain, retry_id = _header(msg, protocol.HOLD), _header(msg, protocol.ID)
@@ -267,28 +273,27 @@ class RetryingConsumer:
             )
             hold.released = True
         if hold is None:
-            failed = self._handle(msg)
-            ok = failed is None
-            if failed is not None:
-                hold = Hold(failed)
+            ok, blocker = self._handle(msg)
+            if blocker is not None:
+                hold = Hold(blocker)
         elif not hold.released and chain is None and retry_id == hold.blocker:  # the blocker is back
-            failed = self._handle(msg)
-            ok = failed is None
-            if ok and hold.parked > 0:
-                self.retries.release(msg, hold.blocker)
-                hold.released = True
-            elif ok:
-                hold = None
+            ok, blocker = self._handle(msg)
+            if blocker is None:  # handled (or dead): what waits behind it may go
+                if hold.parked > 0:
+                    if ok:
+                        self.retries.release(msg, hold.blocker)
+                    hold.released = True
+                else:
+                    hold = None
         elif hold.released and chain == hold.blocker:  # the next of the released chain
             hold.parked -= 1
-            failed = self._handle(msg)
-            ok = failed is None
-            if failed is not None:
-                hold = Hold(failed, parked=max(hold.parked, 0))
+            ok, blocker = self._handle(msg)
+            if blocker is not None:  # the key's new blocker; the rest of the chain waits behind it
+                hold = Hold(blocker, parked=max(hold.parked, 0))
             elif hold.parked <= 0:
                 hold = None
         elif hold.released and chain is None and retry_id == hold.blocker:  # the blocker again (a copy)
-            ok = self._handle(msg) is None
+            ok = self._handle(msg)[0]
         else:  # behind the key's retry: parked, unfailed, until the chain before it was handled
             self.retries.retry(msg, hold=hold.blocker)
             if chain is None:
@@ -299,8 +304,8 @@ class RetryingConsumer:
                 self.holds.pop(where, None)
             else:
                 self.holds[where] = hold
-            assert self.hold_store is not None
-            self.hold_store.put(where[0], where[1], hold)
+            if self.hold_store is not None:
+                self.hold_store.put(where[0], where[1], hold)
         return ok
 
     def _hold(self, timeout_s: float) -> None:

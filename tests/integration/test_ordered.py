@@ -206,10 +206,14 @@ class Service:
 class App:
     """The application: handles ``k{n}`` records whose value is their place in the key's order.
 
-    ``failures[(key, n)]`` is how many times that record fails before it succeeds (-1: always)."""
+    ``failures[(key, n)]`` is how many times that record fails before it succeeds (-1: always); then
+    a record in ``fatal`` fails with an error the helper's client dead-letters at once."""
 
-    def __init__(self, failures: dict[tuple[bytes, int], int]) -> None:
+    def __init__(
+        self, failures: dict[tuple[bytes, int], int], fatal: frozenset[tuple[bytes, int]] = frozenset()
+    ) -> None:
         self.failures = dict(failures)
+        self.fatal = fatal
         self.handled: dict[bytes, list[int]] = defaultdict(list)
         self.calls = 0
         #: The threads that handled records (one per consumer group member).
@@ -224,6 +228,8 @@ class App:
         if left:
             self.failures[(key, n)] = left - 1
             raise TimeoutError(f"{key!r} #{n}: the ledger is not there yet")
+        if (key, n) in self.fatal:
+            raise ValueError(f"{key!r} #{n}: not a ledger entry")
         self.handled[key].append(n)
         self.members.add(threading.current_thread().name)
 
@@ -256,8 +262,10 @@ def test_every_keys_records_are_handled_in_order_across_failures_and_a_restart(
         (b"k2", 2): 1,  # a released record failing again while its chain comes back ...
         (b"k2", 4): 1,  # ... and one behind it
         (b"k3", 1): -1,  # never succeeds: dead after the policy's 2 attempts, the rest go on in order
+        (b"k4", 1): 1,  # fails, then comes back and fails for good (fatal) with records behind it
     }
-    app = App(failures)
+    dead = {(b"k3", 1), (b"k4", 1), (b"k5", 2)}
+    app = App(failures, fatal=frozenset({(b"k4", 1), (b"k5", 2)}))  # k5 #2: dead at once, holds nothing
     config = {
         "bootstrap.servers": loop.bootstrap,
         "group.id": group,
@@ -270,6 +278,7 @@ def test_every_keys_records_are_handled_in_order_across_failures_and_a_restart(
             config, [loop.dest], app.handle, ordered=True, holds_topic=f"{topic_prefix}-holds"
         )
         c.retries.retry_topic = loop.settings.retry_topic
+        c.retries.fatal_errors = (ValueError,)
         return c
 
     service = Service(loop)
@@ -290,7 +299,7 @@ def test_every_keys_records_are_handled_in_order_across_failures_and_a_restart(
         assert second.holds == held_at_stop
         with caplog.at_level(logging.WARNING, logger="retry_scheduler.consumer"):
             deadline = time.monotonic() + 150
-            expected = KEYS * PER_KEY - 1  # all but k3's #1, which is dead
+            expected = KEYS * PER_KEY - len(dead)
             while time.monotonic() < deadline and (
                 sum(len(set(v)) for v in app.handled.values()) < expected or second.holds
             ):
@@ -299,10 +308,15 @@ def test_every_keys_records_are_handled_in_order_across_failures_and_a_restart(
     finally:
         service.close()
 
-    assert_in_order(app, dead={(b"k3", 1)})
+    assert_in_order(app, dead)
     assert HoldStore(config, group, f"{topic_prefix}-holds").load() == {}  # every key free again
-    [dead] = loop.rows("status = 'dead'")
-    assert (dead["msg_key"], dead["msg_value"], dead["dead_reason"]) == (b"k3", b"1", "exhausted")
+    assert sorted((r["msg_key"], r["msg_value"], r["dead_reason"]) for r in loop.rows("status = 'dead'")) == [
+        (b"k3", b"1", "exhausted"),
+        (b"k4", b"1", "requested"),  # the client's fatal_errors send it with retry.send-to=dlq
+        (b"k5", b"2", "requested"),
+    ]
+    # k5 #2 held nothing back: none of k5's records was parked
+    assert not loop.rows("msg_key = 'k5' AND held_by IS NOT NULL")
     assert "is dead: the records held behind it come in order" in caplog.text
     assert not loop.rows("status = 'pending'")  # nothing left behind
 
