@@ -150,6 +150,12 @@ SELECT status::text, count(*) FROM retry_jobs
 WHERE %(destination)s::text IS NULL OR destination = %(destination)s
 GROUP BY status;
 
+-- name: held_count
+-- Pending jobs held behind an earlier record of their key (ordered mode), not yet released.
+SELECT count(*) FROM retry_jobs
+WHERE held_by IS NOT NULL AND status = 'pending' AND due_at = %(held_due)s
+  AND (%(destination)s::text IS NULL OR destination = %(destination)s);
+
 -- name: dead_by_reason
 SELECT dead_reason, count(*) FROM retry_jobs
 WHERE status = 'dead' AND (%(destination)s::text IS NULL OR destination = %(destination)s)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Message
 
+from retry_scheduler.cli.service import status_report
 from retry_scheduler.consumer import RetryingConsumer
 from retry_scheduler.core import protocol as p
 from retry_scheduler.db.store import Store
@@ -77,6 +78,8 @@ def test_held_records_go_out_after_the_release_one_at_a_time_in_original_order(l
     assert (blocker.value, blocker.header(p.HOLD)) == (b"v1", None)
     held = loop.rows("held_by IS NOT NULL")
     assert [(r["status"], r["due_at"].year, r["attempt"]) for r in held] == [("pending", 9999, 0)] * 3
+    report = status_report(loop.settings, None, 300)
+    assert (report["pending"], report["held"], report["published"]) == (3, 3, 1)
 
     loop.send([release(loop, "B")])
     counts = loop.ingest(1)

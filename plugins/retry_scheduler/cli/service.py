@@ -31,13 +31,15 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def status_report(settings: Settings, destination: str | None, window_s: int) -> dict[str, Any]:
-    """The figures of ``status --json``: one key per job status, plus dead reasons and lateness."""
+    """The figures of ``status --json``: one key per job status (``held``: the pending ones held in
+    ordered mode), plus dead reasons and lateness."""
     from retry_scheduler.db.store import Store
 
     with Store(settings.database_url) as store:
         raw = store.status(destination=destination, window_s=window_s)
     late = raw["lateness"]
     report: dict[str, Any] = {s.value: int(raw["counts"].get(s.value, 0)) for s in Status}
+    report["held"] = raw["held"]
     report["dead_by_reason"] = raw["dead_by_reason"]
     report["oldest_overdue"] = raw["oldest_overdue"]
     report["lateness"] = {
@@ -66,6 +68,8 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     print(f"retry jobs{scope}")
     for status in Status:
         line = f"  {status.value:<10} {report[status.value]:>10}"
+        if status is Status.PENDING and report["held"]:
+            line += f"  ({report['held']} held behind an earlier record of their key)"
         if status is Status.DEAD and report["dead_by_reason"]:
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(report["dead_by_reason"].items()))
             line += f"  ({reasons})"

@@ -308,11 +308,13 @@ class Store:
             self.conn.execute(q("loop_finish"), {"worker": worker})
 
     def status(self, destination: str | None = None, window_s: int = 300) -> dict[str, Any]:
-        """Counts by status, dead jobs by reason, the oldest overdue job and recent lateness."""
+        """Counts by status, the pending jobs held (ordered mode), dead jobs by reason, the oldest overdue
+        job and recent lateness."""
         params = {"destination": destination, "window_s": window_s}
         with self.conn.transaction():
             counts = dict(self.conn.execute(q("status_counts"), params).fetchall())
             dead = dict(self.conn.execute(q("dead_by_reason"), params).fetchall())
+            held = self.conn.execute(q("held_count"), {**params, "held_due": _HELD_DUE}).fetchone()
             overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
             late = self.lateness(window_s, destination)
             vacuum = self.conn.execute(q("vacuum_state")).fetchone()
@@ -325,6 +327,7 @@ class Store:
                 "last_vacuum": vacuum[3].isoformat() if vacuum[3] else None,
             },
             "counts": counts,
+            "held": 0 if held is None else int(held[0]),
             "dead_by_reason": dead,
             "oldest_overdue": None
             if overdue is None
