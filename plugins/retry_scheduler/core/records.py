@@ -15,14 +15,7 @@ from retry_scheduler.core.adopt import AdoptError, adopt
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.durations import format_duration_ms
-from retry_scheduler.core.headers import (
-    Header,
-    InvalidRecordError,
-    Limits,
-    RetryHeaders,
-    parse_headers,
-    truncate_reason,
-)
+from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers, truncate_reason
 from retry_scheduler.core.jobs import HELD_DUE, CopyRow, Job, Status, encode_headers, pg_time
 from retry_scheduler.core.policy import PolicyRegistry, UnknownPolicyError, load_policies
 
@@ -137,31 +130,6 @@ class RowBuilder:
         releases, self.releases = self.releases, []
         return releases
 
-    def _held(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        timestamp_ms: int | None,
-        key: bytes | None,
-        value: bytes | None,
-        parsed: RetryHeaders,
-        policy: str,
-        dlq_topic: str,
-        retry_id: str,
-        first_seen_ms: int,
-    ) -> CopyRow:
-        """A record parked behind an earlier one of its key (``retry.hold``): pending, due when its chain
-        is released (:data:`~retry_scheduler.core.jobs.HELD_DUE` until then). It did not fail: no policy
-        decision, its attempt stays."""
-        return CopyRow(
-            topic, partition, offset, timestamp_ms or 0, parsed.destination, parsed.destination_partition, key,
-            value, encode_headers(parsed.passthrough), parsed.attempt, policy, parsed.reason,
-            parsed.error_class, parsed.group, retry_id, parsed.original_topic or parsed.destination,
-            parsed.original_partition, parsed.original_offset, pg_time(first_seen_ms), HELD_DUE, _PENDING, None,
-            dlq_topic, None, parsed.hold,
-        )  # fmt: skip
-
     def row(
         self,
         topic: str,
@@ -209,22 +177,24 @@ class RowBuilder:
             retry_id = parsed.retry_id or new_retry_id()
             first_seen = parsed.original_timestamp_ms or seen_ms
             if parsed.hold is not None:
-                return self._held(topic, partition, offset, timestamp_ms, key, value, parsed, policy.name,
-                                  policy.dlq_topic, retry_id, first_seen)  # fmt: skip
-            at_ms = parsed.at_ms
-            if at_ms is None and topic in self.delay_topics:
-                at_ms = seen_ms + self.delay_topics[topic]
-            decision = policy.decide(
-                attempt=parsed.attempt,
-                first_seen_ms=first_seen,
-                base_ms=seen_ms,
-                now_ms=now_ms,
-                retry_id=retry_id,
-                error_class=parsed.error_class,
-                at_ms=at_ms,
-                send_to_dlq=parsed.send_to_dlq,
-            )
-            dead, due = decision.dead_reason, pg_time(decision.due_ms)
+                # Parked behind an earlier record of its key (ordered mode): it did not fail, so no
+                # policy decision; due when its chain is released (jobs.HELD_DUE until then).
+                dead, due = None, HELD_DUE
+            else:
+                at_ms = parsed.at_ms
+                if at_ms is None and topic in self.delay_topics:
+                    at_ms = seen_ms + self.delay_topics[topic]
+                decision = policy.decide(
+                    attempt=parsed.attempt,
+                    first_seen_ms=first_seen,
+                    base_ms=seen_ms,
+                    now_ms=now_ms,
+                    retry_id=retry_id,
+                    error_class=parsed.error_class,
+                    at_ms=at_ms,
+                    send_to_dlq=parsed.send_to_dlq,
+                )
+                dead, due = decision.dead_reason, pg_time(decision.due_ms)
             # Positional (the hot path, a third faster than keywords), in CopyRow's field order.
             return CopyRow(
                 topic, partition, offset, timestamp_ms or 0, parsed.destination, parsed.destination_partition, key,
@@ -233,6 +203,7 @@ class RowBuilder:
                 # A record that names no origin came from its destination.
                 parsed.original_topic or parsed.destination, parsed.original_partition, parsed.original_offset,
                 pg_time(first_seen), due, _DEAD if dead else _PENDING, dead, policy.dlq_topic, due if dead else None,
+                parsed.hold,
             )  # fmt: skip
         except InvalidRecordError as exc:
             reason = str(exc)
