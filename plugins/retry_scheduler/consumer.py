@@ -56,6 +56,8 @@ from retry_scheduler.holds import DEFAULT_HOLDS_TOPIC, Hold, HoldStore
 
 log = logging.getLogger(__name__)
 
+#: ``after_dead``: what the ordered mode does with the records held behind a retry that died.
+RELEASE, DEAD_LETTER = "release", "dead-letter"
 #: How often the consumer looks for new topics (a redelivery topic created after it subscribed).
 METADATA_REFRESH_MS = 10_000
 _NOT_THERE_YET = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
@@ -149,6 +151,9 @@ class RetryingConsumer:
         brokers, for this group and scope.
     :param ordered: keep each key's order (records without a key are handled as usual); the held
         keys are kept in ``holds_topic``, created (compacted) when missing.
+    :param after_dead: ordered mode, when a key's retry dies (it is on the DLQ): ``"release"`` (the
+        default) hands the records held behind it to the handler, in order; ``"dead-letter"`` sends
+        them to the DLQ too, with a reason naming the dead retry.
     """
 
     def __init__(
@@ -162,7 +167,11 @@ class RetryingConsumer:
         breaker: CircuitBreaker | None = None,
         ordered: bool = False,
         holds_topic: str = DEFAULT_HOLDS_TOPIC,
+        after_dead: str = RELEASE,
     ) -> None:
+        if after_dead not in (RELEASE, DEAD_LETTER):
+            raise ValueError(f"after_dead must be {RELEASE!r} or {DEAD_LETTER!r}, not {after_dead!r}")
+        self.after_dead = after_dead
         group = config.get("group.id")
         if not group:
             raise ValueError("config needs a group.id: the consumer group this application consumes as")
@@ -269,9 +278,10 @@ class RetryingConsumer:
             # A record of the blocker's chain without the blocker: the scheduler released it, the
             # blocker died (it is on the DLQ).
             log.warning(
-                "retry %s of a held key is dead: the records held behind it come in order", hold.blocker
-            )
-            hold.released = True
+                "retry %s of a held key is dead: the records held behind it are %s in order",
+                hold.blocker, "handled" if self.after_dead == RELEASE else "dead-lettered",
+            )  # fmt: skip
+            hold.released = hold.dead = True
         if hold is None:
             ok, blocker = self._handle(msg)
             if blocker is not None:
@@ -282,12 +292,16 @@ class RetryingConsumer:
                 if hold.parked > 0:
                     if ok:
                         self.retries.release(msg, hold.blocker)
-                    hold.released = True
+                    hold.released, hold.dead = True, not ok
                 else:
                     hold = None
         elif hold.released and chain == hold.blocker:  # the next of the released chain
             hold.parked -= 1
-            ok, blocker = self._handle(msg)
+            if hold.dead and self.after_dead == DEAD_LETTER:
+                self.retries.dead_letter(msg, reason=f"held behind retry {hold.blocker}, which is dead")
+                ok, blocker = None, None
+            else:
+                ok, blocker = self._handle(msg)
             if blocker is not None:  # the key's new blocker; the rest of the chain waits behind it
                 hold = Hold(blocker, parked=max(hold.parked, 0))
             elif hold.parked <= 0:

@@ -28,20 +28,22 @@ class Hold:
 
     ``released``: the blocker was handled (or died), its chain is coming back in order. ``parked``: the
     records parked behind the chain and not back yet; the key is free again when none is left.
+    ``dead``: the blocker died (it is on the DLQ) rather than being handled.
     """
 
     blocker: str
     released: bool = False
     parked: int = 0
+    dead: bool = False
 
 
 def _hold(data: Any) -> Hold:
     if not isinstance(data, dict) or not isinstance(data.get("blocker"), str):
         raise ValueError("no blocker")
-    released, parked = data.get("released", False), data.get("parked", 0)
-    if not isinstance(released, bool) or not isinstance(parked, int):
-        raise ValueError(f"released {released!r}, parked {parked!r}")
-    return Hold(data["blocker"], released, parked)
+    released, parked, dead = data.get("released", False), data.get("parked", 0), data.get("dead", False)
+    if not isinstance(released, bool) or not isinstance(parked, int) or not isinstance(dead, bool):
+        raise ValueError(f"released {released!r}, parked {parked!r}, dead {dead!r}")
+    return Hold(data["blocker"], released, parked, dead)
 
 
 #: Consumer properties, left out of the configuration the hold store's producer gets.

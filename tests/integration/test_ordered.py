@@ -320,8 +320,56 @@ def test_every_keys_records_are_handled_in_order_across_failures_and_a_restart(
     ]
     # k5 #2 held nothing back: none of k5's records was parked
     assert not loop.rows("msg_key = 'k5' AND held_by IS NOT NULL")
-    assert "is dead: the records held behind it come in order" in caplog.text
+    assert "is dead: the records held behind it are handled in order" in caplog.text
     assert not loop.rows("status = 'pending'")  # nothing left behind
+
+
+def test_the_records_held_behind_a_dead_retry_can_be_dead_lettered_instead(
+    loop: Loop, topic_prefix: str
+) -> None:
+    group = f"{topic_prefix}-billing"
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{topic_prefix}-dlq"])
+    create_topics(loop.bootstrap, [f"{loop.dest}.{group}.redelivery"])
+    app = App({(b"k0", 0): -1})  # never succeeds: dead after the policy's 2 attempts
+    config = {"bootstrap.servers": loop.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+              "topic.metadata.refresh.interval.ms": 1000}  # fmt: skip
+    consumer = RetryingConsumer(
+        config,
+        [loop.dest],
+        app.handle,
+        ordered=True,
+        holds_topic=f"{topic_prefix}-holds",
+        after_dead="dead-letter",
+    )
+    consumer.retries.retry_topic = loop.settings.retry_topic
+    service = Service(loop)
+    try:
+        produce(loop.bootstrap, loop.dest, [{"key": b"k0", "value": str(n).encode()} for n in range(4)])
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(loop.rows("status = 'dead'")) < 4:
+            consumer.poll(0.2)
+        while time.monotonic() < deadline and consumer.holds:  # the last one dead-lettered frees the key
+            consumer.poll(0.2)
+        assert not consumer.holds
+        produce(loop.bootstrap, loop.dest, [{"key": b"k0", "value": b"4"}])  # after the chain: handled
+        while time.monotonic() < deadline and not app.handled[b"k0"]:
+            consumer.poll(0.2)
+    finally:
+        consumer.close()
+        service.close()
+
+    assert app.handled[b"k0"] == [4]
+    dead = loop.rows("status = 'dead'")
+    assert [(r["msg_value"], r["dead_reason"]) for r in dead] == [
+        (b"0", "exhausted"),
+        (b"1", "requested"),
+        (b"2", "requested"),
+        (b"3", "requested"),
+    ]
+    blocker = dead[0]["retry_id"]
+    assert {r["reason"] for r in dead[1:]} == {f"held behind retry {blocker}, which is dead"}
+    with pytest.raises(ValueError, match="after_dead must be 'release' or 'dead-letter'"):
+        RetryingConsumer(config, [loop.dest], app.handle, ordered=True, after_dead="drop")
 
 
 def test_order_holds_when_a_second_member_joins_and_takes_partitions_over(
