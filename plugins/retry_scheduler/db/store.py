@@ -169,29 +169,27 @@ class Store:
         """Ordered mode's part of a batch: chains released, blockers found dead, held jobs stored."""
         held = {row.held_by for row in rows if row.held_by is not None}
         dead = {row.retry_id for row in rows if row.dead_reason in _BLOCKER_DEATHS}
-        if not (held or dead or releases):
-            return
         if releases:
             cur.execute(q("release_holds"), {"blockers": sorted(set(releases))})
-        if held or dead:
-            cur.execute(q("release_dead_blockers"), {"blockers": sorted(held | dead)})
-        cur.execute(
-            q("advance_holds"), {"blockers": sorted(held | dead | set(releases)), "held_due": _HELD_DUE}
-        )
+        self._advance_chains(cur, held | dead | set(releases), maybe_dead=held | dead)
 
     def advance_holds(self, blockers: Collection[str], *, dead: bool = False) -> int:
         """Make the next held job of each released chain of ``blockers`` due now, unless one is on its
         way; with ``dead``, first release the chains of those that are dead. In the caller's
         transaction (the publisher's, after marking jobs published or invalid). Returns how many
         jobs fell due."""
+        with self.conn.cursor() as cur:
+            return self._advance_chains(cur, set(blockers), maybe_dead=set(blockers) if dead else set())
+
+    def _advance_chains(self, cur: psycopg.Cursor[Any], blockers: set[str], *, maybe_dead: set[str]) -> int:
+        """Release the chains of the blockers of ``maybe_dead`` that are dead, then let the next held job
+        of each released chain of ``blockers`` fall due; how many did."""
         if not blockers:
             return 0
-        names = sorted(set(blockers))
-        with self.conn.cursor() as cur:
-            if dead:
-                cur.execute(q("release_dead_blockers"), {"blockers": names})
-            cur.execute(q("advance_holds"), {"blockers": names, "held_due": _HELD_DUE})
-            return cur.rowcount
+        if maybe_dead:
+            cur.execute(q("release_dead_blockers"), {"blockers": sorted(maybe_dead)})
+        cur.execute(q("advance_holds"), {"blockers": sorted(blockers), "held_due": _HELD_DUE})
+        return cur.rowcount
 
     def _insert_new_only(self, cur: psycopg.Cursor[Any], rows: Sequence[Sequence[Any]]) -> list[str | None]:
         cur.execute(q("create_stage"))
