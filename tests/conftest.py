@@ -133,11 +133,14 @@ def checkout_database(prefix: str) -> str:
 
 
 @contextlib.contextmanager
-def _scratch_database(name: str, template: str | None = None) -> Iterator[str]:
-    """Create database ``name`` (a copy of ``template``, or empty), yield its URL, then drop it."""
+def _scratch_database(name: str, template: str | None = None, encoding: str | None = None) -> Iterator[str]:
+    """Create database ``name`` (a copy of ``template``, or empty; in ``encoding``, from template0, when
+    given), yield its URL, then drop it."""
     import psycopg
 
     copy = f' TEMPLATE "{template}"' if template else ""
+    if encoding:
+        copy = f" TEMPLATE template0 ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C'"
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"{copy}')
     try:
@@ -158,6 +161,16 @@ def database_url(pg_template: str) -> Iterator[str]:
 def bare_database_url() -> Iterator[str]:
     """A new database on the test server that was never migrated, as a first-time user has it."""
     with _scratch_database(f"retry_test_bare_{uuid.uuid4().hex[:8]}") as url:
+        yield url
+
+
+@pytest.fixture
+def latin1_database_url() -> Iterator[str]:
+    """A migrated database whose server encoding is LATIN1: its text refuses most of Unicode."""
+    from retry_scheduler.db.schema import migrate
+
+    with _scratch_database(f"retry_test_latin1_{uuid.uuid4().hex[:8]}", encoding="LATIN1") as url:
+        migrate(url)
         yield url
 
 

@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from psycopg.rows import dict_row
 
 from retry_scheduler.core import protocol as p
+from retry_scheduler.core.jobs import decode_headers
 from tests.integration.test_loop import Loop, hdr
 from tests.kafkautil import consume, create_topics
 
@@ -97,3 +98,99 @@ def test_hostile_records_do_not_halt_ingestion_and_ordinary_ones_come_back_on_ti
     [long_one] = [s for s in dead if s.key == b"long-name"]
     assert (LONG_NAME, b"x") in long_one.headers  # the record as it came, its 70 000-character header too
     assert long_one.header(p.DEAD_REASON) == p.DEAD_INVALID
+
+
+#: Every ``retry.*`` header stored as text, with a NUL byte in it (valid UTF-8, refused by PostgreSQL's text).
+NUL_HEADERS = [
+    p.REASON, p.ERROR_CLASS, p.ID, p.GROUP, p.ORIGINAL_TOPIC, p.DESTINATION, p.POLICY, p.HOLD, p.RELEASE,
+    p.SCOPE, p.SEND_TO,
+]  # fmt: skip
+
+
+#: The headers the service sets on a dead letter of an invalid record, in place of the record's own.
+SET_ON_DLQ = {p.ID, p.REASON, p.DEAD_REASON}
+
+
+def test_a_nul_byte_in_any_text_header_makes_the_record_invalid_and_kept(loop: Loop) -> None:
+    """Once one such record stopped ingestion: the batch's COPY failed, and was read again every run."""
+    dlq = f"{loop.dest.rsplit('-', 1)[0]}-dlq"
+    create_topics(loop.bootstrap, [loop.settings.retry_topic, loop.dest, dlq], partitions=1)
+    hostile = []
+    for name in NUL_HEADERS:
+        value = loop.dest.encode() if name in (p.DESTINATION, p.ORIGINAL_TOPIC) else b"ab"
+        headers = [(k, v) for k, v in hdr(destination=loop.dest) if k != name]
+        headers += [("trace", b"\x00\xff"), (name, value[:1] + b"\x00" + value[1:])]
+        hostile.append({"key": name.encode(), "value": b"\x00v", "headers": headers})
+    ordinary = [
+        {"key": b"ok-%d" % i, "value": b"v", "headers": hdr(destination=loop.dest)} for i in range(10)
+    ]
+    produce_with_timestamps(loop.bootstrap, loop.settings.retry_topic, [*hostile, *ordinary])
+
+    counts = loop.ingest(expected=len(hostile) + len(ordinary))
+    assert (counts.consumed, counts.stored) == (len(hostile) + 10, len(hostile) + 10)
+    assert counts.dead == {p.DEAD_INVALID: len(hostile)}
+    rows = {bytes(r["msg_key"]): r for r in loop.rows()}
+    for rec in hostile:
+        row = rows[rec["key"]]
+        assert row["dead_reason"] == p.DEAD_INVALID
+        assert f"header {rec['key'].decode()} contains a NUL byte" in row["reason"], row["reason"]
+        assert decode_headers(row["headers"]) == rec["headers"]  # stored byte for byte, the NUL too
+    assert all(rows[r["key"]]["status"] == "pending" for r in ordinary)
+
+    loop.publish(seconds=3)
+    dead = consume(loop.bootstrap, [dlq], expected=len(hostile), timeout_s=30)
+    assert sorted(s.key for s in dead) == sorted(r["key"] for r in hostile)
+    for seen in dead:
+        [rec] = [r for r in hostile if r["key"] == seen.key]
+        assert seen.value == b"\x00v"
+        # As they came, the NUL byte too, but for the three headers the service sets on a dead letter.
+        sent = [h for h in rec["headers"] if h[0] not in SET_ON_DLQ]
+        assert seen.headers[: len(sent)] == sent
+        assert seen.header(p.DEAD_REASON) == p.DEAD_INVALID
+
+
+def test_a_record_the_server_refuses_is_stored_dead_and_the_rest_of_its_batch_is_stored(
+    latin1_database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """Defence in depth, forced with a record the row builder accepts and the server refuses: in a LATIN1
+    database, a euro sign or Japanese in a text header. The batch is split until those are found; they
+    are stored dead with the server's error, their bytes kept, and every other record of the batch is
+    stored pending, once."""
+    from tests.integration.test_loop import new_loop
+
+    loop = new_loop(latin1_database_url, bootstrap_servers, topic_prefix, ingest_batch=500)
+    dlq = f"{topic_prefix}-dlq"
+    create_topics(loop.bootstrap, [loop.settings.retry_topic, loop.dest, dlq], partitions=1)
+    refused = {
+        5: hdr(destination=loop.dest, reason="price 5 \u20ac"),
+        77: hdr(destination=loop.dest, group="\u30b0\u30eb\u30fc\u30d7", id="\u00e9t\u00e9-1"),
+        78: hdr(destination=loop.dest, error_class="x.\u0416"),
+    }
+    records = [
+        {"key": b"%d" % i, "value": b"v", "headers": refused.get(i, hdr(destination=loop.dest, reason="caf\u00e9"))}
+        for i in range(120)
+    ]  # fmt: skip
+    produce_with_timestamps(loop.bootstrap, loop.settings.retry_topic, records)
+
+    counts = loop.ingest(expected=len(records))
+    assert (counts.consumed, counts.stored, counts.duplicates) == (120, 120, 0)
+    assert counts.dead == {p.DEAD_INVALID: 3}
+    rows = {int(bytes(r["msg_key"])): r for r in loop.rows()}
+    assert len(rows) == 120
+    for i, headers in refused.items():
+        row = rows[i]
+        assert (row["status"], row["dead_reason"]) == ("dead", p.DEAD_INVALID)
+        assert row["reason"].startswith("PostgreSQL refused the record: character with byte sequence"), row
+        assert 'has no equivalent in encoding "LATIN1"' in row["reason"] and "column" in row["reason"]
+        assert decode_headers(row["headers"]) == headers  # the record's own headers, byte for byte
+    assert rows[78]["retry_id"].isascii()
+    assert all(
+        rows[i]["status"] == "pending" and rows[i]["reason"] == "caf\u00e9" for i in rows if i not in refused
+    )
+
+    loop.publish(seconds=3)
+    dead = consume(loop.bootstrap, [dlq], expected=3, timeout_s=30)
+    assert sorted(int(s.key) for s in dead) == sorted(refused)
+    for seen in dead:
+        sent = [h for h in refused[int(seen.key)] if h[0] not in SET_ON_DLQ]
+        assert seen.headers[: len(sent)] == sent

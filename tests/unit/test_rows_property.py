@@ -39,11 +39,17 @@ values = st.one_of(
     st.none(),
     st.binary(max_size=64),
     st.sampled_from([b"orders", b"orders.eu", b"0", b"1", b"-1", b"dlq", b"retry", b"slow", b"nope"]),
+    # valid UTF-8 that no PostgreSQL text can hold
+    st.sampled_from([b"\x00", b"orders\x00", b"or\x00ders", b"caf\xc3\xa9\x00"]),
     st.integers(min_value=-(2**70), max_value=2**70).map(lambda i: str(i).encode()),
     st.binary(min_size=1, max_size=2).map(lambda b: b * 3000),
 )
 headers = st.one_of(
     st.none(),
+    # an allowed destination and other retry.* headers, each once: the records that pass as valid
+    st.dictionaries(st.sampled_from(sorted(p.KNOWN - {p.DESTINATION})), values, max_size=6).map(
+        lambda d: [(p.DESTINATION, b"orders"), *d.items()]
+    ),
     st.lists(st.tuples(names, values), max_size=12),
     st.lists(st.tuples(st.sampled_from(["a", p.DESTINATION]), values), min_size=250, max_size=300),
 )

@@ -79,11 +79,17 @@ def _text(name: str, raw: bytes | None, limits: Limits) -> str:
             f"header {name} is {len(raw)} bytes, more than the {limits.max_header_value_bytes} allowed"
         )
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidRecordError(
             f"header {name} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
         ) from None
+    if "\x00" in text:
+        raise InvalidRecordError(
+            f"header {name} contains a NUL byte (at byte {raw.index(0)}), which a PostgreSQL text value "
+            "cannot hold"
+        )
+    return text
 
 
 def _int(name: str, text: str, low: int, high: int) -> int:
@@ -154,12 +160,16 @@ def parse_headers(
             raw[name] = value
             if name not in _INT_HEADERS:
                 # Decoded here when it is valid UTF-8 within its size limit, the usual case.
+                # A NUL byte is valid UTF-8 but no PostgreSQL text can hold it: _text says so.
                 if value is not None and (len(value) <= max_text_bytes or name == protocol.REASON):
                     try:
-                        texts[name] = value.decode("utf-8")
-                        continue
+                        text = value.decode("utf-8")
                     except UnicodeDecodeError:
                         pass
+                    else:
+                        if "\x00" not in text:
+                            texts[name] = text
+                            continue
                 faulty.append(name)
     if max_record_bytes is not None and size > max_record_bytes:
         raise InvalidRecordError(f"record is {size} bytes, more than the {max_record_bytes} allowed")

@@ -67,7 +67,7 @@ def _raw_retry_id(headers: Sequence[Header]) -> str | None:
                 text = value.decode("utf-8")
             except UnicodeDecodeError:
                 return None
-            return text if 0 < len(text) <= 200 else None
+            return text if 0 < len(text) <= 200 and "\x00" not in text else None
     return None
 
 
@@ -259,6 +259,7 @@ class RowBuilder:
     ) -> CopyRow:
         """A dead (``invalid``) row keeping the record as it came, with ``reason``; never raises."""
         default, now = self.default, pg_time(now_ms)
+        reason = reason.replace("\x00", "\\x00")  # an exception's text may quote the record
         try:
             encoded = encode_headers(headers or ())
         except Exception as exc:  # not str names and bytes values: keep what can be kept, say so

@@ -54,9 +54,14 @@ def connect(
 
 def limit_statements(conn: psycopg.Connection[Any], limit_ms: int | None = None) -> None:
     """Cancel every later statement on ``conn`` after ``limit_ms`` (default :func:`statement_timeout_ms`;
-    0: never). Also what a pool's ``configure`` does to each connection it opens."""
+    0: never), and talk UTF-8 on it. Also what a pool's ``configure`` does to each connection it opens."""
     limit = statement_timeout_ms() if limit_ms is None else limit_ms
-    conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(limit),))
+    # UTF-8 on the wire whatever the database's encoding: a value that encoding cannot hold is then
+    # refused by the server, naming its column, rather than by the client's encoder.
+    conn.execute(
+        "SELECT set_config('statement_timeout', %s, false), set_config('client_encoding', 'UTF8', false)",
+        (str(limit),),
+    )
     if not conn.autocommit:
         conn.commit()
 

@@ -28,6 +28,35 @@ _HELD_DUE = datetime.fromtimestamp(HELD_DUE_MS / 1000, UTC)
 #: A job that died in any of these ways may be a blocker whose held jobs must now go (an adopted one never is).
 _BLOCKER_DEATHS = frozenset(protocol.DEAD_REASONS) - {protocol.DEAD_ADOPTED}
 
+#: A row the server refused: the row and the server's error; the caller answers with a dead row to store
+#: in its place (:meth:`Store.insert_rows`).
+Refusal = Callable[[CopyRow, str], CopyRow]
+
+#: The errors a COPY fails with because of what a row holds, not because of the connection or the
+#: server: a value the column's type or the server's encoding cannot hold (class 22, "data exception":
+#: a NUL in text, an untranslatable character), a constraint other than the unique source identity
+#: (class 23), a value too large for an index (class 54).
+_ROW_ERRORS: tuple[type[Exception], ...] = (
+    psycopg.errors.DataError,
+    psycopg.errors.IntegrityError,
+    psycopg.errors.ProgramLimitExceeded,
+)
+
+
+def refusal_reason(exc: Exception) -> str:
+    """What the server said about a refused row: its message and where (the COPY line and column).
+
+    ASCII, whatever the server's encoding and whatever the message quotes: it is stored as text itself.
+    """
+    diag = getattr(exc, "diag", None)
+    message = (getattr(diag, "message_primary", None) or str(exc)).strip()
+    where = " ".join((getattr(diag, "context", None) or "").split())
+    sqlstate = getattr(diag, "sqlstate", None)
+    text = f"PostgreSQL refused the record: {message}" + (f" ({where})" if where else "")
+    text += f" [SQLSTATE {sqlstate}]" if sqlstate else ""
+    return text.encode("ascii", "backslashreplace").decode("ascii").replace("\x00", "\\x00")
+
+
 #: ``!`` escapes LIKE wildcards: unlike a backslash it means the same with any standard_conforming_strings.
 LIKE_ESCAPE = "!"
 
@@ -115,6 +144,7 @@ class Store:
         offsets: Mapping[tuple[str, int], int] | None = None,
         adopted_topics: Collection[str] = (),
         releases: Sequence[str] = (),
+        refused: Refusal | None = None,
     ) -> list[str | None]:
         """Store new jobs (:class:`~retry_scheduler.core.jobs.CopyRow`) and, in the same transaction, the next
         ``offsets`` to read of ``consumer_group``'s retry-topic partitions.
@@ -129,11 +159,20 @@ class Store:
         already (the same source record, read again), the batch goes through a staging table instead
         and only the new ones are stored. Returns the dead reason (None for pending) of each row
         stored. Commits before returning, so the caller may then commit the Kafka offsets.
+
+        No row can fail the batch: when the server refuses the COPY because of what a row holds
+        (``_ROW_ERRORS``), the batch is halved until the refused rows are found, each is replaced by
+        ``refused(row, the server's error)`` (a dead row that keeps the record's bytes), and the rest
+        is stored as it was. Without ``refused`` the error is raised. A lost connection or any other
+        error is raised as ever: the batch is read again from its offsets.
         """
         if not rows and not releases:
             return []
         with self.conn.transaction(), self.conn.cursor() as cur:
-            stored = self._copy_rows(cur, rows) if rows else []
+            if rows:
+                rows, stored = self._store_rows(cur, rows, refused)
+            else:
+                stored = []
             adopted = sorted({row.source_topic for row in rows} & set(adopted_topics))
             if adopted:
                 cur.execute(q("mark_adopted_delivered"), {"topics": adopted})
@@ -150,6 +189,32 @@ class Store:
                     },
                 )
         return stored
+
+    def _store_rows(
+        self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], refused: Refusal | None
+    ) -> tuple[Sequence[CopyRow], list[str | None]]:
+        """COPY ``rows`` in a savepoint; when the server refuses a row, halve and retry (see
+        :meth:`insert_rows`). Returns the rows as stored (refused ones replaced) and their dead reasons."""
+        try:
+            with self.conn.transaction():
+                return rows, self._copy_rows(cur, rows)
+        except _ROW_ERRORS as exc:
+            if refused is None or isinstance(exc, psycopg.errors.UniqueViolation):
+                raise
+            if len(rows) > 1:
+                half = len(rows) // 2
+                first, first_stored = self._store_rows(cur, rows[:half], refused)
+                second, second_stored = self._store_rows(cur, rows[half:], refused)
+                return [*first, *second], first_stored + second_stored
+            reason = refusal_reason(exc)
+            log.warning(
+                "PostgreSQL refused the record %s[%s]@%s: stored dead (invalid) with its bytes: %s",
+                rows[0].source_topic, rows[0].source_partition, rows[0].source_offset, reason,
+            )  # fmt: skip
+            replacement = [refused(rows[0], reason)]
+            # Refused again, the fault is not the record's: raised, and the batch is read again.
+            with self.conn.transaction():
+                return replacement, self._copy_rows(cur, replacement)
 
     def _copy_rows(self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow]) -> list[str | None]:
         try:

@@ -34,7 +34,7 @@ from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import CopyRow
 from retry_scheduler.core.metrics import Metrics, NoMetrics
 from retry_scheduler.core.policy import PolicyRegistry
-from retry_scheduler.core.records import RowBuilder, limits_for
+from retry_scheduler.core.records import RowBuilder, limits_for, new_retry_id
 from retry_scheduler.db.store import IngestLock, Store
 from retry_scheduler.loops.handover import LoopTenure
 from retry_scheduler.loops.kafka import TopicManager, make_consumer
@@ -115,6 +115,9 @@ class Batch:
     untrusted_timestamps: int = 0
     #: The blockers the batch's release records name (ordered mode): their held jobs may go.
     releases: list[str] = field(default_factory=list)
+    #: The consumed records (confluent-kafka messages): a row PostgreSQL refuses is stored dead in its
+    #: place with the record's headers as they came (:meth:`Ingestor.refused_row`).
+    messages: Sequence[Any] = ()
 
 
 class Ingestor:
@@ -283,7 +286,7 @@ class Ingestor:
             offsets[(topic, partition)] = offset + 1  # a partition's records come in order
         untrusted = self.rows.untrusted_timestamps - untrusted_before
         releases = self.rows.take_releases()
-        return Batch(rows, offsets, untrusted, releases) if offsets else None
+        return Batch(rows, offsets, untrusted, releases, messages) if offsets else None
 
     def store_batch(self, batch: Batch) -> IngestCounts:
         """Store a batch's rows and its next offsets in one transaction."""
@@ -294,6 +297,7 @@ class Ingestor:
             offsets=batch.offsets,
             adopted_topics=self.settings.adopt_topics,
             releases=batch.releases,
+            refused=lambda row, reason: self.refused_row(batch, row, reason),
         )
         counts = IngestCounts(consumed=len(batch.rows) + len(batch.releases), stored=len(stored), batches=1)
         if batch.releases:
@@ -317,6 +321,26 @@ class Ingestor:
                     row.source_offset, row.reason,
                 )  # fmt: skip
         return counts
+
+    def refused_row(self, batch: Batch, row: CopyRow, reason: str) -> CopyRow:
+        """The dead (``invalid``) row stored in place of ``row``, which PostgreSQL refused: the record's
+        key, value and headers as they came (from ``batch.messages``), the server's error as reason."""
+        headers: Sequence[Header] = ()
+        for msg in batch.messages:
+            if (msg.offset(), msg.partition(), msg.topic()) == (
+                row.source_offset, row.source_partition, row.source_topic,
+            ):  # fmt: skip
+                try:
+                    headers = msg.headers() or ()
+                except Exception as exc:
+                    reason = f"{reason}; its headers could not be read ({type(exc).__name__})"
+                break
+        dead = self.rows.invalid(
+            row.source_topic, row.source_partition, row.source_offset, row.source_timestamp_ms or None,
+            row.msg_key, row.msg_value, headers, int(self.clock() * 1000), reason,
+        )  # fmt: skip
+        # Its id is stored as text too: one the server's encoding may refuse is replaced.
+        return dead if dead.retry_id.isascii() else dead._replace(retry_id=new_retry_id())
 
     def ingest_batch(self, timeout_s: float = 0.2) -> IngestCounts:
         """Consume up to one batch, store it, then commit its offsets."""
