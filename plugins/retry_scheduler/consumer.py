@@ -150,7 +150,8 @@ class RetryingConsumer:
     :param retries: the :class:`RetryClient` to send failures with; by default one on the same
         brokers, for this group and scope.
     :param ordered: keep each key's order (records without a key are handled as usual); the held
-        keys are kept in ``holds_topic``, created (compacted) when missing.
+        keys are kept in ``holds_topic``, created (compacted) when missing. Name another than
+        ``retry.holds`` in the service's ``RETRY_HOLDS_TOPICS`` too: it is then never a destination.
     :param after_dead: ordered mode, when a key's retry dies (it is on the DLQ): ``"release"`` (the
         default) hands the records held behind it to the handler, in order; ``"dead-letter"`` sends
         them to the DLQ too, with a reason naming the dead retry.

@@ -15,11 +15,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from retry_scheduler.client import RetryDeliveryError
+from retry_scheduler.core import protocol
 
 log = logging.getLogger(__name__)
 
 #: The compacted topic the ordered mode keeps its holds in.
-DEFAULT_HOLDS_TOPIC = "retry.holds"
+DEFAULT_HOLDS_TOPIC = protocol.HOLDS_TOPIC
 
 
 @dataclass

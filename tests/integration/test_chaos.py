@@ -18,6 +18,7 @@ import pytest
 
 from bench.chaos import FAULTS, run_chaos
 from bench.chaos.bulk import BULK_FAULTS
+from retry_scheduler.core import protocol as p
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +73,9 @@ def test_every_kind_of_bad_input_ends_dead_with_its_reason_and_the_service_keeps
         by_kind["flood of 10000 headers"]["reason"] == "record has 10000 headers, more than the 256 allowed"
     )
     assert "header retry.at is not valid UTF-8" in by_kind["bad UTF-8 in retry.at"]["reason"]
+    # a NUL byte in every retry.* header, each its own kind (once one stopped ingestion for good)
+    assert len([k for k in by_kind if k.startswith("NUL byte in retry.")]) == len(p.KNOWN)
+    assert "header retry.reason contains a NUL byte" in by_kind["NUL byte in retry.reason"]["reason"]
     assert by_kind["null key and value (a tombstone)"]["outcome"] == "published"
     # Once these halted ingestion for good (a header name over 65 535 bytes) or stored a job due in
     # tens of thousands of years (a record timestamp in microseconds).

@@ -194,3 +194,44 @@ def test_a_record_the_server_refuses_is_stored_dead_and_the_rest_of_its_batch_is
     for seen in dead:
         sent = [h for h in refused[int(seen.key)] if h[0] not in SET_ON_DLQ]
         assert seen.headers[: len(sent)] == sent
+
+
+def test_a_retry_to_any_topic_the_service_keeps_for_itself_is_invalid_whatever_the_allowlist(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """With ``RETRY_DESTINATION_ALLOWLIST=.*``: the retry topic, a delay topic, an adopted topic, the DLQ
+    topic, the helper's default holds topic and one named in ``RETRY_HOLDS_TOPICS`` each refuse a retry."""
+    from tests.integration.test_loop import new_loop
+
+    own = {
+        "retry topic": f"{topic_prefix}-retry",
+        "delay topic": f"{topic_prefix}-retry.5m",
+        "adopted topic": f"{topic_prefix}-orders.DLT",
+        "DLQ topic": f"{topic_prefix}-dlq",
+        "default holds topic": "retry.holds",
+        "configured holds topic": f"{topic_prefix}-orders.holds",
+    }
+    loop = new_loop(
+        database_url, bootstrap_servers, topic_prefix, destination_allowlist=".*",
+        delay_topics={own["delay topic"]: 300_000}, adopt_topics={own["adopted topic"]: "spring"},
+        holds_topics=("retry.holds", own["configured holds topic"]),
+    )  # fmt: skip
+    create_topics(loop.bootstrap, [loop.settings.retry_topic, loop.dest, own["DLQ topic"]], partitions=1)
+    records = [
+        {"key": kind.encode(), "value": b"v", "headers": hdr(destination=t)} for kind, t in own.items()
+    ]
+    records.append({"key": b"ordinary", "value": b"v", "headers": hdr(destination=loop.dest)})
+    produce_with_timestamps(loop.bootstrap, loop.settings.retry_topic, records)
+
+    counts = loop.ingest(expected=len(records))
+    assert counts.dead == {p.DEAD_INVALID: len(own)}
+    rows = {bytes(r["msg_key"]).decode(): r for r in loop.rows()}
+    for kind, topic in own.items():
+        assert rows[kind]["dead_reason"] == p.DEAD_INVALID
+        assert rows[kind]["reason"] == (
+            f"destination {topic!r} is not allowed: it is a topic this service keeps for itself "
+            "(a retry, adopted, DLQ or holds topic)"
+        )
+    assert rows["ordinary"]["status"] == "pending"
+    loop.publish(seconds=2)
+    assert not consume(loop.bootstrap, [own["configured holds topic"]], expected=0, timeout_s=3)

@@ -444,6 +444,7 @@ DEFAULTS_ARE_RIGHT = {
     "RETRY_CONSUMER_GROUP": "one service per Kafka cluster: the default group is its own",
     "RETRY_TOPIC": "the contract's retry topic",
     "RETRY_DELAY_TOPICS": "none: delays come from retry.at and the policies",
+    "RETRY_HOLDS_TOPICS": "the consumer helpers use the default holds topic, retry.holds, always refused",
     "RETRY_DELIVERY_TIMEOUT_MS": "tuned default",
     "RETRY_DESTINATION_ALLOWLIST": "destinations are declared in dags/retry_policies.py",
     "RETRY_INGEST_BATCH": "tuned default",

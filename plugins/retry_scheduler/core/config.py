@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from retry_scheduler.core.durations import parse_duration_ms
+from retry_scheduler.core.protocol import HOLDS_TOPIC, TOPIC_NAME
 
 #: The policies module's file name, looked up next to the DAGs.
 POLICIES_FILE = "retry_policies.py"
@@ -73,6 +74,17 @@ def _parse_delay_topics(raw: str) -> dict[str, int]:
             )
         topics[name.strip()] = parse_duration_ms(delay.strip())
     return topics
+
+
+def _parse_holds_topics(raw: str) -> tuple[str, ...]:
+    """``orders.holds,payments.holds``: the holds topics of the consumer helpers, beside ``retry.holds``."""
+    topics = [HOLDS_TOPIC]
+    for name in filter(None, (part.strip() for part in raw.split(","))):
+        if not TOPIC_NAME.fullmatch(name):
+            raise ConfigError(f"RETRY_HOLDS_TOPICS entry {name!r} is not a topic name ([A-Za-z0-9._-])")
+        if name not in topics:
+            topics.append(name)
+    return tuple(topics)
 
 
 def _parse_adopt_topics(raw: str) -> dict[str, str]:
@@ -146,6 +158,8 @@ class Settings:
     delay_topics: dict[str, int] = field(default_factory=dict)
     #: Other tools' dead-letter topics read as dead jobs: topic -> format (``spring``, ``connect``).
     adopt_topics: dict[str, str] = field(default_factory=dict)
+    #: The consumer helpers' holds topics (ordered mode): never destinations. ``retry.holds`` always.
+    holds_topics: tuple[str, ...] = (HOLDS_TOPIC,)
     consumer_group: str = "retry-scheduler"
     #: A regular expression of destinations allowed beyond those the policies module declares
     #: (:mod:`retry_scheduler.core.destinations`); empty: none.
@@ -247,6 +261,13 @@ class Settings:
         """Every topic the ingest loop consumes: the retry topic, the delay topics, the adopted ones."""
         return [self.retry_topic, *sorted(self.delay_topics), *sorted(self.adopt_topics)]
 
+    @property
+    def own_topics(self) -> list[str]:
+        """The topics the service and its consumer helper keep for themselves, never destinations
+        whatever the allowlist says: the topics the ingest loop reads, and the holds topics. (The DLQ
+        topics are the policies'.)"""
+        return [*self.retry_topics, *self.holds_topics]
+
     def with_overrides(self, **changes: Any) -> Settings:
         return replace(self, **changes)
 
@@ -265,6 +286,7 @@ class Settings:
             retry_topic=env.get("RETRY_TOPIC") or defaults.retry_topic,
             delay_topics=_parse_delay_topics(env.get("RETRY_DELAY_TOPICS", "")),
             adopt_topics=_parse_adopt_topics(env.get("RETRY_ADOPT_TOPICS", "")),
+            holds_topics=_parse_holds_topics(env.get("RETRY_HOLDS_TOPICS", "")),
             consumer_group=env.get("RETRY_CONSUMER_GROUP") or defaults.consumer_group,
             destination_allowlist=env.get("RETRY_DESTINATION_ALLOWLIST", ""),
             create_topics=_env_bool(env, "RETRY_CREATE_TOPICS", defaults.create_topics),

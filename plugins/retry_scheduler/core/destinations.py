@@ -53,7 +53,7 @@ class Destinations:
 
     names: frozenset[str] = frozenset()
     patterns: tuple[re.Pattern[str], ...] = ()
-    #: This service's own topics: the retry topics and the DLQ topics.
+    #: This service's own topics: the retry, adopted, DLQ and holds topics.
     own_topics: frozenset[str] = frozenset()
 
     @classmethod
@@ -82,7 +82,10 @@ class Destinations:
         if topic.startswith("_"):
             return f"destination {topic!r} is not allowed: internal topics never are"
         if topic in self.own_topics:
-            return f"destination {topic!r} is not allowed: it is a retry or DLQ topic of this service"
+            return (
+                f"destination {topic!r} is not allowed: it is a topic this service keeps for itself "
+                "(a retry, adopted, DLQ or holds topic)"
+            )
         if self._declared(topic):
             return None
         # A group's redelivery topic ({topic}.{group}.redelivery) of a destination that is allowed

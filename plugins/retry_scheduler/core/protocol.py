@@ -30,6 +30,10 @@ RELEASE: Final = "retry.release"
 
 PREFIX: Final = "retry."
 
+#: The compacted topic the consumer helper's ordered mode keeps its holds in, unless told another;
+#: never a destination (``RETRY_HOLDS_TOPICS`` names the others).
+HOLDS_TOPIC: Final = "retry.holds"
+
 SEND_TO_RETRY: Final = "retry"
 SEND_TO_DLQ: Final = "dlq"
 

@@ -35,12 +35,13 @@ class Record:
 
 def destinations_for(settings: Settings, registry: PolicyRegistry) -> Destinations:
     """The deployment's destination rules: what the policies module allows, plus
-    ``RETRY_DESTINATION_ALLOWLIST``; never the retry topics or the DLQ topics (publishing there
-    would loop or hide the record) nor internal ones."""
+    ``RETRY_DESTINATION_ALLOWLIST``; never the service's own topics (the retry, adopted, holds and
+    DLQ topics: publishing there would loop, hide the record or corrupt the helper's state) nor
+    internal ones."""
     return Destinations.of(
         [*registry.allowed, *registry.destinations],
         settings.destination_allowlist,
-        [*settings.retry_topics, *registry.dlq_topics],
+        [*settings.own_topics, *registry.dlq_topics],
     )
 
 
