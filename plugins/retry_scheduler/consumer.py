@@ -13,10 +13,14 @@ your handler, and send the ones it fails on to the retry scheduler. Needs only `
 
 With the default ``scope="group"`` a failed record is retried on ``orders.payments-app.redelivery``
 (:func:`retry_scheduler.core.protocol.redelivery_topic`), which only this group reads: the other
-groups of ``orders`` never see a second copy. The scheduler creates the topic when it publishes
-the first retry there (``RETRY_CREATE_TOPICS``; else create it beside ``orders``). A record from a
-redelivery topic reaches the handler like one from ``orders``; :func:`original_topic` tells where
-it came from. ``scope="topic"`` retries on ``orders`` itself, as ``RetryClient`` does by default.
+groups of ``orders`` never see a second copy. The helper creates the topic when it subscribes (as
+many partitions as ``orders``), and so does the scheduler when it publishes the first retry there
+(``RETRY_CREATE_TOPICS``); where neither may create topics, create it beside ``orders``. A
+redelivery partition the group has no committed offset for is read from its beginning, whatever
+``auto.offset.reset`` says for ``orders``: a retry published before the group first saw the topic
+is never skipped. A record from a redelivery topic reaches the handler like one from ``orders``;
+:func:`original_topic` tells where it came from. ``scope="topic"`` retries on ``orders`` itself, as
+``RetryClient`` does by default.
 
 Offsets are committed after the handler returned, or after its failure was acknowledged by the
 retry topic: at-least-once, and a failing record never blocks its partition.
@@ -48,11 +52,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from retry_scheduler.client import RetryClient
 from retry_scheduler.core import protocol
-from retry_scheduler.holds import DEFAULT_HOLDS_TOPIC, Hold, HoldStore
+from retry_scheduler.holds import DEFAULT_HOLDS_TOPIC, Hold, HoldStore, shared_config
 
 log = logging.getLogger(__name__)
 
@@ -185,9 +198,7 @@ class RetryingConsumer:
             else []
         )
         self.handler = handler
-        self.retries = retries or RetryClient(
-            {"bootstrap.servers": config["bootstrap.servers"]}, group=group, scope=scope
-        )
+        self.retries = retries or RetryClient(shared_config(config), group=group, scope=scope)
         self.consumer = Consumer(
             {"topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS, **config, "enable.auto.commit": False}
         )
@@ -201,12 +212,63 @@ class RetryingConsumer:
             self.hold_store = HoldStore(config, group, holds_topic)
             self.hold_store.ensure_topic()
             self.holds = self.hold_store.load()
+        #: Whether the group's rebalance protocol hands out partitions incrementally (librdkafka
+        #: tells no one: an assign() of the other kind fails inside the callback, and nothing is read).
+        self._incremental = config.get("group.protocol") == "consumer" or "cooperative" in str(
+            config.get("partition.assignment.strategy", "")
+        )
+        if self.redelivery_topics:
+            self._create_redelivery_topics(shared_config(config))
         self.consumer.subscribe(
             self.topics + self.redelivery_topics, on_assign=self._assigned, on_revoke=self._revoked
         )
         self._stop = threading.Event()
 
-    def _assigned(self, _consumer: Consumer, _partitions: list[Any]) -> None:
+    def _create_redelivery_topics(self, config: dict[str, Any]) -> None:
+        """Create this group's missing redelivery topics, each with as many partitions as its topic.
+
+        Where the helper may not create topics it says so and goes on: the scheduler creates them
+        (``RETRY_CREATE_TOPICS``), and the partitions are read from their beginning once they exist."""
+        admin = AdminClient(config)
+        try:
+            known = admin.list_topics(timeout=10).topics
+        except KafkaException as exc:
+            log.warning("cannot list the topics (%s): the redelivery topics are not checked", exc)
+            return
+        missing = [
+            NewTopic(redelivery, len(known[topic].partitions) if topic in known else -1, -1)
+            for topic, redelivery in zip(self.topics, self.redelivery_topics, strict=True)
+            if redelivery not in known
+        ]
+        if not missing:
+            return
+        for name, future in admin.create_topics(missing).items():
+            try:
+                future.result(30)
+                log.info("created the redelivery topic %s", name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    log.warning(
+                        "cannot create the redelivery topic %s (%s): create it beside its topic, or let "
+                        "the scheduler create it (RETRY_CREATE_TOPICS); it is read from its beginning "
+                        "once it exists",
+                        name, exc.args[0].str(),
+                    )  # fmt: skip
+
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # A redelivery partition the group never committed an offset for starts at its beginning:
+        # with auto.offset.reset=latest (librdkafka's default) the retries published to it before
+        # this moment would be skipped, and the group committed their originals long ago.
+        fresh = [tp for tp in partitions if tp.topic in self.redelivery_topics]
+        if fresh:
+            committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(fresh, timeout=10)}
+            for tp in fresh:
+                if committed.get((tp.topic, tp.partition), OFFSET_INVALID) < 0:
+                    tp.offset = OFFSET_BEGINNING
+            if self._incremental:  # the cooperative protocols add to the assignment
+                consumer.incremental_assign(partitions)
+            else:  # the eager one replaces it
+                consumer.assign(partitions)
         # Another member may have held keys of these partitions until now: read the holds again.
         if self.hold_store is not None:
             self.holds = self.hold_store.load()

@@ -51,7 +51,14 @@ def _hold(data: Any) -> Hold:
 _CONSUMER_ONLY = (
     "auto.", "enable.auto.", "enable.partition.eof", "session.timeout", "heartbeat.", "max.poll.",
     "partition.assignment", "group.", "isolation.level", "fetch.", "queued.", "check.crcs",
+    "topic.metadata.refresh",
 )  # fmt: skip
+
+
+def shared_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A consumer's settings that a producer or an admin client of the same cluster needs too (the
+    brokers, security, client id), without the consumer's own."""
+    return {k: v for k, v in config.items() if not k.startswith(_CONSUMER_ONLY)}
 
 
 class HoldStore:
@@ -62,13 +69,12 @@ class HoldStore:
         self.config = {k: v for k, v in config.items() if k != "group.id"}
         self.group, self.topic = group, topic
         self._prefix = group.encode("utf-8") + b"\0"
-        shared = {k: v for k, v in self.config.items() if not k.startswith(_CONSUMER_ONLY)}
-        self.producer = Producer({**shared, "enable.idempotence": True, "acks": "all"})
+        self.producer = Producer({**shared_config(self.config), "enable.idempotence": True, "acks": "all"})
         self._errors: list[KafkaError] = []
 
     def ensure_topic(self) -> None:
         """Create the holds topic (compacted) when it is not there."""
-        admin = AdminClient({"bootstrap.servers": self.config["bootstrap.servers"]})
+        admin = AdminClient(shared_config(self.config))
         if self.topic in admin.list_topics(timeout=10).topics:
             return
         future = admin.create_topics([NewTopic(self.topic, 1, -1, config={"cleanup.policy": "compact"})])[

@@ -9,7 +9,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Message
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from retry_scheduler.consumer import RetryingConsumer, original_topic
 from retry_scheduler.core import protocol as p
@@ -117,3 +118,155 @@ def test_group_scope_needs_a_group_that_fits_a_topic_name() -> None:
         InvalidRecordError, match=r"destination 'payments\.billing\.redelivery' is not allowed"
     ):
         parse_headers([(p.DESTINATION, b"payments"), (p.SCOPE, b"group"), (p.GROUP, b"billing")], limits)
+
+
+class ReadmeApp:
+    """An application configured exactly as the README shows: ``bootstrap.servers`` and ``group.id``,
+    nothing else (so librdkafka's defaults: ``auto.offset.reset=latest``, 5-minute metadata refresh
+    unless the helper sets one). Fails each key in ``fail_once`` once."""
+
+    def __init__(self, loop: Loop, group: str, fail_once: set[bytes]) -> None:
+        self.handled: list[tuple[bytes, str]] = []
+        self.fail_once = set(fail_once)
+        config = {"bootstrap.servers": loop.bootstrap, "group.id": group}
+        self.consumer = RetryingConsumer(config, [loop.dest], self.handle)
+        self.consumer.retries.retry_topic = loop.settings.retry_topic  # the test's own retry topic
+        self.thread = threading.Thread(target=self.consumer.run, args=(0.2,), daemon=True)
+
+    def handle(self, msg: Message) -> None:
+        key = msg.key()
+        assert isinstance(key, bytes)
+        self.handled.append((key, str(msg.topic())))
+        if key in self.fail_once:
+            self.fail_once.discard(key)
+            raise TimeoutError("payment service timed out")
+
+    def wait_reading(self, loop: Loop, timeout_s: float = 90) -> None:
+        """Until the group reads ``orders`` (with ``latest``, what comes before is not its): a marker
+        record every second until one is handled. (Asking the consumer for its assignment from this
+        thread while it polls in its own can block both.)"""
+        deadline = time.monotonic() + timeout_s
+        while not any(k.startswith(b"marker") for k, _ in self.handled):
+            assert time.monotonic() < deadline, "the group never started reading its topic"
+            produce(loop.bootstrap, loop.dest, [{"key": b"marker", "value": b"{}"}])
+            time.sleep(1)
+
+    def wait_handled(self, count: int, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.handled) < count and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2)  # time for anything unexpected to arrive too
+
+    def stop(self) -> None:
+        self.consumer.stop()
+        self.thread.join(30)
+
+
+def test_with_the_readme_configuration_every_retry_reaches_the_group(loop: Loop, topic_prefix: str) -> None:
+    """Once a group lost all 20 retries: the redelivery topic did not exist until the scheduler published
+    the first retry, the helper found it at a metadata refresh and, with ``auto.offset.reset=latest``,
+    started at its end. Now the helper creates it when it subscribes (as many partitions as the topic),
+    and a redelivery partition without a committed offset is read from its beginning."""
+    orders, group = loop.dest, f"{topic_prefix}-billing"
+    redelivery = f"{orders}.{group}.redelivery"
+    create_topics(loop.bootstrap, [orders, loop.settings.retry_topic, f"{topic_prefix}-dlq"], partitions=3)
+    assert redelivery not in AdminClient({"bootstrap.servers": loop.bootstrap}).list_topics(timeout=10).topics
+    keys = [b"k%02d" % i for i in range(20)]
+    app = ReadmeApp(loop, group, fail_once=set(keys))
+    try:
+        meta = AdminClient({"bootstrap.servers": loop.bootstrap}).list_topics(timeout=10).topics
+        assert len(meta[redelivery].partitions) == 3  # created by the helper, like its topic
+        app.thread.start()
+        app.wait_reading(loop)
+        produce(loop.bootstrap, orders, [{"key": k, "value": b"{}"} for k in keys])
+        assert loop.ingest(20).stored == 20
+        loop.publish(4)  # due 1 s later (the default policy's first delay), on the group's topic
+        app.wait_handled(40 + sum(k == b"marker" for k, _ in app.handled))
+    finally:
+        app.stop()
+    assert sorted(k for k, t in app.handled if t == orders and k != b"marker") == keys
+    assert sorted(k for k, t in app.handled if t == redelivery) == keys  # every retry, once
+
+
+def test_retries_published_before_the_group_first_read_its_redelivery_topic_are_read(
+    loop: Loop, topic_prefix: str
+) -> None:
+    """The README's configuration (``auto.offset.reset=latest``) and retries already on the redelivery
+    topic when the group first gets its partitions: read from the beginning, none skipped. Partitions
+    with a committed offset go on from it: nothing is handled twice after a restart."""
+    orders, group = loop.dest, f"{topic_prefix}-billing"
+    redelivery = f"{orders}.{group}.redelivery"
+    create_topics(loop.bootstrap, [orders, redelivery], partitions=2)
+    produce(loop.bootstrap, redelivery, [{"key": b"r%d" % i, "value": b"{}"} for i in range(6)])
+    produce(loop.bootstrap, orders, [{"key": b"old", "value": b"{}"}])  # before the group: latest skips it
+
+    first = ReadmeApp(loop, group, fail_once=set())
+    first.thread.start()
+    try:
+        first.wait_handled(6)
+    finally:
+        first.stop()
+    assert sorted(first.handled) == [(b"r%d" % i, redelivery) for i in range(6)]
+
+    produce(loop.bootstrap, redelivery, [{"key": b"later", "value": b"{}"}])
+    again = ReadmeApp(loop, group, fail_once=set())
+    again.thread.start()
+    try:
+        again.wait_handled(1)
+    finally:
+        again.stop()
+    assert again.handled == [(b"later", redelivery)]
+
+
+def test_a_plain_consumer_following_the_header_reference_gets_every_retry(
+    loop: Loop, topic_prefix: str
+) -> None:
+    """Not the helper: a bare consumer with the client's defaults that does the three steps of
+    docs/header-protocol.md ("Redelivery only to the group that failed"), and sends its retries by hand
+    with the headers, as another language would."""
+    orders, group = loop.dest, f"{topic_prefix}-ledger"
+    redelivery = f"{orders}.{group}.redelivery"
+    create_topics(loop.bootstrap, [orders, loop.settings.retry_topic, f"{topic_prefix}-dlq"], partitions=2)
+    # 1. create the redelivery topic before subscribing, as many partitions as its topic
+    admin = AdminClient({"bootstrap.servers": loop.bootstrap})
+    admin.create_topics([NewTopic(redelivery, 2, -1)])[redelivery].result(30)
+    consumer = Consumer({"bootstrap.servers": loop.bootstrap, "group.id": group, "enable.auto.commit": False})
+
+    def assigned(c: Consumer, parts: list[TopicPartition]) -> None:
+        # 3. a redelivery partition without a committed offset: from its beginning
+        fresh = [tp for tp in parts if tp.topic.endswith(".redelivery")]
+        committed = {(tp.topic, tp.partition): tp.offset for tp in c.committed(fresh, timeout=10)}
+        for tp in fresh:
+            if committed[(tp.topic, tp.partition)] < 0:
+                tp.offset = OFFSET_BEGINNING
+        c.assign(parts)
+
+    consumer.subscribe([orders, redelivery], on_assign=assigned)  # 2. both, in one group
+    handled: list[tuple[bytes, str]] = []
+    try:
+        deadline = time.monotonic() + 90
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(0.2)
+        produce(loop.bootstrap, orders, [{"key": b"k%d" % i, "value": b"{}"} for i in range(5)])
+        while len(handled) < 5 and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error() is not None:
+                continue
+            handled.append((msg.key(), msg.topic()))
+            produce(loop.bootstrap, loop.settings.retry_topic, [{"key": msg.key(), "value": msg.value(), "headers": [
+                (p.ORIGINAL_TOPIC, orders.encode()), (p.SCOPE, b"group"), (p.GROUP, group.encode()),
+                (p.REASON, b"ledger down"),
+            ]}])  # fmt: skip
+            consumer.commit(msg, asynchronous=False)
+        assert loop.ingest(5).stored == 5
+        loop.publish(4)
+        while len(handled) < 10 and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                handled.append((msg.key(), msg.topic()))
+                consumer.commit(msg, asynchronous=False)
+    finally:
+        consumer.close()
+    keys = sorted(b"k%d" % i for i in range(5))
+    assert sorted(k for k, t in handled if t == orders) == keys
+    assert sorted(k for k, t in handled if t == redelivery) == keys
