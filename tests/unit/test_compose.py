@@ -531,3 +531,61 @@ def test_the_ui_login_is_created_from_the_env_file(services: dict[str, dict[str,
     assert "FabAuthManager" in env["AIRFLOW__CORE__AUTH_MANAGER"]
     header = COMPOSE_FILE.read_text().split("name:", 1)[0]
     assert "_AIRFLOW_WWW_USER_PASSWORD" in header and "AIRFLOW_JWT_SECRET" in header
+
+
+# --- Safe by default ----------------------------------------------------------------------------------------
+
+
+def test_published_ports_listen_on_localhost_unless_told_otherwise(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """The broker's host listener has no authentication: nothing is published on every interface by default."""
+    published = {
+        name: [str(p) for p in service.get("ports") or []]
+        for name, service in services.items()
+        if service.get("ports")
+    }
+    assert set(published) == {"kafka", "airflow-apiserver", "spark-master"}
+    for name, ports in published.items():
+        for port in ports:
+            assert port.startswith("${BIND_ADDRESS:-127.0.0.1}:"), (name, port)
+
+
+def test_no_password_is_a_constant_of_the_file(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    text = COMPOSE_FILE.read_text(encoding="utf-8")
+    assert "airflow:airflow@" not in text
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
+    for name in AIRFLOW_SERVICES:
+        env = env_of(services[name])
+        for var in (
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+            "AIRFLOW_CONN_RETRY_POSTGRES",
+            "RETRY_DATABASE_URL",
+        ):
+            assert urlsplit(env[var]).password == "${POSTGRES_PASSWORD}", (name, var)
+        assert "${POSTGRES_PASSWORD" in env["AIRFLOW__CELERY__RESULT_BACKEND"]
+
+
+def test_the_env_example_names_every_variable_the_file_needs() -> None:
+    """Every ``${VAR}`` the compose file reads is in .env.example, and .env is neither committed nor built in."""
+    text = COMPOSE_FILE.read_text(encoding="utf-8")
+    needed = set(re.findall(r"(?<!\$)\$\{([A-Z_][A-Z0-9_]*)", text))  # $${X}: the container's own
+    example = (REPO_ROOT / ".env.example").read_text(encoding="utf-8")
+    declared = set(re.findall(r"^([A-Z_][A-Z0-9_]*)=", example, re.MULTILINE))
+    optional = {"_AIRFLOW_WWW_USER_USERNAME", "SPARK_WORKER_CORES", "SPARK_WORKER_MEMORY"}  # defaults fit
+    assert needed - optional <= declared, sorted(needed - optional - declared)
+    assert ".env" in (REPO_ROOT / ".gitignore").read_text().split()
+    assert ".env" in (REPO_ROOT / ".dockerignore").read_text().split()
+
+
+def test_the_spark_image_has_a_user_for_the_uid_the_services_run_as(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name in ("spark-master", "spark-worker"):
+        service = services[name]
+        assert service["user"] == "${AIRFLOW_UID:-50000}:0"
+        assert service["build"]["args"]["SPARK_UID"] == "${AIRFLOW_UID:-50000}"
+    dockerfile = (REPO_ROOT / SPARK_DOCKERFILE).read_text()
+    assert "ARG SPARK_UID" in dockerfile and 'useradd --uid "${SPARK_UID}"' in dockerfile
