@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -248,7 +249,10 @@ def test_timestamps_without_zone_are_utc() -> None:
 def test_libpq_url_becomes_a_jdbc_url_and_properties(url: str, jdbc: str, props: dict[str, str]) -> None:
     target = bulk_retry.jdbc_target(url)
     # every target asks pgjdbc for binary rows (bytea as bytes, not hex text)
-    assert (target.url, target.properties) == (jdbc, {**props, "prepareThreshold": "-1"})
+    assert (target.url, target.properties) == (
+        jdbc,
+        {**props, "prepareThreshold": "-1", "options": "-c statement_timeout=300000"},
+    )
 
 
 @pytest.mark.parametrize(
@@ -687,3 +691,101 @@ def test_one_bulk_replay_at_a_time_each_audited(
     ]
     # The lock is the run's only: the next run takes it again.
     assert run(database_url, bootstrap_servers, "--destination", orders)["selected"] == 0
+
+
+# --- connection settings: what the Airflow hook accepts, the Spark jobs accept -------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "props"),
+    [
+        ("options=-c%20search_path%3Dretry", {"options": "-c search_path=retry -c statement_timeout=300000"}),
+        ("target_session_attrs=read-write", {"targetServerType": "primary"}),
+        ("target_session_attrs=prefer-standby", {"targetServerType": "preferSecondary"}),
+        ("target_session_attrs=standby", {"targetServerType": "secondary"}),
+        ("sslpassword=k%40y", {"sslpassword": "k@y"}),
+        ("gssencmode=disable", {"gssEncMode": "disable"}),
+        ("keepalives=1", {"tcpKeepAlive": "true"}),
+        ("keepalives=0&keepalives_idle=30", {"tcpKeepAlive": "false"}),
+        ("keepalives_idle=30&keepalives_interval=5&keepalives_count=3", {"tcpKeepAlive": "true"}),
+        ("channel_binding=prefer", {}),
+    ],
+)
+def test_every_libpq_parameter_the_hook_accepts_becomes_its_pgjdbc_property(
+    query: str, props: dict[str, str]
+) -> None:
+    target = bulk_retry.jdbc_target(f"postgresql://svc@db:5432/retry?{query}")
+    expected = {"user": "svc", "prepareThreshold": "-1", "options": "-c statement_timeout=300000", **props}
+    assert target.properties == expected
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("sslcrl=/etc/crl.pem", "sslcrl='/etc/crl.pem': pgjdbc cannot check a certificate revocation list"),
+        ("channel_binding=require", "channel_binding='require': pgjdbc here cannot be made to require"),
+        (
+            "target_session_attrs=primary-ish",
+            "target_session_attrs='primary-ish' must be one of any, read-write",
+        ),
+        ("hostaddr=10.0.0.1", "hostaddr have no JDBC equivalent"),
+    ],
+)
+def test_what_pgjdbc_cannot_do_is_refused_naming_it(query: str, message: str) -> None:
+    with pytest.raises(JobArgumentError, match=re.escape(message)):
+        bulk_retry.jdbc_target(f"postgresql://svc@db/retry?{query}")
+
+
+def test_the_statement_timeout_setting_reaches_the_jdbc_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RETRY_STATEMENT_TIMEOUT_MS", "1500")
+    target = bulk_retry.jdbc_target("postgresql://svc@db/retry?options=-c%20lock_timeout%3D2s")
+    assert target.properties["options"] == "-c lock_timeout=2s -c statement_timeout=1500"
+    monkeypatch.setenv("RETRY_STATEMENT_TIMEOUT_MS", "0")  # no limit, as for every other connection
+    assert (
+        bulk_retry.jdbc_target("postgresql://svc@db/retry").properties["options"] == "-c statement_timeout=0"
+    )
+
+
+def test_the_options_keep_secrets_out_of_their_repr(tmp_path: Path) -> None:
+    settings = Settings(
+        database_url="postgresql://svc:db-secret@db/retry",
+        kafka={"bootstrap.servers": "b:9092", "sasl.password": "kafka-secret"},
+    )
+    with connection_file(settings) as path:
+        opts = bulk_retry.parse_args(["--connection-file", str(path)])
+    assert opts.database_url.endswith("db-secret@db/retry")  # the job has it...
+    text = repr(opts)
+    assert "db-secret" not in text and "kafka-secret" not in text  # ...its logs never show it
+    assert "b:9092" in text
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_a_statement_past_the_limit_is_cut_in_a_spark_jdbc_session(
+    spark: SparkSession, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RETRY_STATEMENT_TIMEOUT_MS", "500")
+    target = bulk_retry.jdbc_target(database_url)
+    read = spark.read.format("jdbc").options(**target.options())
+    assert read.option("query", "SELECT pg_sleep(0.05) IS NULL AS ok").load().collect()[0].ok is False
+    with pytest.raises(Exception, match="canceling statement due to statement timeout"):
+        read.option("query", "SELECT pg_sleep(5) IS NULL AS ok").load().collect()
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_a_connection_with_libpq_options_runs_the_bulk_retry(
+    spark: SparkSession, database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """Once refused ("no JDBC equivalent"): the README recommends ``options`` on the retry_postgres connection."""
+    orders = f"{topic_prefix}.orders"
+    create_topics(bootstrap_servers, [orders])
+    jobs = [make_job(i, orders) for i in range(5)]
+    with Store(database_url) as store:
+        store.insert_jobs(jobs)
+    url = f"{database_url}?options=-c%20lock_timeout%3D4000&target_session_attrs=read-write&keepalives=1"
+
+    result = run(url, bootstrap_servers)
+
+    assert (result["selected"], result["published"], result["failed"]) == (5, 5, 0)
+    assert published_ids(database_url) == {j.retry_id for j in jobs}

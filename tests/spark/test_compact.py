@@ -136,6 +136,7 @@ def test_database_url_becomes_jdbc_url_and_properties() -> None:
         "password": "p@ss",
         "sslmode": "require",
         "prepareThreshold": "-1",  # binary rows
+        "options": "-c statement_timeout=300000",  # RETRY_STATEMENT_TIMEOUT_MS's default
     }
     assert compact.jdbc_target("postgres://svc@[::1]/x").url == "jdbc:postgresql://[::1]:5432/x"
     with pytest.raises(JobArgumentError, match="postgresql://"):
@@ -699,3 +700,22 @@ def test_jobs_leaving_or_joining_the_selection_during_the_run_are_kept(
     again = run(database_url, archive, "--older-than", "7d", "--dead-retention", "30d")
     assert (again["selected"], again["archived_new"], again["deleted"]) == (1, 1, 1)
     assert set(db_rows(database_url)) == {ids["kept_dead"]}
+
+
+@pytest.mark.integration
+def test_a_connection_with_libpq_options_runs_the_compaction(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path
+) -> None:
+    """Once refused ("no JDBC equivalent"): the README recommends ``options`` on the retry_postgres connection."""
+    now = datetime.now(UTC)
+    ids = seed(
+        database_url,
+        {"old": ("published", now - timedelta(days=10), "orders"), "pending": ("pending", None, "orders")},
+    )
+    url = f"{database_url}?options=-c%20lock_timeout%3D4000&target_session_attrs=read-write&keepalives=1"
+
+    result = run(url, tmp_path / "archive", "--older-than", "7d")
+
+    assert result["selected"] == result["archived_new"] == result["deleted"] == 1
+    assert set(db_rows(database_url)) == {ids["pending"]}
+    assert {row["id"] for row in read_archive(spark, tmp_path / "archive").collect()} == {ids["old"]}

@@ -10,7 +10,7 @@ import argparse
 import getpass
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from retry_scheduler.core.config import Settings
@@ -33,14 +33,17 @@ def producer_settings(bootstrap_servers: str, extra: Mapping[str, Any]) -> dict[
 
 @dataclass(frozen=True)
 class Options:
-    database_url: str
+    """The bulk retry's parsed arguments. What may hold a password (the database URL, the Kafka
+    settings) is left out of ``repr``, and so of any log line or traceback that shows the options."""
+
+    database_url: str = field(repr=False)
     bootstrap_servers: str
     selection: Selection
     dry_run: bool
     partitions: int
     fetchsize: int | None
-    kafka_config: dict[str, Any]
-    producer_conf: dict[str, Any]
+    kafka_config: dict[str, Any] = field(repr=False)
+    producer_conf: dict[str, Any] = field(repr=False)
     run_id: str
     #: The deployment's destination rules: jobs of a destination they refuse are left as they are.
     destinations: Destinations

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from getpass import getuser
 from typing import LiteralString
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+from retry_scheduler.db.connection import statement_timeout_ms
+
+log = logging.getLogger(__name__)
 
 
 class JobArgumentError(ValueError):
@@ -40,14 +45,37 @@ def fetch_rows(max_payload_bytes: int | None) -> int:
 
 
 JDBC_DRIVER = "org.postgresql.Driver"
-#: libpq URL parameters JDBC understands, and their JDBC names.
+#: libpq URL parameters pgjdbc understands under another name (or the same), with the same values.
 _JDBC_PARAMS = {
     "sslmode": "sslmode",
     "sslrootcert": "sslrootcert",
     "sslcert": "sslcert",
     "sslkey": "sslkey",
+    "sslpassword": "sslpassword",
     "application_name": "ApplicationName",
     "connect_timeout": "connectTimeout",
+    "options": "options",
+    "gssencmode": "gssEncMode",
+}
+#: libpq's ``target_session_attrs`` as pgjdbc's ``targetServerType``.
+_TARGET_SERVER_TYPES = {
+    "any": "any",
+    "read-write": "primary",
+    "primary": "primary",
+    "read-only": "secondary",
+    "standby": "secondary",
+    "prefer-standby": "preferSecondary",
+}
+#: libpq's keep-alive timing: pgjdbc only turns keep-alives on (``tcpKeepAlive``); the timing is the OS's.
+_KEEPALIVE_TIMING = ("keepalives_idle", "keepalives_interval", "keepalives_count")
+#: What pgjdbc cannot do, and what to do instead. Refused: left out, they would weaken the connection.
+_REFUSED = {
+    "sslcrl": "pgjdbc cannot check a certificate revocation list; leave sslcrl out of the connection the Spark "
+    "jobs use, or check revocation in the JVM's trust store (-Dcom.sun.net.ssl.checkRevocation=true)",
+    "sslcrldir": "pgjdbc cannot check a certificate revocation list directory; leave sslcrldir out of the "
+    "connection the Spark jobs use",
+    "channel_binding": "pgjdbc here cannot be made to require channel binding; use channel_binding=prefer "
+    "(or disable), or leave it out of the connection the Spark jobs use",
 }
 
 #: pgjdbc sends a one-off query's rows as text (``bytea`` as hex, times as strings it parses) and
@@ -72,20 +100,22 @@ class JdbcTarget:
         return {"url": self.url, **self.connection_properties()}
 
 
-def jdbc_target(database_url: str) -> JdbcTarget:
-    """Turn a libpq URL (``postgresql://user:pw@host:port/db?sslmode=...``) into a JDBC URL and properties."""
+def jdbc_target(database_url: str, statement_timeout: int | None = None) -> JdbcTarget:
+    """Turn a libpq URL (``postgresql://user:pw@host:port/db?sslmode=...``) into a JDBC URL and properties.
+
+    Every libpq parameter the Airflow hook accepts works here too, under its pgjdbc name
+    (``options``, ``target_session_attrs``, ``sslpassword``, ``gssencmode``, ``keepalives``...); the
+    ones pgjdbc cannot honour are refused with an error that says what to do, never dropped in
+    silence. Every statement is cancelled after ``statement_timeout`` ms (default
+    ``RETRY_STATEMENT_TIMEOUT_MS``; 0: never), sent as ``-c statement_timeout=...`` in ``options``
+    after the connection's own."""
     parts = urlsplit(database_url)
     if parts.scheme not in ("postgresql", "postgres"):
         raise JobArgumentError(
             "the database URL must be a postgresql:// URL (RETRY_DATABASE_URL, the retry_postgres connection)"
         )
     query = dict(parse_qsl(parts.query))
-    unsupported = sorted(set(query) - set(_JDBC_PARAMS) - {"user", "password"})
-    if unsupported:
-        raise JobArgumentError(
-            f"database URL parameter(s) {', '.join(unsupported)} have no JDBC equivalent here "
-            f"(supported: {', '.join(sorted(_JDBC_PARAMS))}, user, password)"
-        )
+    properties = _jdbc_parameters(query)
     try:
         port = parts.port or 5432
     except ValueError:
@@ -97,11 +127,48 @@ def jdbc_target(database_url: str) -> JdbcTarget:
     password = unquote(parts.password) if parts.password is not None else query.get("password")
     dbname = unquote(parts.path.lstrip("/")) or user
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    properties = {"user": user, **BINARY_TRANSFER}
+    properties = {"user": user, **BINARY_TRANSFER, **properties}
     if password is not None:
         properties["password"] = password
-    properties |= {_JDBC_PARAMS[k]: v for k, v in query.items() if k in _JDBC_PARAMS}
+    limit = statement_timeout_ms() if statement_timeout is None else statement_timeout
+    properties["options"] = " ".join(
+        filter(None, [properties.get("options", "").strip(), f"-c statement_timeout={limit}"])
+    )
     return JdbcTarget(f"jdbc:postgresql://{netloc}/{quote(dbname, safe='')}", properties)
+
+
+def _jdbc_parameters(query: dict[str, str]) -> dict[str, str]:
+    """The pgjdbc properties of a libpq URL's parameters (``user`` and ``password`` excepted)."""
+    properties = {_JDBC_PARAMS[k]: v for k, v in query.items() if k in _JDBC_PARAMS}
+    for name in sorted(set(query) & set(_REFUSED)):
+        if name == "channel_binding" and query[name] in ("disable", "prefer"):
+            continue  # what pgjdbc does without being asked
+        raise JobArgumentError(f"database URL parameter {name}={query[name]!r}: {_REFUSED[name]}")
+    if "target_session_attrs" in query:
+        attrs = query["target_session_attrs"]
+        if attrs not in _TARGET_SERVER_TYPES:
+            raise JobArgumentError(
+                f"database URL parameter target_session_attrs={attrs!r} must be one of "
+                f"{', '.join(_TARGET_SERVER_TYPES)}"
+            )
+        properties["targetServerType"] = _TARGET_SERVER_TYPES[attrs]
+    if "keepalives" in query or any(k in query for k in _KEEPALIVE_TIMING):
+        properties["tcpKeepAlive"] = "false" if query.get("keepalives", "1").strip() == "0" else "true"
+        timing = sorted(k for k in _KEEPALIVE_TIMING if k in query)
+        if timing and properties["tcpKeepAlive"] == "true":
+            log.warning(
+                "%s: the Spark jobs' JDBC connections keep alive with the operating system's timing "
+                "(pgjdbc has no such setting)", ", ".join(timing),
+            )  # fmt: skip
+    known = set(_JDBC_PARAMS) | set(_REFUSED) | set(_KEEPALIVE_TIMING)
+    unsupported = sorted(set(query) - known - {"user", "password", "keepalives", "target_session_attrs"})
+    if unsupported:
+        raise JobArgumentError(
+            f"database URL parameter(s) {', '.join(unsupported)} have no JDBC equivalent here (supported: "
+            f"{', '.join(sorted({*_JDBC_PARAMS, *_KEEPALIVE_TIMING, 'keepalives', 'target_session_attrs'}))}, "
+            "user, password)"
+        )
+    return properties
 
 
 def jdbc_jars() -> str | None:
