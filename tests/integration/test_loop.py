@@ -380,6 +380,49 @@ def test_failed_delivery_leaves_the_job_claimable(loop: Loop) -> None:
     assert len(consume(loop.bootstrap, [loop.dest], 1)) == 1
 
 
+def test_failed_deliveries_back_off_from_one_second_doubling_to_a_minute(loop: Loop) -> None:
+    """Through real failed deliveries (the destination missing, creation not allowed): each failure
+    makes the job claimable again 1 s, 2 s, 4 s, 8 s ... later, never more than 60 s, and no publisher
+    tries it before. The later steps start from a failure count set in the row (waiting them out
+    takes two minutes); the backoff after each is still what a real failure wrote."""
+    loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at="0")}])
+    loop.ingest(1)
+    settings = loop.settings.with_overrides(create_topics=False)
+
+    def backoff_after_failure(store: Store, publisher: Publisher, deadline_s: float) -> tuple[float, float]:
+        """Publish until the job's delivery fails; (the backoff it got, when it was tried) in seconds."""
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            with store.conn.transaction():
+                [(tried,)] = store.conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchall()
+            if publisher.publish_once().failed:
+                [row] = loop.rows()
+                return row["lease_until"].timestamp() - float(tried), float(tried)
+            time.sleep(0.05)
+        raise AssertionError(f"the job was not tried within {deadline_s} s")
+
+    with loop.store() as store:
+        publisher = Publisher(settings, store)
+        try:
+            tries = [backoff_after_failure(store, publisher, 5) for _ in range(4)]
+            with psycopg.connect(loop.settings.database_url, autocommit=True) as conn:
+                for failures in (5, 6, 40):  # as after that many failures, due again now
+                    conn.execute(
+                        "UPDATE retry_jobs SET publish_failures = %s, lease_until = NULL", (failures,)
+                    )
+                    tries.append(backoff_after_failure(store, publisher, 5))
+        finally:
+            publisher.close()
+    backoffs = [b for b, _ in tries]
+    for got, expected in zip(backoffs, [1, 2, 4, 8, 32, 60, 60], strict=True):
+        assert expected <= got < expected + 0.5, backoffs
+    for (backoff, tried), (_, next_tried) in zip(tries[:3], tries[1:4], strict=True):
+        assert next_tried >= tried + backoff  # never tried again before its backoff ended
+    [row] = loop.rows()
+    assert (row["status"], row["publish_failures"]) == ("pending", 41)
+    assert f"topic {loop.dest} does not exist" in row["last_error"]
+
+
 def test_per_delay_topic_counts_from_the_record_timestamp(loop: Loop) -> None:
     delay_topic = f"{loop.settings.retry_topic}.2s"
     sent = int(time.time() * 1000)

@@ -104,14 +104,14 @@ def test_selection_window_and_its_sql() -> None:
         "(status = 'published' AND \"published_at\" < '2025-03-03 06:00:00+00:00'::timestamptz)"
         " OR (status = 'dead' AND dlq_published_at IS NOT NULL AND \"dead_at\" < '2025-02-08 06:00:00+00:00'::timestamptz)"
     )
-    # --day: published within the UTC day; dead ones whose retention ended by the day's end
+    # --day: published by the UTC day's end (a job marked after an earlier day's run had started is
+    # not left behind); dead ones whose retention ended by the day's end
     by_day = compact.selection_window(
         now, older_than_ms=None, day=date(2025, 3, 2), dead_retention_ms=8 * DAY_MS
     )
-    assert by_day == compact.Window(utc(2025, 3, 2), utc(2025, 3, 3), None, utc(2025, 2, 23))
+    assert by_day == compact.Window(None, utc(2025, 3, 3), None, utc(2025, 2, 23))
     assert by_day.predicate().as_string(None) == (
-        "(status = 'published' AND \"published_at\" >= '2025-03-02 00:00:00+00:00'::timestamptz"
-        " AND \"published_at\" < '2025-03-03 00:00:00+00:00'::timestamptz)"
+        "(status = 'published' AND \"published_at\" < '2025-03-03 00:00:00+00:00'::timestamptz)"
         " OR (status = 'dead' AND dlq_published_at IS NOT NULL"
         " AND \"dead_at\" < '2025-02-23 00:00:00+00:00'::timestamptz)"
     )
@@ -354,16 +354,19 @@ def test_the_same_day_twice_archives_nothing_twice(
     )
     archive = tmp_path / "archive"
     argv = day_args(day, dead_boundary=start + timedelta(hours=12))
-    day_ids = sorted([ids["first_instant"], ids["last_instant"], ids["dead_past_retention"]])
+    # the day's jobs, and one of the day before that no earlier run took (none ran): never left behind
+    day_ids = sorted(
+        [ids["first_instant"], ids["last_instant"], ids["dead_past_retention"], ids["day_before"]]
+    )
 
     dry = run(database_url, archive, *argv, "--dry-run")
-    assert (dry["selected"], dry["archived_new"], dry["deleted"], dry["manifest"]) == (3, 3, 0, None)
+    assert (dry["selected"], dry["archived_new"], dry["deleted"], dry["manifest"]) == (4, 4, 0, None)
     assert len(db_rows(database_url)) == 7 and not archive.exists()
     assert staged(database_url) == 0  # a dry run stages nothing either
 
     first = run(database_url, archive, *argv)
-    assert (first["selected"], first["archived_new"], first["deleted"]) == (3, 3, 3)
-    assert first["days"] == [day.isoformat()]
+    assert (first["selected"], first["archived_new"], first["deleted"]) == (4, 4, 4)
+    assert first["days"] == [(day - timedelta(days=1)).isoformat(), day.isoformat()]
     assert archived_ids(spark, archive) == day_ids
     left = set(db_rows(database_url))
 
@@ -719,3 +722,26 @@ def test_a_connection_with_libpq_options_runs_the_compaction(
     assert result["selected"] == result["archived_new"] == result["deleted"] == 1
     assert set(db_rows(database_url)) == {ids["pending"]}
     assert {row["id"] for row in read_archive(spark, tmp_path / "archive").collect()} == {ids["old"]}
+
+
+@pytest.mark.integration
+def test_a_job_marked_published_after_its_day_s_run_started_is_taken_by_the_next_run(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path
+) -> None:
+    """Its acknowledgement time falls in a day whose run had already selected (a late mark, a bulk
+    replay's batch): once, no later daily run took it, and it stayed in PostgreSQL for ever."""
+    today = datetime.now(UTC).date()
+    day1, day2 = today - timedelta(days=2), today - timedelta(days=1)
+    noon1 = datetime(day1.year, day1.month, day1.day, 12, tzinfo=UTC)
+    archive = tmp_path / "archive"
+    ids = seed(database_url, {"on_time": ("published", noon1, "orders")})
+    assert run(database_url, archive, "--day", day1.isoformat())["deleted"] == 1
+
+    late = seed(database_url, {"late": ("published", noon1 + timedelta(hours=11), "orders")})  # marked now
+    result = run(database_url, archive, "--day", day2.isoformat())
+
+    assert (result["selected"], result["deleted"]) == (1, 1)
+    assert db_rows(database_url) == {}
+    assert archived_ids(spark, archive) == sorted([ids["on_time"], late["late"]])
+    # archived under its own day, beside the first run's files
+    assert result["days"] == [day1.isoformat()]

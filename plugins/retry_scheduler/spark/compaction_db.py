@@ -94,17 +94,21 @@ def selection_window(
     """The jobs a run takes: published ones, and dead ones past their retention.
 
     With ``older_than_ms``: published before ``now`` minus that, dead before that and past the
-    retention. With ``day`` (the daily DAG run, UTC): published within the day, and dead ones whose
-    retention ended by the day's end (``dead_at < end - retention``, no lower bound). So every dead
-    job is taken by the first daily run after its retention ends, whichever days ran before, and
-    the run of a day that is still within the retention of every dead job takes none. A dead job
+    retention. With ``day`` (the daily DAG run, UTC): published by the day's end, and dead ones whose
+    retention ended by the day's end (``dead_at < end - retention``); no lower bound on either. So a
+    job marked published after its day's run had started (a late acknowledgement, a bulk replay's
+    mark) is taken by the next day's run, never left behind for good; every dead job is taken by the
+    first daily run after its retention ends, whichever days ran before; and the run of a day that
+    is still within the retention of every dead job takes none. Each row is archived under the day
+    of its own time, whichever run took it. A dead job
     is never taken later than its retention: ``dead_before`` is also capped at ``now`` minus it.
     """
     dead_cutoff = now - timedelta(milliseconds=dead_retention_ms)
     if day is not None:
         start = datetime(day.year, day.month, day.day, tzinfo=UTC)
         end = start + timedelta(days=1)
-        return Window(start, end, None, min(end - timedelta(milliseconds=dead_retention_ms), dead_cutoff))
+        del start  # the day's jobs, and those earlier runs could not take yet
+        return Window(None, end, None, min(end - timedelta(milliseconds=dead_retention_ms), dead_cutoff))
     if older_than_ms is None:
         raise CompactionError("a compaction needs --older-than or --day")
     cutoff = now - timedelta(milliseconds=older_than_ms)
