@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import time
 from collections.abc import Iterator
@@ -416,7 +417,7 @@ def test_failed_deliveries_back_off_from_one_second_doubling_to_a_minute(loop: L
     backoffs = [b for b, _ in tries]
     for got, expected in zip(backoffs, [1, 2, 4, 8, 32, 60, 60], strict=True):
         assert expected <= got < expected + 0.5, backoffs
-    for (backoff, tried), (_, next_tried) in zip(tries[:3], tries[1:4], strict=True):
+    for (backoff, tried), (_, next_tried) in itertools.pairwise(tries[:4]):
         assert next_tried >= tried + backoff  # never tried again before its backoff ended
     [row] = loop.rows()
     assert (row["status"], row["publish_failures"]) == ("pending", 41)
