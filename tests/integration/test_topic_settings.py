@@ -33,7 +33,9 @@ def test_created_topics_carry_min_insync_replicas_only_when_set(
     assert "min.insync.replicas" not in topic_config(bootstrap_servers, default_topic)
 
 
-def test_created_topics_get_the_replication_factor_asked_for(bootstrap_servers: str, topic_prefix: str) -> None:
+def test_created_topics_get_the_replication_factor_asked_for(
+    bootstrap_servers: str, topic_prefix: str
+) -> None:
     """What the broker reports for each partition of the topics created, not only what was asked:
     RETRY_TOPIC_REPLICATION_FACTOR when set, else the broker's default.replication.factor (1 here)."""
     base = Settings(kafka={"bootstrap.servers": bootstrap_servers})
