@@ -605,15 +605,31 @@ def test_two_hundred_concurrent_searches_use_a_few_connections_and_the_loops_kee
     bootstrap_servers: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from retry_scheduler.core import protocol
+    from retry_scheduler.core.policy import Policy, PolicyRegistry
     from retry_scheduler.db.store import Store
+    from retry_scheduler.loops.ingest import IngestCounts, Ingestor
     from retry_scheduler.loops.publish import Publisher
     from tests.conftest import TEST_DESTINATIONS
-    from tests.kafkautil import consume, create_topics
+    from tests.kafkautil import consume, create_topics, produce
 
     for n in range(30):
         insert_dead(retry_db, dest, reason=f"TimeoutError: call {n} timed out")
     due = insert_dead(retry_db, dest, status="pending", dead_reason=None, dead_at=None, dlq_published_at=None)
     create_topics(bootstrap_servers, [dest])
+    # Five failures arrive on the retry topic while the page is flooded: ingested, then published.
+    settings = Settings(
+        database_url=retry_db,
+        kafka={"bootstrap.servers": bootstrap_servers},
+        retry_topic=f"{dest}-retry",
+        consumer_group=f"{dest}-scheduler",
+        destination_allowlist=TEST_DESTINATIONS,
+        create_topics=True,
+    )
+    failures = [
+        {"key": b"failed-%d" % i, "value": b"v", "headers": [(protocol.DESTINATION, dest.encode()), (protocol.AT, b"0")]}
+        for i in range(5)
+    ]  # fmt: skip
     seen: list[int] = []
     stop = threading.Event()
 
@@ -636,12 +652,16 @@ def test_two_hundred_concurrent_searches_use_a_few_connections_and_the_loops_kee
     watcher.start()
     with ThreadPoolExecutor(max_workers=200) as pool:
         answers = pool.map(search, range(200))
-        # Meanwhile the publish loop works on the same database.
-        settings = Settings(
-            database_url=retry_db,
-            kafka={"bootstrap.servers": bootstrap_servers},
-            destination_allowlist=TEST_DESTINATIONS,
-        )
+        # Meanwhile the ingest and publish loops work on the same database.
+        with Store(retry_db) as store:
+            ingestor = Ingestor(settings, PolicyRegistry.of([Policy("default", delays=["1s"])]), store)
+            produce(bootstrap_servers, settings.retry_topic, failures)
+            ingested, deadline = IngestCounts(), time.monotonic() + 30
+            try:
+                while ingested.consumed < len(failures) and time.monotonic() < deadline:
+                    ingested.add(ingestor.ingest_batch(0.5))
+            finally:
+                ingestor.close()
         with Store(retry_db) as store:
             publisher = Publisher(settings, store)
             try:
@@ -654,6 +674,8 @@ def test_two_hundred_concurrent_searches_use_a_few_connections_and_the_loops_kee
 
     assert codes == [200] * 200
     assert 0 < max(seen) <= 4  # RETRY_WEB_POOL_SIZE: the page never holds more, whatever comes in
-    assert published == 1
-    assert [s.key for s in consume(bootstrap_servers, [dest], 1)] == [b"key"]
+    assert (ingested.stored, ingested.pending) == (5, 5)
+    assert published == 6
+    keys = sorted(s.key for s in consume(bootstrap_servers, [dest], 6))
+    assert keys == sorted([b"key", *(r["key"] for r in failures)])
     assert job_rows(retry_db, [due])[due]["status"] == "published"

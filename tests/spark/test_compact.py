@@ -7,6 +7,7 @@ import functools
 import itertools
 import json
 import operator
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
@@ -27,6 +28,7 @@ from retry_scheduler.core.jobs import Job, Status
 from retry_scheduler.db.store import Store
 from retry_scheduler.spark import archive_io
 from retry_scheduler.spark import compaction as compact
+from retry_scheduler.spark.compaction_db import ArchiveVerificationError
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
 
 pytestmark = pytest.mark.spark
@@ -745,3 +747,36 @@ def test_a_job_marked_published_after_its_day_s_run_started_is_taken_by_the_next
     assert archived_ids(spark, archive) == sorted([ids["on_time"], late["late"]])
     # archived under its own day, beside the first run's files
     assert result["days"] == [day1.isoformat()]
+
+
+@pytest.mark.integration
+def test_a_file_changed_since_its_manifest_was_written_stops_the_delete(
+    spark: SparkSession, jdbc_jar: str, database_url: str, tmp_path: Path
+) -> None:
+    """The per-file rows and id checksum a manifest records are compared on every later verification of
+    the same day: a file rewritten with a row less (or gone) stops the run before anything is deleted."""
+    day = (datetime.now(UTC) - timedelta(days=3)).date()
+    noon = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
+    archive = tmp_path / "archive"
+    seed(database_url, {f"job{n}": ("published", noon + timedelta(minutes=n), "orders") for n in range(3)})
+    first = run(database_url, archive, "--day", day.isoformat())
+    assert first["deleted"] == 3 and first["files_compared"] == len(first["files"]) >= 1
+    manifest = json.loads(Path(first["manifest"].removeprefix("file://")).read_text())
+    assert manifest["files"] == first["files"]
+
+    # A job of the same day marked late: the next run compares the first run's files too, and goes on.
+    seed(database_url, {"late0": ("published", noon + timedelta(hours=4), "orders")})
+    again = run(database_url, archive, "--day", day.isoformat())
+    assert again["deleted"] == 1
+    assert again["files_compared"] == len(first["files"]) + len(again["files"])
+
+    # One archived row lost (a file rewritten by hand, a broken copy): its manifest no longer agrees.
+    damaged = next(d for d in first["files"] if d["rows"] > 0)
+    path = archive / "retry_jobs" / damaged["file"]
+    table = pq.read_table(path)
+    pq.write_table(table.slice(0, table.num_rows - 1), path)
+    path.with_name(f".{path.name}.crc").unlink()  # Hadoop's own checksum of the local file: rewritten too
+    late = seed(database_url, {"late": ("published", noon + timedelta(hours=5), "orders")})
+    with pytest.raises(ArchiveVerificationError, match=re.escape(f"{damaged['file']} (manifest ")):
+        run(database_url, archive, "--day", day.isoformat())
+    assert set(db_rows(database_url)) == set(late.values())  # nothing was deleted

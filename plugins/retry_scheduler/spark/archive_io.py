@@ -197,3 +197,75 @@ def check_written(
     for digest in digests:  # paths relative to the archive's root, as they stay valid if it moves
         digest["file"] = digest["file"].split(prefix, 1)[-1] if prefix in digest["file"] else digest["file"]
     return digests
+
+
+def _read_text_hadoop(spark: SparkSession, uri: str) -> str:
+    path, fs = _hadoop_path(spark, uri)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    stream = fs.open(path)
+    try:
+        out = jvm.java.io.ByteArrayOutputStream()
+        jvm.org.apache.hadoop.io.IOUtils.copyBytes(stream, out, 65536, False)
+        return str(out.toString("UTF-8"))
+    finally:
+        stream.close()
+
+
+def recorded_digests(
+    spark: SparkSession, archive: str, days: Sequence[str]
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The per-file digests the runs' manifests under ``archive`` recorded for files of ``days``:
+    ``{file relative to the archive's root: (manifest name, digest)}``."""
+    path, fs = _hadoop_path(spark, f"{archive}/_manifests")
+    if not fs.exists(path):
+        return {}
+    prefixes = tuple(f"day={day}/" for day in days)
+    recorded: dict[str, tuple[str, dict[str, Any]]] = {}
+    for status in fs.listStatus(path):
+        name = str(status.getPath().getName())
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        try:
+            manifest = json.loads(_read_text_hadoop(spark, f"{archive}/_manifests/{name}"))
+        except ValueError as exc:
+            raise ArchiveVerificationError(
+                f"the manifest {archive}/_manifests/{name} is not JSON ({exc}); nothing was deleted. Restore it, "
+                "or move it aside if the files it lists are known good, then run the compaction again."
+            ) from None
+        for digest in manifest.get("files") or []:
+            if str(digest.get("file", "")).startswith(prefixes):
+                recorded[digest["file"]] = (name, digest)
+    return recorded
+
+
+def compare_digests(spark: SparkSession, root: str, recorded: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """Read each recorded file back and compare its rows and id checksum with the manifest's; a file
+    missing or changed raises :class:`ArchiveVerificationError` (naming it and its manifest)."""
+    if not recorded:
+        return
+    missing = [rel for rel in sorted(recorded) if not path_exists(spark, f"{root}/{rel}")]
+    present = [rel for rel in sorted(recorded) if rel not in missing]
+    found: dict[str, dict[str, Any]] = {}
+    if present:
+        digests, _ = file_digests(spark, [f"{root}/{rel}" for rel in present])
+        prefix = f"{root}/"
+        for digest in digests:
+            rel = digest["file"].split(prefix, 1)[-1] if prefix in digest["file"] else digest["file"]
+            found[rel] = digest
+    changed = [
+        rel
+        for rel in present
+        if any(found.get(rel, {}).get(k) != recorded[rel][1].get(k) for k in ("rows", "id_sum", "id_xor"))
+    ]
+    if missing or changed:
+        where = [
+            f"{rel} (manifest {recorded[rel][0]}, {'missing' if rel in missing else 'changed'})"
+            for rel in [*missing, *changed]
+        ]
+        raise ArchiveVerificationError(
+            f"{len(where)} archived file(s) under {root} no longer match the rows and id checksum their "
+            f"manifest recorded: {', '.join(where[:5])}{', ...' if len(where) > 5 else ''}; nothing was deleted. "
+            "Restore them from a backup (or, if the loss is accepted, move their manifest aside), then run "
+            "the compaction again."
+        )

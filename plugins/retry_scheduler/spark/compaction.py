@@ -31,7 +31,9 @@ from retry_scheduler.db.connection import StoreError, connect
 from retry_scheduler.spark.archive_io import (
     archive_files,
     check_written,
+    compare_digests,
     read_archived_ids,
+    recorded_digests,
     sync_archive,
     write_archive,
     write_manifest,
@@ -249,6 +251,12 @@ def _archive_and_delete(
             )
     finally:
         still_selected.unpersist()
+    # Every file of these days that a manifest lists (earlier runs', and this run's own) still holds the
+    # rows and ids it recorded: archived rows are never relied on, nor more deleted, on a changed archive.
+    recorded = recorded_digests(spark, report["archive"], days)
+    recorded.update({d["file"]: ("this run", d) for d in report["files"]})
+    compare_digests(spark, root, recorded)
+    report["files_compared"] = len(recorded)
     lap("verify")
     faults.checkpoint("compaction.archived")  # chaos: the job dies with the archive written, nothing deleted
     report["deleted"] = delete_archived(
