@@ -93,4 +93,4 @@ chaos: venv
 		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 clean:
-	rm -rf .dev .airflow .airflow-test .mypy_cache .ruff_cache
+	rm -rf .dev .airflow .airflow-test .airflow-test-* .mypy_cache .ruff_cache

@@ -33,6 +33,9 @@ TEMPLATE_DB = f"{TEMPLATE_PREFIX}{os.getpid()}"
 #: else: destinations are denied by default. Set for every process the tests start.
 TEST_DESTINATIONS = r"t[0-9a-f]{8}[.-][A-Za-z0-9._-]+"
 os.environ["RETRY_DESTINATION_ALLOWLIST"] = TEST_DESTINATIONS
+#: The pytest-xdist worker this process is (``gw0``, ``gw1``...); empty when the tests run in one process.
+#: What a worker keeps between runs (Airflow's home and metadata database) carries it in its name.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -100,8 +103,9 @@ def pg_template() -> Iterator[str]:
 
 
 def checkout_db_name(prefix: str) -> str:
-    """The name of this checkout's ``prefix`` database: ``prefix`` and a hash of the checkout's path."""
-    return f"{prefix}{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}"
+    """The name of this checkout's ``prefix`` database: ``prefix``, a hash of the checkout's path and,
+    in a pytest-xdist worker, the worker's name (two workers never share one)."""
+    return f"{prefix}{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}" + (f"_{WORKER}" if WORKER else "")
 
 
 def checkout_database(prefix: str) -> str:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, _db_url, checkout_database, checkout_db_name
+from tests.conftest import ROOT, WORKER, _db_url, checkout_database, checkout_db_name
 
-AIRFLOW_HOME = ROOT / ".airflow-test"
+#: One per checkout, and per pytest-xdist worker.
+AIRFLOW_HOME = ROOT / (f".airflow-test-{WORKER}" if WORKER else ".airflow-test")
 #: One metadata database per checkout, as AIRFLOW_HOME is, kept between runs.
 AIRFLOW_DB_PREFIX = "retry_airflow_test_"
 AIRFLOW_DB = checkout_db_name(AIRFLOW_DB_PREFIX)

@@ -106,14 +106,17 @@ def test_selection_window_and_its_sql() -> None:
         "(status = 'published' AND \"published_at\" < '2025-03-03 06:00:00+00:00'::timestamptz)"
         " OR (status = 'dead' AND dlq_published_at IS NOT NULL AND \"dead_at\" < '2025-02-08 06:00:00+00:00'::timestamptz)"
     )
-    # --day: published by the UTC day's end (a job marked after an earlier day's run had started is
-    # not left behind); dead ones whose retention ended by the day's end
+    # --day: published within the UTC day, or before it on a day whose run had started (a late mark);
+    # dead ones whose retention ended by the day's end
     by_day = compact.selection_window(
         now, older_than_ms=None, day=date(2025, 3, 2), dead_retention_ms=8 * DAY_MS
     )
-    assert by_day == compact.Window(None, utc(2025, 3, 3), None, utc(2025, 2, 23))
+    assert by_day == compact.Window(utc(2025, 3, 2), utc(2025, 3, 3), None, utc(2025, 2, 23), late_marks=True)
     assert by_day.predicate().as_string(None) == (
-        "(status = 'published' AND \"published_at\" < '2025-03-03 00:00:00+00:00'::timestamptz)"
+        "(status = 'published' AND (\"published_at\" >= '2025-03-02 00:00:00+00:00'::timestamptz"
+        " AND \"published_at\" < '2025-03-03 00:00:00+00:00'::timestamptz"
+        " OR \"published_at\" < '2025-03-02 00:00:00+00:00'::timestamptz"
+        " AND (published_at AT TIME ZONE 'UTC')::date IN (SELECT day FROM retry_compaction_days)))"
         " OR (status = 'dead' AND dlq_published_at IS NOT NULL"
         " AND \"dead_at\" < '2025-02-23 00:00:00+00:00'::timestamptz)"
     )
@@ -356,19 +359,16 @@ def test_the_same_day_twice_archives_nothing_twice(
     )
     archive = tmp_path / "archive"
     argv = day_args(day, dead_boundary=start + timedelta(hours=12))
-    # the day's jobs, and one of the day before that no earlier run took (none ran): never left behind
-    day_ids = sorted(
-        [ids["first_instant"], ids["last_instant"], ids["dead_past_retention"], ids["day_before"]]
-    )
+    day_ids = sorted([ids["first_instant"], ids["last_instant"], ids["dead_past_retention"]])
 
     dry = run(database_url, archive, *argv, "--dry-run")
-    assert (dry["selected"], dry["archived_new"], dry["deleted"], dry["manifest"]) == (4, 4, 0, None)
+    assert (dry["selected"], dry["archived_new"], dry["deleted"], dry["manifest"]) == (3, 3, 0, None)
     assert len(db_rows(database_url)) == 7 and not archive.exists()
     assert staged(database_url) == 0  # a dry run stages nothing either
 
     first = run(database_url, archive, *argv)
-    assert (first["selected"], first["archived_new"], first["deleted"]) == (4, 4, 4)
-    assert first["days"] == [(day - timedelta(days=1)).isoformat(), day.isoformat()]
+    assert (first["selected"], first["archived_new"], first["deleted"]) == (3, 3, 3)
+    assert first["days"] == [day.isoformat()]
     assert archived_ids(spark, archive) == day_ids
     left = set(db_rows(database_url))
 

@@ -52,6 +52,7 @@ from retry_scheduler.spark.compaction_db import (
     delete_archived,
     read_selection,
     read_staged_ids,
+    record_day,
     select_and_stage,
     selection_window,
     take_lock,
@@ -125,6 +126,8 @@ def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
         if not args.dry_run:
             take_lock(conn)  # a session lock: freed when this connection closes, even if the driver dies
         check_columns(conn)
+        if args.day is not None and not args.dry_run:
+            record_day(conn, args.day)
         began = time.perf_counter()
         try:
             selection = select_and_stage(conn, window, None if args.dry_run else run_id)

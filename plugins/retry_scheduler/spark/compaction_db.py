@@ -63,22 +63,27 @@ class Window:
     """The processed jobs a run takes: ``[from, before)`` on ``published_at`` and on ``dead_at``.
 
     A dead job is taken only once its record is on its DLQ topic (``dlq_published_at``): until then
-    PostgreSQL holds its only copy.
+    PostgreSQL holds its only copy. With ``late_marks`` (a daily run), also the published jobs before
+    ``published_from`` whose UTC day a run has selected already (``retry_compaction_days``): marked
+    published after that run had started, they would otherwise stay in PostgreSQL for ever.
     """
 
     published_from: datetime | None
     published_before: datetime
     dead_from: datetime | None
     dead_before: datetime
+    late_marks: bool = False
 
     def predicate(self) -> sql.Composed:
         """The WHERE clause; every value in it is a datetime rendered by psycopg as a timestamptz literal."""
+        published = _range("published_at", self.published_from, self.published_before)
+        if self.late_marks and self.published_from is not None:
+            published = sql.SQL(
+                "({} OR {} AND (published_at AT TIME ZONE 'UTC')::date IN (SELECT day FROM retry_compaction_days))"
+            ).format(published, _range("published_at", None, self.published_from))
         return sql.SQL(
             "(status = 'published' AND {}) OR (status = 'dead' AND dlq_published_at IS NOT NULL AND {})"
-        ).format(
-            _range("published_at", self.published_from, self.published_before),
-            _range("dead_at", self.dead_from, self.dead_before),
-        )
+        ).format(published, _range("dead_at", self.dead_from, self.dead_before))
 
 
 def _range(column: str, start: datetime | None, end: datetime) -> sql.Composable:
@@ -94,12 +99,13 @@ def selection_window(
     """The jobs a run takes: published ones, and dead ones past their retention.
 
     With ``older_than_ms``: published before ``now`` minus that, dead before that and past the
-    retention. With ``day`` (the daily DAG run, UTC): published by the day's end, and dead ones whose
-    retention ended by the day's end (``dead_at < end - retention``); no lower bound on either. So a
-    job marked published after its day's run had started (a late acknowledgement, a bulk replay's
-    mark) is taken by the next day's run, never left behind for good; every dead job is taken by the
-    first daily run after its retention ends, whichever days ran before; and the run of a day that
-    is still within the retention of every dead job takes none. Each row is archived under the day
+    retention. With ``day`` (the daily DAG run, UTC): published within the day, and dead ones whose
+    retention ended by the day's end (``dead_at < end - retention``, no lower bound). So every dead
+    job is taken by the first daily run after its retention ends, whichever days ran before, and
+    the run of a day that is still within the retention of every dead job takes none. A job marked
+    published after its own day's run had started (a late acknowledgement, a bulk replay's batch) is
+    taken by the next daily run (``late_marks``); the published jobs of a day no run has selected are
+    left to that day's run (a backfill archives exactly its days). Each row is archived under the day
     of its own time, whichever run took it. A dead job
     is never taken later than its retention: ``dead_before`` is also capped at ``now`` minus it.
     """
@@ -107,8 +113,8 @@ def selection_window(
     if day is not None:
         start = datetime(day.year, day.month, day.day, tzinfo=UTC)
         end = start + timedelta(days=1)
-        del start  # the day's jobs, and those earlier runs could not take yet
-        return Window(None, end, None, min(end - timedelta(milliseconds=dead_retention_ms), dead_cutoff))
+        dead_before = min(end - timedelta(milliseconds=dead_retention_ms), dead_cutoff)
+        return Window(start, end, None, dead_before, late_marks=True)
     if older_than_ms is None:
         raise CompactionError("a compaction needs --older-than or --day")
     cutoff = now - timedelta(milliseconds=older_than_ms)
@@ -144,6 +150,12 @@ def check_columns(conn: psycopg.Connection[Any]) -> None:
             f"retry_jobs has columns {sorted(found - set(COLUMNS))} the archive does not know and lacks "
             f"{sorted(set(COLUMNS) - found)}: update COLUMNS in retry_scheduler/spark/compaction_db.py before compacting"
         )
+
+
+def record_day(conn: psycopg.Connection[Any], day: date) -> None:
+    """Record that a run selects for ``day`` (before it selects): the published jobs of that day left
+    in PostgreSQL after it are late marks, for the next daily run."""
+    conn.execute("INSERT INTO retry_compaction_days (day) VALUES (%s) ON CONFLICT (day) DO NOTHING", (day,))
 
 
 def take_lock(conn: psycopg.Connection[Any]) -> None:
