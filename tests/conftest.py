@@ -227,3 +227,47 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 #: The Python a cluster's executors run in the tests: the interpreter this virtual environment was
 #: made from, which has none of the jobs' packages (they must come from the submission's archive).
 BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """The processes below ``pid`` (pid, command line), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent:
+                frontier.append(child)
+                try:
+                    command = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ")
+                except OSError:
+                    command = b"?"
+                found.append((child, command.decode(errors="replace").strip()[:200]))
+    return found
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite leaves no process behind: what a test started and did not stop (a broker, a stack, a JVM)
+    is listed and stopped here, after every fixture's teardown. ``RETRY_TEST_STRICT_PROCESSES=1`` makes a
+    leftover fail the run."""
+    deadline = time.monotonic() + 10  # what is already stopping gets the time to exit
+    left = _descendants(os.getpid())
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = _descendants(os.getpid())
+    if not left:
+        return
+    for pid, _command in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    listing = "\n".join(f"  {pid}: {command}" for pid, command in left)
+    sys.__stderr__.write(f"\nprocesses the tests left running (stopped now):\n{listing}\n")
+    if os.environ.get("RETRY_TEST_STRICT_PROCESSES") == "1" and session.exitstatus == 0:
+        session.exitstatus = 1

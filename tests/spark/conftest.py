@@ -57,3 +57,16 @@ def spark(jdbc_jar: str) -> Iterator[SparkSession]:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()
+    # The JVM (py4j's gateway) would otherwise live until this process exits: stop it with the session,
+    # so the suite's teardown finds no process of its own left (tests/conftest.py).
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        gateway.shutdown()
+        proc = getattr(gateway, "proc", None)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+        SparkContext._gateway = None
+        SparkContext._jvm = None
