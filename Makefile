@@ -5,11 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: help venv lint format postgres spark-deps browser-deps test test-unit up demo bench bench-quick clean
+.PHONY: help venv lint format postgres spark-deps browser-deps test test-fast test-unit up demo bench bench-quick clean
 
 help:
 	@echo "make demo   run an end-to-end scenario under the real Airflow scheduler (embedded defaults)"
 	@echo "make test   lint, type-check and run every test (needs PostgreSQL; started if missing)"
+	@echo "make test-fast  unit and integration tests without Airflow, Spark or clusters, in parallel"
 	@echo "make up     broker + PostgreSQL + Airflow (http://localhost:8080, admin/admin) until Ctrl-C"
 	@echo "make bench  benchmark report against baselines, full sizes (bench/out/report.md; ~1 h)"
 	@echo "make chaos  fault injection: 100 trials and the bad-input corpus (bench/out/chaos.json; ~18 min)"
@@ -56,8 +57,20 @@ browser-deps:
 			(apt-get update -q && apt-get install -y -q chromium)) >/dev/null; \
 		else echo "The browser tests need Debian's chromium: sudo apt-get install chromium" >&2; exit 1; fi; }
 
+# Every test. The tests that wait more than they compute run side by side in $(TEST_WORKERS) processes
+# (pytest-xdist; each worker has its own broker, databases and Airflow home); those that need the whole
+# machine (marked serial: benchmarks, chaos, capacity, clusters) run alone after them. Each part prints
+# its 15 slowest tests and writes a JUnit report to .test-reports/ (.ci/run prints the slowest of both).
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 test: lint postgres spark-deps browser-deps
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	@mkdir -p .test-reports
+	$(PYTEST) -n $(TEST_WORKERS) -m "not serial" --junitxml=.test-reports/parallel.xml
+	$(PYTEST) -m serial --junitxml=.test-reports/serial.xml
+
+# The edit-run loop: unit and integration tests without Airflow, Spark or the whole-machine ones (minutes).
+test-fast: venv postgres
+	$(PYTEST) -n $(TEST_WORKERS) -m "not serial and not airflow and not spark and not cluster" tests/unit tests/integration
 
 test-unit: venv
 	$(BIN)/python -m pytest -q tests/unit
@@ -93,4 +106,4 @@ chaos: venv
 		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 clean:
-	rm -rf .dev .airflow .airflow-test .airflow-test-* .mypy_cache .ruff_cache
+	rm -rf .dev .airflow .airflow-test .airflow-test-* .test-reports .mypy_cache .ruff_cache

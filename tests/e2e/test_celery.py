@@ -30,7 +30,7 @@ from retry_scheduler.dev.stack import DevStack
 from tests.conftest import _db_url, checkout_database
 from tests.kafkautil import consume, create_topics
 
-pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster]
+pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster, pytest.mark.serial]
 
 #: One record every SPACING_S seconds for SECONDS, each due DUE_IN_MS after it was sent.
 SECONDS, SPACING_S, DUE_IN_MS = 170, 1.0, 3_000

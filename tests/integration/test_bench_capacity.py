@@ -14,7 +14,7 @@ from bench.measure import BenchOptions, Sizes, run_bench
 from retry_scheduler.core.config import Settings
 from tests.conftest import ADMIN_URL
 
-pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster]
+pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster, pytest.mark.serial]
 
 
 def test_capacity_steps_the_rate_and_publishes_on_one_and_two_celery_workers(

@@ -14,7 +14,7 @@ from bench.measure import BenchOptions, Sizes, run_bench
 from retry_scheduler.core.config import Settings
 from tests.conftest import ADMIN_URL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 ROWS = 5_000
 

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from bench.cpu import (
     ProcessCpu,
     cpu_shares,
@@ -92,6 +94,7 @@ def test_cpu_of_a_busy_child_process_is_counted_for_its_kind() -> None:
     assert used["other"] >= 0.8, used  # its CPU second, less at most one sampling interval
 
 
+@pytest.mark.serial  # it measures the machine's CPU shares: other tests running beside it count as 'other'
 def test_children_that_end_between_samples_count_through_their_parent() -> None:
     # Like PostgreSQL's short-lived backends: never sampled, reaped by their parent (here this process).
     spin = "import time\nend = time.process_time() + 0.15\nwhile time.process_time() < end: pass"
