@@ -256,7 +256,10 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The suite leaves no process behind: what a test started and did not stop (a broker, a stack, a JVM)
     is listed and stopped here, after every fixture's teardown. ``RETRY_TEST_STRICT_PROCESSES=1`` makes a
-    leftover fail the run."""
+    leftover fail the run. In pytest-xdist each worker checks its own; the controller's children are the
+    workers themselves."""
+    if getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput"):
+        return
     deadline = time.monotonic() + 10  # what is already stopping gets the time to exit
     left = _descendants(os.getpid())
     while left and time.monotonic() < deadline:
