@@ -58,19 +58,21 @@ browser-deps:
 		else echo "The browser tests need Debian's chromium: sudo apt-get install chromium" >&2; exit 1; fi; }
 
 # Every test. The tests that wait more than they compute run side by side in $(TEST_WORKERS) processes
-# (pytest-xdist; each worker has its own broker, databases and Airflow home); those that need the whole
+# (pytest-xdist, work stealing: a worker whose tests are done takes over another's; each worker has its
+# own broker, databases and Airflow home; on 2 cores the machine is a third busy with 2 workers, and 4
+# halve the part's time); those that need the whole
 # machine (marked serial: benchmarks, chaos, capacity, clusters) run alone after them. Each part prints
 # its 15 slowest tests and writes a JUnit report to .test-reports/ (.ci/run prints the slowest of both).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 4
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 test: lint postgres spark-deps browser-deps
 	@mkdir -p .test-reports
-	$(PYTEST) -n $(TEST_WORKERS) -m "not serial" --junitxml=.test-reports/parallel.xml
+	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not serial" --junitxml=.test-reports/parallel.xml
 	$(PYTEST) -m serial --junitxml=.test-reports/serial.xml
 
 # The edit-run loop: unit and integration tests without Airflow, Spark or the whole-machine ones (minutes).
 test-fast: venv postgres
-	$(PYTEST) -n $(TEST_WORKERS) -m "not serial and not airflow and not spark and not cluster" tests/unit tests/integration
+	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not serial and not airflow and not spark and not cluster" tests/unit tests/integration
 
 test-unit: venv
 	$(BIN)/python -m pytest -q tests/unit
