@@ -13,12 +13,11 @@ import itertools
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.jobs import decode_headers
 from retry_scheduler.db.store import Store
-from tests.unit.test_rows_property import build_any, check_storable, headers, timestamps
+from tests.unit.test_rows_property import build_any, check_storable, records
 
 pytestmark = pytest.mark.integration
 
@@ -32,13 +31,7 @@ def test_every_built_row_is_stored_as_built(database_url: str) -> None:
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         )
-        @given(
-            ts=timestamps,
-            key=st.one_of(st.none(), st.binary(max_size=64)),
-            value=st.one_of(st.none(), st.binary(max_size=64)),
-            hs=headers,
-            topic=st.sampled_from(["retry", "retry.5m"]),
-        )
+        @given(**records)
         def stored_as_built(
             ts: int | None, key: bytes | None, value: bytes | None, hs: list | None, topic: str
         ) -> None:

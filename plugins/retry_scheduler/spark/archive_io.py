@@ -193,10 +193,15 @@ def check_written(
             f"{twice} ids already archived; nothing was deleted. Move those files aside ({', '.join(written[:5])}"
             f"{', ...' if len(written) > 5 else ''}), then run the compaction again."
         )
-    prefix = f"{root}/"
     for digest in digests:  # paths relative to the archive's root, as they stay valid if it moves
-        digest["file"] = digest["file"].split(prefix, 1)[-1] if prefix in digest["file"] else digest["file"]
+        digest["file"] = _relative(digest["file"], root)
     return digests
+
+
+def _relative(file: str, root: str) -> str:
+    """A file of the archive as its manifest names it: relative to ``root`` (as it came when outside it)."""
+    prefix = f"{root}/"
+    return file.split(prefix, 1)[-1] if prefix in file else file
 
 
 def _read_text_hadoop(spark: SparkSession, uri: str) -> str:
@@ -249,10 +254,7 @@ def compare_digests(spark: SparkSession, root: str, recorded: dict[str, tuple[st
     found: dict[str, dict[str, Any]] = {}
     if present:
         digests, _ = file_digests(spark, [f"{root}/{rel}" for rel in present])
-        prefix = f"{root}/"
-        for digest in digests:
-            rel = digest["file"].split(prefix, 1)[-1] if prefix in digest["file"] else digest["file"]
-            found[rel] = digest
+        found = {_relative(digest["file"], root): digest for digest in digests}
     changed = [
         rel
         for rel in present
