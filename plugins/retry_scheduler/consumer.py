@@ -65,7 +65,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from retry_scheduler.client import RetryClient
 from retry_scheduler.core import protocol
-from retry_scheduler.holds import DEFAULT_HOLDS_TOPIC, Hold, HoldStore, shared_config
+from retry_scheduler.holds import DEFAULT_HOLDS_TOPIC, Hold, HoldStore, create_topics, shared_config
 
 log = logging.getLogger(__name__)
 
@@ -240,20 +240,17 @@ class RetryingConsumer:
             for topic, redelivery in zip(self.topics, self.redelivery_topics, strict=True)
             if redelivery not in known
         ]
-        if not missing:
-            return
-        for name, future in admin.create_topics(missing).items():
-            try:
-                future.result(30)
-                log.info("created the redelivery topic %s", name)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    log.warning(
-                        "cannot create the redelivery topic %s (%s): create it beside its topic, or let "
-                        "the scheduler create it (RETRY_CREATE_TOPICS); it is read from its beginning "
-                        "once it exists",
-                        name, exc.args[0].str(),
-                    )  # fmt: skip
+        failed = create_topics(admin, missing)
+        for topic in missing:
+            if topic.topic in failed:
+                log.warning(
+                    "cannot create the redelivery topic %s (%s): create it beside its topic, or let "
+                    "the scheduler create it (RETRY_CREATE_TOPICS); it is read from its beginning "
+                    "once it exists",
+                    topic.topic, failed[topic.topic],
+                )  # fmt: skip
+            else:
+                log.info("created the redelivery topic %s", topic.topic)
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # A redelivery partition the group never committed an offset for starts at its beginning:

@@ -5,6 +5,7 @@ to, reads the holds back and keeps each key's order. Needs only ``confluent-kafk
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import time
@@ -21,6 +22,21 @@ log = logging.getLogger(__name__)
 
 #: The compacted topic the ordered mode keeps its holds in.
 DEFAULT_HOLDS_TOPIC = protocol.HOLDS_TOPIC
+
+
+def create_topics(admin: AdminClient, topics: list[NewTopic], timeout_s: float = 30) -> dict[str, str]:
+    """Create ``topics``; one that already exists counts as created. The broker's error of each that
+    could not be created (topic -> message); empty when every one exists now."""
+    failed: dict[str, str] = {}
+    for name, future in admin.create_topics(topics, request_timeout=timeout_s).items() if topics else ():
+        try:
+            future.result(timeout_s + 5)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                failed[name] = exc.args[0].str()
+        except concurrent.futures.TimeoutError:
+            failed[name] = f"no answer from the broker within {timeout_s:.0f} s"
+    return failed
 
 
 @dataclass
@@ -77,17 +93,12 @@ class HoldStore:
         admin = AdminClient(shared_config(self.config))
         if self.topic in admin.list_topics(timeout=10).topics:
             return
-        future = admin.create_topics([NewTopic(self.topic, 1, -1, config={"cleanup.policy": "compact"})])[
-            self.topic
-        ]
-        try:
-            future.result(30)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise RuntimeError(
-                    f"cannot create the holds topic {self.topic} ({exc.args[0].str()}): create it "
-                    "(cleanup.policy=compact) or name another with holds_topic="
-                ) from None
+        failed = create_topics(admin, [NewTopic(self.topic, 1, -1, config={"cleanup.policy": "compact"})])
+        if failed:
+            raise RuntimeError(
+                f"cannot create the holds topic {self.topic} ({failed[self.topic]}): create it "
+                "(cleanup.policy=compact) or name another with holds_topic="
+            )
 
     def _key(self, topic: str, key: bytes) -> bytes:
         return self._prefix + topic.encode("utf-8") + b"\0" + key

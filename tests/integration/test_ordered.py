@@ -17,12 +17,15 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Message
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from retry_scheduler.cli.service import status_report
 from retry_scheduler.consumer import RetryingConsumer
 from retry_scheduler.core import protocol as p
 from retry_scheduler.db.store import Store
+from retry_scheduler.dev.procs import free_port
 from retry_scheduler.holds import Hold, HoldStore
+from retry_scheduler.holds import create_topics as create_holds_topics
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
 from tests.integration.test_loop import Loop, hdr, new_loop
@@ -136,6 +139,22 @@ def test_a_record_cannot_both_hold_and_release(loop: Loop) -> None:
     reasons = [r["reason"] for r in loop.rows()]
     assert "cannot carry both retry.hold and retry.release" in reasons[0]
     assert "retry.hold must be the retry.id of the record held on" in reasons[1]
+
+
+def test_topics_are_created_once_and_one_not_created_is_named(
+    bootstrap_servers: str, topic_prefix: str
+) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    there, new = f"{topic_prefix}-there", f"{topic_prefix}-new"
+    create_topics(bootstrap_servers, [there])
+
+    assert create_holds_topics(admin, [NewTopic(there, 1, -1), NewTopic(new, 2, -1)]) == {}
+    assert {there, new} <= set(admin.list_topics(timeout=10).topics)
+    assert create_holds_topics(admin, []) == {}
+    # A broker that does not answer: each topic is named with the reason, nothing is raised.
+    gone = AdminClient({"bootstrap.servers": f"127.0.0.1:{free_port()}"})
+    failed = create_holds_topics(gone, [NewTopic(new, 1, -1)], timeout_s=2)
+    assert list(failed) == [new] and failed[new], failed
 
 
 def test_the_hold_store_reads_back_its_groups_holds_and_skips_what_is_not_one(
