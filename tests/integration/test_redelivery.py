@@ -17,7 +17,7 @@ from retry_scheduler.core import protocol as p
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.headers import InvalidRecordError, Limits, parse_headers
 from tests.integration.test_loop import Loop, new_loop
-from tests.kafkautil import create_topics, produce
+from tests.kafkautil import consume, create_topics, produce
 
 pytestmark = pytest.mark.integration
 
@@ -71,9 +71,8 @@ def test_a_retry_reaches_only_the_group_that_failed(loop: Loop, topic_prefix: st
         counts = loop.ingest(1)  # billing's retry of k1
         loop.publish(4)  # due 1 s later (the default policy's first delay), on billing's topic
         deadline = time.monotonic() + 60
-        while len(billing.handled) < 4 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        time.sleep(3)  # time for anything unexpected to arrive too
+        while (len(billing.handled) < 4 or len(shipping.handled) < 3) and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         billing.consumer.stop()
         shipping.consumer.stop()
@@ -81,6 +80,9 @@ def test_a_retry_reaches_only_the_group_that_failed(loop: Loop, topic_prefix: st
         shipping.thread.join(30)
 
     redelivery = f"{orders}.{group_a}.redelivery"
+    # The topics hold exactly what the groups handled: nothing else was published that could still come.
+    assert len(consume(loop.bootstrap, [orders], 3)) == 3
+    assert len(consume(loop.bootstrap, [redelivery], 1)) == 1
     assert counts.stored == 1
     [job] = loop.rows()
     assert (job["destination"], job["original_topic"], job["consumer_group"]) == (redelivery, orders, group_a)
