@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: help venv lint format postgres spark-deps browser-deps test test-fast test-unit up demo bench bench-quick clean
+.PHONY: help venv lint format postgres spark-deps browser-deps test test-fast test-random test-unit up demo bench bench-quick clean
 
 help:
 	@echo "make demo   run an end-to-end scenario under the real Airflow scheduler (embedded defaults)"
@@ -58,17 +58,23 @@ browser-deps:
 		else echo "The browser tests need Debian's chromium: sudo apt-get install chromium" >&2; exit 1; fi; }
 
 # Every test. The tests that wait more than they compute run side by side in $(TEST_WORKERS) processes
-# (pytest-xdist, work stealing: a worker whose tests are done takes over another's; each worker has its
-# own broker, databases and Airflow home; on 2 cores the machine is a third busy with 2 workers, and 4
-# halve the part's time); those that need the whole
-# machine (marked serial: benchmarks, chaos, capacity, clusters) run alone after them. Each part prints
-# its 15 slowest tests and writes a JUnit report to .test-reports/ (.ci/run prints the slowest of both).
+# (pytest-xdist, work stealing: a worker whose tests are done takes over half of another's; each worker
+# has its own broker, databases and Airflow home). Those that need the whole machine (marked serial:
+# benchmarks, chaos, capacity, the Spark cluster) run alone after them. Each part prints its 15 slowest
+# tests and writes a JUnit report to .test-reports/ (.ci/run prints the slowest of both); a process a
+# test left running fails the run.
 TEST_WORKERS ?= 4
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
+PARALLEL := -n $(TEST_WORKERS) --dist worksteal -m "not serial"
 test: lint postgres spark-deps browser-deps
 	@mkdir -p .test-reports
-	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not serial" --junitxml=.test-reports/parallel.xml
+	$(PYTEST) $(PARALLEL) --junitxml=.test-reports/parallel.xml
 	$(PYTEST) -m serial --junitxml=.test-reports/serial.xml
+
+# The parallel part in a random order (its seed is printed; SEED=n replays one): no test may depend on
+# what another left behind or did first.
+test-random: venv postgres spark-deps browser-deps
+	$(PYTEST) $(PARALLEL) --random-order-bucket=global $(if $(SEED),--random-order-seed=$(SEED))
 
 # The edit-run loop: unit and integration tests without Airflow, Spark or the whole-machine ones (minutes).
 test-fast: venv postgres

@@ -253,14 +253,36 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     return found
 
 
+#: What the pytest-xdist workers reported left running (the controller fails the run with it).
+_WORKERS_LEFT: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """In the pytest-xdist controller: a worker's leftover processes (a worker's exit status is not its
+    own verdict in pytest-xdist, so it hands the listing over in its output)."""
+    left = getattr(node, "workeroutput", {}).get("left_processes")
+    if left:
+        _WORKERS_LEFT.append(f"{node.gateway.id}:\n{left}")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The suite leaves no process behind: what a test started and did not stop (a broker, a stack, a JVM)
-    is listed and stopped here, after every fixture's teardown. ``RETRY_TEST_STRICT_PROCESSES=1`` makes a
-    leftover fail the run. In pytest-xdist each worker checks its own; the controller's children are the
-    workers themselves."""
-    if getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput"):
+    is listed and stopped here, after every fixture's teardown, and fails the run
+    (``RETRY_TEST_STRICT_PROCESSES=0`` only lists it). In pytest-xdist each worker checks its own and the
+    controller (whose children are the workers) fails the run with what they report."""
+    strict = os.environ.get("RETRY_TEST_STRICT_PROCESSES", "1") != "0"
+    worker = hasattr(session.config, "workerinput")
+    if not worker and getattr(session.config.option, "numprocesses", None):
+        if _WORKERS_LEFT:
+            sys.__stderr__.write(
+                "\nprocesses the tests left running (stopped now):\n" + "\n".join(_WORKERS_LEFT)
+            )
+            if strict and session.exitstatus == 0:
+                session.exitstatus = 1
         return
-    deadline = time.monotonic() + 10  # what is already stopping gets the time to exit
+    # what is already stopping gets the time to exit
+    deadline = time.monotonic() + float(os.environ.get("RETRY_TEST_PROCESS_GRACE_S", "10"))
     left = _descendants(os.getpid())
     while left and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -271,6 +293,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
     listing = "\n".join(f"  {pid}: {command}" for pid, command in left)
+    if worker:
+        session.config.workeroutput["left_processes"] = listing  # type: ignore[attr-defined]
+        return
     sys.__stderr__.write(f"\nprocesses the tests left running (stopped now):\n{listing}\n")
-    if os.environ.get("RETRY_TEST_STRICT_PROCESSES") == "1" and session.exitstatus == 0:
+    if strict and session.exitstatus == 0:
         session.exitstatus = 1

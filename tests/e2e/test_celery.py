@@ -3,8 +3,8 @@ queues its tasks in Redis and a real Celery worker (``airflow celery worker``) r
 
 Redis is a ``redis-server`` of the test's own on a free port, started by the dev tooling because none
 answers there (the machine's Redis is left alone). The workload runs for longer than two of the
-DAG's runs, so the loops of one run must hand over to the next on the worker. Run alone with
-``pytest -m cluster``.
+DAG's runs, so the loops of one run must hand over to the next on the worker. It waits more than it
+computes and asserts no timing, so it runs beside the other tests (``pytest -m cluster`` runs it alone).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from retry_scheduler.dev.stack import DevStack
 from tests.conftest import _db_url, checkout_database
 from tests.kafkautil import consume, create_topics
 
-pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster, pytest.mark.serial]
+pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster]
 
 #: One record every SPACING_S seconds for SECONDS, each due DUE_IN_MS after it was sent.
 SECONDS, SPACING_S, DUE_IN_MS = 170, 1.0, 3_000
