@@ -71,10 +71,14 @@ test: lint postgres spark-deps browser-deps
 	$(PYTEST) $(PARALLEL) --junitxml=.test-reports/parallel.xml
 	$(PYTEST) -m serial --junitxml=.test-reports/serial.xml
 
-# The parallel part in a random order (its seed is printed; SEED=n replays one): no test may depend on
-# what another left behind or did first.
+# The parallel part in a random order (its seed is printed first; SEED=n replays one): no test may
+# depend on what another left behind or did first.
+ifndef SEED
+SEED := $(shell od -An -N3 -tu4 /dev/urandom | tr -d ' ')
+endif
 test-random: venv postgres spark-deps browser-deps
-	$(PYTEST) $(PARALLEL) --random-order-bucket=global $(if $(SEED),--random-order-seed=$(SEED))
+	@echo "random order, seed $(SEED) (make test-random SEED=$(SEED) replays it)"
+	$(PYTEST) $(PARALLEL) --random-order-bucket=global --random-order-seed=$(SEED)
 
 # The edit-run loop: unit and integration tests without Airflow, Spark or the whole-machine ones (minutes).
 test-fast: venv postgres
