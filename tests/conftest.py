@@ -275,11 +275,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     worker = hasattr(session.config, "workerinput")
     if not worker and getattr(session.config.option, "numprocesses", None):
         if _WORKERS_LEFT:
-            sys.__stderr__.write(
-                "\nprocesses the tests left running (stopped now):\n" + "\n".join(_WORKERS_LEFT)
-            )
-            if strict and session.exitstatus == 0:
-                session.exitstatus = 1
+            _fail_with_leftovers(session, "\n".join(_WORKERS_LEFT), strict)
         return
     # what is already stopping gets the time to exit
     deadline = time.monotonic() + float(os.environ.get("RETRY_TEST_PROCESS_GRACE_S", "10"))
@@ -296,6 +292,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if worker:
         session.config.workeroutput["left_processes"] = listing  # type: ignore[attr-defined]
         return
+    _fail_with_leftovers(session, listing, strict)
+
+
+def _fail_with_leftovers(session: pytest.Session, listing: str, strict: bool) -> None:
     sys.__stderr__.write(f"\nprocesses the tests left running (stopped now):\n{listing}\n")
     if strict and session.exitstatus == 0:
         session.exitstatus = 1
