@@ -390,15 +390,26 @@ def test_failed_deliveries_back_off_from_one_second_doubling_to_a_minute(loop: L
     loop.ingest(1)
     settings = loop.settings.with_overrides(create_topics=False)
 
-    def backoff_after_failure(store: Store, publisher: Publisher, deadline_s: float) -> tuple[float, float]:
-        """Publish until the job's delivery fails; (the backoff it got, when it was tried) in seconds."""
+    def server_clock(store: Store) -> float:
+        with store.conn.transaction():
+            [(now,)] = store.conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchall()
+        return float(now)
+
+    def backoff_after_failure(
+        store: Store, publisher: Publisher, deadline_s: float
+    ) -> tuple[float, float, float]:
+        """Publish until the job's delivery fails: (the backoff it got, the server's clock when the
+        round that tried it ended, when the job is claimable again), in seconds. The round claimed
+        the job at some moment before it ended, so a round ending before the previous failure's
+        backoff ran out would show an early try."""
         deadline = time.monotonic() + deadline_s
         while time.monotonic() < deadline:
-            with store.conn.transaction():
-                [(tried,)] = store.conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchall()
+            started = server_clock(store)
             if publisher.publish_once().failed:
+                ended = server_clock(store)
                 [row] = loop.rows()
-                return row["lease_until"].timestamp() - float(tried), float(tried)
+                claimable = row["lease_until"].timestamp()
+                return claimable - started, ended, claimable
             time.sleep(0.05)
         raise AssertionError(f"the job was not tried within {deadline_s} s")
 
@@ -414,11 +425,11 @@ def test_failed_deliveries_back_off_from_one_second_doubling_to_a_minute(loop: L
                     tries.append(backoff_after_failure(store, publisher, 5))
         finally:
             publisher.close()
-    backoffs = [b for b, _ in tries]
+    backoffs = [b for b, _, _ in tries]
     for got, expected in zip(backoffs, [1, 2, 4, 8, 32, 60, 60], strict=True):
         assert expected <= got < expected + 0.5, backoffs
-    for (backoff, tried), (_, next_tried) in itertools.pairwise(tries[:4]):
-        assert next_tried >= tried + backoff  # never tried again before its backoff ended
+    for (_, _, claimable), (_, next_tried, _) in itertools.pairwise(tries[:4]):
+        assert next_tried >= claimable  # never tried again before its backoff ended
     [row] = loop.rows()
     assert (row["status"], row["publish_failures"]) == ("pending", 41)
     assert f"topic {loop.dest} does not exist" in row["last_error"]
