@@ -2,13 +2,15 @@
 queues its tasks in Redis and a real Celery worker (``airflow celery worker``) runs them.
 
 Redis is a ``redis-server`` of the test's own on a free port, started by the dev tooling because none
-answers there (the machine's Redis is left alone). The workload runs for longer than two of the
-DAG's runs, so the loops of one run must hand over to the next on the worker. It waits more than it
+answers there (the machine's Redis is left alone). While the workload runs, a run with 15-second
+loops is triggered every 15 s, so the loops of one run must hand over to the next on the worker (the
+scheduled runs loop for 90 s each; waiting for two of them took three minutes). It waits more than it
 computes and asserts no timing, so it runs beside the other tests (``pytest -m cluster`` runs it alone).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -33,7 +35,9 @@ from tests.kafkautil import consume, create_topics
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster]
 
 #: One record every SPACING_S seconds for SECONDS, each due DUE_IN_MS after it was sent.
-SECONDS, SPACING_S, DUE_IN_MS = 170, 1.0, 3_000
+SECONDS, SPACING_S, DUE_IN_MS = 60, 1.0, 3_000
+#: The loop_seconds of the runs the test triggers, one every RUN_LOOP_S while the workload runs.
+RUN_LOOP_S = 15
 
 
 def send_steadily(bootstrap: str, retry_topic: str, destination: str) -> dict[bytes, int]:
@@ -54,8 +58,9 @@ def send_steadily(bootstrap: str, retry_topic: str, destination: str) -> dict[by
 
 
 def test_retries_come_back_never_early_from_loops_on_a_celery_worker(
-    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="retry_scheduler.dev")
     # Two publish tasks per run, side by side on the worker: they share the due jobs (SKIP LOCKED).
     monkeypatch.setenv("RETRY_PUBLISH_TASKS", "2")
     settings = Settings(database_url=database_url, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
@@ -79,7 +84,8 @@ def test_retries_come_back_never_early_from_loops_on_a_celery_worker(
         create_topics(settings.bootstrap_servers, [destination])
         token = api_token(stack.base_url)
         unpause_dag(stack.base_url, token, "retry_scheduler")
-        trigger_dag(stack.base_url, token, "retry_scheduler")
+        short_loops = {"loop_seconds": RUN_LOOP_S}
+        trigger_dag(stack.base_url, token, "retry_scheduler", conf=short_loops)
         warm_up(settings, uuid.uuid4().hex[:6], 300)
         box: list[dict[bytes, int]] = []
         sender = threading.Thread(
@@ -88,7 +94,10 @@ def test_retries_come_back_never_early_from_loops_on_a_celery_worker(
             )
         )
         sender.start()
-        sender.join()
+        sender.join(RUN_LOOP_S)
+        while sender.is_alive():
+            trigger_dag(stack.base_url, token, "retry_scheduler", conf=short_loops)
+            sender.join(RUN_LOOP_S)
         due = box[0]
         seen = consume(settings.bootstrap_servers, [destination], len(due), timeout_s=120)
         deadline = time.monotonic() + 120
@@ -109,6 +118,8 @@ def test_retries_come_back_never_early_from_loops_on_a_celery_worker(
             time.sleep(2)
         worker_log = (stack.log_dir / "celery-worker-0.log").read_text(errors="replace")
     assert not port_open("127.0.0.1", redis_port), "the stack's Redis outlived the stack"
+    # Stopping the stack asked the running loops to end (SIGTERM): nothing had to be killed.
+    assert [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()] == []
 
     # Every record came back once (two publish tasks at a time, never the same job twice), none early.
     assert sorted(s.key for s in seen if s.key) == sorted(due)

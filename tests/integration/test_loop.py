@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import os
+import pickle
 import re
+import signal
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -630,3 +637,79 @@ def test_a_destination_taken_off_the_list_is_not_published_to(loop: Loop) -> Non
     assert row["reason"].startswith(f"destination '{legacy}' is not allowed: add it to ALLOWED_DESTINATIONS")
     assert row["reason"].endswith("the record had failed with: db down")
     assert consume(loop.bootstrap, [legacy], 1, timeout_s=3) == []
+
+
+TASK_BODY = """
+import json, pickle, sys
+from retry_scheduler.airflow import tasks
+settings, kind = pickle.load(sys.stdin.buffer)
+body = tasks.run_ingest if kind == "ingest" else tasks.run_publish
+print(json.dumps(body(300, settings), default=str))
+"""
+
+
+def _start_task_body(settings: Settings, kind: str) -> subprocess.Popen[bytes]:
+    """The loop as the DAG's task runs it (``run_ingest``/``run_publish`` in the process's main
+    thread), for 300 s, in a process group of its own as Airflow starts a task."""
+    with tempfile.TemporaryFile() as given:
+        given.write(pickle.dumps((settings, kind)))
+        given.seek(0)
+        return subprocess.Popen(
+            [sys.executable, "-c", TASK_BODY],
+            stdin=given,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s} s"
+        time.sleep(0.2)
+
+
+def test_loop_tasks_sent_sigterm_end_after_the_work_in_hand_with_it_committed(loop: Loop) -> None:
+    """A Celery worker's warm shutdown, a stopping scheduler or a deleted pod end a task with SIGTERM
+    (to its process group): the loops stop within seconds instead of running out their 300 s, exit
+    cleanly with their counts, and what they did is committed (rows and offsets, published marks)."""
+    _send_to_partitions(loop, partitions=2, per_partition=20)
+    settings = loop.settings.with_overrides(ingest_workers=2, ingest_batch=10)
+    ingest = _start_task_body(settings, "ingest")
+    try:
+        _wait_for(lambda: len(loop.rows()) == 40, "storing the 40 records")
+        sent = time.monotonic()
+        os.killpg(ingest.pid, signal.SIGTERM)  # the loop and its worker processes
+        out, err = ingest.communicate(timeout=30)
+    finally:
+        if ingest.poll() is None:
+            os.killpg(ingest.pid, signal.SIGKILL)
+    stopped_in = time.monotonic() - sent
+    assert ingest.returncode == 0, err.decode()[-3000:]
+    assert json.loads(out)["stored"] == 40
+    assert (
+        "ingest loop: stopped early, after the work in hand, because the task was sent SIGTERM"
+        in err.decode()
+    )
+    with psycopg.connect(loop.settings.database_url) as conn:
+        offsets = conn.execute(
+            "SELECT partition, next_offset FROM retry_ingest_offsets WHERE consumer_group = %s ORDER BY 1",
+            (loop.settings.consumer_group,),
+        ).fetchall()
+    assert offsets == [(0, 20), (1, 20)]
+
+    publish = _start_task_body(loop.settings, "publish")
+    try:
+        seen = consume(loop.bootstrap, [loop.dest], 40, timeout_s=60)
+        _wait_for(lambda: [r["status"] for r in loop.rows()] == ["published"] * 40, "marking 40 published")
+        os.kill(publish.pid, signal.SIGTERM)
+        out, err = publish.communicate(timeout=30)
+    finally:
+        if publish.poll() is None:
+            os.killpg(publish.pid, signal.SIGKILL)
+    assert publish.returncode == 0, err.decode()[-3000:]
+    assert json.loads(out)["published"] == 40 and len(seen) == 40
+    assert "publish loop: stopped early" in err.decode()
+    # (the deadline is there to tell "stopped on the signal" from "ran out its 300 s"; not a timing claim)
+    assert stopped_in < 30

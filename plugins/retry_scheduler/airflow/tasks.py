@@ -7,7 +7,11 @@ the task runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +26,39 @@ from retry_scheduler.loops.publish import Publisher
 log = logging.getLogger(__name__)
 
 
+@contextlib.contextmanager
+def until_terminated(kind: str) -> Iterator[Callable[[], bool]]:
+    """``should_stop`` for a loop run as a task: true once the task's process was sent SIGTERM.
+
+    A Celery worker's warm shutdown, a stopping scheduler, a pod being deleted and ``dev up``'s
+    Ctrl-C all end a task with SIGTERM, on which Airflow's task runner only calls ``on_kill``. The
+    loop then ends after the batch or round in hand (its rows and offsets committed, the jobs the
+    broker acknowledged marked) rather than running out its ``loop_seconds`` or being killed half-way
+    through a round. The handler that was there before still runs. Outside the main thread (the
+    ``run`` command's loops) signals cannot be caught: the loop never stops early.
+    """
+    terminated = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield terminated.is_set
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        terminated.set()
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield terminated.is_set
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if terminated.is_set():
+            log.warning(
+                "%s loop: stopped early, after the work in hand, because the task was sent SIGTERM", kind
+            )
+
+
 def run_ingest(
     loop_seconds: float, settings: Settings | None = None, metrics: Metrics | None = None
 ) -> dict[str, Any]:
@@ -31,10 +68,10 @@ def run_ingest(
     settings = settings or settings_from_connections()
     registry = load_policies(settings.policies_file)
     log.info("policies from %s: %s", settings.policies_file, ", ".join(sorted(registry.policies)))
-    with Store(settings.database_url) as store:
+    with Store(settings.database_url) as store, until_terminated("ingest") as terminated:
         ingestor = Ingestor(settings, registry, store, metrics=metrics)
         try:
-            counts = ingestor.run(loop_seconds)
+            counts = ingestor.run(loop_seconds, should_stop=terminated)
         finally:
             ingestor.close()
     result = counts.as_dict()
@@ -53,10 +90,10 @@ def run_publish(
 
     ``metrics``: where rounds, backlog and lateness are reported (the DAG passes Airflow's)."""
     settings = settings or settings_from_connections()
-    with Store(settings.database_url) as store:
+    with Store(settings.database_url) as store, until_terminated("publish") as terminated:
         publisher = Publisher(settings, store, metrics=metrics)
         try:
-            counts = publisher.run(loop_seconds)
+            counts = publisher.run(loop_seconds, should_stop=terminated)
         finally:
             publisher.close()
         result = counts.as_dict()

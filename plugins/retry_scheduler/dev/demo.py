@@ -246,7 +246,7 @@ def run_demo(
         )
         started = time.monotonic()
         outcome = _outcome(settings, tag)
-        done = False
+        done, next_note = False, started
         while time.monotonic() - started < timeout_s:
             outcome = _outcome(settings, tag)
             done = (
@@ -256,11 +256,13 @@ def run_demo(
             )
             if done:
                 break
-            say(
-                f"  {time.monotonic() - started:5.0f}s  recovered {len(app.recovered)}/{plan.recover}, "
-                f"ingested {outcome['ingested']}, published {outcome['published']}, dead {outcome['dead']}"
-            )
-            time.sleep(5)
+            if time.monotonic() >= next_note:  # progress every 5 s; the outcome is checked every second
+                next_note += 5
+                say(
+                    f"  {time.monotonic() - started:5.0f}s  recovered {len(app.recovered)}/{plan.recover}, "
+                    f"ingested {outcome['ingested']}, published {outcome['published']}, dead {outcome['dead']}"
+                )
+            time.sleep(1)
         app.stop.set()
         thread.join(15)
 

@@ -64,8 +64,11 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def terminate(proc: Proc, name: str, timeout: float = 20.0) -> None:
-    """SIGTERM the child's whole process group, then SIGKILL whatever is left after ``timeout``."""
+def terminate(
+    proc: Proc, name: str, timeout: float = 20.0, while_waiting: Callable[[], object] = lambda: None
+) -> None:
+    """SIGTERM the child's whole process group, then SIGKILL whatever is left after ``timeout``;
+    ``while_waiting`` is called every 0.2 s while the group has not ended after SIGTERM."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
@@ -73,10 +76,12 @@ def terminate(proc: Proc, name: str, timeout: float = 20.0) -> None:
         while time.monotonic() < deadline:
             if proc.poll() is not None and not _group_alive(proc.pid):
                 return
+            if sig is signal.SIGTERM:
+                while_waiting()
             time.sleep(0.2)
         if sig is signal.SIGTERM:
-            # Usual for the scheduler, whose executor waits for running tasks (a retry_scheduler run
-            # lasts 90 s). Killing them is safe: the loops are at-least-once, and the next run resumes.
+            # A scheduler or a Celery worker waits for the tasks it runs; DevStack asks those to end
+            # first. Killing is safe anyway: the loops are at-least-once, and the next run resumes.
             log.info("%s still running %.0f s after SIGTERM: sending SIGKILL", name, timeout)
         else:
             log.warning("%s still running %.0f s after SIGKILL", name, timeout)

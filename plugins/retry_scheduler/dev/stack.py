@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -243,6 +244,33 @@ def airflow_cli(
     return done
 
 
+#: How long stopping a stack waits for its running tasks to end before it stops the services.
+TASKS_STOP_S = 30.0
+
+
+def _end_more_tasks(procs: list[tuple[str, Proc]], signalled: set[int], ended: list[Any]) -> None:
+    ended.extend(_end_tasks(procs, signalled))
+
+
+def _end_tasks(procs: list[tuple[str, Proc]], signalled: set[int]) -> list[Any]:
+    """SIGTERM the task processes under ``procs`` not signalled yet; returns them (``psutil`` processes).
+
+    An executor starts each task in a process group of its own; the services' processes lead theirs."""
+    import psutil
+
+    services = {proc.pid for _, proc in procs}
+    fresh = []
+    for _, proc in procs:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                with contextlib.suppress(OSError):
+                    if child.pid not in signalled and os.getpgid(child.pid) not in services:
+                        signalled.add(child.pid)
+                        child.terminate()
+                        fresh.append(child)
+    return fresh
+
+
 class DevStack:
     """Broker, PostgreSQL and the Airflow processes of ``make up``, started and stopped together."""
 
@@ -437,10 +465,23 @@ class DevStack:
         for _, proc in self._procs:
             with contextlib.suppress(psutil.Error):
                 descendants += psutil.Process(proc.pid).children(recursive=True)
+        # Running tasks first, while the api-server they report to is up: on SIGTERM the loops stop
+        # after the round in hand (retry_scheduler.airflow.tasks.until_terminated). Otherwise the
+        # scheduler and the Celery workers wait for them (a retry_scheduler run loops for 90 s).
+        # A task that starts meanwhile (the scheduler queues the next run's) is ended as it appears.
+        signalled: set[int] = set()
+        tasks = _end_tasks(self._procs, signalled)
+        if tasks:
+            _, still = psutil.wait_procs(tasks, timeout=TASKS_STOP_S)
+            if still:
+                log.info("%s task process(es) still running %.0f s after SIGTERM", len(still), TASKS_STOP_S)
         while self._procs:
             name, proc = self._procs.pop()
             log.info("stopping %s (pid %s)", name, proc.pid)
-            terminate(proc, name)
+            stopping = [(name, proc), *self._procs]
+            terminate(
+                proc, name, while_waiting=functools.partial(_end_more_tasks, stopping, signalled, descendants)
+            )
         alive = [p for p in descendants if p.is_running()]
         for straggler in alive:
             with contextlib.suppress(psutil.Error):

@@ -13,6 +13,7 @@ import logging
 import os
 import pickle
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -427,12 +428,20 @@ class Ingestor:
         try:
             while go_on():
                 self._collect(results, 0.2)
-                for n, proc in enumerate(procs, start=1):
-                    if proc.poll() is not None:
-                        raise IngestWorkerError(
-                            f"ingest-worker-{n} exited with code {proc.returncode}: stopping the ingest loop "
-                            "(the next one starts from the offsets stored with the rows)"
-                        )
+                ended = [
+                    (n, proc.returncode) for n, proc in enumerate(procs, start=1) if proc.poll() is not None
+                ]
+                if any(code != 0 for _, code in ended):
+                    n, code = next((n, code) for n, code in ended if code != 0)
+                    raise IngestWorkerError(
+                        f"ingest-worker-{n} exited with code {code}: stopping the ingest loop "
+                        "(the next one starts from the offsets stored with the rows)"
+                    )
+                if ended:  # stopped by SIGTERM after the batch in hand: the others stop too, then plan again
+                    log.info(
+                        "ingest-worker-%s was asked to stop (SIGTERM): stopping the workers", ended[0][0]
+                    )
+                    break
                 if time.monotonic() - checked > 10:
                     checked = time.monotonic()
                     if set(self.partitions()) != planned:
@@ -532,6 +541,8 @@ def worker_main() -> None:
         stop.set()
 
     threading.Thread(target=watch_input, name="stdin", daemon=True).start()
+    # A task ended with SIGTERM signals its whole process group: a worker stops as at end of input.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
 
     def report(counts: IngestCounts) -> None:
         sys.stdout.write(json.dumps(counts.as_dict()) + "\n")
