@@ -214,7 +214,7 @@ def test_installed_loops_ingest_and_publish(
     ran = installed.run(
         str(installed.bin / "retry-scheduler"),
         "--database-url", database_url, "--kafka-bootstrap", bootstrap_servers,
-        "run", "--seconds", "8",
+        "run", "--seconds", "8", "--grace", "0",
         env={"RETRY_TOPIC": retry_topic, "RETRY_CONSUMER_GROUP": f"{topic_prefix}-g", "RETRY_CREATE_TOPICS": "true",
              # Destinations are denied by default: this deployment allows its one.
              "RETRY_DESTINATION_ALLOWLIST": re.escape(destination)},

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import psycopg
 import pytest
 
+from retry_scheduler.cli.main import main
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.handover import LoopTenure
 
@@ -41,3 +44,20 @@ def test_a_dead_successor_does_not_relieve(database_url: str) -> None:
 def test_grace_bounds_the_extension(database_url: str) -> None:
     with Store(database_url) as store:
         assert not LoopTenure(store, "ingest", duration_s=0, grace_s=0).go_on()
+
+
+@pytest.mark.parametrize("grace", ["0", "1"])
+def test_the_run_command_s_grace_says_how_long_its_loop_waits_for_a_successor(
+    grace: str, database_url: str, bootstrap_servers: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Outside Airflow no next run relieves the loop: ``run --seconds 8`` used to take 68 s."""
+    caplog.set_level(logging.INFO, logger="retry_scheduler.loops")
+    code = main(
+        ["--database-url", database_url, "--kafka-bootstrap", bootstrap_servers,
+         "run", "--only", "publish", "--seconds", "1", "--grace", grace]
+    )  # fmt: skip
+    assert code == 0
+    said = [r.getMessage() for r in caplog.records]
+    carried_on = "publish loop: time is up but no newer loop is alive yet; carrying on" in said
+    gave_up = "publish loop: no newer loop took over within the grace period; stopping" in said
+    assert (carried_on, gave_up) == ((False, False) if grace == "0" else (True, True)), said

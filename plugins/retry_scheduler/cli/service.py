@@ -100,6 +100,9 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Run the ingest and publish loops outside Airflow (debugging, benchmarks, chaos tests)."""
     from retry_scheduler.airflow.tasks import run_ingest, run_publish
 
+    if args.grace is not None:
+        settings = settings.with_overrides(loop_grace_ms=round(args.grace * 1000))
+
     results: dict[str, Any] = {}
     errors: list[BaseException] = []
 
@@ -144,4 +147,11 @@ def add_parsers(sub: Any) -> None:
     run = sub.add_parser("run", help="run the ingest and publish loops without Airflow")
     run.add_argument("--seconds", type=float, default=60, metavar="S", help="how long to loop (default 60)")
     run.add_argument("--only", choices=["ingest", "publish"], help="run one loop only")
+    run.add_argument(
+        "--grace",
+        type=float,
+        metavar="S",
+        help="once --seconds are up, carry on until a newer loop of the same kind is alive, for at most S "
+        "seconds, as the DAG's loops hand over (default: RETRY_LOOP_GRACE_MS, 60 s; 0 stops on time)",
+    )
     run.set_defaults(func=_cmd_run)
