@@ -38,6 +38,36 @@ os.environ["RETRY_DESTINATION_ALLOWLIST"] = TEST_DESTINATIONS
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k deselected what does not run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, start the longest tests first, spread over the workers.
+
+    Work stealing first hands each of the N workers a contiguous share of the collection (about
+    len/N tests), then an idle worker takes the second half of the longest queue. The end-to-end and
+    Spark cluster tests (each a dev stack or a cluster, minutes of mostly waiting) would otherwise sit
+    in the middle of one share and start late, and the last of them would end the run alone. They are
+    dealt round the shares' heads; the rest keep their order. Every worker computes the same order.
+    """
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
+    if workers < 2:
+        return
+    heads = [i for i in items if i.nodeid.startswith("tests/e2e/") or i.get_closest_marker("cluster")]
+    if not heads:
+        return
+    first = set(heads)
+    rest = [i for i in items if i not in first]
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for n, item in enumerate(heads):
+        shares[n % workers].append(item)
+    ordered: list[pytest.Item] = []
+    for n in range(workers):  # as xdist sizes them: what is left divided by the workers left
+        size = (len(items) - len(ordered)) // (workers - n)
+        take = max(0, size - len(shares[n]))
+        ordered += shares[n] + rest[:take]
+        rest = rest[take:]
+    items[:] = ordered + rest
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Keep what is logged at interpreter exit, after the summary, out of the output unless it warns.
 
