@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 
 import pytest
 
@@ -15,7 +16,8 @@ from tests.conftest import checkout_database
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
 
-def test_demo_under_the_real_scheduler(database_url: str, tmp_path) -> None:
+def test_demo_under_the_real_scheduler(database_url: str, tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="retry_scheduler.dev")
     settings = Settings(database_url=database_url, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
     lines: list[str] = []
     summary = io.StringIO()  # what `demo --json` prints on stdout
@@ -40,3 +42,6 @@ def test_demo_under_the_real_scheduler(database_url: str, tmp_path) -> None:
     assert (result["ok"], result["recovered"], result["early"]) == (True, 20, 0)
     assert result["dead"] == result["expected"]["dead"] and result["dead"]["exhausted"] == 12
     assert result["lateness_s"]["p99"] is not None and result["lateness_s"]["p99"] >= 0
+    # The stack ended the DAG's running loops (SIGTERM) before its scheduler, which then had none to
+    # wait for: nothing was killed.
+    assert [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()] == []

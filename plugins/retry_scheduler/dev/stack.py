@@ -255,12 +255,16 @@ def _end_more_tasks(procs: list[tuple[str, Proc]], signalled: set[int], ended: l
 def _end_tasks(procs: list[tuple[str, Proc]], signalled: set[int]) -> list[Any]:
     """SIGTERM the task processes under ``procs`` not signalled yet; returns them (``psutil`` processes).
 
-    An executor starts each task in a process group of its own; the services' processes lead theirs."""
+    Tasks run under the scheduler (LocalExecutor) and the Celery workers, each in a process group of
+    its own; the services' processes lead theirs. (The triggerer's and the dag processor's children
+    are not tasks: their services stop them, and the trigger runner does not end on SIGTERM.)"""
     import psutil
 
     services = {proc.pid for _, proc in procs}
     fresh = []
-    for _, proc in procs:
+    for name, proc in procs:
+        if not name.startswith(("scheduler", "celery-worker")):
+            continue
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process(proc.pid).children(recursive=True):
                 with contextlib.suppress(OSError):
