@@ -671,9 +671,9 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60) -
 
 
 def test_loop_tasks_sent_sigterm_end_after_the_work_in_hand_with_it_committed(loop: Loop) -> None:
-    """A Celery worker's warm shutdown, a stopping scheduler or a deleted pod end a task with SIGTERM
-    (to its process group): the loops stop within seconds instead of running out their 300 s, exit
-    cleanly with their counts, and what they did is committed (rows and offsets, published marks)."""
+    """A task sent SIGTERM (a deleted pod, a ``kill``, a dev stack stopping; to its process group
+    for ingest): the loops stop within seconds instead of running out their 300 s, exit cleanly with
+    their counts, and what they did is committed (rows and offsets, published marks)."""
     _send_to_partitions(loop, partitions=2, per_partition=20)
     settings = loop.settings.with_overrides(ingest_workers=2, ingest_batch=10)
     ingest = _start_task_body(settings, "ingest")

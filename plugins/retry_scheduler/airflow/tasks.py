@@ -30,12 +30,13 @@ log = logging.getLogger(__name__)
 def until_terminated(kind: str) -> Iterator[Callable[[], bool]]:
     """``should_stop`` for a loop run as a task: true once the task's process was sent SIGTERM.
 
-    A Celery worker's warm shutdown, a stopping scheduler, a pod being deleted and ``dev up``'s
-    Ctrl-C all end a task with SIGTERM, on which Airflow's task runner only calls ``on_kill``. The
-    loop then ends after the batch or round in hand (its rows and offsets committed, the jobs the
-    broker acknowledged marked) rather than running out its ``loop_seconds`` or being killed half-way
-    through a round. The handler that was there before still runs. Outside the main thread (the
-    ``run`` command's loops) signals cannot be caught: the loop never stops early.
+    A pod being deleted, an operator's ``kill`` and ``dev up``'s Ctrl-C end a task with SIGTERM, on
+    which Airflow's task runner only calls ``on_kill``; a stopping scheduler (LocalExecutor) and a
+    Celery worker's warm shutdown wait for their running tasks. The loop now ends after the batch or
+    round in hand (its rows and offsets committed, the jobs the broker acknowledged marked) rather
+    than running out its ``loop_seconds`` (90 s) or being killed half-way through a round. The
+    handler that was there before still runs. Outside the main thread (the ``run`` command's loops)
+    signals cannot be caught: the loop never stops early.
     """
     terminated = threading.Event()
     if threading.current_thread() is not threading.main_thread():
