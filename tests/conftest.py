@@ -47,6 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     Spark cluster tests (each a dev stack or a cluster, minutes of mostly waiting) would otherwise sit
     in the middle of one share and start late, and the last of them would end the run alone. They are
     dealt round the shares' heads; the rest keep their order. Every worker computes the same order.
+    (In ``make test-random`` this runs after the shuffle: the heads still go first, shuffled.)
     """
     workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
     if workers < 2:
