@@ -246,14 +246,28 @@ def airflow_cli(
 
 #: How long stopping a stack waits for its running tasks to end before it stops the services.
 TASKS_STOP_S = 30.0
+#: A task still running this long after SIGTERM is sent it again (one still starting up had no
+#: handler of the loop's yet: Airflow's own only calls ``on_kill``, and the signal was lost).
+TASKS_RESIGNAL_S = 2.0
 
 
-def _end_more_tasks(procs: list[tuple[str, Proc]], signalled: set[int], ended: list[Any]) -> None:
+def _running(process: Any) -> bool:
+    """Whether a ``psutil`` process runs: ended ones and zombies (their parent not waiting yet) do not."""
+    import psutil
+
+    try:
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def _end_more_tasks(procs: list[tuple[str, Proc]], signalled: dict[int, float], ended: list[Any]) -> None:
     ended.extend(_end_tasks(procs, signalled))
 
 
-def _end_tasks(procs: list[tuple[str, Proc]], signalled: set[int]) -> list[Any]:
-    """SIGTERM the task processes under ``procs`` not signalled yet; returns them (``psutil`` processes).
+def _end_tasks(procs: list[tuple[str, Proc]], signalled: dict[int, float]) -> list[Any]:
+    """SIGTERM the task processes under ``procs``: new ones at once, the others again every
+    ``TASKS_RESIGNAL_S``; returns the new ones (``psutil`` processes). ``signalled``: pid -> when.
 
     Tasks run under the scheduler (LocalExecutor) and the Celery workers, each in a process group of
     its own; the services' processes lead theirs. (The triggerer's and the dag processor's children
@@ -261,16 +275,21 @@ def _end_tasks(procs: list[tuple[str, Proc]], signalled: set[int]) -> list[Any]:
     import psutil
 
     services = {proc.pid for _, proc in procs}
-    fresh = []
+    now, fresh = time.monotonic(), []
     for name, proc in procs:
         if not name.startswith(("scheduler", "celery-worker")):
             continue
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process(proc.pid).children(recursive=True):
-                with contextlib.suppress(OSError):
-                    if child.pid not in signalled and os.getpgid(child.pid) not in services:
-                        signalled.add(child.pid)
-                        child.terminate()
+                with contextlib.suppress(OSError, psutil.Error):
+                    last = signalled.get(child.pid)
+                    if os.getpgid(child.pid) in services or (
+                        last is not None and now - last < TASKS_RESIGNAL_S
+                    ):
+                        continue
+                    child.terminate()
+                    signalled[child.pid] = now
+                    if last is None:
                         fresh.append(child)
     return fresh
 
@@ -473,12 +492,13 @@ class DevStack:
         # after the round in hand (retry_scheduler.airflow.tasks.until_terminated). Otherwise the
         # scheduler and the Celery workers wait for them (a retry_scheduler run loops for 90 s).
         # A task that starts meanwhile (the scheduler queues the next run's) is ended as it appears.
-        signalled: set[int] = set()
-        tasks = _end_tasks(self._procs, signalled)
+        signalled: dict[int, float] = {}
+        tasks, deadline = _end_tasks(self._procs, signalled), time.monotonic() + TASKS_STOP_S
+        while tasks and time.monotonic() < deadline:
+            _, tasks = psutil.wait_procs(tasks, timeout=0.5)
+            tasks = [task for task in tasks if _running(task)] + _end_tasks(self._procs, signalled)
         if tasks:
-            _, still = psutil.wait_procs(tasks, timeout=TASKS_STOP_S)
-            if still:
-                log.info("%s task process(es) still running %.0f s after SIGTERM", len(still), TASKS_STOP_S)
+            log.info("%s task process(es) still running %.0f s after SIGTERM", len(tasks), TASKS_STOP_S)
         while self._procs:
             name, proc = self._procs.pop()
             log.info("stopping %s (pid %s)", name, proc.pid)
