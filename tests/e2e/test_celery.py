@@ -118,8 +118,10 @@ def test_retries_come_back_never_early_from_loops_on_a_celery_worker(
             time.sleep(2)
         worker_log = (stack.log_dir / "celery-worker-0.log").read_text(errors="replace")
     assert not port_open("127.0.0.1", redis_port), "the stack's Redis outlived the stack"
-    # Stopping the stack asked the running loops to end (SIGTERM): nothing had to be killed.
-    assert [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()] == []
+    # Stopping the stack asked the running loops to end (SIGTERM): the worker running them, which
+    # waits for its tasks, did not have to be killed. (Other services' stops are Airflow's own.)
+    killed = [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()]
+    assert [line for line in killed if line.startswith(("celery-worker", "scheduler"))] == []
 
     # Every record came back once (two publish tasks at a time, never the same job twice), none early.
     assert sorted(s.key for s in seen if s.key) == sorted(due)
