@@ -431,8 +431,9 @@ class Ingestor:
                 ended = [
                     (n, proc.returncode) for n, proc in enumerate(procs, start=1) if proc.poll() is not None
                 ]
-                if any(code != 0 for _, code in ended):
-                    n, code = next((n, code) for n, code in ended if code != 0)
+                failed = next(((n, code) for n, code in ended if code != 0), None)
+                if failed is not None:
+                    n, code = failed
                     raise IngestWorkerError(
                         f"ingest-worker-{n} exited with code {code}: stopping the ingest loop "
                         "(the next one starts from the offsets stored with the rows)"
