@@ -24,6 +24,8 @@ from retry_scheduler.dev.airflow_api import (
     api_token,
     dag_details,
     dag_runs,
+    fail_unfinished_runs,
+    set_paused,
     unpause_dag,
     wait_for_backfills,
 )
@@ -43,9 +45,16 @@ def stack(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def fresh_dag(stack: DevStack, dag_id: str) -> str:
-    """Forget the DAG's runs and backfills of earlier test runs; wait until it is parsed again, paused."""
-    airflow_cli(["dags", "delete", dag_id, "--yes"], stack.env, check=False)
+    """Forget the DAG's runs and backfills of earlier test runs; wait until it is parsed again, paused.
+
+    A run left unfinished by an earlier stack (its task still ``running`` in the kept metadata
+    database) would make ``airflow dags delete`` refuse: the DAG is paused and such runs failed first.
+    """
     token = api_token(stack.base_url)
+    set_paused(stack.base_url, token, dag_id, True)
+    fail_unfinished_runs(stack.base_url, token, dag_id)
+    deleted = airflow_cli(["dags", "delete", dag_id, "--yes"], stack.env, check=False)
+    assert deleted.returncode == 0, (deleted.stdout + deleted.stderr)[-2000:]
     details = dag_details(stack.base_url, token, dag_id)
     assert details["is_paused"] is True  # created paused, so nothing runs before the backfill
     assert dag_runs(stack.base_url, token, dag_id) == []

@@ -50,10 +50,15 @@ def _dag_url(base_url: str, dag_id: str) -> str:
 
 def unpause_dag(base_url: str, token: str, dag_id: str, timeout: float = 90.0) -> dict[str, Any]:
     """Unpause a DAG, waiting up to ``timeout`` s for the dag processor to have parsed it."""
+    return set_paused(base_url, token, dag_id, False, timeout)
+
+
+def set_paused(base_url: str, token: str, dag_id: str, paused: bool, timeout: float = 90.0) -> dict[str, Any]:
+    """Pause or unpause a DAG, waiting up to ``timeout`` s for the dag processor to have parsed it."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return dict(_api("PATCH", _dag_url(base_url, dag_id), token, {"is_paused": False}))
+            return dict(_api("PATCH", _dag_url(base_url, dag_id), token, {"is_paused": paused}))
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -63,6 +68,18 @@ def unpause_dag(base_url: str, token: str, dag_id: str, timeout: float = 90.0) -
                     "look for import errors (airflow dags list-import-errors)"
                 ) from None
         time.sleep(1)
+
+
+def fail_unfinished_runs(base_url: str, token: str, dag_id: str) -> list[str]:
+    """Mark every queued or running run of a DAG failed (Airflow then fails its running tasks and
+    skips the rest); returns their run ids. Pause the DAG first, or the scheduler starts new ones."""
+    unfinished = [
+        r["dag_run_id"] for r in dag_runs(base_url, token, dag_id) if r["state"] in {"queued", "running"}
+    ]
+    for run_id in unfinished:
+        url = f"{_dag_url(base_url, dag_id)}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
+        _api("PATCH", url, token, {"state": "failed"})
+    return unfinished
 
 
 def trigger_dag(
