@@ -44,3 +44,9 @@ def airflow_db() -> Path:
     airflow = Path(sys.executable).parent / "airflow"
     subprocess.run([str(airflow), "db", "migrate"], check=True, env=os.environ.copy(), capture_output=True)
     return AIRFLOW_HOME
+
+
+@pytest.fixture(autouse=True)
+def _metadata_db(airflow_db: Path) -> None:
+    """Every test here may touch the metadata database (``DagBag.get_dag`` reads ``DagModel``): it
+    exists, migrated, whichever test a worker runs first (random order included)."""

@@ -164,7 +164,7 @@ def test_backfilling_retry_compaction_archives_each_day_once(stack: DevStack) ->
     unpause_dag(stack.base_url, token, "retry_compaction")
     wait_for_backfills(stack.base_url, token, "retry_compaction", timeout=900)
 
-    runs = dag_runs(stack.base_url, token, "retry_compaction")
+    runs = window_runs(stack, token, today)
     assert intervals(runs) == [(iso(d), iso(d + timedelta(days=1)), "success") for d in days]
     assert {r["run_type"] for r in runs} == {"backfill"}
 
@@ -181,9 +181,18 @@ def test_backfilling_retry_compaction_archives_each_day_once(stack: DevStack) ->
 
     backfill(stack, "retry_compaction", days[0], days[1], "--reprocess-behavior", "completed")
     assert len(wait_for_backfills(stack.base_url, token, "retry_compaction", timeout=900)) == 2
-    assert intervals(dag_runs(stack.base_url, token, "retry_compaction")) == intervals(runs)
+    assert intervals(window_runs(stack, token, today)) == intervals(runs)
     assert archived() == expected  # no row twice
     assert sql(database_url, "SELECT published_at, count(*) FROM retry_jobs GROUP BY 1") == left
+
+
+def window_runs(stack: DevStack, token: str, today: datetime) -> list[dict[str, Any]]:
+    """The compaction runs for days before ``today``: all but the scheduled run the unpaused DAG
+    creates for today when the test crosses midnight (UTC), which is no business of the backfill."""
+    runs = dag_runs(stack.base_url, token, "retry_compaction")
+    return [
+        r for r in runs if datetime.fromisoformat(r["data_interval_start"].replace("Z", "+00:00")) < today
+    ]
 
 
 def wait_until_next_run_after(stack: DevStack, token: str, dag_id: str, day: datetime) -> None:
