@@ -55,6 +55,27 @@ def cpu_text(shares: dict[str, float] | None) -> str | None:
     )
 
 
+#: Airflow's processes by what their command line (or title) holds, first match wins; a task's process
+#: is titled with its task instance id only, so the loops add their own name (``loop_title``).
+_AIRFLOW_KINDS = (
+    ("retry-scheduler ingest loop", "ingest task"),
+    ("retry-scheduler publish loop", "publish task"),
+    ("loops.ingest import worker_main", "ingest workers"),
+    ("LocalExecutor: <idle>", "airflow executor"),
+    ("LocalExecutor:", "task supervisors"),
+    ("airflow supervisor:", "task supervisors"),
+    ("airflow task supervisor:", "task supervisors"),
+    ("airflow worker --", "other tasks"),
+    ("airflow scheduler", "airflow scheduler"),
+    ("airflow dag-processor", "airflow dag-processor"),
+    ("airflow triggerer", "airflow triggerer"),
+    ("airflow api_server", "airflow api-server"),
+    ("airflow api-server", "airflow api-server"),
+    ("airflow serve-logs", "airflow serve-logs"),
+    ("celery", "celery worker"),
+)
+
+
 def process_kind(pid: int, comm: str, cmdline: str) -> str:
     """Which part of the system a process is, for :class:`ProcessCpu`."""
     if pid == os.getpid():
@@ -65,12 +86,20 @@ def process_kind(pid: int, comm: str, cmdline: str) -> str:
         return "Spark JVM"
     if comm.startswith("tansu"):
         return "broker"
-    if comm.startswith("python"):
-        if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
-            return "Spark Python workers"
-        if "include/spark/" in cmdline or "retry_scheduler/spark/jobs/" in cmdline:
-            return "Spark Python driver"
+    if comm.startswith("python") and ("pyspark.daemon" in cmdline or "pyspark.worker" in cmdline):
+        return "Spark Python workers"
+    if comm.startswith("python") and (
+        "include/spark/" in cmdline or "retry_scheduler/spark/jobs/" in cmdline
+    ):
+        return "Spark Python driver"
+    if comm.startswith(("python", "airflow", "celery", "[celery")):
+        return next((kind for marker, kind in _AIRFLOW_KINDS if marker in cmdline), "other")
     return "other"
+
+
+def _retitled(comm: str) -> bool:
+    """Whether a process of this name may change its title while it runs (Airflow's workers do)."""
+    return comm.startswith(("python", "airflow", "celery", "[celery"))
 
 
 class _Seen(NamedTuple):
@@ -109,18 +138,21 @@ class _Process:
 
 class ProcessCpu:
     """CPU seconds used by each kind of process (PostgreSQL, the Spark JVM, its Python workers, the broker,
-    ...) between entering and leaving the context, from /proc sampled every ``interval_s`` by a thread.
+    Airflow's scheduler, the loops' tasks, ...) between entering and leaving the context, from /proc
+    sampled every ``interval_s`` by a thread.
 
-    A process running throughout counts what it used meanwhile. One that ends inside the window counts
-    in full through its parent, once the parent has waited for it (PostgreSQL's backends, Python
-    workers): what the parent's children used beyond what was sampled of them counts for the parent's
-    kind. A process that execs another program (spark-submit's shell script becomes the JVM) counts as
-    what it became.
+    A process running throughout counts what it used meanwhile, each interval for what it was then
+    (an Airflow executor worker is idle, then a task's supervisor). One that ends inside the window
+    counts in full through its parent, once the parent has waited for it (PostgreSQL's backends,
+    Python workers): what the parent's children used beyond what was sampled of them counts for the
+    parent's kind. A process that execs another program (spark-submit's shell script becomes the
+    JVM) counts as what it became.
     """
 
     def __init__(self, interval_s: float = 0.2) -> None:
         self.interval_s = interval_s
         self._seen: dict[tuple[int, int], _Process] = {}
+        self._used: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="process-cpu", daemon=True)
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -142,7 +174,8 @@ class ProcessCpu:
                 process = self._seen[key] = _Process(
                     "", seen.ppid, seen.own if first else 0, seen.children if first else 0
                 )
-            if process.comm != seen.comm:  # new, or it exec'd another program
+                process.own = process.start_own
+            if process.comm != seen.comm or _retitled(seen.comm):  # new, exec'd, or maybe retitled
                 process.comm = seen.comm
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as raw:
@@ -150,6 +183,8 @@ class ProcessCpu:
                 except OSError:
                     cmdline = ""
                 process.kind = process_kind(int(pid), seen.comm, cmdline)
+            # What it used since the last sample counts for what it is now.
+            self._used[process.kind] = self._used.get(process.kind, 0) + seen.own - process.own
             process.own, process.children = seen.own, seen.children
         if last:
             for key, process in self._seen.items():
@@ -171,10 +206,9 @@ class ProcessCpu:
 
     def seconds(self) -> dict[str, float]:
         """CPU seconds by kind of process, largest first (kinds that used none left out)."""
-        used: dict[str, int] = {}
+        used = dict(self._used)
         ended: dict[int, int] = {}  # by parent pid: what was counted of its children that ended
         for (_pid, _started), p in self._seen.items():
-            used[p.kind] = used.get(p.kind, 0) + p.own - p.start_own
             if not p.alive:
                 ended[p.ppid] = ended.get(p.ppid, 0) + p.own + p.children - p.start_own - p.start_children
         for (pid, _started), p in self._seen.items():

@@ -79,6 +79,28 @@ def test_processes_are_told_apart_by_name_and_command_line() -> None:
     assert process_kind(1, "bash", "bash") == "other"
 
 
+def test_airflow_s_processes_are_told_apart_by_their_titles() -> None:
+    # The titles Airflow 3.3 sets (setproctitle), and the ones the loops add to their task's.
+    ti = "0199c5d2-8e3b-7f0a-9a6b-0c1d2e3f4a5b"
+    kinds = {
+        "/venv/bin/python3 /venv/bin/airflow scheduler": "airflow scheduler",
+        "/venv/bin/python3 /venv/bin/airflow dag-processor": "airflow dag-processor",
+        "/venv/bin/python3 /venv/bin/airflow triggerer": "airflow triggerer",
+        "airflow api_server -- host:127.0.0.1 port:8080": "airflow api-server",
+        "airflow serve-logs": "airflow serve-logs",
+        "airflow worker -- LocalExecutor: <idle>": "airflow executor",
+        f"airflow worker -- LocalExecutor: {ti}": "task supervisors",
+        f"airflow task supervisor: ['airflow', 'tasks', 'run', '{ti}']": "task supervisors",
+        f"airflow worker -- {ti}": "other tasks",
+        f"airflow worker -- {ti} retry-scheduler ingest loop": "ingest task",
+        f"airflow worker -- {ti} retry-scheduler publish loop": "publish task",
+        "/venv/bin/python -c from retry_scheduler.loops.ingest import worker_main; worker_main()": "ingest workers",
+    }
+    for cmdline, kind in kinds.items():
+        comm = "python3" if cmdline.startswith("/venv") else cmdline[:15]
+        assert process_kind(1, comm, cmdline) == kind, cmdline
+
+
 def test_cpu_of_a_busy_child_process_is_counted_for_its_kind() -> None:
     # A real child process spinning for a second, started and ended inside the window.
     with ProcessCpu(interval_s=0.05) as cpu:
@@ -116,6 +138,22 @@ def test_a_process_counts_as_the_program_it_execs(tmp_path: Path) -> None:
     with ProcessCpu(interval_s=0.05) as cpu:
         subprocess.run(["sh", "-c", f'sleep 0.2; exec "{java}" -c "$0"', spin], check=True)
     assert cpu.seconds()["Spark JVM"] >= 0.8, cpu.seconds()
+
+
+def test_a_process_that_changes_its_title_counts_as_each_in_turn(tmp_path: Path) -> None:
+    # As an executor worker turns supervisor and back: the CPU of each stretch goes to its kind.
+    body = (
+        "import time, setproctitle\n"
+        "def spin(s):\n"
+        "    end = time.process_time() + s\n"
+        "    while time.process_time() < end: pass\n"
+        "setproctitle.setproctitle('airflow worker -- LocalExecutor: <idle>'); spin(0.6)\n"
+        "setproctitle.setproctitle('airflow worker -- x retry-scheduler publish loop'); spin(0.6)\n"
+    )
+    with ProcessCpu(interval_s=0.05) as cpu:
+        subprocess.run([sys.executable, "-c", body], check=True)
+    used = cpu.seconds()
+    assert used["airflow executor"] >= 0.45 and used["publish task"] >= 0.45, used
 
 
 def test_cpu_use_against_the_cores() -> None:
