@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from bench.cpu import ProcessCpu, cpu_shares, cpu_times
 from bench.env import BenchEnv, BenchError, Result, Sizes, insert_due_jobs, per_second
 from bench.slow import steady_producer
 from retry_scheduler.dev.procs import free_port
@@ -89,8 +90,11 @@ def _step(env: BenchEnv, settings: Any, rate: int, seconds: int) -> dict[str, An
         ),
         name="bench-capacity-producer",
     )  # fmt: skip
-    producer.start()
-    producer.join()
+    machine_before = cpu_times()
+    with ProcessCpu() as cpu:
+        producer.start()
+        producer.join()
+    machine = cpu_shares(machine_before, cpu_times())
     sent = sent_box[0] if sent_box else 0
     deadline, published = time.monotonic() + 120, 0
     while time.monotonic() < deadline:
@@ -113,9 +117,38 @@ def _step(env: BenchEnv, settings: Any, rate: int, seconds: int) -> dict[str, An
         "max_s": round(samples[-1], 4) if samples else None,
         "early": early,
         "sustained": sustained,
+        "machine_cpu": machine,
+        **cpu_budget(cpu.seconds(), sent),
     }
     log.info("capacity: %s", step)
     return step
+
+
+#: The processes whose CPU is the loop's own work: the two tasks and the ingest worker processes.
+LOOP_KINDS = ("ingest task", "ingest workers", "publish task")
+
+
+def cpu_budget(cpu_s: dict[str, float], retries: int) -> dict[str, Any]:
+    """Where the CPU of a window went: each kind of process's core-milliseconds per 1 000 retries, and
+    the loop's own microseconds of CPU per retry (``LOOP_KINDS``)."""
+    if retries <= 0:
+        return {"cpu_s": cpu_s, "core_ms_per_1000": {}, "loop_cpu_us_per_retry": None}
+    return {
+        "cpu_s": cpu_s,
+        "core_ms_per_1000": {kind: round(s * 1e6 / retries, 1) for kind, s in cpu_s.items()},
+        "loop_cpu_us_per_retry": round(sum(cpu_s.get(k, 0.0) for k in LOOP_KINDS) * 1e6 / retries, 1),
+    }
+
+
+def budget_text(step: dict[str, Any]) -> str:
+    """A step's CPU budget as a sentence of the report."""
+    kinds = ", ".join(f"{kind} {ms:,.0f}" for kind, ms in step["core_ms_per_1000"].items() if ms >= 0.5)
+    busy = (step.get("machine_cpu") or {}).get("busy_pct")
+    return (
+        f"CPU at {step['rate_per_s']:,}/s, core-milliseconds per 1 000 retries: {kinds}; the loop's own "
+        f"(ingest and publish tasks, ingest workers) {step['loop_cpu_us_per_retry']} µs per retry"
+        + (f"; the machine {busy:g} % busy." if busy is not None else ".")
+    )
 
 
 def _publish_with_celery(env: BenchEnv, sizes: Sizes, workers: int) -> dict[str, Any]:
@@ -193,6 +226,7 @@ def measure_capacity(env: BenchEnv, sizes: Sizes) -> Result:
         f"{sizes.capacity_publish_rows:,} due jobs published by the DAG on the CeleryExecutor with 2 publish "
         f"tasks per run: {celery[0]['rows_per_s']:,.0f} rows/s on 1 worker, {celery[1]['rows_per_s']:,.0f} on 2 "
         "(first acknowledgement to last; the workers share this machine's 2 cores with PostgreSQL).",
+        *[budget_text(step) for step in steps if step.get("core_ms_per_1000")],
         "The PostgreSQL server ran with autovacuum on, as production servers do."
         if autovacuum
         else "WARNING: the PostgreSQL server ran with autovacuum off: dead entries pile up at the head of "

@@ -81,7 +81,7 @@ def process_kind(pid: int, comm: str, cmdline: str) -> str:
     if pid == os.getpid():
         return "benchmark"
     if comm == "postgres":
-        return "PostgreSQL"
+        return _postgres_kind(cmdline)
     if comm == "java":
         return "Spark JVM"
     if comm.startswith("tansu"):
@@ -95,6 +95,17 @@ def process_kind(pid: int, comm: str, cmdline: str) -> str:
     if comm.startswith(("python", "airflow", "celery", "[celery")):
         return next((kind for marker, kind in _AIRFLOW_KINDS if marker in cmdline), "other")
     return "other"
+
+
+def _postgres_kind(cmdline: str) -> str:
+    """A PostgreSQL backend by the database it serves (its title: ``postgres: 15/main: USER DB HOST
+    STATE``): Airflow's metadata databases (their names hold ``airflow``, as the dev stacks' and the
+    benchmark's do) or the service's; the server's own processes (and connections too short to be
+    sampled, counted through the postmaster) apart."""
+    words = cmdline.split()
+    if len(words) >= 5 and words[0] == "postgres:" and "(" in words[4]:
+        return "PostgreSQL: Airflow's metadata" if "airflow" in words[3] else "PostgreSQL: service"
+    return "PostgreSQL: server"
 
 
 def _retitled(comm: str) -> bool:

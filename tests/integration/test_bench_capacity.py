@@ -39,6 +39,11 @@ def test_capacity_steps_the_rate_and_publishes_on_one_and_two_celery_workers(
     for step in steps:
         assert step["sent"] >= step["rate_per_s"] * 8 * 0.9 and step["published"] == step["sent"], step
         assert step["early"] == 0 and step["sustained"], step
+        # The CPU budget found the loops' processes by their titles, and Airflow's own beside them.
+        budget = step["core_ms_per_1000"]
+        assert budget["publish task"] > 0 and budget["airflow scheduler"] > 0, budget
+        assert budget.get("ingest task", 0) + budget.get("ingest workers", 0) > 0, budget
+        assert step["loop_cpu_us_per_retry"] > 0, step
     assert report["sustained_retries_per_s"] == 40
     assert report["targets"]["sustained_retries_per_s"]["target"] == 10_000
 
@@ -49,3 +54,4 @@ def test_capacity_steps_the_rate_and_publishes_on_one_and_two_celery_workers(
     assert report["publish_rows_per_s_2_workers"] == celery[1]["rows_per_s"]
     md = (tmp_path / "report.md").read_text()
     assert "Capacity under the Airflow scheduler" in md and "on 1 worker" in md
+    assert "CPU at 40/s, core-milliseconds per 1 000 retries: " in md

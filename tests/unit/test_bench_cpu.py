@@ -68,7 +68,12 @@ def test_this_machine_has_a_reading() -> None:
 
 def test_processes_are_told_apart_by_name_and_command_line() -> None:
     assert process_kind(os.getpid(), "python3", "") == "benchmark"
-    assert process_kind(1, "postgres", "postgres: postgres retry_bench 127.0.0.1(5) COPY") == "PostgreSQL"
+    backend = "postgres: 15/main: postgres retry_bench 127.0.0.1(5) COPY"
+    assert process_kind(1, "postgres", backend) == "PostgreSQL: service"
+    backend = "postgres: 15/main: postgres retry_bench_capacity_airflow 127.0.0.1(5) idle"
+    assert process_kind(1, "postgres", backend) == "PostgreSQL: Airflow's metadata"
+    assert process_kind(1, "postgres", "postgres: 15/main: checkpointer ") == "PostgreSQL: server"
+    assert process_kind(1, "postgres", "/usr/lib/postgresql/15/bin/postgres -D /x") == "PostgreSQL: server"
     assert process_kind(1, "java", "java -cp ... org.apache.spark.deploy.SparkSubmit") == "Spark JVM"
     assert process_kind(1, "tansu-v0.6.0-51", "tansu broker") == "broker"
     assert process_kind(1, "python3", "/venv/bin/python -m pyspark.daemon") == "Spark Python workers"

@@ -115,6 +115,9 @@ class Store:
     def __init__(self, database_url: str) -> None:
         self.database_url = database_url
         self.conn = connect(database_url)
+        #: When the last ``claim_due`` began (the server's clock): every pending job due by then was
+        #: open to it.
+        self.claimed_up_to: datetime | None = None
         # COPY picks a dumper by column type; for bytea psycopg's registry answers with the DB-API
         # ``Binary`` wrapper's Python dumper. Registering the one for ``bytes`` again makes it the C one.
         self.conn.adapters.register_dumper(bytes, self.conn.adapters.get_dumper(bytes, PyFormat.BINARY))
@@ -293,7 +296,9 @@ class Store:
         self._require_transaction("claim_due")
         with self.conn.transaction():
             # The plan walks the due index in order whatever the statistics say (queries.sql).
-            self.conn.execute(q("claim_plan"))
+            plan = self.conn.execute(q("claim_plan")).fetchone()
+            assert plan is not None
+            self.claimed_up_to = plan[3]
             # Binary results: bytea columns come as bytes, not as hex text to decode.
             rows = self.conn.execute(q("claim_due"), {"limit": limit}, binary=True).fetchall()
             self.conn.execute(q("claim_plan_reset"))
@@ -346,10 +351,14 @@ class Store:
             "mark_invalid", {"ids": [i[0] for i in invalid], "reasons": [i[1] for i in invalid]}
         )
 
-    def seconds_until_next_due(self) -> float | None:
-        """Seconds until the earliest pending job is due (negative when overdue), None if none."""
+    def seconds_until_next_due(self, after: datetime | None = None) -> float | None:
+        """Seconds until the earliest pending job is due (negative when overdue), None if none; with
+        ``after`` (:attr:`claimed_up_to` of a claim that was not full), of those due after it only."""
         with self.conn.transaction():
-            row = self.conn.execute(q("next_due")).fetchone()
+            if after is None:
+                row = self.conn.execute(q("next_due")).fetchone()
+            else:
+                row = self.conn.execute(q("next_due_after"), {"after": after}).fetchone()
         return None if row is None or row[0] is None else row[0].total_seconds()
 
     def loop_heartbeat(self, worker: str, kind: str) -> datetime:

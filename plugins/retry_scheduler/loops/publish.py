@@ -362,7 +362,7 @@ class Publisher:
                 self._report(batch, snapshot=not helper)
                 if batch.claimed >= self.settings.publish_batch:
                     continue  # more may be waiting
-                wait = self.store.seconds_until_next_due()
+                wait = self.store.seconds_until_next_due(after=self.store.claimed_up_to)
                 nap = poll_s if wait is None else min(poll_s, max(0.0, wait))
                 stop.wait(min(nap, remaining_s()))
         except Exception as exc:
