@@ -232,6 +232,50 @@ def test_the_wait_after_a_claim_reads_from_the_claim_on_not_the_published_jobs_b
     assert index_rows(bounded=True) <= 5  # from the claim on: the pending one
 
 
+HEAP_XMAX_IS_MULTI = 0x1000
+
+
+def multixact_deleters(conn: psycopg.Connection) -> int:
+    """Row versions of retry_jobs, dead ones included, whose deleter is a MultiXact (pageinspect)."""
+    conn.execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
+    pages = conn.execute(
+        "SELECT pg_relation_size('retry_jobs') / current_setting('block_size')::int"
+    ).fetchone()
+    assert pages is not None
+    found = conn.execute(
+        "SELECT count(*) FROM generate_series(0, %s - 1) AS p,"
+        " heap_page_items(get_raw_page('retry_jobs', p::int)) AS i WHERE i.t_infomask & %s <> 0",
+        (pages[0], HEAP_XMAX_IS_MULTI),
+    ).fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+def test_jobs_claimed_and_marked_in_one_transaction_are_not_left_with_multixact_deleters(
+    database_url: str,
+) -> None:
+    """The publisher's claim and marks join its transaction (no savepoint each): a row locked in one
+    subtransaction and updated in another gets a MultiXact as its old version's deleter, which no
+    index scan can judge dead, so every later claim walked that job's entry in the due index."""
+    with Store(database_url) as store, psycopg.connect(database_url, autocommit=True) as admin:
+        store.insert_jobs([make_job(i) for i in range(50)])
+        with store.conn.transaction():  # as Publisher.publish_once does
+            claimed = store.claim_due(1_000)
+            assert store.mark_published([(r.id, int(time.time() * 1000)) for r in claimed]) == 50
+        assert multixact_deleters(admin) == 0
+
+        # The check sees them where they are: the same two steps, each in a savepoint of its own.
+        store.insert_jobs([make_job(100 + i) for i in range(50)])
+        with store.conn.transaction():
+            with store.conn.transaction():
+                ids = [r[0] for r in store.conn.execute(
+                    "SELECT id FROM retry_jobs WHERE status = 'pending' FOR UPDATE"
+                )]  # fmt: skip
+            with store.conn.transaction():
+                store.conn.execute("UPDATE retry_jobs SET status = 'published' WHERE id = ANY(%s)", (ids,))
+        assert multixact_deleters(admin) == 50
+
+
 def test_a_publisher_stuck_in_its_transaction_lets_its_jobs_go_after_the_lease(database_url: str) -> None:
     with Store(database_url) as stuck, Store(database_url) as other:
         stuck.insert_jobs([make_job(1)])

@@ -6,9 +6,10 @@ passes parameters and never formats SQL.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -282,6 +283,23 @@ class Store:
             ).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
+    @contextlib.contextmanager
+    def _joined(self) -> Iterator[None]:
+        """A transaction of its own, or, inside the caller's, no savepoint: the statements join it.
+
+        A claim and its marks must not each run in a savepoint. A row locked (``FOR UPDATE``) in one
+        subtransaction and updated in another gets a MultiXact as its deleter, and an index scan can
+        never tell that such an old version is dead: every job published that way left an entry at
+        the head of the due index that each later claim walked, resolving the MultiXact on every
+        visit, until a VACUUM (claims of 34-41 ms at 2 000 retries/s with autovacuum off). Locked
+        and updated by the one transaction, the old version is known dead and its entry is skipped.
+        """
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            with self.conn.transaction():
+                yield
+        else:
+            yield
+
     def _require_transaction(self, what: str) -> None:
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             raise StoreError(f"{what} must be called inside a transaction, or its locks end at once")
@@ -294,7 +312,7 @@ class Store:
         before its commit loses its locks with its session, and the jobs are due again at once.
         """
         self._require_transaction("claim_due")
-        with self.conn.transaction():
+        with self._joined():
             # The plan walks the due index in order whatever the statistics say (queries.sql).
             plan = self.conn.execute(q("claim_plan")).fetchone()
             assert plan is not None
@@ -321,7 +339,7 @@ class Store:
             )
 
     def _mark(self, query: str, params: dict[str, Any]) -> int:
-        with self.conn.transaction():
+        with self._joined():
             return self.conn.execute(q(query), params).rowcount
 
     def mark_published(self, acked: Sequence[tuple[int, int]]) -> int:
