@@ -68,7 +68,10 @@ def test_a_retry_reaches_only_the_group_that_failed(loop: Loop, topic_prefix: st
     produce(loop.bootstrap, orders, [{"key": f"k{i}".encode(), "value": b"{}"} for i in range(3)])
 
     try:
-        counts = loop.ingest(1)  # billing's retry of k1
+        # billing's retry of k1, once its consumer has joined, read k1 and sent it: on a loaded machine
+        # (a random-order run) that took 70 s, past the ingest's default 30 s
+        counts = loop.ingest(1, timeout_s=180)
+        assert counts.stored == 1, f"billing's retry of k1 never reached the retry topic: {billing.handled}"
         loop.publish(4)  # due 1 s later (the default policy's first delay), on billing's topic
         deadline = time.monotonic() + 60
         while (len(billing.handled) < 4 or len(shipping.handled) < 3) and time.monotonic() < deadline:
