@@ -316,10 +316,12 @@ class Store:
             # The plan walks the due index in order whatever the statistics say (queries.sql).
             plan = self.conn.execute(q("claim_plan")).fetchone()
             assert plan is not None
-            self.claimed_up_to = plan[3]
+            seqscan, bitmapscan, sort, self.claimed_up_to = plan[:4]
             # Binary results: bytea columns come as bytes, not as hex text to decode.
             rows = self.conn.execute(q("claim_due"), {"limit": limit}, binary=True).fetchall()
-            self.conn.execute(q("claim_plan_reset"))
+            self.conn.execute(
+                q("claim_plan_reset"), {"seqscan": seqscan, "bitmapscan": bitmapscan, "sort": sort}
+            )
         return [OutgoingRow(*row) for row in rows]
 
     def claim_dead(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
