@@ -92,7 +92,7 @@ def process_kind(pid: int, comm: str, cmdline: str) -> str:
         "include/spark/" in cmdline or "retry_scheduler/spark/jobs/" in cmdline
     ):
         return "Spark Python driver"
-    if comm.startswith(("python", "airflow", "celery", "[celery")):
+    if _retitled(comm):
         return next((kind for marker, kind in _AIRFLOW_KINDS if marker in cmdline), "other")
     return "other"
 

@@ -53,13 +53,13 @@ def fresh_dag(stack: DevStack, dag_id: str) -> str:
     which would only wait for the dag processor to parse it again.
     """
     token = api_token(stack.base_url)
-    set_paused(stack.base_url, token, dag_id, True)
+    details = set_paused(stack.base_url, token, dag_id, True)
     if dag_runs(stack.base_url, token, dag_id):
         fail_unfinished_runs(stack.base_url, token, dag_id)
         deleted = airflow_cli(["dags", "delete", dag_id, "--yes"], stack.env, check=False)
         assert deleted.returncode == 0, (deleted.stdout + deleted.stderr)[-2000:]
-        set_paused(stack.base_url, token, dag_id, True)  # once parsed again (created paused anyway)
-    assert dag_details(stack.base_url, token, dag_id)["is_paused"] is True
+        details = set_paused(stack.base_url, token, dag_id, True)  # once parsed again (created paused anyway)
+    assert details["is_paused"] is True
     assert dag_runs(stack.base_url, token, dag_id) == []
     return token
 
