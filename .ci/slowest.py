@@ -1,13 +1,54 @@
-"""Print the slowest tests of the JUnit reports `make test` wrote (.test-reports/*.xml), slowest first."""
+"""Print where the time of `make test` went, from the reports it wrote to .test-reports/: each part's
+wall time, the test-minutes of each directory split into fixtures' setup, test bodies and teardown
+(*.phases.json), and the slowest tests (JUnit *.xml), slowest first."""
 
 from __future__ import annotations
 
+import json
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
+def _parts(folder: Path) -> None:
+    """Wall time of each part (the parallel and the serial run) and the test-minutes by directory."""
+    for report in sorted(folder.glob("*.phases.json")):
+        try:
+            phases: dict[str, dict[str, float]] = json.loads(report.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"{report}: unreadable ({exc})")
+            continue
+        part = report.name.removesuffix(".phases.json")
+        wall = _wall_seconds(folder / f"{part}.xml")
+        by_dir: dict[str, list[float]] = {}
+        for nodeid, when in phases.items():
+            directory = "/".join(nodeid.split("::")[0].split("/")[:2])
+            row = by_dir.setdefault(directory, [0, 0.0, 0.0, 0.0])
+            row[0] += 1
+            for n, phase in enumerate(("setup", "call", "teardown"), start=1):
+                row[n] += when.get(phase, 0.0)
+        wall_text = f"{wall / 60:.1f} min of wall time, " if wall is not None else ""
+        print(f"\n{part}: {wall_text}test-minutes by directory (setup = the fixtures' start-ups)")
+        print(f"  {'directory':<20} {'tests':>5} {'setup':>7} {'call':>7} {'teardown':>8} {'all':>7}")
+        for directory, (count, setup, call, teardown) in sorted(by_dir.items(), key=lambda kv: -sum(kv[1][1:])):
+            total = setup + call + teardown
+            print(
+                f"  {directory:<20} {count:>5} {setup / 60:>7.1f} {call / 60:>7.1f} "
+                f"{teardown / 60:>8.1f} {total / 60:>7.1f}"
+            )
+
+
+def _wall_seconds(junit: Path) -> float | None:
+    try:
+        root = ET.parse(junit).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    return float(suite.get("time") or 0) if suite is not None else None
+
+
 def main(folder: str = ".test-reports", count: int = 15) -> None:
+    _parts(Path(folder))
     cases = []
     for report in sorted(Path(folder).glob("*.xml")):
         try:

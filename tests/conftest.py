@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import subprocess
@@ -88,6 +89,28 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         warnings_only = logging.StreamHandler(sys.__stderr__)
         warnings_only.setLevel(logging.WARNING)
         root.addHandler(warnings_only)
+
+
+#: Each test's setup, call and teardown seconds (``report.when``), for the phases report.
+_PHASES: dict[str, dict[str, float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Note how long each phase of each test took (in the pytest-xdist controller too: the workers'
+    reports arrive there), for ``_write_phases``."""
+    _PHASES.setdefault(report.nodeid, {})[report.when] = round(report.duration, 3)
+
+
+def _write_phases(config: pytest.Config) -> None:
+    """Beside the JUnit report (``--junitxml=X.xml``), ``X.phases.json``: each test's setup, call and
+    teardown seconds. JUnit gives one figure per test; the fixtures' share (stack start-ups, Spark
+    sessions) is in the setups and teardowns. ``.ci/slowest.py`` sums them by directory."""
+    xmlpath = getattr(config.option, "xmlpath", None)
+    if not xmlpath or hasattr(config, "workerinput") or not _PHASES:
+        return
+    target = Path(xmlpath).with_suffix(".phases.json")
+    with contextlib.suppress(OSError):
+        target.write_text(json.dumps(_PHASES, indent=0, sort_keys=True))
 
 
 def _db_url(name: str) -> str:
@@ -302,6 +325,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     is listed and stopped here, after every fixture's teardown, and fails the run
     (``RETRY_TEST_STRICT_PROCESSES=0`` only lists it). In pytest-xdist each worker checks its own and the
     controller (whose children are the workers) fails the run with what they report."""
+    _write_phases(session.config)
     strict = os.environ.get("RETRY_TEST_STRICT_PROCESSES", "1") != "0"
     worker = hasattr(session.config, "workerinput")
     if not worker and getattr(session.config.option, "numprocesses", None):
