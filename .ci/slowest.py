@@ -30,7 +30,9 @@ def _parts(folder: Path) -> None:
         wall_text = f"{wall / 60:.1f} min of wall time, " if wall is not None else ""
         print(f"\n{part}: {wall_text}test-minutes by directory (setup = the fixtures' start-ups)")
         print(f"  {'directory':<20} {'tests':>5} {'setup':>7} {'call':>7} {'teardown':>8} {'all':>7}")
-        for directory, (count, setup, call, teardown) in sorted(by_dir.items(), key=lambda kv: -sum(kv[1][1:])):
+        for directory, (count, setup, call, teardown) in sorted(
+            by_dir.items(), key=lambda kv: -sum(kv[1][1:])
+        ):
             total = setup + call + teardown
             print(
                 f"  {directory:<20} {count:>5} {setup / 60:>7.1f} {call / 60:>7.1f} "
