@@ -218,10 +218,13 @@ class ProcessCpu:
     def seconds(self) -> dict[str, float]:
         """CPU seconds by kind of process, largest first (kinds that used none left out)."""
         used = dict(self._used)
-        ended: dict[int, int] = {}  # by parent pid: what was counted of its children that ended
+        # By parent pid: what its children that ended had used in all, which its own count of reaped
+        # children now holds: what was counted of them inside the window, and for one that was already
+        # running at the start, what it had used before (which belongs to no one here).
+        ended: dict[int, int] = {}
         for (_pid, _started), p in self._seen.items():
             if not p.alive:
-                ended[p.ppid] = ended.get(p.ppid, 0) + p.own + p.children - p.start_own - p.start_children
+                ended[p.ppid] = ended.get(p.ppid, 0) + p.own + p.children
         for (pid, _started), p in self._seen.items():
             # Children the parent waited for in the window, beyond what was sampled of them.
             unseen = p.children - p.start_children - ended.get(pid, 0)

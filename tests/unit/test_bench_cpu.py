@@ -137,6 +137,25 @@ def test_children_that_end_between_samples_count_through_their_parent() -> None:
     assert used.get("other", 0) < children_s, used
 
 
+def test_a_child_running_before_the_window_counts_only_what_it_used_inside_it() -> None:
+    # Like a task process that ran for a minute and ends during a capacity step: its parent reaps it,
+    # and the minute before the step is not the parent's CPU in the step.
+    spin = (
+        "import sys, time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\n"
+        "print('spun', flush=True)\nsys.stdin.read()"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None and child.stdin is not None
+    assert child.stdout.readline() == "spun\n"
+    with ProcessCpu(interval_s=60) as cpu:  # sampled at the start and at the end only
+        child.stdin.close()
+        assert child.wait(30) == 0
+    used = cpu.seconds()
+    assert sum(used.values()) < 0.3, used
+
+
 def test_a_process_counts_as_the_program_it_execs(tmp_path: Path) -> None:
     # As spark-submit, a shell script, execs the JVM: the same process, then named "java".
     java = tmp_path / "java"
