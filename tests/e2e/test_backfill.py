@@ -30,7 +30,7 @@ from retry_scheduler.dev.airflow_api import (
     wait_for_backfills,
 )
 from retry_scheduler.dev.stack import DevStack, airflow_cli
-from tests.e2e.stacks import new_dev_stack
+from tests.e2e.stacks import new_dev_stack, reparse
 from tests.integration.test_dlq import dead_job, insert, sql
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
@@ -58,6 +58,7 @@ def fresh_dag(stack: DevStack, dag_id: str) -> str:
         fail_unfinished_runs(stack.base_url, token, dag_id)
         deleted = airflow_cli(["dags", "delete", dag_id, "--yes"], stack.env, check=False)
         assert deleted.returncode == 0, (deleted.stdout + deleted.stderr)[-2000:]
+        reparse(stack, f"{dag_id}.py")
         details = set_paused(stack.base_url, token, dag_id, True)  # once parsed again (created paused anyway)
     assert details["is_paused"] is True
     assert dag_runs(stack.base_url, token, dag_id) == []
@@ -139,6 +140,8 @@ def test_backfilling_dlq_window_replay_replays_each_hour_s_dead_jobs_once(stack:
     assert sql(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'pending'") == [(6,)]
 
 
+# Four Spark jobs, one after another, through the scheduler (and each backfill may take 900 s).
+@pytest.mark.timeout(1800)
 def test_backfilling_retry_compaction_archives_each_day_once(stack: DevStack) -> None:
     database_url = stack.settings.database_url
     archive = Path(stack.env["RETRY_ARCHIVE_URI"].removeprefix("file://"))
@@ -163,6 +166,7 @@ def test_backfilling_retry_compaction_archives_each_day_once(stack: DevStack) ->
     # Catch-up starts after the newest run the DAG has: once the dag processor saw the backfill's runs,
     # unpausing creates no scheduled run for the days before them.
     dag_details(stack.base_url, token, "retry_compaction")
+    reparse(stack, "retry_compaction.py")
     wait_until_next_run_after(stack, token, "retry_compaction", days[1])
     unpause_dag(stack.base_url, token, "retry_compaction")
     wait_for_backfills(stack.base_url, token, "retry_compaction", timeout=900)

@@ -30,6 +30,7 @@ from retry_scheduler.dev.demo import warm_up
 from retry_scheduler.dev.procs import free_port, port_open
 from retry_scheduler.dev.stack import DevStack
 from tests.conftest import _db_url, checkout_database
+from tests.e2e.stacks import PARSE_INTERVAL_S
 from tests.kafkautil import consume, create_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster]
@@ -75,6 +76,7 @@ def test_retries_come_back_never_early_from_loops_on_a_celery_worker(
         executor="celery",
         redis_url=f"redis://127.0.0.1:{redis_port}/0",
         say=notes.append,
+        parse_interval_s=PARSE_INTERVAL_S,
     )
     stack.log_dir = tmp_path / "logs"
     destination = f"demo.celery-{uuid.uuid4().hex[:8]}"  # dags/retry_policies.py allows demo.*

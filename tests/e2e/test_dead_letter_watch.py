@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 from retry_scheduler.core import protocol
 from retry_scheduler.dev.airflow_api import api_token, dag_runs, unpause_dag, xcom_value
 from tests.conftest import ROOT
-from tests.e2e.stacks import new_dev_stack
+from tests.e2e.stacks import new_dev_stack, reparse
 from tests.kafkautil import create_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
@@ -56,6 +56,9 @@ def test_dead_letters_start_the_example_dag_with_each_letter(
         create_topics(bootstrap, [DLQ])
         token = api_token(stack.base_url)
         unpause_dag(stack.base_url, token, "on_dead_letters")
+        # Airflow registers an asset's watcher when it parses the DAG unpaused: as it would on its own
+        # within the parse interval (30 s in a dev stack, 10 min in the tests' stacks).
+        reparse(stack, "on_dead_letters.py")
         producer = Producer({"bootstrap.servers": bootstrap})
         # hostile: a reason of invalid UTF-8 and 100 000 bytes, the retry id given twice
         hostile = dead_letter(ids[1], "orders", b"\xff\xfe" + b"x" * 100_000)
