@@ -123,3 +123,43 @@ def ensure_postgres(
         time.sleep(0.3)
     terminate(proc, "postgres", timeout=10)
     raise DevStackError(f"PostgreSQL did not start on port {port}; {log_path} ends with:\n{tail(log_path)}")
+
+
+def airflow_migrations_head() -> str | None:
+    """The newest migration of the installed Airflow (read from its ``migrations/versions`` scripts,
+    without importing Airflow), or None when it cannot be told."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("airflow")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for location in spec.submodule_search_locations:
+        for script in (Path(location) / "migrations" / "versions").glob("*.py"):
+            text = script.read_text(errors="replace")
+            revision = re.search(r"^revision\s*=\s*[\"'](\w+)[\"']", text, re.MULTILINE)
+            down = re.search(r"^down_revision\s*=\s*(.+)$", text, re.MULTILINE)
+            if revision:
+                revisions.add(revision[1])
+            if down:
+                parents.update(re.findall(r"[\"'](\w+)[\"']", down[1]))
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
+
+
+def airflow_metadata_current(metadata_url: str) -> bool:
+    """Whether Airflow's metadata database at ``metadata_url`` is at the installed Airflow's newest
+    migration, so that ``airflow db migrate`` (several CPU seconds even when there is nothing to do)
+    can be left out. False whenever that cannot be told."""
+    import psycopg
+
+    head = airflow_migrations_head()
+    if head is None:
+        return False
+    try:
+        with psycopg.connect(libpq_url(metadata_url), connect_timeout=5) as conn:
+            versions = [row[0] for row in conn.execute("SELECT version_num FROM alembic_version")]
+    except psycopg.Error:
+        return False
+    return versions == [head]

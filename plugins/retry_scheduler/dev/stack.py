@@ -31,7 +31,13 @@ from typing import Any
 
 from retry_scheduler.core.config import Settings, dev_home
 from retry_scheduler.db.connection import redact_url
-from retry_scheduler.dev.postgres import ensure_database, ensure_postgres, libpq_url, with_database
+from retry_scheduler.dev.postgres import (
+    airflow_metadata_current,
+    ensure_database,
+    ensure_postgres,
+    libpq_url,
+    with_database,
+)
 from retry_scheduler.dev.procs import (
     LOCAL_HOSTS,
     DevStackError,
@@ -394,8 +400,11 @@ class DevStack:
 
         applied = migrate(self.settings.database_url)
         self.say(f"Retry-scheduler schema up to date ({len(applied)} migration(s) applied now)")
-        self.say("Migrating the Airflow metadata database")
-        airflow_cli(["db", "migrate"], self.env, timeout=900)
+        if airflow_metadata_current(self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]):
+            self.say("Airflow's metadata database is up to date")
+        else:
+            self.say("Migrating the Airflow metadata database")
+            airflow_cli(["db", "migrate"], self.env, timeout=900)
         if self.executor == "celery":
             orphans = fail_orphaned_tasks(self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
             if orphans:
