@@ -1,6 +1,7 @@
 """Print where the time of `make test` went, from the reports it wrote to .test-reports/: each part's
 wall time, the test-minutes of each directory split into fixtures' setup, test bodies and teardown
-(*.phases.json), and the slowest tests (JUnit *.xml), slowest first."""
+with the CPU-minutes they used, the tests that used the most CPU (*.phases.json), and the slowest
+tests (JUnit *.xml), slowest first."""
 
 from __future__ import annotations
 
@@ -23,21 +24,27 @@ def _parts(folder: Path) -> None:
         by_dir: dict[str, list[float]] = {}
         for nodeid, when in phases.items():
             directory = "/".join(nodeid.split("::")[0].split("/")[:2])
-            row = by_dir.setdefault(directory, [0, 0.0, 0.0, 0.0])
+            row = by_dir.setdefault(directory, [0, 0.0, 0.0, 0.0, 0.0])
             row[0] += 1
-            for n, phase in enumerate(("setup", "call", "teardown"), start=1):
+            for n, phase in enumerate(("setup", "call", "teardown", "cpu"), start=1):
                 row[n] += when.get(phase, 0.0)
         wall_text = f"{wall / 60:.1f} min of wall time, " if wall is not None else ""
         print(f"\n{part}: {wall_text}test-minutes by directory (setup = the fixtures' start-ups)")
-        print(f"  {'directory':<20} {'tests':>5} {'setup':>7} {'call':>7} {'teardown':>8} {'all':>7}")
-        for directory, (count, setup, call, teardown) in sorted(
-            by_dir.items(), key=lambda kv: -sum(kv[1][1:])
+        print(
+            f"  {'directory':<20} {'tests':>5} {'setup':>7} {'call':>7} {'teardown':>8} {'all':>7} {'CPU':>7}"
+        )
+        for directory, (count, setup, call, teardown, cpu) in sorted(
+            by_dir.items(), key=lambda kv: -sum(kv[1][1:4])
         ):
             total = setup + call + teardown
             print(
                 f"  {directory:<20} {count:>5} {setup / 60:>7.1f} {call / 60:>7.1f} "
-                f"{teardown / 60:>8.1f} {total / 60:>7.1f}"
+                f"{teardown / 60:>8.1f} {total / 60:>7.1f} {cpu / 60:>7.1f}"
             )
+        heavy = sorted(((w.get("cpu", 0.0), nodeid) for nodeid, w in phases.items()), reverse=True)[:10]
+        print(f"  the most CPU (minutes; a test's and the processes it waited for): {part}")
+        for cpu, nodeid in heavy:
+            print(f"  {cpu / 60:7.2f}  {nodeid}")
 
 
 def _wall_seconds(junit: Path) -> float | None:

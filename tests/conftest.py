@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -95,15 +96,46 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 _PHASES: dict[str, dict[str, float]] = {}
 
 
+#: This process's CPU seconds (its own and its ended children's) when the running test's last phase ended.
+_cpu_mark = 0.0
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> None:
+    global _cpu_mark
+    _cpu_mark = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Each phase's report carries the CPU seconds it used in the process that ran it (``cpu_s``):
+    the test's own and that of the processes it started and waited for (a stack's, at its teardown).
+    A process still running when the phase ends (a session's broker or Spark JVM) counts later."""
+    global _cpu_mark
+    outcome = yield
+    now = _cpu_seconds()
+    outcome.get_result().user_properties.append(("cpu_s", round(now - _cpu_mark, 2)))
+    _cpu_mark = now
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Note how long each phase of each test took (in the pytest-xdist controller too: the workers'
-    reports arrive there), for ``_write_phases``."""
-    _PHASES.setdefault(report.nodeid, {})[report.when] = round(report.duration, 3)
+    """Note how long each phase of each test took and the CPU it used (in the pytest-xdist controller
+    too: the workers' reports arrive there), for ``_write_phases``."""
+    phases = _PHASES.setdefault(report.nodeid, {})
+    phases[report.when] = round(report.duration, 3)
+    cpu = dict(report.user_properties).get("cpu_s")
+    if isinstance(cpu, (int, float)):
+        phases["cpu"] = round(phases.get("cpu", 0.0) + cpu, 2)
 
 
 def _write_phases(config: pytest.Config) -> None:
     """Beside the JUnit report (``--junitxml=X.xml``), ``X.phases.json``: each test's setup, call and
-    teardown seconds. JUnit gives one figure per test; the fixtures' share (stack start-ups, Spark
+    teardown seconds and the CPU seconds of all three (``cpu``). JUnit gives one figure per test; the fixtures' share (stack start-ups, Spark
     sessions) is in the setups and teardowns. ``.ci/slowest.py`` sums them by directory."""
     xmlpath = getattr(config.option, "xmlpath", None)
     if not xmlpath or hasattr(config, "workerinput") or not _PHASES:

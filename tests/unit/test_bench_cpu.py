@@ -153,7 +153,7 @@ def test_a_child_running_before_the_window_counts_only_what_it_used_inside_it() 
         child.stdin.close()
         assert child.wait(30) == 0
     used = cpu.seconds()
-    assert sum(used.values()) < 0.3, used
+    assert used.get("benchmark", 0) < 0.3, used  # the parent (this process): its 0.6 s before the window
 
 
 def test_a_process_counts_as_the_program_it_execs(tmp_path: Path) -> None:
