@@ -35,6 +35,11 @@ TEMPLATE_DB = f"{TEMPLATE_PREFIX}{os.getpid()}"
 #: else: destinations are denied by default. Set for every process the tests start.
 TEST_DESTINATIONS = r"t[0-9a-f]{8}[.-][A-Za-z0-9._-]+"
 os.environ["RETRY_DESTINATION_ALLOWLIST"] = TEST_DESTINATIONS
+#: Every JVM the tests start (Spark drivers, sessions, a cluster's master, worker and executors)
+#: compiles with C1 only: their jobs last seconds, and C2's compiler threads spent half of their CPU
+#: (the class-archive warm-up job: 32.6 CPU seconds, 17.0 with C1 only). The JVM says "Picked up
+#: JAVA_TOOL_OPTIONS" on stderr. Set JAVA_TOOL_OPTIONS (even empty) to choose otherwise.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 #: The pytest-xdist worker this process is (``gw0``, ``gw1``...); empty when the tests run in one process.
 #: What a worker keeps between runs (Airflow's home and metadata database) carries it in its name.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
