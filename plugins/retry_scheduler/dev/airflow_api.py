@@ -22,20 +22,43 @@ class ApiError(AirflowApiError):
         self.status = status
 
 
+#: How long one request waits for the api-server's answer.
+API_TIMEOUT_S = 30.0
+
+
+class ApiTimeout(AirflowApiError):
+    """The api-server did not answer a request in time."""
+
+
 def _api(method: str, url: str, token: str | None = None, body: Any = None) -> Any:
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     data = None if body is None else json.dumps(body).encode()
     try:
         with urllib.request.urlopen(
-            urllib.request.Request(url, data, headers, method=method), timeout=30
+            urllib.request.Request(url, data, headers, method=method), timeout=API_TIMEOUT_S
         ) as r:
             payload = r.read()
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")[:500]
         raise ApiError(exc.code, f"{method} {url} failed with HTTP {exc.code}: {detail}") from None
     except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            raise ApiTimeout(f"{method} {url}: no answer within {API_TIMEOUT_S:g} s") from None
         raise AirflowApiError(f"Cannot reach {url} ({exc.reason}): is the Airflow api-server up?") from None
+    except TimeoutError:
+        raise ApiTimeout(f"{method} {url}: no answer within {API_TIMEOUT_S:g} s") from None
     return json.loads(payload) if payload else None
+
+
+def _poll(method: str, url: str, token: str, deadline: float) -> Any:
+    """``_api`` for a loop that polls until ``deadline``: a request the api-server was too busy to
+    answer in time is asked again (a machine running much else), until the deadline."""
+    while True:
+        try:
+            return _api(method, url, token)
+        except ApiTimeout:
+            if time.monotonic() > deadline:
+                raise
 
 
 def api_token(base_url: str, username: str = "admin", password: str = "admin") -> str:
@@ -98,7 +121,7 @@ def wait_for_dag_run(
     """Poll a DAG run until it is ``success`` or ``failed`` and return it; DevStackError on timeout."""
     url = f"{_dag_url(base_url, dag_id)}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
     deadline = time.monotonic() + timeout
-    while (run := dict(_api("GET", url, token))).get("state") not in {"success", "failed"}:
+    while (run := dict(_poll("GET", url, token, deadline))).get("state") not in {"success", "failed"}:
         if time.monotonic() > deadline:
             raise AirflowApiError(f"DAG run {dag_id}/{run_id} still {run.get('state')} after {timeout:.0f} s")
         time.sleep(1)
@@ -135,7 +158,7 @@ def wait_for_backfills(
     )
     deadline = time.monotonic() + timeout
     while True:
-        backfills = list(_api("GET", url, token)["backfills"])
+        backfills = list(_poll("GET", url, token, deadline)["backfills"])
         if backfills and all(b.get("completed_at") for b in backfills):
             return backfills
         if time.monotonic() > deadline:
