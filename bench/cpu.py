@@ -196,7 +196,9 @@ class ProcessCpu:
                 process.kind = process_kind(int(pid), seen.comm, cmdline)
             # What it used since the last sample counts for what it is now.
             self._used[process.kind] = self._used.get(process.kind, 0) + seen.own - process.own
-            process.own, process.children = seen.own, seen.children
+            # (its parent now: an orphan is adopted by init or a subreaper, whose count of reaped
+            # children then holds it)
+            process.own, process.children, process.ppid = seen.own, seen.children, seen.ppid
         if last:
             for key, process in self._seen.items():
                 process.alive = key in alive

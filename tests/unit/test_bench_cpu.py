@@ -3,9 +3,11 @@ each kind of process used (PostgreSQL, the Spark JVM, its Python workers, ...)."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -154,6 +156,40 @@ def test_a_child_running_before_the_window_counts_only_what_it_used_inside_it() 
         assert child.wait(30) == 0
     used = cpu.seconds()
     assert used.get("benchmark", 0) < 0.3, used  # the parent (this process): its 0.6 s before the window
+
+
+def test_an_orphan_counts_once_when_its_new_parent_reaps_it(tmp_path: Path) -> None:
+    # As an Airflow task process is: its parent exits, a subreaper (or init) adopts it, and the
+    # adopter's count of reaped children then holds the CPU the orphan used, already counted while it
+    # was seen. Here the measuring process is the subreaper (Linux's PR_SET_CHILD_SUBREAPER), so
+    # that the reaping happens while it measures.
+    script = tmp_path / "measure.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import ctypes, json, os, subprocess, sys, time
+            sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+            from bench.cpu import ProcessCpu
+            assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+            orphan = (
+                "import os, sys, time\\n"
+                "if os.fork():\\n    time.sleep(0.3)\\n    sys.exit(0)\\n"  # seen with its parent, then orphaned
+                "time.sleep(0.6)\\nend = time.process_time() + 1.0\\n"
+                "while time.process_time() < end: pass\\n"
+            )
+            with ProcessCpu(interval_s=0.05) as cpu:
+                subprocess.run([sys.executable, "-c", orphan], check=True)
+                os.waitpid(-1, 0)  # the orphan, adopted by this process
+                time.sleep(0.2)
+            print(json.dumps(cpu.seconds()))
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    used = json.loads(done.stdout.strip().splitlines()[-1])
+    assert used.get("other", 0) >= 0.8, used  # the orphan's second, while it was seen
+    assert used.get("benchmark", 0) < 0.5, used  # and not once more for the process that reaped it
 
 
 def test_a_process_counts_as_the_program_it_execs(tmp_path: Path) -> None:
