@@ -5,6 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
+# Targets that do not depend on each other run side by side, two at a time (make test's lint, Spark's
+# class archive and the browser check); their lines may interleave.
+MAKEFLAGS += --jobs=2
+# apt-get, one at a time: two targets installing side by side would find dpkg's lock taken.
+APT := flock --wait 900 /tmp/.retry-scheduler-apt.lock apt-get
+
 .PHONY: help venv lint format postgres spark-deps browser-deps test test-fast test-random test-unit up demo bench bench-quick clean
 
 help:
@@ -44,8 +50,8 @@ JDBC_JAR ?= /usr/share/java/postgresql.jar
 spark-deps: venv
 	@command -v java >/dev/null || { echo "Spark needs Java 17+: apt-get install openjdk-17-jre-headless" >&2; exit 1; }
 	@test -f $(JDBC_JAR) || { \
-		if [ "$$(id -u)" = 0 ]; then (apt-get install -y -q libpostgresql-jdbc-java || \
-			(apt-get update -q && apt-get install -y -q libpostgresql-jdbc-java)) >/dev/null; \
+		if [ "$$(id -u)" = 0 ]; then ($(APT) install -y -q libpostgresql-jdbc-java || \
+			($(APT) update -q && $(APT) install -y -q libpostgresql-jdbc-java)) >/dev/null; \
 		else echo "Spark needs the PostgreSQL JDBC driver: sudo apt-get install libpostgresql-jdbc-java" >&2; exit 1; fi; }
 	$(BIN)/retry-scheduler dev spark-archive
 
@@ -53,8 +59,8 @@ spark-deps: venv
 CHROMIUM ?= /usr/bin/chromium
 browser-deps:
 	@test -x $(CHROMIUM) || { \
-		if [ "$$(id -u)" = 0 ]; then (apt-get install -y -q chromium || \
-			(apt-get update -q && apt-get install -y -q chromium)) >/dev/null; \
+		if [ "$$(id -u)" = 0 ]; then ($(APT) install -y -q chromium || \
+			($(APT) update -q && $(APT) install -y -q chromium)) >/dev/null; \
 		else echo "The browser tests need Debian's chromium: sudo apt-get install chromium" >&2; exit 1; fi; }
 
 # Every test. The tests that wait more than they compute run side by side in $(TEST_WORKERS) processes
