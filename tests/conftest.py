@@ -120,7 +120,9 @@ def pytest_runtest_protocol(item: pytest.Item) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """Each phase's report carries the CPU seconds it used in the process that ran it (``cpu_s``):
     the test's own and that of the processes it started and waited for (a stack's, at its teardown).
-    A process still running when the phase ends (a session's broker or Spark JVM) counts later."""
+    A process still running when the phase ends (a session's broker or Spark JVM) counts later, in the
+    phase that waits for it, and one an earlier test abandoned counts when ``subprocess`` reaps it
+    (at its next start of a process): a ranking of where the CPU went, not an exact bill."""
     global _cpu_mark
     outcome = yield
     now = _cpu_seconds()
