@@ -258,6 +258,10 @@ def airflow_cli(
 
 #: How long stopping a stack waits for its running tasks to end before it stops the services.
 TASKS_STOP_S = 30.0
+#: How long a service that waits for its tasks (the scheduler, a Celery worker) has after SIGTERM
+#: before SIGKILL: its tasks were asked to end first, yet on a loaded machine its own shutdown (its
+#: executor's processes) has taken over 20 s. The other services get 20 s.
+WAITER_STOP_S = 60.0
 #: A task still running this long after SIGTERM is sent it again (one still starting up had no
 #: handler of the loop's yet: Airflow's own only calls ``on_kill``, and the signal was lost).
 TASKS_RESIGNAL_S = 2.0
@@ -526,8 +530,12 @@ class DevStack:
             name, proc = self._procs.pop()
             log.info("stopping %s (pid %s)", name, proc.pid)
             stopping = [(name, proc), *self._procs]
+            waits_for_tasks = name == "scheduler" or name.startswith("celery-worker")
             terminate(
-                proc, name, while_waiting=functools.partial(_end_more_tasks, stopping, signalled, descendants)
+                proc,
+                name,
+                timeout=WAITER_STOP_S if waits_for_tasks else 20.0,
+                while_waiting=functools.partial(_end_more_tasks, stopping, signalled, descendants),
             )
         alive = [p for p in descendants if p.is_running()]
         for straggler in alive:
