@@ -142,8 +142,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def _write_phases(config: pytest.Config) -> None:
     """Beside the JUnit report (``--junitxml=X.xml``), ``X.phases.json``: each test's setup, call and
-    teardown seconds and the CPU seconds of all three (``cpu``). JUnit gives one figure per test; the fixtures' share (stack start-ups, Spark
-    sessions) is in the setups and teardowns. ``.ci/slowest.py`` sums them by directory."""
+    teardown seconds and the CPU seconds of all three (``cpu``). JUnit gives one figure per test; the
+    fixtures' share (stack start-ups, Spark sessions) is in the setups and teardowns.
+    ``.ci/slowest.py`` sums them by directory."""
     xmlpath = getattr(config.option, "xmlpath", None)
     if not xmlpath or hasattr(config, "workerinput") or not _PHASES:
         return
