@@ -267,6 +267,12 @@ WAITER_STOP_S = 60.0
 TASKS_RESIGNAL_S = 2.0
 
 
+def _runs_tasks(service: str) -> bool:
+    """Whether the stack's ``service`` runs task processes (and waits for them when it stops): the
+    scheduler (LocalExecutor) and the Celery workers."""
+    return service.startswith(("scheduler", "celery-worker"))
+
+
 def _running(process: Any) -> bool:
     """Whether a ``psutil`` process runs: ended ones and zombies (their parent not waiting yet) do not."""
     import psutil
@@ -293,7 +299,7 @@ def _end_tasks(procs: list[tuple[str, Proc]], signalled: dict[int, float]) -> li
     services = {proc.pid for _, proc in procs}
     now, fresh = time.monotonic(), []
     for name, proc in procs:
-        if not name.startswith(("scheduler", "celery-worker")):
+        if not _runs_tasks(name):
             continue
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process(proc.pid).children(recursive=True):
@@ -530,11 +536,10 @@ class DevStack:
             name, proc = self._procs.pop()
             log.info("stopping %s (pid %s)", name, proc.pid)
             stopping = [(name, proc), *self._procs]
-            waits_for_tasks = name == "scheduler" or name.startswith("celery-worker")
             terminate(
                 proc,
                 name,
-                timeout=WAITER_STOP_S if waits_for_tasks else 20.0,
+                timeout=WAITER_STOP_S if _runs_tasks(name) else 20.0,
                 while_waiting=functools.partial(_end_more_tasks, stopping, signalled, descendants),
             )
         alive = [p for p in descendants if p.is_running()]
