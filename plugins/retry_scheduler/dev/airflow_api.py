@@ -41,12 +41,12 @@ def _api(method: str, url: str, token: str | None = None, body: Any = None) -> A
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")[:500]
         raise ApiError(exc.code, f"{method} {url} failed with HTTP {exc.code}: {detail}") from None
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, TimeoutError):
+    except (urllib.error.URLError, TimeoutError) as exc:
+        # A timeout while connecting comes wrapped in URLError, one while reading the answer bare.
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        if isinstance(reason, TimeoutError):
             raise ApiTimeout(f"{method} {url}: no answer within {API_TIMEOUT_S:g} s") from None
-        raise AirflowApiError(f"Cannot reach {url} ({exc.reason}): is the Airflow api-server up?") from None
-    except TimeoutError:
-        raise ApiTimeout(f"{method} {url}: no answer within {API_TIMEOUT_S:g} s") from None
+        raise AirflowApiError(f"Cannot reach {url} ({reason}): is the Airflow api-server up?") from None
     return json.loads(payload) if payload else None
 
 
