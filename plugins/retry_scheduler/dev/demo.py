@@ -70,6 +70,10 @@ class App:
     recovered: set[str] = field(default_factory=set)
     failures: Counter[str] = field(default_factory=Counter)
     stop: threading.Event = field(default_factory=threading.Event)
+    #: Set once the group has given the app its partitions of ``demo.orders``.
+    assigned: threading.Event = field(default_factory=threading.Event)
+    #: What ended the app's loop, if anything did: the demo reports it rather than waiting it out.
+    error: BaseException | None = None
 
     def handle(self, key: str, attempt: int) -> None:
         kind = key.split("-", 1)[0]
@@ -79,6 +83,13 @@ class App:
             raise TransientError(f"payment service unavailable for {key}")
 
     def run(self) -> None:
+        try:
+            self._consume()
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def _consume(self) -> None:
         from confluent_kafka import Consumer, KafkaException
 
         consumer = Consumer(
@@ -95,12 +106,13 @@ class App:
             group="demo-app",
             fatal_errors=(SchemaError,),
         )
-        consumer.subscribe([DEMO_TOPIC])
+        consumer.subscribe([DEMO_TOPIC], on_assign=lambda _consumer, _partitions: self.assigned.set())
         try:
             while not self.stop.is_set():
                 batch = consumer.consume(200, 0.5)
                 for msg in batch:
                     if msg.error():
+                        log.warning("demo app: %s", msg.error())
                         continue
                     key = (msg.key() or b"").decode()
                     if not key.endswith(self.run_tag):
@@ -134,6 +146,32 @@ def _malformed(tag: str, count: int) -> list[tuple[bytes, list[tuple[str, bytes]
         [(protocol.DESTINATION, b"demo.\xff\xfe")],
     ]
     return [(f"malformed-{i}-{tag}".encode(), kinds[i % len(kinds)]) for i in range(count)]
+
+
+def _create_demo_topic(settings: Settings) -> None:
+    """Create ``demo.orders`` before the app subscribes: a consumer that subscribed to a topic not
+    there yet learns of it only at its next metadata refresh (librdkafka: every 5 minutes)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from retry_scheduler.holds import create_topics
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    failed = create_topics(admin, [NewTopic(DEMO_TOPIC, 1, -1)])
+    if failed:
+        raise RuntimeError(f"the demo could not create {DEMO_TOPIC}: {failed[DEMO_TOPIC]}")
+
+
+def _start_app(app: App, timeout_s: float) -> threading.Thread:
+    """Start the app's consumer and wait until the group has assigned it ``demo.orders``."""
+    thread = threading.Thread(target=app.run, name="demo-app", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not app.assigned.wait(0.5):
+        if app.error is not None or not thread.is_alive():
+            raise RuntimeError(f"the demo app stopped before it was assigned {DEMO_TOPIC}: {app.error!r}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the demo app was not assigned {DEMO_TOPIC} within {timeout_s:.0f} s")
+    return thread
 
 
 def _send_workload(settings: Settings, plan: Plan, tag: str) -> None:
@@ -236,9 +274,9 @@ def run_demo(
             f"the retry_scheduler DAG is live (a warm-up record went through in {time.monotonic() - began:.0f} s)"
         )
 
+        _create_demo_topic(settings)
         app = App(settings, tag)
-        thread = threading.Thread(target=app.run, name="demo-app", daemon=True)
-        thread.start()
+        thread = _start_app(app, min(timeout_s, 120))
         _send_workload(settings, plan, tag)
         say(
             f"sent {plan.recover} recovering, {plan.exhaust} exhausting, {plan.fatal} fatal records "
@@ -255,6 +293,9 @@ def run_demo(
                 and outcome["dead_on_dlq"] == sum(plan.expected_dead.values())
             )
             if done:
+                break
+            if app.error is not None:
+                say(f"the demo app stopped: {app.error!r}")
                 break
             if time.monotonic() >= next_note:  # progress every 5 s; the outcome is checked every second
                 next_note += 5
