@@ -11,7 +11,12 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from bench import chaos
 from bench.chaos import create_topics
 
-__all__ = ["Seen", "consume", "create_topics", "produce"]
+__all__ = ["QUICK_JOIN", "Seen", "consume", "create_topics", "produce"]
+
+#: For a consumer group's members in tests where the application's configuration is not the point:
+#: the embedded broker holds a group's join for half the session timeout (23 s at librdkafka's
+#: default of 45 s, 3 s at this one), on each join and rebalance. Our own loops use the same.
+QUICK_JOIN = {"session.timeout.ms": 6000}
 
 
 class Seen(chaos.Seen):

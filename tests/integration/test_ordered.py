@@ -29,7 +29,7 @@ from retry_scheduler.holds import create_topics as create_holds_topics
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
 from tests.integration.test_loop import Loop, hdr, new_loop
-from tests.kafkautil import consume, create_topics, produce
+from tests.kafkautil import QUICK_JOIN, consume, create_topics, produce
 
 pytestmark = pytest.mark.integration
 
@@ -293,6 +293,7 @@ def test_every_keys_records_are_handled_in_order_across_failures_and_a_restart(
         "group.id": group,
         "auto.offset.reset": "earliest",
         "topic.metadata.refresh.interval.ms": 1000,
+        **QUICK_JOIN,
     }
 
     def consumer() -> RetryingConsumer:
@@ -351,7 +352,7 @@ def test_the_records_held_behind_a_dead_retry_can_be_dead_lettered_instead(
     create_topics(loop.bootstrap, [f"{loop.dest}.{group}.redelivery"])
     app = App({(b"k0", 0): -1})  # never succeeds: dead after the policy's 2 attempts
     config = {"bootstrap.servers": loop.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-              "topic.metadata.refresh.interval.ms": 1000}  # fmt: skip
+              "topic.metadata.refresh.interval.ms": 1000, **QUICK_JOIN}  # fmt: skip
     consumer = RetryingConsumer(
         config,
         [loop.dest],
@@ -400,7 +401,12 @@ def test_order_holds_when_a_second_member_joins_and_takes_partitions_over(
     group = f"{topic_prefix}-billing"
     create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{topic_prefix}-dlq"], partitions=2)
     app = App({(b"k0", 0): 1, (b"k1", 2): 2, (b"k2", 1): 1, (b"k4", 3): 1, (b"k5", 0): 1, (b"k5", 4): 1})
-    config = {"bootstrap.servers": loop.bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
+    config = {
+        "bootstrap.servers": loop.bootstrap,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        **QUICK_JOIN,
+    }
     holds_topic = f"{topic_prefix}-holds"
 
     def member(name: str) -> tuple[RetryingConsumer, threading.Thread]:

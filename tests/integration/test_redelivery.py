@@ -17,7 +17,7 @@ from retry_scheduler.core import protocol as p
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.headers import InvalidRecordError, Limits, parse_headers
 from tests.integration.test_loop import Loop, new_loop
-from tests.kafkautil import consume, create_topics, produce
+from tests.kafkautil import QUICK_JOIN, consume, create_topics, produce
 
 pytestmark = pytest.mark.integration
 
@@ -43,6 +43,7 @@ class App:
             "group.id": group,
             "auto.offset.reset": "earliest",
             "topic.metadata.refresh.interval.ms": 1000,  # find the redelivery topic soon after it exists
+            **QUICK_JOIN,
         }
         self.consumer = RetryingConsumer(config, [loop.dest], self.handle)
         self.consumer.retries.retry_topic = loop.settings.retry_topic
