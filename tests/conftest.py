@@ -53,7 +53,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     len/N tests), then an idle worker takes the second half of the longest queue. The end-to-end and
     Spark cluster tests (each a dev stack or a cluster, minutes of mostly waiting) would otherwise sit
     in the middle of one share and start late, and the last of them would end the run alone. They are
-    dealt round the shares' heads; the rest keep their order. Every worker computes the same order.
+    dealt round the shares' heads, a module's together (its tests may share a stack); the rest keep
+    their order. Every worker computes the same order.
     (In ``make test-random`` this runs after the shuffle: the heads still go first, shuffled.)
     """
     workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
@@ -64,9 +65,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     first = set(heads)
     rest = [i for i in items if i not in first]
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in heads:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
     shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
-    for n, item in enumerate(heads):
-        shares[n % workers].append(item)
+    for n, module in enumerate(modules.values()):
+        shares[n % workers] += module
     ordered: list[pytest.Item] = []
     for n in range(workers):  # as xdist sizes them: what is left divided by the workers left
         size = (len(items) - len(ordered)) // (workers - n)
@@ -253,6 +257,30 @@ def database_url(pg_template: str) -> Iterator[str]:
     """A fresh, migrated database for one test, dropped afterwards."""
     with _scratch_database(f"retry_test_{uuid.uuid4().hex[:10]}", template=pg_template) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def module_database_url(pg_template: str) -> Iterator[str]:
+    """A fresh, migrated database for the tests of one module (say, around a dev stack they share),
+    dropped after them: each test empties what it uses (:func:`empty_service_tables`)."""
+    with _scratch_database(f"retry_test_{uuid.uuid4().hex[:10]}", template=pg_template) as url:
+        yield url
+
+
+def empty_service_tables(database_url: str) -> None:
+    """Remove every row of the service's tables (the schema's version stays)."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = 'public' "
+                "AND tablename <> 'retry_schema_version'"
+            )
+        ]
+        if tables:
+            conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """Reprocessing a time window with the real ``airflow backfill create`` under the dev stack's scheduler.
 
-Each test starts the dev stack (broker, scheduler, dag processor, api-server; LocalExecutor), resets
-the DAG's history in the metadata database (kept between test runs), stores jobs in and around the
-window, backfills it with the ``airflow`` command an operator types, and waits for the backfill to
-complete through the REST API. Then: the runs were created for the asked intervals and no others,
+The tests share one dev stack (broker, scheduler, dag processor, api-server; LocalExecutor). Each
+empties the service's tables, resets its DAG's history in the metadata database (kept between test
+runs), stores jobs in and around the window, backfills it with the ``airflow`` command an operator
+types, and waits for the backfill to complete through the REST API. Then: the runs were created for the asked intervals and no others,
 each processed exactly its own interval, and backfilling the window again (``--reprocess-behavior
 completed``) changed nothing more.
 """
@@ -11,6 +11,8 @@ completed``) changed nothing more.
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,18 +32,29 @@ from retry_scheduler.dev.airflow_api import (
     wait_for_backfills,
 )
 from retry_scheduler.dev.stack import DevStack, airflow_cli
+from tests.conftest import empty_service_tables
 from tests.e2e.stacks import new_dev_stack, reparse
 from tests.integration.test_dlq import dead_job, insert, sql
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
 
+@pytest.fixture(scope="module")
+def module_stack(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    """One dev stack for the module's tests: each backfills a DAG of its own."""
+    home = tmp_path_factory.mktemp("backfill")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RETRY_ARCHIVE_URI", (home / "archive").as_uri())
+        with new_dev_stack(module_database_url, home, "retry_airflow_backfill_") as stack:
+            yield stack
+
+
 @pytest.fixture
-def stack(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("RETRY_ARCHIVE_URI", (tmp_path / "archive").as_uri())
-    stack = new_dev_stack(database_url, tmp_path, "retry_airflow_backfill_")
-    with stack:
-        yield stack
+def stack(module_stack: DevStack) -> DevStack:
+    """The module's stack with the service's tables and the archive empty: each test stores its own jobs."""
+    empty_service_tables(module_stack.settings.database_url)
+    shutil.rmtree(module_stack.env["RETRY_ARCHIVE_URI"].removeprefix("file://"), ignore_errors=True)
+    return module_stack
 
 
 def fresh_dag(stack: DevStack, dag_id: str) -> str:

@@ -36,9 +36,10 @@ from tests.kafkautil import consume, create_topics
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster]
 
 #: One record every SPACING_S seconds for SECONDS, each due DUE_IN_MS after it was sent.
-SECONDS, SPACING_S, DUE_IN_MS = 60, 1.0, 3_000
-#: The loop_seconds of the runs the test triggers, one every RUN_LOOP_S while the workload runs.
-RUN_LOOP_S = 15
+SECONDS, SPACING_S, DUE_IN_MS = 30, 0.5, 3_000
+#: The loop_seconds of the runs the test triggers, one every RUN_LOOP_S while the workload runs
+#: (the workload spans three runs' loops, each handing over to the next).
+RUN_LOOP_S = 10
 
 
 def send_steadily(bootstrap: str, retry_topic: str, destination: str) -> dict[bytes, int]:
