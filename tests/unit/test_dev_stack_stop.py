@@ -59,3 +59,53 @@ def test_a_task_that_missed_the_first_sigterm_is_sent_another_before_the_service
     assert not any("still running" in line for line in said), said
     assert said == [f"stopping scheduler (pid {scheduler.pid})"]
     assert time.monotonic() - began < 25  # (30 s is the wait for tasks: this tells the two paths apart)
+
+
+SERVICE = """
+import signal, sys, time
+def stop(*_):
+    print("term", time.time(), flush=True)
+    time.sleep(1.0)  # its own shutdown
+    print("end", time.time(), flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("up", flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_services_stop_a_tier_at_a_time_each_tier_together(tmp_path) -> None:
+    # As start() adopts them: the broker, the api-server, the scheduler, dag processor and triggerer.
+    names = ["broker", "api-server", "scheduler", "dag-processor", "triggerer"]
+    procs, logs = [], {}
+    for name in names:
+        logs[name] = tmp_path / f"{name}.log"
+        with logs[name].open("w") as out:
+            proc = subprocess.Popen([sys.executable, "-c", SERVICE], stdout=out, start_new_session=True)
+        procs.append((name, proc))
+    deadline = time.monotonic() + 30
+    while not all(path.read_text().startswith("up") for path in logs.values()):
+        assert time.monotonic() < deadline, "the stand-in services did not start"
+        time.sleep(0.05)
+    stack = DevStack(Settings(database_url="postgresql://127.0.0.1:1/unused"), say=lambda _m: None)
+    stack._procs = list(procs)
+    try:
+        stack.stop()
+    finally:
+        for _name, proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert all(proc.poll() == 0 for _name, proc in procs)  # each ended by its own SIGTERM handler
+    when = {
+        name: dict(
+            (word, float(at))
+            for word, at in (line.split() for line in path.read_text().split("\n")[1:] if line)
+        )
+        for name, path in logs.items()
+    }
+    tier = ("scheduler", "dag-processor", "triggerer")
+    # The three were asked together: each before any of them had ended.
+    assert max(when[n]["term"] for n in tier) < min(when[n]["end"] for n in tier), when
+    # Then the api-server, once they had all ended; then the broker, once the api-server had.
+    assert when["api-server"]["term"] >= max(when[n]["end"] for n in tier), when
+    assert when["broker"]["term"] >= when["api-server"]["end"], when

@@ -54,14 +54,15 @@ def spawn(cmd: list[str], log_path: Path, env: dict[str, str] | None = None, **k
         return subprocess.Popen(cmd, start_new_session=True, **kwargs)
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a live (non-zombie) process is left in the group; a container's init may never reap."""
+def _live_groups() -> set[int]:
+    """The process groups with a live (non-zombie) process left; a container's init may never reap."""
+    groups: set[int] = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError):
             state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
-            if state != "Z" and int(pgrp) == pgid:
-                return True
-    return False
+            if state != "Z":
+                groups.add(int(pgrp))
+    return groups
 
 
 def terminate(
@@ -69,22 +70,40 @@ def terminate(
 ) -> None:
     """SIGTERM the child's whole process group, then SIGKILL whatever is left after ``timeout``;
     ``while_waiting`` is called every 0.2 s while the group has not ended after SIGTERM."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    terminate_all([(name, proc, timeout)], while_waiting)
+
+
+def terminate_all(
+    procs: list[tuple[str, Proc, float]], while_waiting: Callable[[], object] = lambda: None
+) -> None:
+    """:func:`terminate` for several children at once, each ``(name, child, timeout)``: all are sent
+    SIGTERM together and waited for together (each stops in its own time, not after the others)."""
+    waiting: list[tuple[str, Proc, float, signal.Signals, float]] = []
+    for name, proc, timeout in procs:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None and not _group_alive(proc.pid):
-                return
-            if sig is signal.SIGTERM:
-                while_waiting()
+            os.killpg(proc.pid, signal.SIGTERM)
+        waiting.append((name, proc, timeout, signal.SIGTERM, time.monotonic() + timeout))
+    while waiting:
+        live, still = _live_groups(), []
+        for name, proc, timeout, sig, deadline in waiting:
+            if proc.poll() is not None and proc.pid not in live:
+                continue
+            if time.monotonic() < deadline:
+                still.append((name, proc, timeout, sig, deadline))
+            elif sig is signal.SIGTERM:
+                # A scheduler or a Celery worker waits for the tasks it runs; DevStack asks those to
+                # end first. Killing is safe anyway: the loops are at-least-once, the next run resumes.
+                log.info("%s still running %.0f s after SIGTERM: sending SIGKILL", name, timeout)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                still.append((name, proc, timeout, signal.SIGKILL, time.monotonic() + timeout))
+            else:
+                log.warning("%s still running %.0f s after SIGKILL", name, timeout)
+        waiting = still
+        if any(sig is signal.SIGTERM for *_rest, sig, _deadline in waiting):
+            while_waiting()
+        if waiting:
             time.sleep(0.2)
-        if sig is signal.SIGTERM:
-            # A scheduler or a Celery worker waits for the tasks it runs; DevStack asks those to end
-            # first. Killing is safe anyway: the loops are at-least-once, and the next run resumes.
-            log.info("%s still running %.0f s after SIGTERM: sending SIGKILL", name, timeout)
-        else:
-            log.warning("%s still running %.0f s after SIGKILL", name, timeout)
 
 
 def kafka_answers(bootstrap: str, timeout: float) -> bool:

@@ -48,6 +48,7 @@ from retry_scheduler.dev.procs import (
     spawn,
     tail,
     terminate,
+    terminate_all,
 )
 
 log = logging.getLogger(__name__)
@@ -271,6 +272,17 @@ def _runs_tasks(service: str) -> bool:
     """Whether the stack's ``service`` runs task processes (and waits for them when it stops): the
     scheduler (LocalExecutor) and the Celery workers."""
     return service.startswith(("scheduler", "celery-worker"))
+
+
+def _stop_tier(service: str) -> int:
+    """Which of the stack's services stop together, in turn: the Celery workers (their tasks report
+    to the api-server), the scheduler with the dag processor and the triggerer, the api-server, then
+    the rest (the broker, Redis)."""
+    if service.startswith("celery-worker"):
+        return 0
+    if service in ("scheduler", "dag-processor", "triggerer"):
+        return 1
+    return 2 if service == "api-server" else 3
 
 
 def _running(process: Any) -> bool:
@@ -532,15 +544,17 @@ class DevStack:
             tasks = [task for task in tasks if _running(task)] + _end_tasks(self._procs, signalled)
         if tasks:
             log.info("%s task process(es) still running %.0f s after SIGTERM", len(tasks), TASKS_STOP_S)
-        while self._procs:
-            name, proc = self._procs.pop()
-            log.info("stopping %s (pid %s)", name, proc.pid)
-            stopping = [(name, proc), *self._procs]
-            terminate(
-                proc,
-                name,
-                timeout=WAITER_STOP_S if _runs_tasks(name) else 20.0,
-                while_waiting=functools.partial(_end_more_tasks, stopping, signalled, descendants),
+        while self._procs:  # newest first, a tier at a time (_stop_tier)
+            tier: list[tuple[str, Proc]] = []
+            while self._procs and (not tier or _stop_tier(self._procs[-1][0]) == _stop_tier(tier[0][0])):
+                tier.append(self._procs.pop())
+            for name, proc in tier:
+                log.info("stopping %s (pid %s)", name, proc.pid)
+            terminate_all(
+                [(name, proc, WAITER_STOP_S if _runs_tasks(name) else 20.0) for name, proc in tier],
+                while_waiting=functools.partial(
+                    _end_more_tasks, [*tier, *self._procs], signalled, descendants
+                ),
             )
         alive = [p for p in descendants if p.is_running()]
         for straggler in alive:
