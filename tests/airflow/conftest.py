@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, WORKER, _db_url, checkout_database, checkout_db_name
+from retry_scheduler.dev.postgres import airflow_metadata_current
+from tests.conftest import ADMIN_URL, ROOT, WORKER, _db_url, checkout_database, checkout_db_name
 
 #: One per checkout, and per pytest-xdist worker.
 AIRFLOW_HOME = ROOT / (f".airflow-test-{WORKER}" if WORKER else ".airflow-test")
@@ -38,11 +39,20 @@ os.environ.update(
 
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
-    """A migrated Airflow metadata database for this checkout (``checkout_database``; migrate is idempotent)."""
+    """A migrated Airflow metadata database for this checkout (``checkout_database``), migrated only
+    when it is not at the installed Airflow's newest migration. The workers ask in turn (an advisory
+    lock): one finds a migration under way complete, not half done."""
+    import psycopg
+
     AIRFLOW_HOME.mkdir(exist_ok=True)
     checkout_database(AIRFLOW_DB_PREFIX)
-    airflow = Path(sys.executable).parent / "airflow"
-    subprocess.run([str(airflow), "db", "migrate"], check=True, env=os.environ.copy(), capture_output=True)
+    with psycopg.connect(ADMIN_URL, autocommit=True) as lock:
+        lock.execute("SELECT pg_advisory_lock(hashtext(%s))", (AIRFLOW_DB,))
+        if not airflow_metadata_current(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]):
+            airflow = Path(sys.executable).parent / "airflow"
+            subprocess.run(
+                [str(airflow), "db", "migrate"], check=True, env=os.environ.copy(), capture_output=True
+            )
     return AIRFLOW_HOME
 
 
