@@ -6,14 +6,12 @@ The environment is set before Airflow is imported, so its configuration picks it
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from retry_scheduler.dev.postgres import airflow_metadata_current
-from tests.conftest import ADMIN_URL, ROOT, WORKER, _db_url, checkout_database, checkout_db_name
+from retry_scheduler.dev.stack import migrate_airflow_metadata
+from tests.conftest import ROOT, WORKER, _db_url, checkout_database, checkout_db_name
 
 #: One per checkout, and per pytest-xdist worker.
 AIRFLOW_HOME = ROOT / (f".airflow-test-{WORKER}" if WORKER else ".airflow-test")
@@ -39,20 +37,11 @@ os.environ.update(
 
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
-    """A migrated Airflow metadata database for this checkout (``checkout_database``), migrated only
-    when it is not at the installed Airflow's newest migration. The workers ask in turn (an advisory
-    lock): one finds a migration under way complete, not half done."""
-    import psycopg
-
+    """This checkout's (and worker's) Airflow metadata database (``checkout_database``), migrated
+    unless it is already at the installed Airflow's newest migration."""
     AIRFLOW_HOME.mkdir(exist_ok=True)
     checkout_database(AIRFLOW_DB_PREFIX)
-    with psycopg.connect(ADMIN_URL, autocommit=True) as lock:
-        lock.execute("SELECT pg_advisory_lock(hashtext(%s))", (AIRFLOW_DB,))
-        if not airflow_metadata_current(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]):
-            airflow = Path(sys.executable).parent / "airflow"
-            subprocess.run(
-                [str(airflow), "db", "migrate"], check=True, env=os.environ.copy(), capture_output=True
-            )
+    migrate_airflow_metadata(os.environ.copy())
     return AIRFLOW_HOME
 
 

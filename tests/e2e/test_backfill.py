@@ -3,9 +3,9 @@
 The tests share one dev stack (broker, scheduler, dag processor, api-server; LocalExecutor). Each
 empties the service's tables, resets its DAG's history in the metadata database (kept between test
 runs), stores jobs in and around the window, backfills it with the ``airflow`` command an operator
-types, and waits for the backfill to complete through the REST API. Then: the runs were created for the asked intervals and no others,
-each processed exactly its own interval, and backfilling the window again (``--reprocess-behavior
-completed``) changed nothing more.
+types, and waits for the backfill to complete through the REST API. Then: the runs were created for
+the asked intervals and no others, each processed exactly its own interval, and backfilling the
+window again (``--reprocess-behavior completed``) changed nothing more.
 """
 
 from __future__ import annotations
