@@ -156,7 +156,7 @@ class BenchEnv:
             self._create_database()
             migrate(self.url)
             if self.bootstrap is None:
-                from retry_scheduler.dev.stack import start_broker
+                from retry_scheduler.dev.broker import start_broker
 
                 port = free_port()
                 self._broker = start_broker(

@@ -47,7 +47,7 @@ class ChaosStack:
 
     def start(self) -> None:
         from retry_scheduler.db.schema import migrate
-        from retry_scheduler.dev.stack import start_broker
+        from retry_scheduler.dev.broker import start_broker
 
         # PostgreSQL runs as the postgres account when we are root: it must reach its data dir.
         self.work_dir.chmod(0o755)

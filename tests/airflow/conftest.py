@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from retry_scheduler.dev.stack import migrate_airflow_metadata
+from retry_scheduler.dev.airflow_env import migrate_airflow_metadata
 from tests.conftest import ROOT, WORKER, _db_url, checkout_database, checkout_db_name
 
 #: One per checkout, and per pytest-xdist worker.

@@ -30,8 +30,8 @@ from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import encode_headers
 from retry_scheduler.db.schema import migrate
 from retry_scheduler.dev.airflow_api import api_token
-from retry_scheduler.dev.procs import free_port
-from retry_scheduler.dev.stack import Proc, airflow_bin, airflow_env, spawn, tail, terminate
+from retry_scheduler.dev.airflow_env import airflow_bin, airflow_env
+from retry_scheduler.dev.procs import Proc, free_port, spawn, tail, terminate
 from tests.airflow.conftest import AIRFLOW_DB
 from tests.conftest import ROOT, _db_url, _scratch_database
 

@@ -31,7 +31,8 @@ from retry_scheduler.dev.airflow_api import (
     unpause_dag,
     wait_for_backfills,
 )
-from retry_scheduler.dev.stack import DevStack, airflow_cli
+from retry_scheduler.dev.airflow_env import airflow_cli
+from retry_scheduler.dev.stack import DevStack
 from tests.conftest import empty_service_tables
 from tests.e2e.stacks import new_dev_stack, reparse
 from tests.integration.test_dlq import dead_job, insert, sql

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from retry_scheduler.core.config import Settings
-from retry_scheduler.dev.stack import SECRETS_FILE, airflow_env
+from retry_scheduler.dev.airflow_env import SECRETS_FILE, airflow_env
 
 
 def test_each_stack_signs_with_its_own_secret_and_keeps_it(tmp_path: Path) -> None:
@@ -42,7 +42,8 @@ def test_the_stack_s_tasks_allow_the_destinations_its_settings_allow(
 
 def test_a_celery_stack_queues_in_redis_and_keeps_task_states_in_airflow_s_database(tmp_path: Path) -> None:
     from retry_scheduler.cli.dev import EXECUTORS
-    from retry_scheduler.dev.stack import DevStack, celery_env
+    from retry_scheduler.dev.airflow_env import celery_env
+    from retry_scheduler.dev.stack import DevStack
 
     env = airflow_env(Settings(), tmp_path / "airflow", Path("dags"), 8080)
     celery = celery_env(env, "redis://127.0.0.1:6390/2")

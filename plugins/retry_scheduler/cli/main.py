@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     from retry_scheduler.db.connection import StoreError
-    from retry_scheduler.dev.stack import DevStackError
+    from retry_scheduler.dev.procs import DevStackError
     from retry_scheduler.ops.dlq import DlqError
     from retry_scheduler.spark.jdbc import JobArgumentError
 
