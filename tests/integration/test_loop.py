@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -613,6 +615,68 @@ def test_a_killed_ingest_worker_stops_the_loop_and_the_next_loop_loses_nothing(
     assert sorted((r["source_partition"], r["source_offset"]) for r in rows) == [
         (partition, offset) for partition in range(2) for offset in range(40)
     ]
+
+
+def _ingest_workers() -> set[int]:
+    """The ingest worker processes under this one (started ahead or working)."""
+    import psutil
+
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE and any("worker_main" in a for a in child.cmdline()):
+                found.add(child.pid)
+    return found
+
+
+def test_a_waiting_ingest_loop_takes_over_with_the_worker_processes_it_started_while_waiting(
+    loop: Loop,
+) -> None:
+    _send_to_partitions(loop, partitions=2, per_partition=10)
+    settings = loop.settings.with_overrides(ingest_workers=2, ingest_batch=10)
+    with loop.store() as holder_store, loop.store() as store:
+        holder = Ingestor(loop.settings, loop.registry, holder_store)
+        assert holder.acquire(5, assign=False)  # the previous loop, still ingesting
+        waiting = Ingestor(settings, loop.registry, store)
+        totals: list[IngestCounts] = []
+        thread = threading.Thread(
+            target=lambda: totals.append(
+                waiting.run(60, should_stop=lambda: waiting.totals.stored >= 20, grace_s=0)
+            )
+        )
+        thread.start()
+        released = False
+        try:
+            _wait_for(lambda: len(_ingest_workers()) == 2, "the waiting loop's two worker processes started")
+            ahead = _ingest_workers()
+            assert loop.rows() == []  # started, but not ingesting: the lock is not theirs yet
+            holder.close()  # the previous loop hands over
+            released = True
+            _wait_for(lambda: len(loop.rows()) == 20, "20 rows stored")
+            assert _ingest_workers() <= ahead  # the processes that ingested were those started ahead
+        finally:
+            if not released:
+                holder.close()
+            thread.join(60)
+        waiting.close()
+    assert [(t.stored, t.duplicates) for t in totals] == [(20, 0)]
+    assert _ingest_workers() == set()
+
+
+def test_an_ingest_loop_that_never_gets_the_retry_topics_ends_the_workers_it_started(loop: Loop) -> None:
+    settings = loop.settings.with_overrides(ingest_workers=2)
+    with loop.store() as holder_store, loop.store() as store:
+        holder = Ingestor(loop.settings, loop.registry, holder_store)
+        assert holder.acquire(5, assign=False)
+        waiting = Ingestor(settings, loop.registry, store)
+        thread = threading.Thread(target=lambda: waiting.run(2, grace_s=0))  # waits 2 s for the lock
+        thread.start()
+        _wait_for(lambda: len(_ingest_workers()) == 2, "the waiting loop's worker processes started")
+        thread.join(60)
+        holder.close()
+        waiting.close()
+    assert not thread.is_alive() and waiting.totals.consumed == 0
+    assert _ingest_workers() == set()  # none left behind
 
 
 def test_a_destination_taken_off_the_list_is_not_published_to(loop: Loop) -> None:

@@ -8,6 +8,7 @@ from its start and the unique source identity skips the records stored already.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -373,19 +374,23 @@ class Ingestor:
         self._control = Store(self.settings.database_url)
         tenure = LoopTenure(self._control, "ingest", duration_s, grace)
         go_on = lambda: tenure.go_on() and not should_stop()  # noqa: E731
+        workers = self.settings.ingest_workers
+        # Worker processes are started (and import what they need) while the previous loop still
+        # ingests: the handover then waits for none of that (1-2 s of a loaded machine's CPU each).
+        spares = [self._spawn_worker() for _ in range(workers)] if workers > 1 else []
         try:
-            workers = self.settings.ingest_workers
             if not self.acquire(tenure.remaining_s(), on_wait=tenure.beat, assign=workers == 1):
                 log.info("another ingest loop held the retry topics all along: nothing to do")
                 return IngestCounts()
             plan = self.plan() if workers > 1 else []
             if len(plan) > 1:
                 while go_on():
-                    self._run_workers(plan, workers, go_on)
+                    self._run_workers(plan, workers, go_on, spares)
                     plan = self.plan()
             else:
                 self.pipeline(go_on)
         finally:
+            _end_unused(spares)
             tenure.finish()
             self._control.close()
             self._control = None
@@ -416,12 +421,24 @@ class Ingestor:
                 elif not more:
                     break
 
-    def _run_workers(self, plan: list[tuple[str, int, int]], workers: int, go_on: Callable[[], bool]) -> None:
+    def _run_workers(
+        self,
+        plan: list[tuple[str, int, int]],
+        workers: int,
+        go_on: Callable[[], bool],
+        spares: list[subprocess.Popen[bytes]] | None = None,
+    ) -> None:
         """Ingest ``plan``'s partitions in worker processes until ``go_on()`` says no or the retry
-        topics gain partitions (then the caller plans again). A worker that dies stops them all."""
+        topics gain partitions (then the caller plans again). A worker that dies stops them all.
+        ``spares``: processes started ahead (:meth:`_spawn_worker`), taken from the list first."""
+        spares = spares if spares is not None else []
         shares = [plan[i::workers] for i in range(min(workers, len(plan)))]
         results: queue.Queue[dict[str, Any]] = queue.Queue()
-        procs = [self._start_worker(share, n, results) for n, share in enumerate(shares, start=1)]
+        procs = [
+            self._start_worker(share, n, results, spares.pop() if spares else None)
+            for n, share in enumerate(shares, start=1)
+        ]
+        _end_unused(spares)
         log.info("ingesting %s partitions in %s worker processes", len(plan), len(procs))
         planned = {(t, p) for t, p, _ in plan}
         checked = time.monotonic()
@@ -460,19 +477,30 @@ class Ingestor:
                     proc.wait()
             self._collect(results, 0)
 
-    def _start_worker(
-        self, share: list[tuple[str, int, int]], n: int, results: queue.Queue[dict[str, Any]]
-    ) -> Any:
-        """A worker process (``python -c``, so that nothing of this process's ``__main__`` is run again):
-        its settings, policies and share go in pickled on stdin; its counts come out as JSON lines."""
+    @staticmethod
+    def _spawn_worker() -> subprocess.Popen[bytes]:
+        """A worker process (``python -c``, so that nothing of this process's ``__main__`` is run again),
+        its imports done, waiting on stdin for its work (:meth:`_start_worker`); it exits if none comes."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-c", "from retry_scheduler.loops.ingest import worker_main; worker_main()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
         )
+
+    def _start_worker(
+        self,
+        share: list[tuple[str, int, int]],
+        n: int,
+        results: queue.Queue[dict[str, Any]],
+        proc: subprocess.Popen[bytes] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Give a worker process (``proc``, else a new one) its settings, policies and share, pickled on
+        its stdin; its counts come out as JSON lines."""
+        if proc is None or proc.poll() is not None:  # none started ahead, or it was stopped meanwhile
+            proc = self._spawn_worker()
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(pickle.dumps((self.settings, self.registry, share, f"ingest-worker-{n}")))
         proc.stdin.flush()
@@ -521,6 +549,21 @@ class Ingestor:
         return counts
 
 
+def _end_unused(spares: list[subprocess.Popen[bytes]]) -> None:
+    """End worker processes that were started ahead and got no work: at the end of their input they
+    exit at once."""
+    while spares:
+        proc = spares.pop()
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class IngestWorkerError(RuntimeError):
     """An ingest worker process died; the loop stops so that a new one starts from the stored offsets."""
 
@@ -529,7 +572,10 @@ def worker_main() -> None:
     """An ingest worker process: reads its settings, policies and share of the partitions (pickled) on
     stdin, ingests them, writes each batch's counts as a JSON line on stdout, and stops after the batch
     in hand when stdin ends (its loop stopped it, or died)."""
-    settings, registry, share, name = pickle.load(sys.stdin.buffer)
+    try:
+        settings, registry, share, name = pickle.load(sys.stdin.buffer)
+    except EOFError:  # started ahead of a handover that did not come to it: nothing to do
+        return
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
