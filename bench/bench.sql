@@ -159,6 +159,24 @@ SELECT count(*) FROM retry_jobs WHERE destination = %(destination)s AND status =
 SELECT extract(epoch FROM published_at - due_at)::float8
 FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';
 
+-- name: bench_lateness_timeline
+-- Lateness of a destination's published jobs second by second of their due time: how many fell due
+-- in that second, their p99 and their worst (where a step's p99 comes from, and when).
+SELECT floor(extract(epoch FROM due_at))::float8 AS due_second, count(*),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at))::float8,
+       max(extract(epoch FROM published_at - due_at))::float8
+FROM retry_jobs WHERE destination = %(destination)s AND status = 'published'
+GROUP BY 1 ORDER BY 1;
+
+-- name: bench_task_times
+-- (Airflow's metadata database) When the retry_scheduler DAG's tasks started and ended around a window:
+-- a loop ends when the one that started after it takes over (the handover).
+SELECT task_id, extract(epoch FROM start_date)::float8, extract(epoch FROM end_date)::float8
+FROM task_instance
+WHERE dag_id = 'retry_scheduler' AND start_date < to_timestamp(%(until)s)
+  AND (end_date IS NULL OR end_date >= to_timestamp(%(since)s))
+ORDER BY start_date;
+
 -- name: bench_published_span
 -- Seconds from the first to the last acknowledgement of a destination's published jobs.
 SELECT extract(epoch FROM max(published_at) - min(published_at))::float8

@@ -25,6 +25,7 @@ from typing import Any
 
 from bench.cpu import ProcessCpu, cpu_shares, cpu_times
 from bench.env import BenchEnv, BenchError, Result, Sizes, insert_due_jobs, per_second
+from bench.queries import bq
 from bench.slow import steady_producer
 from retry_scheduler.dev.procs import free_port
 
@@ -76,8 +77,8 @@ def _go_live(stack: Any, settings: Any) -> None:
     warm_up(settings, uuid.uuid4().hex[:6], 300)
 
 
-def _step(env: BenchEnv, settings: Any, rate: int, seconds: int) -> dict[str, Any]:
-    """One rate for one window: how many were sent and published, and their lateness."""
+def _step(env: BenchEnv, settings: Any, rate: int, seconds: int, metadata_url: str) -> dict[str, Any]:
+    """One rate for one window: how many were sent and published, their lateness, and when it was late."""
     destination = f"bench.capacity-{env.tag}-{rate}"
     env.create_topics([destination])
     sent_box: list[int] = []
@@ -90,7 +91,7 @@ def _step(env: BenchEnv, settings: Any, rate: int, seconds: int) -> dict[str, An
         ),
         name="bench-capacity-producer",
     )  # fmt: skip
-    machine_before = cpu_times()
+    machine_before, began = cpu_times(), time.time()
     with ProcessCpu() as cpu:
         producer.start()
         producer.join()
@@ -119,9 +120,54 @@ def _step(env: BenchEnv, settings: Any, rate: int, seconds: int) -> dict[str, An
         "sustained": sustained,
         "machine_cpu": machine,
         **cpu_budget(cpu.seconds(), sent),
+        **lateness_timeline(env, destination, metadata_url, began, time.time()),
     }
     log.info("capacity: %s", step)
     return step
+
+
+def lateness_timeline(
+    env: BenchEnv, destination: str, metadata_url: str, began: float, ended: float
+) -> dict[str, Any]:
+    """When a step's records were late: for each second of due time (seconds from the step's start)
+    its count, p99 and worst lateness (``timeline``), when the DAG's tasks running in the window
+    started and ended (``task_starts``, ``task_ends``: a loop ends when a newer one takes over), and
+    each second with a record later than ``MAX_P99_S`` with the task start just before it
+    (``late_seconds``)."""
+    import psycopg
+
+    from retry_scheduler.dev.postgres import libpq_url
+
+    rows = env.sql("bench_lateness_timeline", {"destination": destination}, fetch=True)
+    timeline = [
+        [round(second - began), int(n), round(p99, 3), round(worst, 3)] for second, n, p99, worst in rows
+    ]
+    with psycopg.connect(libpq_url(metadata_url), autocommit=True) as conn:
+        found = conn.execute(bq("bench_task_times"), {"since": began, "until": ended}).fetchall()
+    starts = [[task, round(start - began, 1)] for task, start, _end in found]
+    ends = [[task, round(end - began, 1)] for task, _start, end in found if end is not None and end <= ended]
+    late = []
+    for offset, _n, _p99, worst in timeline:
+        if worst > MAX_P99_S:
+            before = [(task, at) for task, at in starts if at <= offset]
+            task, at = before[-1] if before else (None, None)
+            late.append({"at_s": offset, "max_s": worst, "after_task": task, "task_started_s_before": (
+                round(offset - at, 1) if at is not None else None
+            )})  # fmt: skip
+    return {"timeline": timeline, "task_starts": starts, "task_ends": ends, "late_seconds": late}
+
+
+def late_text(step: dict[str, Any]) -> str:
+    """Where a step's lateness came from, as a sentence of the report."""
+    late, seconds = step.get("late_seconds") or [], len(step.get("timeline") or [])
+    if not late:
+        return f"At {step['rate_per_s']:,}/s no second of due time had a record later than {MAX_P99_S:g} s."
+    worst = max(late, key=lambda s: s["max_s"])
+    return (
+        f"At {step['rate_per_s']:,}/s, {len(late)} of {seconds} seconds of due time had a record later than "
+        f"{MAX_P99_S:g} s; the worst, {worst['max_s']} s, at +{worst['at_s']} s into the step, "
+        f"{worst['task_started_s_before']} s after a {worst['after_task']} task started."
+    )
 
 
 #: The processes whose CPU is the loop's own work: the two tasks and the ingest worker processes.
@@ -198,7 +244,8 @@ def measure_capacity(env: BenchEnv, sizes: Sizes) -> Result:
     with env.dropped_afterwards(stack.metadata_db), stack:
         _go_live(stack, settings)
         for rate in sizes.capacity_rates:
-            steps.append(_step(env, settings, rate, sizes.capacity_seconds))
+            metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+            steps.append(_step(env, settings, rate, sizes.capacity_seconds, metadata_url))
             if not steps[-1]["sustained"]:
                 break
     sustained = max((s["rate_per_s"] for s in steps if s["sustained"]), default=0)
@@ -227,6 +274,7 @@ def measure_capacity(env: BenchEnv, sizes: Sizes) -> Result:
         f"tasks per run: {celery[0]['rows_per_s']:,.0f} rows/s on 1 worker, {celery[1]['rows_per_s']:,.0f} on 2 "
         "(first acknowledgement to last; the workers share this machine's 2 cores with PostgreSQL).",
         *[budget_text(step) for step in steps if step.get("core_ms_per_1000")],
+        *[late_text(step) for step in steps if step.get("timeline")],
         "The PostgreSQL server ran with autovacuum on, as production servers do."
         if autovacuum
         else "WARNING: the PostgreSQL server ran with autovacuum off: dead entries pile up at the head of "

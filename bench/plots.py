@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 
 
 def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> list[str]:
-    """throughput.png (ours vs baselines) and, when lateness was measured, lateness.png."""
+    """throughput.png (ours vs baselines); lateness.png and capacity.png (each capacity step's lateness
+    over time, with the loops' task starts) when those were measured."""
     try:
         import matplotlib
 
@@ -92,6 +93,31 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
         fig.savefig(out / "lateness.png", dpi=110)
         plt.close(fig)
         made.append("lateness.png")
+    steps = [
+        s for s in (((m.get("capacity") or {}).get("details") or {}).get("steps") or []) if s.get("timeline")
+    ]
+    if steps:
+        fig, axes = plt.subplots(len(steps), 1, figsize=(9, 2.2 * len(steps) + 0.8), squeeze=False)
+        for ax, step in zip(axes[:, 0], steps, strict=True):
+            at = [row[0] for row in step["timeline"]]
+            ax.plot(at, [row[3] for row in step["timeline"]], color="#d62728", linewidth=0.8, label="worst")
+            ax.plot(at, [row[2] for row in step["timeline"]], color="#1f77b4", linewidth=0.8, label="p99")
+            for style, key in ((":", "task_starts"), ("-.", "task_ends")):
+                for task, at_s in step.get(key) or []:
+                    color = "#2ca02c" if task == "ingest" else "#aaaaaa"
+                    ax.axvline(at_s, color=color, linestyle=style, linewidth=0.8)
+            ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.6)
+            ax.set_title(f"{step['rate_per_s']:,} retries/s", fontsize=9)
+            ax.set_ylabel("lateness (s)", fontsize=8)
+        axes[0, 0].legend(fontsize=7, loc="upper right")
+        axes[-1, 0].set_xlabel(
+            "seconds of due time from the step's start; an ingest (green) or publish (grey) task "
+            "started (dotted) or ended (dash-dot)"
+        )
+        fig.tight_layout()
+        fig.savefig(out / "capacity.png", dpi=110)
+        plt.close(fig)
+        made.append("capacity.png")
     return made
 
 

@@ -44,6 +44,12 @@ def test_capacity_steps_the_rate_and_publishes_on_one_and_two_celery_workers(
         assert budget["publish task"] > 0 and budget["airflow scheduler"] > 0, budget
         assert budget.get("ingest task", 0) + budget.get("ingest workers", 0) > 0, budget
         assert step["loop_cpu_us_per_retry"] > 0, step
+        # Lateness second by second of due time, every published record in it; the loops' task starts.
+        assert sum(n for _at, n, _p99, _max in step["timeline"]) == step["published"], step["timeline"]
+        assert all(-1 <= at <= 8 + 10 and p99 <= worst for at, _n, p99, worst in step["timeline"])
+        assert step["task_starts"] and {t for t, _ in step["task_starts"]} <= {"ingest", "publish"}, step
+        assert all(t in ("ingest", "publish") and at >= 0 for t, at in step["task_ends"]), step
+        assert step["late_seconds"] == [], step["late_seconds"]
     assert report["sustained_retries_per_s"] == 40
     assert report["targets"]["sustained_retries_per_s"]["target"] == 10_000
 
@@ -55,3 +61,5 @@ def test_capacity_steps_the_rate_and_publishes_on_one_and_two_celery_workers(
     md = (tmp_path / "report.md").read_text()
     assert "Capacity under the Airflow scheduler" in md and "on 1 worker" in md
     assert "CPU at 40/s, core-milliseconds per 1 000 retries: " in md
+    assert "At 40/s no second of due time had a record later than 1 s." in md
+    assert (tmp_path / "capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # lateness over time
