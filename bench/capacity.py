@@ -132,8 +132,8 @@ def lateness_timeline(
     """When a step's records were late: for each second of due time (seconds from the step's start)
     its count, p99 and worst lateness (``timeline``), when the DAG's tasks running in the window
     started and ended (``task_starts``, ``task_ends``: a loop ends when a newer one takes over), and
-    each second with a record later than ``MAX_P99_S`` with the task start just before it
-    (``late_seconds``)."""
+    each second with a record later than ``MAX_P99_S`` with the task start and the task end just
+    before it (``late_seconds``)."""
     import psycopg
 
     from retry_scheduler.dev.postgres import libpq_url
@@ -146,14 +146,21 @@ def lateness_timeline(
         found = conn.execute(bq("bench_task_times"), {"since": began, "until": ended}).fetchall()
     starts = [[task, round(start - began, 1)] for task, start, _end in found]
     ends = [[task, round(end - began, 1)] for task, _start, end in found if end is not None and end <= ended]
+
+    def last_before(events: list[list[Any]], offset: int) -> tuple[Any, float | None]:
+        before = [(task, at) for task, at in events if at <= offset]
+        task, at = before[-1] if before else (None, None)
+        return task, round(offset - at, 1) if at is not None else None
+
     late = []
     for offset, _n, _p99, worst in timeline:
         if worst > MAX_P99_S:
-            before = [(task, at) for task, at in starts if at <= offset]
-            task, at = before[-1] if before else (None, None)
-            late.append({"at_s": offset, "max_s": worst, "after_task": task, "task_started_s_before": (
-                round(offset - at, 1) if at is not None else None
-            )})  # fmt: skip
+            started, started_s = last_before(starts, offset)
+            ended, ended_s = last_before(ends, offset)
+            late.append({
+                "at_s": offset, "max_s": worst, "after_task": started, "task_started_s_before": started_s,
+                "after_task_end": ended, "task_ended_s_before": ended_s,
+            })  # fmt: skip
     return {"timeline": timeline, "task_starts": starts, "task_ends": ends, "late_seconds": late}
 
 
@@ -166,8 +173,17 @@ def late_text(step: dict[str, Any]) -> str:
     return (
         f"At {step['rate_per_s']:,}/s, {len(late)} of {seconds} seconds of due time had a record later than "
         f"{MAX_P99_S:g} s; the worst, {worst['max_s']} s, at +{worst['at_s']} s into the step, "
-        f"{worst['task_started_s_before']} s after a {worst['after_task']} task started."
+        f"{worst['task_started_s_before']} s after {_a(worst['after_task'])} task started"
+        + (
+            f" and {worst['task_ended_s_before']} s after {_a(worst['after_task_end'])} task ended."
+            if worst.get("after_task_end")
+            else "."
+        )
     )
+
+
+def _a(task: str | None) -> str:
+    return "an ingest" if task == "ingest" else f"a {task}"
 
 
 #: The processes whose CPU is the loop's own work: the two tasks and the ingest worker processes.
