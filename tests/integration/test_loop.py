@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import psutil
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -26,7 +27,13 @@ from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.policy import Backoff, Policy, PolicyRegistry
 from retry_scheduler.db.store import Store
-from retry_scheduler.loops.ingest import IngestCounts, Ingestor, IngestWorkerError
+from retry_scheduler.loops.ingest import (
+    SPARES_AFTER_S,
+    SPARES_APART_S,
+    IngestCounts,
+    Ingestor,
+    IngestWorkerError,
+)
 from retry_scheduler.loops.publish import Publisher
 from tests.kafkautil import consume, create_topics, produce
 
@@ -669,14 +676,20 @@ def test_an_ingest_loop_that_never_gets_the_retry_topics_ends_the_workers_it_sta
         holder = Ingestor(loop.settings, loop.registry, holder_store)
         assert holder.acquire(5, assign=False)
         waiting = Ingestor(settings, loop.registry, store)
-        thread = threading.Thread(target=lambda: waiting.run(2, grace_s=0))  # waits 2 s for the lock
+        # It waits 10 s for the lock: its workers start 5 and 6 s into the wait.
+        thread = threading.Thread(target=lambda: waiting.run(10, grace_s=0))
+        began = time.time()
         thread.start()
         _wait_for(lambda: len(_ingest_workers()) == 2, "the waiting loop's worker processes started")
+        started = sorted(psutil.Process(pid).create_time() for pid in _ingest_workers())
         thread.join(60)
         holder.close()
         waiting.close()
     assert not thread.is_alive() and waiting.totals.consumed == 0
     assert _ingest_workers() == set()  # none left behind
+    # Not at the task's start, when Airflow's own start-up has the CPU: 5 s into the wait, then 1 s apart
+    # (a process's start time counts from the boot time, which Linux gives in whole seconds: 1 s slack).
+    assert started[0] >= began + SPARES_AFTER_S - 1.0 and started[1] >= started[0] + SPARES_APART_S - 0.05
 
 
 def test_a_destination_taken_off_the_list_is_not_published_to(loop: Loop) -> None:

@@ -103,6 +103,10 @@ class IngestBusyError(RuntimeError):
 
 #: Where ``retry_scheduler`` is imported from: put on a worker process's PYTHONPATH.
 _PACKAGE_ROOT = Path(retry_scheduler.__file__).resolve().parents[1]
+#: A loop waiting for the retry topics starts its worker processes this long into the wait, one
+#: every SPARES_APART_S (:meth:`Ingestor.run`).
+SPARES_AFTER_S = 5.0
+SPARES_APART_S = 1.0
 #: Partitions of a retry topic the ingest loop creates: a multiple of 1, 2, 3 and 6 worker processes.
 RETRY_TOPIC_PARTITIONS = 6
 
@@ -375,11 +379,20 @@ class Ingestor:
         tenure = LoopTenure(self._control, "ingest", duration_s, grace)
         go_on = lambda: tenure.go_on() and not should_stop()  # noqa: E731
         workers = self.settings.ingest_workers
-        # Worker processes are started (and import what they need) while the previous loop still
-        # ingests: the handover then waits for none of that (1-2 s of a loaded machine's CPU each).
-        spares = [self._spawn_worker() for _ in range(workers)] if workers > 1 else []
+        # While the previous loop still ingests, this one starts its worker processes (and their
+        # imports): the handover then waits for none of that. Not at once, but from SPARES_AFTER_S
+        # into the wait, a second apart: this task's own start has the machine's CPU just then.
+        spares: list[subprocess.Popen[bytes]] = []
+        waiting_since = time.monotonic()
+
+        def while_waiting() -> None:
+            tenure.beat()
+            due = waiting_since + SPARES_AFTER_S + len(spares) * SPARES_APART_S
+            if workers > 1 and len(spares) < workers and time.monotonic() >= due:
+                spares.append(self._spawn_worker())
+
         try:
-            if not self.acquire(tenure.remaining_s(), on_wait=tenure.beat, assign=workers == 1):
+            if not self.acquire(tenure.remaining_s(), on_wait=while_waiting, assign=workers == 1):
                 log.info("another ingest loop held the retry topics all along: nothing to do")
                 return IngestCounts()
             plan = self.plan() if workers > 1 else []
