@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import tempfile
 import time
 import urllib.parse
@@ -147,7 +148,10 @@ class BenchEnv:
         self.url = with_database(settings.database_url, db_name)
         self.bootstrap = bootstrap
         self.keep_db = keep_db
+        #: The stacks' Airflow homes and every process's log. One made here is removed at the end
+        #: of a run that raised nothing, unless ``keep_db``; otherwise it stays and is named.
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="retry-bench-"))
+        self._own_work_dir = work_dir is None
         self.tag = uuid.uuid4().hex[:6]
         self._broker: Any = None
 
@@ -179,6 +183,11 @@ class BenchEnv:
         if not self.keep_db:
             with contextlib.suppress(Exception), connect(self.admin_url, autocommit=True) as conn:
                 conn.execute(_DROP_DB.format(sql.Identifier(self.db_name)))
+        if self._own_work_dir and self.work_dir.exists():
+            if self.keep_db or (exc and exc[0] is not None):
+                log.info("the stacks' Airflow homes and logs are kept in %s", self.work_dir)
+            else:
+                shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def _create_database(self) -> None:
         with connect(self.admin_url, autocommit=True) as conn:

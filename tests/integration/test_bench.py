@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from dataclasses import replace
 from datetime import datetime
@@ -156,3 +157,30 @@ def test_the_command_prints_the_report_as_json_and_its_progress_apart(tmp_path: 
     assert report == json.loads((tmp_path / "report.json").read_text())
     assert "bench: 0/1 measurements" in done.stderr and "bench: 1/1 measurements" in done.stderr
     assert "claim_cost_ratio_10m_vs_10k" in done.stderr  # the table, for whoever watches
+
+
+def test_a_run_removes_its_work_directory_and_a_failed_or_kept_run_keeps_it(bootstrap_servers: str) -> None:
+    from bench.env import BenchEnv
+
+    settings = Settings(database_url=ADMIN_URL)
+    name = f"retry_bench_workdir_{uuid.uuid4().hex[:8]}"
+    with BenchEnv(settings, name, bootstrap_servers) as env:
+        (env.work_dir / "logs-capacity").mkdir()  # what a stack leaves there
+        done = env.work_dir
+    assert not done.exists()
+
+    with (
+        pytest.raises(RuntimeError, match="a measurement failed"),
+        BenchEnv(settings, name, bootstrap_servers) as env,
+    ):
+        failed = env.work_dir
+        raise RuntimeError("a measurement failed")
+    assert failed.is_dir()  # its logs say why
+
+    with BenchEnv(settings, name, bootstrap_servers, keep_db=True) as env:
+        kept = env.work_dir
+    assert kept.is_dir()
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    for path in (failed, kept):
+        shutil.rmtree(path)

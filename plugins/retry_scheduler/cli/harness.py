@@ -121,7 +121,12 @@ def add_parsers(sub: Any) -> None:
         "--capacity-seconds", type=int, metavar="S", help="how long each capacity rate is held (300)"
     )
     bench.add_argument("--db-name", default="retry_bench", help="the throwaway database (retry_bench)")
-    bench.add_argument("--keep-db", action="store_true", help="keep the database afterwards, to look at it")
+    bench.add_argument(
+        "--keep-db",
+        action="store_true",
+        help="keep the database and the stacks' Airflow homes and logs (a temporary directory, named at "
+        "the end) afterwards, to look at them; a run that fails keeps the logs too",
+    )
     bench.add_argument(
         "--json", action="store_true", help="print report.json's content on stdout (the narrative on stderr)"
     )
