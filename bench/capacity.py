@@ -155,11 +155,11 @@ def lateness_timeline(
     late = []
     for offset, _n, _p99, worst in timeline:
         if worst > MAX_P99_S:
-            started, started_s = last_before(starts, offset)
-            ended, ended_s = last_before(ends, offset)
+            start_task, started_s = last_before(starts, offset)
+            end_task, ended_s = last_before(ends, offset)
             late.append({
-                "at_s": offset, "max_s": worst, "after_task": started, "task_started_s_before": started_s,
-                "after_task_end": ended, "task_ended_s_before": ended_s,
+                "at_s": offset, "max_s": worst, "after_task": start_task, "task_started_s_before": started_s,
+                "after_task_end": end_task, "task_ended_s_before": ended_s,
             })  # fmt: skip
     return {"timeline": timeline, "task_starts": starts, "task_ends": ends, "late_seconds": late}
 
@@ -259,8 +259,8 @@ def measure_capacity(env: BenchEnv, sizes: Sizes) -> Result:
     steps: list[dict[str, Any]] = []
     with env.dropped_afterwards(stack.metadata_db), stack:
         _go_live(stack, settings)
+        metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
         for rate in sizes.capacity_rates:
-            metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
             steps.append(_step(env, settings, rate, sizes.capacity_seconds, metadata_url))
             if not steps[-1]["sustained"]:
                 break

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> list[str]:
     """throughput.png (ours vs baselines); lateness.png and capacity.png (each capacity step's lateness
-    over time, with the loops' task starts) when those were measured."""
+    over time, with the loops' task starts and ends) when those were measured."""
     try:
         import matplotlib
 
