@@ -27,13 +27,8 @@ from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.policy import Backoff, Policy, PolicyRegistry
 from retry_scheduler.db.store import Store
-from retry_scheduler.loops.ingest import (
-    SPARES_AFTER_S,
-    SPARES_APART_S,
-    IngestCounts,
-    Ingestor,
-    IngestWorkerError,
-)
+from retry_scheduler.loops.ingest import IngestCounts, Ingestor
+from retry_scheduler.loops.ingest_worker import SPARES_AFTER_S, SPARES_APART_S, IngestWorkerError
 from retry_scheduler.loops.publish import Publisher
 from tests.kafkautil import consume, create_topics, produce
 

@@ -8,10 +8,8 @@ from its start and the unique source identity skips the records stored already.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import pickle
 import queue
 import signal
@@ -23,12 +21,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
 
-import retry_scheduler
 from retry_scheduler.core import faults, protocol
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.durations import format_duration_ms
@@ -39,6 +35,13 @@ from retry_scheduler.core.policy import PolicyRegistry
 from retry_scheduler.core.records import RowBuilder, limits_for, new_retry_id
 from retry_scheduler.db.store import IngestLock, Store
 from retry_scheduler.loops.handover import LoopTenure
+from retry_scheduler.loops.ingest_worker import (
+    SPARES_AFTER_S,
+    SPARES_APART_S,
+    IngestWorkerError,
+    end_unused,
+    spawn_worker,
+)
 from retry_scheduler.loops.kafka import TopicManager, make_consumer
 from retry_scheduler.loops.offsets import same_partition, start_offset
 
@@ -101,12 +104,6 @@ class IngestBusyError(RuntimeError):
     """Another ingest loop holds the retry topics; this one got no turn in time."""
 
 
-#: Where ``retry_scheduler`` is imported from: put on a worker process's PYTHONPATH.
-_PACKAGE_ROOT = Path(retry_scheduler.__file__).resolve().parents[1]
-#: A loop waiting for the retry topics starts its worker processes this long into the wait, one
-#: every SPARES_APART_S (:meth:`Ingestor.run`).
-SPARES_AFTER_S = 5.0
-SPARES_APART_S = 1.0
 #: Partitions of a retry topic the ingest loop creates: a multiple of 1, 2, 3 and 6 worker processes.
 RETRY_TOPIC_PARTITIONS = 6
 
@@ -389,7 +386,7 @@ class Ingestor:
             tenure.beat()
             due = waiting_since + SPARES_AFTER_S + len(spares) * SPARES_APART_S
             if workers > 1 and len(spares) < workers and time.monotonic() >= due:
-                spares.append(self._spawn_worker())
+                spares.append(spawn_worker())
 
         try:
             if not self.acquire(tenure.remaining_s(), on_wait=while_waiting, assign=workers == 1):
@@ -403,7 +400,7 @@ class Ingestor:
             else:
                 self.pipeline(go_on)
         finally:
-            _end_unused(spares)
+            end_unused(spares)
             tenure.finish()
             self._control.close()
             self._control = None
@@ -443,7 +440,7 @@ class Ingestor:
     ) -> None:
         """Ingest ``plan``'s partitions in worker processes until ``go_on()`` says no or the retry
         topics gain partitions (then the caller plans again). A worker that dies stops them all.
-        ``spares``: processes started ahead (:meth:`_spawn_worker`), taken from the list first."""
+        ``spares``: processes started ahead (:func:`~retry_scheduler.loops.ingest_worker.spawn_worker`), taken from the list first."""
         spares = spares if spares is not None else []
         shares = [plan[i::workers] for i in range(min(workers, len(plan)))]
         results: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -451,7 +448,7 @@ class Ingestor:
             self._start_worker(share, n, results, spares.pop() if spares else None)
             for n, share in enumerate(shares, start=1)
         ]
-        _end_unused(spares)
+        end_unused(spares)
         log.info("ingesting %s partitions in %s worker processes", len(plan), len(procs))
         planned = {(t, p) for t, p, _ in plan}
         checked = time.monotonic()
@@ -490,19 +487,6 @@ class Ingestor:
                     proc.wait()
             self._collect(results, 0)
 
-    @staticmethod
-    def _spawn_worker() -> subprocess.Popen[bytes]:
-        """A worker process (``python -c``, so that nothing of this process's ``__main__`` is run again),
-        its imports done, waiting on stdin for its work (:meth:`_start_worker`); it exits if none comes."""
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
-        return subprocess.Popen(
-            [sys.executable, "-c", "from retry_scheduler.loops.ingest import worker_main; worker_main()"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
-
     def _start_worker(
         self,
         share: list[tuple[str, int, int]],
@@ -513,7 +497,7 @@ class Ingestor:
         """Give a worker process (``proc``, else a new one) its settings, policies and share, pickled on
         its stdin; its counts come out as JSON lines."""
         if proc is None or proc.poll() is not None:  # none started ahead, or it was stopped meanwhile
-            proc = self._spawn_worker()
+            proc = spawn_worker()
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(pickle.dumps((self.settings, self.registry, share, f"ingest-worker-{n}")))
         proc.stdin.flush()
@@ -560,25 +544,6 @@ class Ingestor:
             counts.consumed, counts.stored, counts.duplicates, counts.pending, dict(counts.dead),
         )  # fmt: skip
         return counts
-
-
-def _end_unused(spares: list[subprocess.Popen[bytes]]) -> None:
-    """End worker processes that were started ahead and got no work: at the end of their input they
-    exit at once."""
-    while spares:
-        proc = spares.pop()
-        with contextlib.suppress(OSError):
-            if proc.stdin is not None:
-                proc.stdin.close()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-class IngestWorkerError(RuntimeError):
-    """An ingest worker process died; the loop stops so that a new one starts from the stored offsets."""
 
 
 def worker_main() -> None:
