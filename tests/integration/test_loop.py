@@ -27,8 +27,10 @@ from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.policy import Backoff, Policy, PolicyRegistry
 from retry_scheduler.db.store import Store
+from retry_scheduler.loops.handover import LoopTenure
 from retry_scheduler.loops.ingest import IngestCounts, Ingestor
 from retry_scheduler.loops.ingest_worker import SPARES_AFTER_S, SPARES_APART_S, IngestWorkerError
+from retry_scheduler.loops.kafka import ServiceProducer, make_producer, wait_until_ready
 from retry_scheduler.loops.publish import Publisher
 from tests.kafkautil import consume, create_topics, produce
 
@@ -503,6 +505,55 @@ def test_the_publish_loop_shares_work_with_its_helper_publishers(loop: Loop) -> 
     assert 0 < helper.totals.published < 200  # both worked, each job once
     assert publisher.totals.published + helper.totals.published == 200
     assert len({s.key for s in consume(loop.bootstrap, [loop.dest], 200)}) == 200
+
+
+def test_a_publish_loop_relieves_the_running_one_only_once_its_producers_can_publish(loop: Loop) -> None:
+    """An idempotent producer's first records wait about 0.5 s for its producer id: a loop that took
+    over (and claimed a round of due jobs) before then held those jobs late at every task start."""
+    loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at="0")}] * 20)
+    loop.ingest(20)
+    settings = loop.settings.with_overrides(publish_workers=2)
+    relieved_at: list[float] = []
+    with loop.store() as running_store, loop.store() as store:
+        running = LoopTenure(running_store, "publish", duration_s=0, grace_s=300)  # the loop taken over
+        publisher = Publisher(settings, store)
+        assert not publisher.producer.id_assigned.is_set(), "a new producer has no id yet"
+
+        def watch() -> None:
+            while running.go_on():
+                time.sleep(0.02)
+            relieved_at.append(time.time())
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        total = publisher.run(1)
+        publisher.close()
+        watcher.join(30)
+        running.finish()
+    producers = [p.producer for p in (publisher, *publisher.helpers)]
+    assert len(producers) == 2 and all(isinstance(p, ServiceProducer) for p in producers)
+    ready = [p.ready_at for p in producers]
+    assert None not in ready, "every producer got its id from the broker"
+    assert relieved_at and relieved_at[0] >= max(ready), (
+        "the running loop was relieved before the new one could publish"
+    )
+    assert total.published == 20
+
+
+def test_a_producer_with_no_broker_is_waited_for_a_bounded_time(
+    loop: Loop, caplog: pytest.LogCaptureFixture
+) -> None:
+    unreachable = Settings(kafka={"bootstrap.servers": "127.0.0.1:1", "log_level": 0})
+    producer = make_producer(unreachable)
+    began = time.monotonic()
+    assert not wait_until_ready([producer], 1.5)
+    assert 1.5 <= time.monotonic() - began < 10
+    assert "no producer id from the broker after 2 s" in caplog.text
+    # Reports turned off in the settings: nothing to wait for.
+    silent = make_producer(
+        unreachable.with_overrides(kafka={**unreachable.kafka, "statistics.interval.ms": "0"})
+    )
+    assert wait_until_ready([silent], 30) and silent.ready_at is not None
 
 
 def test_a_failing_helper_publisher_stops_the_loop_with_its_error(loop: Loop) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -51,8 +54,66 @@ def make_consumer(settings: Settings) -> Consumer:
     return Consumer(consumer_config(settings))
 
 
-def make_producer(settings: Settings) -> Producer:
-    return Producer(producer_config(settings))
+#: How often librdkafka reports a service producer's state; the first report after the broker gave it
+#: a producer id makes it ready (see :class:`ServiceProducer`). Settings' ``statistics.interval.ms``
+#: overrides it; 0 turns the reports, and the wait, off.
+STATS_EVERY_MS = 1000
+
+
+class ServiceProducer(Producer):
+    """The service's idempotent producer, which knows when it can publish without delay.
+
+    An idempotent producer sends nothing until the broker has given it a producer id, and librdkafka
+    asks for one only about 0.5 s after it starts: records produced before then wait, which for a
+    publisher holding a round's claimed jobs means lateness. A publisher taking over from another
+    waits (:meth:`wait_ready`) before it claims anything, while the other goes on publishing.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.id_assigned = threading.Event()
+        #: When (``time.time()``) the producer was known to have its id; None until then.
+        self.ready_at: float | None = None
+        config = {"statistics.interval.ms": STATS_EVERY_MS, **config, "stats_cb": self._on_stats}
+        if not int(config["statistics.interval.ms"]):
+            self.ready_at = time.time()
+            self.id_assigned.set()  # no reports to wait for
+        super().__init__(config)
+
+    def _on_stats(self, raw: str) -> None:
+        if self.id_assigned.is_set():
+            return
+        try:
+            state = json.loads(raw).get("eos", {}).get("idemp_state")
+        except ValueError:
+            return
+        if state == "Assigned":
+            self.ready_at = time.time()
+            self.id_assigned.set()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Serve the producer's events until it has its producer id, for at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not self.id_assigned.is_set() and time.monotonic() < deadline:
+            self.poll(min(0.05, max(0.0, deadline - time.monotonic())))
+        return self.id_assigned.is_set()
+
+
+def make_producer(settings: Settings) -> ServiceProducer:
+    return ServiceProducer(producer_config(settings))
+
+
+def wait_until_ready(producers: Iterable[Producer], timeout_s: float) -> bool:
+    """Wait for every :class:`ServiceProducer` among ``producers`` to be ready (others are taken as
+    ready), for ``timeout_s`` in all; False, with a warning, when one is still waiting then."""
+    deadline = time.monotonic() + timeout_s
+    waiting = [p for p in producers if isinstance(p, ServiceProducer)]
+    ready = all(p.wait_ready(max(0.0, deadline - time.monotonic())) for p in waiting)
+    if not ready:
+        log.warning(
+            "the producer has no producer id from the broker after %.0f s: publishing anyway "
+            "(its first records wait until the broker answers)", timeout_s,
+        )  # fmt: skip
+    return ready
 
 
 def admin_client(settings: Settings) -> AdminClient:

@@ -25,9 +25,12 @@ from retry_scheduler.core.policy import load_policies
 from retry_scheduler.core.records import destinations_for
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.handover import LoopTenure, new_worker_id
-from retry_scheduler.loops.kafka import TopicManager, make_producer
+from retry_scheduler.loops.kafka import TopicManager, make_producer, wait_until_ready
 
 log = logging.getLogger(__name__)
+
+#: How long a starting publish loop waits for its producers' ids before it publishes regardless.
+PRODUCER_READY_S = 15.0
 
 #: Delivery errors after which the producer's idempotence state is broken for good (seen when the broker
 #: fenced its epoch bump after requests timed out in flight): only a new producer can publish again.
@@ -267,10 +270,10 @@ class Publisher:
         raised here.
         """
         grace = self.settings.loop_grace_ms / 1000 if grace_s is None else grace_s
-        tenure = LoopTenure(self.store, "publish", duration_s, grace)
         stop = threading.Event()
         self.helpers = []
         threads: list[threading.Thread] = []
+        tenure: LoopTenure | None = None
         try:
             for n in range(1, self.settings.publish_workers):
                 helper = Publisher(
@@ -291,16 +294,23 @@ class Publisher:
                         daemon=True,
                     )
                 )
-                threads[-1].start()
-            self.work(stop, lambda: tenure.go_on() and not should_stop(), tenure.remaining_s)
+            # Not a job claimed before every producer can publish at once: a loop still running
+            # goes on until this one's first heartbeat (the tenure's) relieves it.
+            wait_until_ready([p.producer for p in (self, *self.helpers)], PRODUCER_READY_S)
+            tenure = current = LoopTenure(self.store, "publish", duration_s, grace)
+            for thread in threads:
+                thread.start()
+            self.work(stop, lambda: current.go_on() and not should_stop(), current.remaining_s)
         finally:
             stop.set()
             for thread in threads:
-                thread.join()
+                if thread.is_alive():
+                    thread.join()
             for helper in self.helpers:
                 helper.close()
                 helper.store.close()
-            tenure.finish()
+            if tenure is not None:
+                tenure.finish()
         for helper in self.helpers:
             if helper.error is not None:
                 raise helper.error
