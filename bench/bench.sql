@@ -181,3 +181,16 @@ ORDER BY start_date;
 -- Seconds from the first to the last acknowledgement of a destination's published jobs.
 SELECT extract(epoch FROM max(published_at) - min(published_at))::float8
 FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';
+
+-- name: bench_table_state
+-- retry_jobs' dead and live rows (the server's statistics), its size and its due index's, and the age
+-- (in transactions) of the oldest snapshot any session holds: what a held snapshot keeps from VACUUM.
+SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0), pg_relation_size('retry_jobs'),
+       pg_relation_size('retry_jobs_due_idx'),
+       (SELECT max(age(backend_xmin)) FROM pg_stat_activity WHERE backend_xmin IS NOT NULL)
+FROM pg_stat_user_tables AS s WHERE s.relname = 'retry_jobs';
+
+-- name: bench_published_since_due
+-- A destination's published jobs and the seconds from the first one's due time to the last acknowledgement.
+SELECT count(*), extract(epoch FROM max(published_at) - min(due_at))::float8
+FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';

@@ -77,9 +77,13 @@ def _go_live(stack: Any, settings: Any) -> None:
     warm_up(settings, uuid.uuid4().hex[:6], 300)
 
 
-def _step(env: BenchEnv, settings: Any, rate: int, seconds: int, metadata_url: str) -> dict[str, Any]:
-    """One rate for one window: how many were sent and published, their lateness, and when it was late."""
-    destination = f"bench.capacity-{env.tag}-{rate}"
+def _step(
+    env: BenchEnv, settings: Any, rate: int, seconds: int, metadata_url: str, label: str = ""
+) -> dict[str, Any]:
+    """One rate for one window: how many were sent and published, their lateness, and when it was late.
+
+    ``label`` tells apart the destinations of windows at the same rate."""
+    destination = f"bench.capacity-{env.tag}-{rate}{'-' + label if label else ''}"
     env.create_topics([destination])
     sent_box: list[int] = []
     producer = threading.Thread(
@@ -108,6 +112,7 @@ def _step(env: BenchEnv, settings: Any, rate: int, seconds: int, metadata_url: s
     early = sum(1 for s in samples if s < 0)
     sustained = published >= sent > 0 and early == 0 and p99 is not None and p99 <= MAX_P99_S
     step = {
+        "destination": destination,
         "rate_per_s": rate,
         "seconds": seconds,
         "sent": sent,

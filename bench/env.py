@@ -33,7 +33,7 @@ from retry_scheduler.dev.procs import free_port
 log = logging.getLogger(__name__)
 
 #: Every measurement the harness knows, in the order it runs them.
-MEASUREMENTS = ("ingest", "publish", "claim", "spark", "lateness", "capacity")
+MEASUREMENTS = ("ingest", "publish", "claim", "spark", "lateness", "capacity", "held_snapshot")
 #: Partitions of every benchmark topic: a multiple of the ingest worker processes (2), as a deployment
 #: would choose, so that each worker has an equal share.
 PARTITIONS = 6
@@ -95,6 +95,9 @@ class Sizes:
     capacity_rates: tuple[int, ...] = (1_000, 1_500, 2_000, 2_500, 3_000, 4_000, 5_000, 7_500, 10_000, 12_500)
     capacity_seconds: int = 300
     capacity_publish_rows: int = 200_000
+    #: The held-snapshot windows' rate (half the capacity target) and length.
+    held_rate: int = 5_000
+    held_seconds: int = 600
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -115,6 +118,8 @@ class Sizes:
             capacity_rates=(50, 100),
             capacity_seconds=10,
             capacity_publish_rows=2_000,
+            held_rate=50,
+            held_seconds=10,
         )
 
 

@@ -428,6 +428,7 @@ class BenchOptions:
 
 def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
     from bench.capacity import measure_capacity
+    from bench.held import measure_held_snapshot
     from bench.slow import measure_lateness, measure_spark
 
     return {
@@ -437,6 +438,7 @@ def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
         "spark": measure_spark,
         "lateness": measure_lateness,
         "capacity": measure_capacity,
+        "held_snapshot": measure_held_snapshot,
     }
 
 
@@ -521,6 +523,8 @@ def main(settings: Settings, args: Any, say: Callable[[str], None] = print) -> i
             ("lateness_seconds", args.lateness_seconds),
             ("capacity_rates", getattr(args, "capacity_rates", None)),
             ("capacity_seconds", getattr(args, "capacity_seconds", None)),
+            ("held_rate", getattr(args, "held_rate", None)),
+            ("held_seconds", getattr(args, "held_seconds", None)),
         )
         if value is not None
     }

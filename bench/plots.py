@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 
 def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> list[str]:
     """throughput.png (ours vs baselines); lateness.png and capacity.png (each capacity step's lateness
-    over time, with the loops' task starts and ends) when those were measured."""
+    over time, with the loops' task starts and ends) and held_snapshot.png (lateness and dead rows over
+    time, alone and with a snapshot held) when those were measured."""
     try:
         import matplotlib
 
@@ -118,6 +119,43 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
         fig.savefig(out / "capacity.png", dpi=110)
         plt.close(fig)
         made.append("capacity.png")
+    windows = [
+        w
+        for w in (((m.get("held_snapshot") or {}).get("details") or {}).get("windows") or [])
+        if w.get("timeline")
+    ]
+    if windows:
+        fig, axes = plt.subplots(len(windows), 1, figsize=(9, 2.6 * len(windows) + 0.8), squeeze=False)
+        for ax, window in zip(axes[:, 0], windows, strict=True):
+            at = [row[0] for row in window["timeline"]]
+            ax.plot(at, [row[3] for row in window["timeline"]], color="#d62728", linewidth=0.8, label="worst")
+            ax.plot(at, [row[2] for row in window["timeline"]], color="#1f77b4", linewidth=0.8, label="p99")
+            ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.6)
+            ax.set_ylabel("lateness (s)", fontsize=8)
+            ax.set_title(
+                f"{window['rate_per_s']:,} retries/s, {'snapshot held open' if window['window'] == 'held' else 'alone'}",
+                fontsize=9,
+            )
+            table = window.get("table_timeline") or []
+            if table:
+                rows = ax.twinx()
+                rows.plot(
+                    [r[0] for r in table],
+                    [r[1] for r in table],
+                    color="#2ca02c",
+                    linewidth=0.8,
+                    label="dead rows",
+                )
+                rows.set_ylabel("retry_jobs dead rows", fontsize=8, color="#2ca02c")
+                rows.legend(fontsize=7, loc="upper center")
+        axes[0, 0].legend(fontsize=7, loc="upper left")
+        axes[-1, 0].set_xlabel(
+            "seconds from the window's start (lateness by due second; dead rows sampled every 5 s)"
+        )
+        fig.tight_layout()
+        fig.savefig(out / "held_snapshot.png", dpi=110)
+        plt.close(fig)
+        made.append("held_snapshot.png")
     return made
 
 

@@ -100,7 +100,8 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument(
         "--only",
         metavar="NAMES",
-        help="comma-separated subset of: ingest, publish, claim, spark, lateness, capacity (default: all)",
+        help="comma-separated subset of: ingest, publish, claim, spark, lateness, capacity, held_snapshot "
+        "(default: all)",
     )
     bench.add_argument("--out", default="bench/out", metavar="DIR", help="report directory (bench/out)")
     bench.add_argument("--ingest-records", type=int, metavar="N", help="records to ingest (500000)")
@@ -119,6 +120,15 @@ def add_parsers(sub: Any) -> None:
     )
     bench.add_argument(
         "--capacity-seconds", type=int, metavar="S", help="how long each capacity rate is held (300)"
+    )
+    bench.add_argument(
+        "--held-rate",
+        type=int,
+        metavar="R",
+        help="records/s of the held-snapshot windows, without and with a snapshot held open (5000)",
+    )
+    bench.add_argument(
+        "--held-seconds", type=int, metavar="S", help="how long each held-snapshot window lasts (600)"
     )
     bench.add_argument("--db-name", default="retry_bench", help="the throwaway database (retry_bench)")
     bench.add_argument(
