@@ -60,6 +60,30 @@ def make_consumer(settings: Settings) -> Consumer:
 STATS_EVERY_MS = 1000
 
 
+class _IdState:
+    """Whether a producer has its producer id, from librdkafka's statistics (apart from the producer:
+    a callback bound to the producer itself would keep it alive, connections and threads, after its
+    last use)."""
+
+    def __init__(self) -> None:
+        self.assigned = threading.Event()
+        self.at: float | None = None
+
+    def set(self) -> None:
+        self.at = time.time()
+        self.assigned.set()
+
+    def on_stats(self, raw: str) -> None:
+        if self.assigned.is_set():
+            return
+        try:
+            state = json.loads(raw).get("eos", {}).get("idemp_state")
+        except ValueError:
+            return
+        if state == "Assigned":
+            self.set()
+
+
 class ServiceProducer(Producer):
     """The service's idempotent producer, which knows when it can publish without delay.
 
@@ -70,32 +94,28 @@ class ServiceProducer(Producer):
     """
 
     def __init__(self, config: dict[str, Any]) -> None:
-        self.id_assigned = threading.Event()
-        #: When (``time.time()``) the producer was known to have its id; None until then.
-        self.ready_at: float | None = None
-        config = {"statistics.interval.ms": STATS_EVERY_MS, **config, "stats_cb": self._on_stats}
+        self._id = _IdState()
+        config = {"statistics.interval.ms": STATS_EVERY_MS, **config, "stats_cb": self._id.on_stats}
         if not int(config["statistics.interval.ms"]):
-            self.ready_at = time.time()
-            self.id_assigned.set()  # no reports to wait for
+            self._id.set()  # no reports to wait for
         super().__init__(config)
 
-    def _on_stats(self, raw: str) -> None:
-        if self.id_assigned.is_set():
-            return
-        try:
-            state = json.loads(raw).get("eos", {}).get("idemp_state")
-        except ValueError:
-            return
-        if state == "Assigned":
-            self.ready_at = time.time()
-            self.id_assigned.set()
+    @property
+    def id_assigned(self) -> threading.Event:
+        """Set once the producer has its producer id."""
+        return self._id.assigned
+
+    @property
+    def ready_at(self) -> float | None:
+        """When (``time.time()``) the producer was known to have its id; None until then."""
+        return self._id.at
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Serve the producer's events until it has its producer id, for at most ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        while not self.id_assigned.is_set() and time.monotonic() < deadline:
+        while not self._id.assigned.is_set() and time.monotonic() < deadline:
             self.poll(min(0.05, max(0.0, deadline - time.monotonic())))
-        return self.id_assigned.is_set()
+        return self._id.assigned.is_set()
 
 
 def make_producer(settings: Settings) -> ServiceProducer:
