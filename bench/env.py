@@ -301,9 +301,9 @@ class TimedStore(Store):
         finally:
             self.seconds[name] += time.perf_counter() - began
 
-    def claim_due(self, limit: int) -> list[OutgoingRow]:
+    def claim_due(self, limit: int, floor: datetime | None = None) -> list[OutgoingRow]:
         with self._timed("claim_due"):
-            return super().claim_due(limit)
+            return super().claim_due(limit, floor)
 
     def claim_dead(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
         with self._timed("claim_dead"):

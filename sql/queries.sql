@@ -64,12 +64,17 @@ RETURNING dead_reason;
 -- at the first job not yet due however many are pending later (clock_timestamp(), volatile, was a
 -- filter: every claim read every future job). Nothing is early: the statement starts before any
 -- row it returns is produced. Store.claim_due also pins the plan to that index (see there).
+-- %(floor)s, where the publisher knows nothing is left to claim below it ('-infinity' for a sweep,
+-- which claims every due job however old), is where the scan starts: the entries of jobs published
+-- since the oldest snapshot any session holds cannot be marked dead, and a scan from the index's
+-- head walks every one of them (Publisher.claim_floor).
 SELECT id, destination, destination_partition, msg_key, msg_value, headers, attempt,
        policy, reason, error_class, consumer_group, retry_id, original_topic,
        original_partition, original_offset, (extract(epoch FROM first_seen_at) * 1000)::bigint,
-       dead_reason, dlq_topic, held_by
+       dead_reason, dlq_topic, held_by, due_at
 FROM retry_jobs
 WHERE status = 'pending'
+  AND due_at >= %(floor)s::timestamptz
   AND due_at <= statement_timestamp()
   AND (lease_until IS NULL OR lease_until < clock_timestamp())
 ORDER BY due_at

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
 import psutil
 import psycopg
@@ -554,6 +555,83 @@ def test_a_producer_with_no_broker_is_waited_for_a_bounded_time(
         unreachable.with_overrides(kafka={**unreachable.kafka, "statistics.interval.ms": "0"})
     )
     assert wait_until_ready([silent], 30) and silent.ready_at is not None
+
+
+def _due_index_entries_read(store: Store, floor: datetime | None) -> int:
+    """How many entries of retry_jobs_due_idx one claim from ``floor`` reads (the claim rolled back)."""
+    counter = "SELECT pg_stat_get_xact_tuples_returned('retry_jobs_due_idx'::regclass)"
+    with store.conn.transaction(force_rollback=True):  # no flush of the session's counts within it
+        [(before,)] = store.conn.execute(counter).fetchall()
+        store.claim_due(10_000, floor=floor)
+        [(after,)] = store.conn.execute(counter).fetchall()
+    return int(after - before)
+
+
+def _publish(publisher: Publisher, jobs: int, timeout_s: float = 30) -> None:
+    """Publish rounds until ``jobs`` more jobs were published."""
+    deadline, published = time.monotonic() + timeout_s, 0
+    while published < jobs:
+        assert time.monotonic() < deadline, f"{published} of {jobs} published within {timeout_s} s"
+        published += publisher.publish_once().published
+        time.sleep(0.02)
+
+
+def test_claims_start_past_the_entries_a_held_snapshot_keeps_in_the_due_index(loop: Loop) -> None:
+    """While a transaction holds an old snapshot (a report, a dump, a Spark JDBC read), PostgreSQL can
+    neither remove nor mark dead the due index's entry of any job published since: a claim from the
+    index's head walks them all, which at thousands of retries a second made claims take seconds."""
+    ago = str(int(time.time() * 1000) - 10_000)
+    loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=ago)}] * 2_000)
+    loop.ingest(2_000)
+    with psycopg.connect(loop.settings.database_url) as report:  # its snapshot: before any publish
+        report.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        report.execute("SELECT count(*) FROM retry_jobs").fetchone()
+        with loop.store() as store:
+            publisher = Publisher(loop.settings.with_overrides(publish_batch=500), store)
+            try:
+                _publish(publisher, 2_000)
+                assert publisher.publish_once().claimed == 0  # the round that finds nothing more due
+                floor = publisher.floor
+                assert floor is not None
+                from_head, from_floor = (
+                    _due_index_entries_read(store, None),
+                    _due_index_entries_read(store, floor),
+                )
+                # Still published under the snapshot: jobs stored now.
+                now = str(int(time.time() * 1000))
+                loop.send([{"key": b"n", "value": b"v", "headers": hdr(destination=loop.dest, at=now)}] * 10)
+                loop.ingest(10)
+                _publish(publisher, 10)
+            finally:
+                publisher.close()
+    assert from_head >= 2_000, (
+        "the snapshot keeps every published job's entry: a scan from the head reads them"
+    )
+    assert from_floor <= 10, f"a claim from the publisher's floor read {from_floor} entries"
+    assert len(consume(loop.bootstrap, [loop.dest], 2_010)) == 2_010
+
+
+def test_a_job_due_below_the_claims_floor_is_published_by_a_sweep(loop: Loop) -> None:
+    """A job that falls due below where claims start (a record stored long after its due time, a
+    delivery whose backoff ended, a job a crashed publisher released) is claimed by the next sweep."""
+    now = str(int(time.time() * 1000))
+    loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=now)}] * 5)
+    loop.ingest(5)
+    with loop.store() as store:
+        publisher = Publisher(loop.settings, store)
+        try:
+            _publish(publisher, 5)
+            floor = publisher.floor
+            assert floor is not None and floor.timestamp() > time.time() - 60
+            hour_ago = str(int(time.time() * 1000) - 3_600_000)
+            loop.send([{"key": b"late", "value": b"v", "headers": hdr(destination=loop.dest, at=hour_ago)}])
+            loop.ingest(1)
+            assert publisher.floor is not None and publisher.floor >= floor  # nothing moved it down
+            _publish(publisher, 1)
+        finally:
+            publisher.close()
+    assert [r["status"] for r in loop.rows()] == ["published"] * 6
+    assert {s.key for s in consume(loop.bootstrap, [loop.dest], 6)} == {b"k", b"late"}
 
 
 def test_a_failing_helper_publisher_stops_the_loop_with_its_error(loop: Loop) -> None:

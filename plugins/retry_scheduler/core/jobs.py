@@ -6,6 +6,7 @@ import enum
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import NamedTuple
 
 from retry_scheduler.core import protocol
@@ -227,6 +228,8 @@ class OutgoingRow(NamedTuple):
     dead_reason: str | None
     dlq_topic: str
     held_by: str | None = None
+    #: When it fell due (claimed due jobs only): where the publisher's next claim may start.
+    due_at: datetime | None = None
 
 
 def destination_headers(row: OutgoingRow) -> list[Header]:

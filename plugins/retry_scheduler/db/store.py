@@ -304,8 +304,9 @@ class Store:
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             raise StoreError(f"{what} must be called inside a transaction, or its locks end at once")
 
-    def claim_due(self, limit: int) -> list[OutgoingRow]:
-        """Lock up to ``limit`` due pending jobs (oldest due first) that no one else holds.
+    def claim_due(self, limit: int, floor: datetime | None = None) -> list[OutgoingRow]:
+        """Lock up to ``limit`` due pending jobs (oldest due first) that no one else holds, of those
+        due at or after ``floor`` (None: however old).
 
         Nothing is written: the row locks last until the caller's transaction ends (``with
         store.conn.transaction():``), and the caller marks the jobs inside it. A publisher that dies
@@ -318,7 +319,8 @@ class Store:
             assert plan is not None
             seqscan, bitmapscan, sort, self.claimed_up_to = plan[:4]
             # Binary results: bytea columns come as bytes, not as hex text to decode.
-            rows = self.conn.execute(q("claim_due"), {"limit": limit}, binary=True).fetchall()
+            params = {"limit": limit, "floor": "-infinity" if floor is None else floor}
+            rows = self.conn.execute(q("claim_due"), params, binary=True).fetchall()
             self.conn.execute(
                 q("claim_plan_reset"), {"seqscan": seqscan, "bitmapscan": bitmapscan, "sort": sort}
             )

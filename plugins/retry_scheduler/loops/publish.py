@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -31,6 +32,14 @@ log = logging.getLogger(__name__)
 
 #: How long a starting publish loop waits for its producers' ids before it publishes regardless.
 PRODUCER_READY_S = 15.0
+
+#: A claim's scan of the due index starts this long before where the publisher's previous claim
+#: left nothing behind: jobs stored (or released) with a due time just past while it claimed.
+FLOOR_LAG = timedelta(seconds=1)
+#: A sweep (a claim of every due job however old) comes at the latest this many times its own
+#: duration after the last one, and never more than SWEEP_MAX_EVERY_S after it.
+SWEEP_COST_SHARE = 20
+SWEEP_MAX_EVERY_S = 60.0
 
 #: Delivery errors after which the producer's idempotence state is broken for good (seen when the broker
 #: fenced its epoch bump after requests timed out in flight): only a new producer can publish again.
@@ -110,6 +119,8 @@ class Publisher:
         self.totals = PublishCounts()
         self.helpers: list[Publisher] = []
         self.error: Exception | None = None
+        self._floor: datetime | None = None
+        self._sweep_after = 0.0  # monotonic; 0: the first claim is a sweep
 
     def close(self) -> None:
         self.producer.flush(self.settings.delivery_timeout_ms / 1000)
@@ -216,6 +227,46 @@ class Publisher:
             return False
         return meta is not None and meta.error is None and partition not in meta.partitions
 
+    @property
+    def floor(self) -> datetime | None:
+        """Where this publisher's claims start in the due index between sweeps (None before its first)."""
+        return self._floor
+
+    def claim_floor(self) -> datetime | None:
+        """Where this round's claim starts in the due index; None for a sweep, from its head.
+
+        Every job published since the oldest snapshot any session holds (a long report, a dump, a
+        Spark job reading over JDBC) keeps its entry in the due index, below the jobs still pending,
+        and PostgreSQL can neither remove those entries nor mark them dead until that snapshot ends:
+        a claim from the index's head walks all of them, and at thousands of retries a second claims
+        grow to seconds. So a claim starts where this publisher's previous claim left nothing
+        claimable behind (less :data:`FLOOR_LAG`). What falls due below that mark afterwards (a job
+        whose delivery backoff ended, one a crashed publisher released, a record stored long after
+        its due time) is claimed by the next sweep, which comes after at most
+        :data:`SWEEP_COST_SHARE` times the last sweep's duration (so within milliseconds when the
+        index is clean, and rarely while a snapshot is held: sweeps stay about 5 % of the
+        publisher's time) and never more than :data:`SWEEP_MAX_EVERY_S` apart.
+        """
+        if self._floor is None or time.monotonic() >= self._sweep_after:
+            return None
+        return self._floor
+
+    def _after_claim(self, floor: datetime | None, rows: list[OutgoingRow], began: float) -> None:
+        """Move the floor to where this claim left nothing claimable behind; time the next sweep."""
+        if floor is None:
+            took = time.monotonic() - began
+            self._sweep_after = time.monotonic() + min(SWEEP_MAX_EVERY_S, SWEEP_COST_SHARE * took)
+        if len(rows) < self.settings.publish_batch:
+            # Every job due by the claim's start was claimed, is another publisher's, or waits out
+            # a backoff.
+            mark = self.store.claimed_up_to
+        else:
+            # Full: every job due before the last one claimed was claimed or is someone else's.
+            mark = max((row.due_at for row in rows if row.due_at is not None), default=None)
+        if mark is not None:
+            new_floor = mark - FLOOR_LAG
+            self._floor = new_floor if floor is None or self._floor is None else max(self._floor, new_floor)
+
     def publish_once(self) -> PublishCounts:
         """One round: dead jobs to their DLQ topic, then due jobs to their destination.
 
@@ -234,7 +285,9 @@ class Publisher:
             counts.dead_published = self.store.mark_dlq_published(acked_dead)
             failed += failed_dead
         with self.store.conn.transaction():
-            due_rows = self.store.claim_due(s.publish_batch)
+            floor, claim_began = self.claim_floor(), time.monotonic()
+            due_rows = self.store.claim_due(s.publish_batch, floor=floor)
+            self._after_claim(floor, due_rows, claim_began)
             if due_rows:
                 acked, failed_due, unroutable = self._produce_all(due_rows, to_dlq=False)
                 faults.checkpoint("publish.produced")
