@@ -191,6 +191,16 @@ WHERE status = 'pending' AND due_at <= statement_timestamp()
 ORDER BY due_at
 LIMIT 1;
 
+-- name: vacuum_need
+-- Whether autovacuum covers retry_jobs (on for the server, not turned off for the table), and its dead
+-- and live rows (the server's statistics): the publish loop vacuums the table itself when it is not.
+SELECT current_setting('autovacuum')::boolean
+       AND coalesce((SELECT option_value::boolean FROM pg_class AS c, pg_options_to_table(c.reloptions)
+                     WHERE c.oid = 'retry_jobs'::regclass AND option_name = 'autovacuum_enabled'), true),
+       coalesce(n_dead_tup, 0), coalesce(n_live_tup, 0)
+FROM (SELECT 1) AS one
+LEFT JOIN pg_stat_user_tables ON relid = 'retry_jobs'::regclass;
+
 -- name: vacuum_state
 -- Whether autovacuum runs on this server, and retry_jobs' dead rows (what claims walk until vacuumed).
 SELECT current_setting('autovacuum')::boolean, coalesce(n_dead_tup, 0), coalesce(n_live_tup, 0),

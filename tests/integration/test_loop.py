@@ -634,6 +634,35 @@ def test_a_job_due_below_the_claims_floor_is_published_by_a_sweep(loop: Loop) ->
     assert {s.key for s in consume(loop.bootstrap, [loop.dest], 6)} == {b"k", b"late"}
 
 
+def test_the_publish_loop_vacuums_retry_jobs_where_autovacuum_does_not(loop: Loop) -> None:
+    """With autovacuum off (the server's setting, or the table's as here) nothing removed the rows
+    published jobs leave dead: at 5 000 retries/s the table grew by 570 MB in three minutes."""
+    with psycopg.connect(loop.settings.database_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE retry_jobs SET (autovacuum_enabled = false)")
+    ago = str(int(time.time() * 1000) - 10_000)
+    loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=ago)}] * 12_000)
+    loop.ingest(12_000)
+    with loop.store() as store:
+        assert store.vacuum_need()[0] is False, "autovacuum does not cover the table"
+        publisher = Publisher(loop.settings, store)
+        assert publisher.vacuum is not None
+        vacuum = publisher.vacuum
+        try:
+            total = publisher.run(60, should_stop=lambda: bool(vacuum.runs))
+        finally:
+            publisher.close()
+            vacuum.close(60)
+    assert total.published == 12_000 and vacuum.runs, "the loop vacuumed once 12 000 rows were dead"
+    with psycopg.connect(loop.settings.database_url, autocommit=True) as conn:
+        [(last_vacuum, dead)] = conn.execute(
+            "SELECT last_vacuum, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'retry_jobs'"
+        ).fetchall()
+    assert last_vacuum is not None and dead < 1_000, (last_vacuum, dead)
+    # RETRY_SELF_VACUUM=false: the operator vacuums.
+    with loop.store() as store:
+        assert Publisher(loop.settings.with_overrides(self_vacuum=False), store).vacuum is None
+
+
 def test_a_failing_helper_publisher_stops_the_loop_with_its_error(loop: Loop) -> None:
     made: list[Store] = []
 

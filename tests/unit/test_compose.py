@@ -462,6 +462,7 @@ DEFAULTS_ARE_RIGHT = {
     "RETRY_PUBLISH_WORKERS": "tuned default",
     "RETRY_PUBLISH_TASKS": "one Celery worker: one publish task per run (raise both together)",
     "RETRY_STATEMENT_TIMEOUT_MS": "five minutes",
+    "RETRY_SELF_VACUUM": "on: it acts only where the server's autovacuum does not cover retry_jobs",
     "RETRY_TOPIC_REPLICATION_FACTOR": "the broker's default",
     "RETRY_TOPIC_MIN_INSYNC_REPLICAS": "one broker: the broker's default",
     "RETRY_WEB_POOL_SIZE": "tuned default",

@@ -157,6 +157,7 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[str] = []
         self._pending: list[Any] = []
+        self.claimed_up_to = None  # the store's: when its last claim began
 
     # consumer
     def consume(self, n: int, timeout: float) -> list[FakeMessage]:
@@ -195,7 +196,7 @@ class Recorder:
     def claim_dead(self, *args: Any) -> list[OutgoingRow]:
         return [_row(1, dead=True)]
 
-    def claim_due(self, *args: Any) -> list[OutgoingRow]:
+    def claim_due(self, *args: Any, **kwargs: Any) -> list[OutgoingRow]:
         return [_row(2, dead=False)]
 
     def mark_published(self, acked: list[Any]) -> int:

@@ -201,6 +201,8 @@ class Settings:
     poll_interval_ms: int = 100
     #: A loop whose time is up goes on for at most this long until a newer loop is alive.
     loop_grace_ms: int = 60_000
+    #: The publish loop vacuums retry_jobs itself when the server's autovacuum does not (db.vacuum).
+    self_vacuum: bool = True
     #: The policies module; empty: found by :func:`default_policies_path`.
     policies_path: str = ""
 
@@ -311,5 +313,6 @@ class Settings:
             delivery_timeout_ms=_env_int(env, "RETRY_DELIVERY_TIMEOUT_MS", defaults.delivery_timeout_ms),
             poll_interval_ms=_env_int(env, "RETRY_POLL_INTERVAL_MS", defaults.poll_interval_ms),
             loop_grace_ms=_env_int(env, "RETRY_LOOP_GRACE_MS", defaults.loop_grace_ms),
+            self_vacuum=_env_bool(env, "RETRY_SELF_VACUUM", defaults.self_vacuum),
             policies_path=env.get("RETRY_POLICIES") or defaults.policies_path,
         )

@@ -25,6 +25,7 @@ from retry_scheduler.core.metrics import SNAPSHOT_EVERY_S, Metrics, NoMetrics
 from retry_scheduler.core.policy import load_policies
 from retry_scheduler.core.records import destinations_for
 from retry_scheduler.db.store import Store
+from retry_scheduler.db.vacuum import SelfVacuum
 from retry_scheduler.loops.handover import LoopTenure, new_worker_id
 from retry_scheduler.loops.kafka import TopicManager, make_producer, wait_until_ready
 
@@ -121,9 +122,13 @@ class Publisher:
         self.error: Exception | None = None
         self._floor: datetime | None = None
         self._sweep_after = 0.0  # monotonic; 0: the first claim is a sweep
+        #: Vacuums retry_jobs where the server does not (run by the loop's own publisher, not its helpers).
+        self.vacuum = SelfVacuum(settings.database_url) if settings.self_vacuum else None
 
     def close(self) -> None:
         self.producer.flush(self.settings.delivery_timeout_ms / 1000)
+        if self.vacuum is not None:
+            self.vacuum.close()
 
     def _produce_all(
         self, rows: list[OutgoingRow], to_dlq: bool
@@ -423,6 +428,8 @@ class Publisher:
                     )  # fmt: skip
                 self.totals.add(batch)
                 self._report(batch, snapshot=not helper)
+                if self.vacuum is not None and not helper:
+                    self.vacuum.tick(self.store)
                 if batch.claimed >= self.settings.publish_batch:
                     continue  # more may be waiting
                 wait = self.store.seconds_until_next_due(after=self.store.claimed_up_to)
