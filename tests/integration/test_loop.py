@@ -28,6 +28,7 @@ from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.policy import Backoff, Policy, PolicyRegistry
 from retry_scheduler.db.store import Store
+from retry_scheduler.db.vacuum import SelfVacuum
 from retry_scheduler.loops.handover import LoopTenure
 from retry_scheduler.loops.ingest import IngestCounts, Ingestor
 from retry_scheduler.loops.ingest_worker import SPARES_AFTER_S, SPARES_APART_S, IngestWorkerError
@@ -661,6 +662,49 @@ def test_the_publish_loop_vacuums_retry_jobs_where_autovacuum_does_not(loop: Loo
     # RETRY_SELF_VACUUM=false: the operator vacuums.
     with loop.store() as store:
         assert Publisher(loop.settings.with_overrides(self_vacuum=False), store).vacuum is None
+
+
+def _flush_statistics(conn: psycopg.Connection) -> None:
+    """Make this session's counts (dead rows) visible to others now, not within the next second."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT 1")
+
+
+def test_the_self_vacuum_does_not_repeat_while_a_held_snapshot_keeps_the_dead_rows(loop: Loop) -> None:
+    """A VACUUM can remove no row that a transaction's old snapshot may still see: running it again
+    and again while one is held would only cost CPU. (The clock stands in for the waits between checks.)"""
+    from bench.queries import bq
+
+    now = [0.0]
+    vacuum = SelfVacuum(loop.settings.database_url, clock=lambda: now[0])
+    with psycopg.connect(loop.settings.database_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE retry_jobs SET (autovacuum_enabled = false)")
+        conn.execute(bq("bench_fill_due"), {"count": 15_000})
+        with psycopg.connect(loop.settings.database_url) as report:
+            report.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            report.execute("SELECT count(*) FROM retry_jobs").fetchone()
+            conn.execute("UPDATE retry_jobs SET attempt = attempt + 1")  # 15 000 dead rows, all still visible
+            _flush_statistics(conn)
+            with loop.store() as store:
+                assert vacuum.tick(store), "15 000 dead rows and no autovacuum: a VACUUM"
+                vacuum.close(60)
+                now[0] += 3600
+                assert not vacuum.tick(store), "nothing could be removed: no VACUUM again for the same rows"
+                for _ in range(2):  # three times as many dead rows now
+                    conn.execute("UPDATE retry_jobs SET attempt = attempt + 1")
+                _flush_statistics(conn)
+                now[0] += 3600
+                assert vacuum.tick(store), "more than twice as many dead rows: a VACUUM again"
+                vacuum.close(60)
+            report.rollback()
+        with loop.store() as store:
+            now[0] += 3600
+            assert vacuum.tick(store), "the snapshot ended: this one removes them"
+            vacuum.close(60)
+        [(dead,)] = conn.execute(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'retry_jobs'"
+        ).fetchall()
+    assert len(vacuum.runs) == 3 and dead < 1_000, (vacuum.runs, dead)
 
 
 def test_a_failing_helper_publisher_stops_the_loop_with_its_error(loop: Loop) -> None:

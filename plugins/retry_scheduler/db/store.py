@@ -373,13 +373,14 @@ class Store:
             "mark_invalid", {"ids": [i[0] for i in invalid], "reasons": [i[1] for i in invalid]}
         )
 
-    def vacuum_need(self) -> tuple[bool, int, int]:
-        """Whether autovacuum covers ``retry_jobs`` (the server's and the table's setting), and the
-        table's dead and live rows (the server's statistics)."""
+    def vacuum_need(self) -> tuple[bool, int, int, str | None]:
+        """Whether autovacuum covers ``retry_jobs`` (the server's and the table's setting), the
+        table's dead and live rows (the server's statistics), and the oldest snapshot another session
+        holds (its xmin; None when none, or when this role may not see it)."""
         with self.conn.transaction():
             row = self.conn.execute(q("vacuum_need")).fetchone()
         assert row is not None
-        return bool(row[0]), int(row[1]), int(row[2])
+        return bool(row[0]), int(row[1]), int(row[2]), row[3]
 
     def seconds_until_next_due(self, after: datetime | None = None) -> float | None:
         """Seconds until the earliest pending job is due (negative when overdue), None if none; with

@@ -6,9 +6,11 @@ table, nothing removes them: at 5 000 retries/s the table grew by 570 MB in thre
 scan of it with it. The publish loop asks every :data:`CHECK_EVERY_S` whether autovacuum covers the
 table; when it does not and the dead rows exceed :data:`DEAD_ROWS_MIN` plus :data:`DEAD_SHARE` of the
 live ones (the thresholds the service gives autovacuum, migration 0009), it runs ``VACUUM`` itself, on
-a connection and a thread of its own: its rounds never wait for it. One at a time, and the next no
-sooner than :data:`REST_FACTOR` times the last one's duration after it ended (VACUUM stays under about
-a fifth of a core). ``TRUNCATE false``: the end-of-table truncation takes a lock that would stop every
+a connection and a thread of its own: its rounds never wait for it. One at a time, the next no sooner
+than :data:`REST_FACTOR` times the last one's duration after it ended (VACUUM stays under a tenth of a
+core), and, while the oldest snapshot a session holds is the one that was oldest at the last VACUUM,
+only once the dead rows are twice what that one could not remove: nothing published since that
+snapshot can be removed, and vacuuming again and again would only cost CPU. ``TRUNCATE false``: the end-of-table truncation takes a lock that would stop every
 claim while it waits; ``SKIP_LOCKED``: a VACUUM still running (a previous loop's, an operator's) is
 left to finish alone. ``RETRY_SELF_VACUUM=false`` turns it off.
 """
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 CHECK_EVERY_S = 5.0
 DEAD_ROWS_MIN = 10_000
 DEAD_SHARE = 0.01
-REST_FACTOR = 4.0
+REST_FACTOR = 10.0
 
 
 class SelfVacuum:
@@ -40,6 +42,8 @@ class SelfVacuum:
         self._checked_at = float("-inf")
         self._not_before = float("-inf")
         self._thread: threading.Thread | None = None
+        self._left = 0  # dead rows the last VACUUM could not remove
+        self._horizon: str | None = None  # the oldest snapshot's xmin when it ran
         #: The seconds each VACUUM this loop ran took.
         self.runs: list[float] = []
 
@@ -53,9 +57,11 @@ class SelfVacuum:
         if now - self._checked_at < CHECK_EVERY_S or now < self._not_before or self.running():
             return False
         self._checked_at = now
-        covered, dead, live = store.vacuum_need()
-        if covered or dead <= DEAD_ROWS_MIN + DEAD_SHARE * live:
+        covered, dead, live, horizon = store.vacuum_need()
+        held = horizon is not None and horizon == self._horizon  # the same old snapshot: still held
+        if covered or dead <= max(DEAD_ROWS_MIN + DEAD_SHARE * live, 2 * self._left if held else 0):
             return False
+        self._horizon = horizon
         log.info("retry_jobs has %s dead rows and the server's autovacuum does not cover it: vacuuming", dead)
         self._thread = threading.Thread(target=self._vacuum, name="retry-self-vacuum", daemon=True)
         self._thread.start()
@@ -66,12 +72,16 @@ class SelfVacuum:
         try:
             with connect(self.database_url, autocommit=True, statement_timeout=0) as conn:
                 conn.execute("VACUUM (SKIP_LOCKED, TRUNCATE false) retry_jobs")
+                left = conn.execute(
+                    "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'retry_jobs'::regclass"
+                ).fetchone()
+                self._left = int(left[0]) if left and left[0] is not None else 0
         except Exception as exc:  # never stops the loop; the next check tries again
             log.warning("VACUUM retry_jobs failed: %s: %s", type(exc).__name__, exc)
         took = time.monotonic() - began
         self.runs.append(took)
         self._not_before = self.clock() + REST_FACTOR * took
-        log.info("VACUUM retry_jobs took %.1f s", took)
+        log.info("VACUUM retry_jobs took %.1f s; %s dead rows it could not remove yet", took, self._left)
 
     def close(self, timeout_s: float = 0.0) -> None:
         """Wait up to ``timeout_s`` for a VACUUM under way. One still running when the loop's process
