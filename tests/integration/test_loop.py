@@ -672,7 +672,8 @@ def _flush_statistics(conn: psycopg.Connection) -> None:
 
 def test_the_self_vacuum_does_not_repeat_while_a_held_snapshot_keeps_the_dead_rows(loop: Loop) -> None:
     """A VACUUM can remove no row that a transaction's old snapshot may still see: running it again
-    and again while one is held would only cost CPU. (The clock stands in for the waits between checks.)"""
+    while one is held would only cost CPU, more each time as the table grows (one of 800 000 dead rows
+    held the loop back for two seconds). (The clock stands in for the waits between checks.)"""
     from bench.queries import bq
 
     now = [0.0]
@@ -690,12 +691,11 @@ def test_the_self_vacuum_does_not_repeat_while_a_held_snapshot_keeps_the_dead_ro
                 vacuum.close(60)
                 now[0] += 3600
                 assert not vacuum.tick(store), "nothing could be removed: no VACUUM again for the same rows"
-                for _ in range(2):  # three times as many dead rows now
+                for _ in range(2):  # three times as many dead rows now, none removable either
                     conn.execute("UPDATE retry_jobs SET attempt = attempt + 1")
                 _flush_statistics(conn)
                 now[0] += 3600
-                assert vacuum.tick(store), "more than twice as many dead rows: a VACUUM again"
-                vacuum.close(60)
+                assert not vacuum.tick(store), "the same snapshot is held: still nothing to remove"
             report.rollback()
         with loop.store() as store:
             now[0] += 3600
@@ -704,7 +704,7 @@ def test_the_self_vacuum_does_not_repeat_while_a_held_snapshot_keeps_the_dead_ro
         [(dead,)] = conn.execute(
             "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'retry_jobs'"
         ).fetchall()
-    assert len(vacuum.runs) == 3 and dead < 1_000, (vacuum.runs, dead)
+    assert len(vacuum.runs) == 2 and dead < 1_000, (vacuum.runs, dead)
 
 
 def test_a_failing_helper_publisher_stops_the_loop_with_its_error(loop: Loop) -> None:

@@ -7,10 +7,11 @@ scan of it with it. The publish loop asks every :data:`CHECK_EVERY_S` whether au
 table; when it does not and the dead rows exceed :data:`DEAD_ROWS_MIN` plus :data:`DEAD_SHARE` of the
 live ones (the thresholds the service gives autovacuum, migration 0009), it runs ``VACUUM`` itself, on
 a connection and a thread of its own: its rounds never wait for it. One at a time, the next no sooner
-than :data:`REST_FACTOR` times the last one's duration after it ended (VACUUM stays under a tenth of a
-core), and, while the oldest snapshot a session holds is the one that was oldest at the last VACUUM,
-only once the dead rows are twice what that one could not remove: nothing published since that
-snapshot can be removed, and vacuuming again and again would only cost CPU. ``TRUNCATE false``: the end-of-table truncation takes a lock that would stop every
+than :data:`MIN_EVERY_S`, or :data:`REST_FACTOR` times the last one's duration, after it ended (VACUUM
+stays under a tenth of a core), and none while the oldest snapshot a session holds is the one that was oldest at the last
+VACUUM: that VACUUM removed what the snapshot let it, nothing that died since can be removed before
+the snapshot ends, and each VACUUM of a table that only grows costs more (measured: one of 800 000
+dead rows it could not remove held the loop's rounds back for two seconds). ``TRUNCATE false``: the end-of-table truncation takes a lock that would stop every
 claim while it waits; ``SKIP_LOCKED``: a VACUUM still running (a previous loop's, an operator's) is
 left to finish alone. ``RETRY_SELF_VACUUM=false`` turns it off.
 """
@@ -31,6 +32,9 @@ CHECK_EVERY_S = 5.0
 DEAD_ROWS_MIN = 10_000
 DEAD_SHARE = 0.01
 REST_FACTOR = 10.0
+#: Never two VACUUMs closer than this (autovacuum's own naptime): each one scans every index of the
+#: table whole, so a few large ones cost far less than many small ones.
+MIN_EVERY_S = 60.0
 
 
 class SelfVacuum:
@@ -59,7 +63,7 @@ class SelfVacuum:
         self._checked_at = now
         covered, dead, live, horizon = store.vacuum_need()
         held = horizon is not None and horizon == self._horizon  # the same old snapshot: still held
-        if covered or dead <= max(DEAD_ROWS_MIN + DEAD_SHARE * live, 2 * self._left if held else 0):
+        if covered or held or dead <= DEAD_ROWS_MIN + DEAD_SHARE * live:
             return False
         self._horizon = horizon
         log.info("retry_jobs has %s dead rows and the server's autovacuum does not cover it: vacuuming", dead)
@@ -80,7 +84,7 @@ class SelfVacuum:
             log.warning("VACUUM retry_jobs failed: %s: %s", type(exc).__name__, exc)
         took = time.monotonic() - began
         self.runs.append(took)
-        self._not_before = self.clock() + REST_FACTOR * took
+        self._not_before = self.clock() + max(MIN_EVERY_S, REST_FACTOR * took)
         log.info("VACUUM retry_jobs took %.1f s; %s dead rows it could not remove yet", took, self._left)
 
     def close(self, timeout_s: float = 0.0) -> None:
