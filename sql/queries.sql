@@ -193,14 +193,14 @@ LIMIT 1;
 
 -- name: vacuum_need
 -- Whether autovacuum covers retry_jobs (on for the server, not turned off for the table), its dead
--- and live rows (the server's statistics), and the oldest snapshot a session holds (its xmin, as text;
--- NULL where this role may not see it): the publish loop vacuums the table itself when it is not.
+-- and live rows (the server's statistics), and the oldest snapshot a session of this database holds
+-- (its xmin, as text; NULL where this role may not see it; other databases' do not limit its VACUUM): the publish loop vacuums the table itself when it is not.
 SELECT current_setting('autovacuum')::boolean
        AND coalesce((SELECT option_value::boolean FROM pg_class AS c, pg_options_to_table(c.reloptions)
                      WHERE c.oid = 'retry_jobs'::regclass AND option_name = 'autovacuum_enabled'), true),
        coalesce(n_dead_tup, 0), coalesce(n_live_tup, 0), (
            SELECT backend_xmin::text FROM pg_stat_activity WHERE backend_xmin IS NOT NULL
-             AND pid <> pg_backend_pid()
+             AND pid <> pg_backend_pid() AND datname = current_database()
            ORDER BY age(backend_xmin) DESC LIMIT 1
        )
 FROM (SELECT 1) AS one
