@@ -194,7 +194,8 @@ LIMIT 1;
 -- name: vacuum_need
 -- Whether autovacuum covers retry_jobs (on for the server, not turned off for the table), its dead
 -- and live rows (the server's statistics), and the oldest snapshot a session of this database holds
--- (its xmin, as text; NULL where this role may not see it; other databases' do not limit its VACUUM): the publish loop vacuums the table itself when it is not.
+-- (its xmin, as text; NULL where this role may not see it; other databases' do not limit its
+-- VACUUM): the publish loop vacuums the table itself where autovacuum does not (db/vacuum.py).
 SELECT current_setting('autovacuum')::boolean
        AND coalesce((SELECT option_value::boolean FROM pg_class AS c, pg_options_to_table(c.reloptions)
                      WHERE c.oid = 'retry_jobs'::regclass AND option_name = 'autovacuum_enabled'), true),

@@ -333,6 +333,7 @@ def test_status_json_counts_by_status(
         autovacuum = conn.execute("SHOW autovacuum").fetchone() == ("on",)
     assert report["vacuum"]["autovacuum"] is autovacuum and report["vacuum"]["dead_rows"] >= 0
     assert ("warning: autovacuum is off on this PostgreSQL server" in text) is (not autovacuum)
+    assert ("the publish loop vacuums it itself (RETRY_SELF_VACUUM" in text) is (not autovacuum)
 
 
 def test_cli_reports_an_unreachable_database(

@@ -90,8 +90,8 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     if not vacuum["autovacuum"]:
         print(
             f"  warning: autovacuum is off on this PostgreSQL server; retry_jobs has {vacuum['dead_rows']:,} dead "
-            "rows, which every claim walks until a VACUUM: turn autovacuum on (the default), or VACUUM "
-            "retry_jobs regularly"
+            "rows: the publish loop vacuums it itself (RETRY_SELF_VACUUM, on unless set to false), a "
+            "minute apart at least; turn autovacuum on (the default) to leave it to the server"
         )
     return 0
 

@@ -375,8 +375,8 @@ class Store:
 
     def vacuum_need(self) -> tuple[bool, int, int, str | None]:
         """Whether autovacuum covers ``retry_jobs`` (the server's and the table's setting), the
-        table's dead and live rows (the server's statistics), and the oldest snapshot another session
-        holds (its xmin; None when none, or when this role may not see it)."""
+        table's dead and live rows (the server's statistics), and the oldest snapshot another session of
+        this database holds (its xmin; None when none, or when this role may not see it)."""
         with self.conn.transaction():
             row = self.conn.execute(q("vacuum_need")).fetchone()
         assert row is not None
