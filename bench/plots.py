@@ -13,6 +13,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _lateness_lines(ax: Any, timeline: list[list[Any]]) -> None:
+    """A capacity step's or held-snapshot window's lateness by due second: its worst and its p99."""
+    at = [row[0] for row in timeline]
+    ax.plot(at, [row[3] for row in timeline], color="#d62728", linewidth=0.8, label="worst")
+    ax.plot(at, [row[2] for row in timeline], color="#1f77b4", linewidth=0.8, label="p99")
+
+
 def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> list[str]:
     """throughput.png (ours vs baselines); lateness.png and capacity.png (each capacity step's lateness
     over time, with the loops' task starts and ends) and held_snapshot.png (lateness and dead rows over
@@ -100,9 +107,7 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
     if steps:
         fig, axes = plt.subplots(len(steps), 1, figsize=(9, 2.2 * len(steps) + 0.8), squeeze=False)
         for ax, step in zip(axes[:, 0], steps, strict=True):
-            at = [row[0] for row in step["timeline"]]
-            ax.plot(at, [row[3] for row in step["timeline"]], color="#d62728", linewidth=0.8, label="worst")
-            ax.plot(at, [row[2] for row in step["timeline"]], color="#1f77b4", linewidth=0.8, label="p99")
+            _lateness_lines(ax, step["timeline"])
             for style, key in ((":", "task_starts"), ("-.", "task_ends")):
                 for task, at_s in step.get(key) or []:
                     color = "#2ca02c" if task == "ingest" else "#aaaaaa"
@@ -127,9 +132,7 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
     if windows:
         fig, axes = plt.subplots(len(windows), 1, figsize=(9, 2.6 * len(windows) + 0.8), squeeze=False)
         for ax, window in zip(axes[:, 0], windows, strict=True):
-            at = [row[0] for row in window["timeline"]]
-            ax.plot(at, [row[3] for row in window["timeline"]], color="#d62728", linewidth=0.8, label="worst")
-            ax.plot(at, [row[2] for row in window["timeline"]], color="#1f77b4", linewidth=0.8, label="p99")
+            _lateness_lines(ax, window["timeline"])
             ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.6)
             ax.set_ylabel("lateness (s)", fontsize=8)
             ax.set_title(
