@@ -194,3 +194,37 @@ FROM pg_stat_user_tables AS s WHERE s.relname = 'retry_jobs';
 -- A destination's published jobs and the seconds from the first one's due time to the last acknowledgement.
 SELECT count(*), extract(epoch FROM max(published_at) - min(due_at))::float8
 FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';
+
+-- name: bench_burst_summary
+-- A destination's jobs: stored, published, early; the last one stored (epoch s, its ingest
+-- transaction's start), the first and last due time, the last acknowledgement, the p99 and worst lateness.
+SELECT count(*), count(*) FILTER (WHERE status = 'published'),
+       count(*) FILTER (WHERE published_at < due_at),
+       extract(epoch FROM max(created_at))::float8,
+       extract(epoch FROM min(due_at))::float8, extract(epoch FROM max(due_at))::float8,
+       extract(epoch FROM max(published_at))::float8,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at))::float8,
+       max(extract(epoch FROM published_at - due_at))::float8
+FROM retry_jobs WHERE destination = %(destination)s;
+
+-- name: bench_lateness_between
+-- A destination's published jobs due from %(since)s to %(until)s (epoch s): how many, their p99 and
+-- worst lateness, how many were early.
+SELECT count(*),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at))::float8,
+       max(extract(epoch FROM published_at - due_at))::float8,
+       count(*) FILTER (WHERE published_at < due_at)
+FROM retry_jobs
+WHERE destination = %(destination)s AND status = 'published'
+  AND due_at >= to_timestamp(%(since)s) AND due_at < to_timestamp(%(until)s);
+
+-- name: bench_stored_published_per_second
+-- A destination's jobs second by second (epoch s): how many were stored (their ingest transaction
+-- began) and how many acknowledged in it.
+SELECT second, sum(stored)::bigint, sum(published)::bigint FROM (
+    SELECT floor(extract(epoch FROM created_at))::float8 AS second, 1 AS stored, 0 AS published
+    FROM retry_jobs WHERE destination = %(destination)s
+    UNION ALL
+    SELECT floor(extract(epoch FROM published_at))::float8, 0, 1
+    FROM retry_jobs WHERE destination = %(destination)s AND status = 'published'
+) AS events GROUP BY second ORDER BY second;

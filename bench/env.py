@@ -33,7 +33,7 @@ from retry_scheduler.dev.procs import free_port
 log = logging.getLogger(__name__)
 
 #: Every measurement the harness knows, in the order it runs them.
-MEASUREMENTS = ("ingest", "publish", "claim", "spark", "lateness", "capacity", "held_snapshot")
+MEASUREMENTS = ("ingest", "publish", "claim", "spark", "lateness", "capacity", "held_snapshot", "burst")
 #: Partitions of every benchmark topic: a multiple of the ingest worker processes (2), as a deployment
 #: would choose, so that each worker has an equal share.
 PARTITIONS = 6
@@ -98,6 +98,13 @@ class Sizes:
     #: The held-snapshot windows' rate (half the capacity target) and length.
     held_rate: int = 5_000
     held_seconds: int = 600
+    #: The burst: records sent as fast as one producer can to a delay topic, each due burst_due_s
+    #: after it was sent, while steady traffic (burst_steady_rate/s, due in 5 s) goes on; the steady
+    #: traffic runs alone for burst_baseline_s first.
+    burst_records: int = 1_000_000
+    burst_due_s: int = 120
+    burst_steady_rate: int = 1_000
+    burst_baseline_s: int = 60
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -120,6 +127,10 @@ class Sizes:
             capacity_publish_rows=2_000,
             held_rate=50,
             held_seconds=10,
+            burst_records=3_000,
+            burst_due_s=10,
+            burst_steady_rate=50,
+            burst_baseline_s=8,
         )
 
 
@@ -326,8 +337,9 @@ def ratio(value: float, baseline: float) -> float:
 # -- the records and jobs of the benchmarks ----------------------------------------------------------
 
 
-def retry_record(i: int, destination: str, at_ms: int) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
-    """Key, value and headers of a failed record as the SDK sends it to a retry topic."""
+def retry_record(i: int, destination: str, at_ms: int | None) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """Key, value and headers of a failed record as the SDK sends it to a retry topic; without
+    ``retry.at`` when ``at_ms`` is None (a delay topic's record: due the topic's delay after it was sent)."""
     headers = [
         (protocol.DESTINATION, destination.encode()),
         (protocol.ORIGINAL_TOPIC, destination.encode()),
@@ -340,6 +352,8 @@ def retry_record(i: int, destination: str, at_ms: int) -> tuple[bytes, bytes, li
         (protocol.GROUP, b"orders-service"),
         ("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
     ]
+    if at_ms is None:
+        headers = [h for h in headers if h[0] != protocol.AT]
     return f"order-{i}".encode(), VALUE % (i, b"x" * 40), headers
 
 
@@ -373,10 +387,10 @@ def insert_due_jobs(url: str, count: int, source_topic: str, destination: str) -
 
 
 def produce_records(
-    bootstrap: str, topic: str, count: int, destination: str, at_ms: int, first: int = 0
+    bootstrap: str, topic: str, count: int, destination: str, at_ms: int | None, first: int = 0
 ) -> float:
     """Produce ``count`` retry records (numbered from ``first``) as fast as one producer can; returns
-    the seconds taken."""
+    the seconds taken. ``at_ms`` None: without ``retry.at`` (for a delay topic)."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,

@@ -427,6 +427,7 @@ class BenchOptions:
 
 
 def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
+    from bench.burst import measure_burst
     from bench.capacity import measure_capacity
     from bench.held import measure_held_snapshot
     from bench.slow import measure_lateness, measure_spark
@@ -439,6 +440,7 @@ def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
         "lateness": measure_lateness,
         "capacity": measure_capacity,
         "held_snapshot": measure_held_snapshot,
+        "burst": measure_burst,
     }
 
 
@@ -525,6 +527,7 @@ def main(settings: Settings, args: Any, say: Callable[[str], None] = print) -> i
             ("capacity_seconds", getattr(args, "capacity_seconds", None)),
             ("held_rate", getattr(args, "held_rate", None)),
             ("held_seconds", getattr(args, "held_seconds", None)),
+            ("burst_records", getattr(args, "burst_records", None)),
         )
         if value is not None
     }

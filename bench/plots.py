@@ -23,7 +23,8 @@ def _lateness_lines(ax: Any, timeline: list[list[Any]]) -> None:
 def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> list[str]:
     """throughput.png (ours vs baselines); lateness.png and capacity.png (each capacity step's lateness
     over time, with the loops' task starts and ends) and held_snapshot.png (lateness and dead rows over
-    time, alone and with a snapshot held) when those were measured."""
+    time, alone and with a snapshot held) and burst.png (the steady traffic's lateness, the burst's
+    records stored and published per second) when those were measured."""
     try:
         import matplotlib
 
@@ -159,6 +160,33 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
         fig.savefig(out / "held_snapshot.png", dpi=110)
         plt.close(fig)
         made.append("held_snapshot.png")
+    burst = ((m.get("burst") or {}).get("details")) or {}
+    if (burst.get("steady") or {}).get("timeline") and burst.get("burst_timeline"):
+        fig, (late_ax, rate_ax) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+        _lateness_lines(late_ax, burst["steady"]["timeline"])
+        late_ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.6)
+        late_ax.set_ylabel("lateness (s)", fontsize=8)
+        late_ax.set_title(
+            f"Steady traffic ({burst['steady']['rate_per_s']:,}/s, due in 5 s) through a burst of "
+            f"{burst['records']:,} retries",
+            fontsize=9,
+        )
+        late_ax.legend(fontsize=7, loc="upper left")
+        timeline = burst["burst_timeline"]
+        at = [row[0] for row in timeline]
+        rate_ax.plot(at, [row[1] for row in timeline], color="#2ca02c", linewidth=0.8, label="stored/s")
+        rate_ax.plot(at, [row[2] for row in timeline], color="#9467bd", linewidth=0.8, label="published/s")
+        rate_ax.set_ylabel("burst records per second", fontsize=8)
+        rate_ax.legend(fontsize=7, loc="upper right")
+        for ax in (late_ax, rate_ax):
+            ax.axvline(burst.get("burst_began_s", 0), color="#aaaaaa", linestyle=":", linewidth=0.8)
+        rate_ax.set_xlabel(
+            "seconds from the steady traffic's start (lateness by due second; the burst began at the dotted line)"
+        )
+        fig.tight_layout()
+        fig.savefig(out / "burst.png", dpi=110)
+        plt.close(fig)
+        made.append("burst.png")
     return made
 
 

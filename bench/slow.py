@@ -284,9 +284,17 @@ def phases_text(outcome: dict[str, Any]) -> str:
 
 
 def steady_producer(
-    bootstrap: str, topic: str, destination: str, rate: int, seconds: int, delay_ms: int, tag: str
+    bootstrap: str,
+    topic: str,
+    destination: str,
+    rate: int,
+    seconds: float,
+    delay_ms: int,
+    tag: str,
+    stop: threading.Event | None = None,
 ) -> int:
-    """Send ``rate`` records a second for ``seconds``, each due ``delay_ms`` after it is sent."""
+    """Send ``rate`` records a second for ``seconds`` (or until ``stop`` is set), each due ``delay_ms``
+    after it is sent."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
@@ -295,7 +303,7 @@ def steady_producer(
     sent = 0
     began = time.monotonic()
     ticks = 0
-    while time.monotonic() - began < seconds:
+    while time.monotonic() - began < seconds and not (stop is not None and stop.is_set()):
         now_ms = int(time.time() * 1000)
         for _ in range(per_tick):
             headers = [

@@ -100,7 +100,7 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument(
         "--only",
         metavar="NAMES",
-        help="comma-separated subset of: ingest, publish, claim, spark, lateness, capacity, held_snapshot "
+        help="comma-separated subset of: ingest, publish, claim, spark, lateness, capacity, held_snapshot, burst "
         "(default: all)",
     )
     bench.add_argument("--out", default="bench/out", metavar="DIR", help="report directory (bench/out)")
@@ -129,6 +129,12 @@ def add_parsers(sub: Any) -> None:
     )
     bench.add_argument(
         "--held-seconds", type=int, metavar="S", help="how long each held-snapshot window lasts (600)"
+    )
+    bench.add_argument(
+        "--burst-records",
+        type=int,
+        metavar="N",
+        help="records of the burst, sent at once while steady traffic goes on (1000000)",
     )
     bench.add_argument("--db-name", default="retry_bench", help="the throwaway database (retry_bench)")
     bench.add_argument(
