@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    pass
-
+from typing import Any, NamedTuple
 
 CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
@@ -167,6 +164,8 @@ class ProcessCpu:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="process-cpu", daemon=True)
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        #: The sampling thread's own CPU, which is not the benchmark's work (left out of it).
+        self._sampler_s = 0.0
 
     def _sample(self, first: bool = False, last: bool = False) -> None:
         try:
@@ -206,6 +205,7 @@ class ProcessCpu:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._sample()
+        self._sampler_s = time.thread_time()
 
     def __enter__(self) -> ProcessCpu:
         self._sample(first=True)
@@ -232,8 +232,21 @@ class ProcessCpu:
             unseen = p.children - p.start_children - ended.get(pid, 0)
             if unseen > 0:
                 used[p.kind] = used.get(p.kind, 0) + unseen
+        if "benchmark" in used:
+            used["benchmark"] = max(0, used["benchmark"] - round(self._sampler_s * self._tick))
         ranked = sorted(((t / self._tick, kind) for kind, t in used.items() if t > 0), reverse=True)
         return {kind: round(seconds, 2) for seconds, kind in ranked}
+
+
+def part_cpu(cpu_s: dict[str, float], records: int, kinds: tuple[str, ...]) -> dict[str, Any]:
+    """A part measured alone (the benchmark's own process running the ingest or publish loop, and its
+    worker processes): its processes' CPU and their microseconds of CPU per record (``kinds``)."""
+    own = sum(cpu_s.get(kind, 0.0) for kind in kinds)
+    return {
+        "cpu_s": cpu_s,
+        "cpu_kinds": list(kinds),
+        "cpu_us_per_record": round(own * 1e6 / records, 1) if records > 0 else None,
+    }
 
 
 def cpu_use_text(cpu_s: dict[str, float], wall_s: float, cores: int | None) -> str:

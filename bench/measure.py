@@ -28,6 +28,7 @@ from typing import Any
 
 import psycopg
 
+from bench.cpu import ProcessCpu, part_cpu
 from bench.env import (
     BENCH_POLICIES,
     MEASUREMENTS,
@@ -115,7 +116,8 @@ def measure_ingest(env: BenchEnv, sizes: Sizes) -> Result:
 
         # The ingest task's own loop: worker processes sharing the partitions, each pipelined (the
         # next batch is built while this one is stored).
-        ingestor.run(600, should_stop=all_stored, grace_s=0)
+        with ProcessCpu() as cpu:
+            ingestor.run(600, should_stop=all_stored, grace_s=0)
         run_ended = time.perf_counter()
         timed_began, stored_before, batches_before = timed_from(
             (run_began, loop_stored_before, loop_batches_before),
@@ -159,6 +161,10 @@ def measure_ingest(env: BenchEnv, sizes: Sizes) -> Result:
         "loop_start_timed": whole_run,
         "ingest_workers": settings.ingest_workers,
         "baseline": copy,
+        # The loop's CPU (this process and its workers, their start included) per record it stored.
+        **part_cpu(
+            cpu.seconds(), ingestor.totals.stored - loop_stored_before, ("benchmark", "ingest workers")
+        ),
     }
     result.details["limits"] = _ingest_limits(result.details, timed_rows, copy)
     result.notes = [
@@ -253,9 +259,10 @@ def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
         setup_s = time.perf_counter() - began
         timed_began = time.perf_counter()
         # The publish task's own loop, with its helper publishers, until every job is out.
-        counts = publisher.run(
-            600, should_stop=lambda: publisher.published_so_far() >= sizes.publish_rows, grace_s=0
-        )
+        with ProcessCpu() as cpu:
+            counts = publisher.run(
+                600, should_stop=lambda: publisher.published_so_far() >= sizes.publish_rows, grace_s=0
+            )
         elapsed = time.perf_counter() - timed_began
         published = counts.published
         if counts.failed or published < sizes.publish_rows:
@@ -296,6 +303,7 @@ def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
             ratio(rate, pgq["best_tuned"]["rows_per_s"]) if pgq.get("best_tuned") else None
         ),
         "baseline_naive": naive,
+        **part_cpu(cpu.seconds(), published, ("benchmark",)),
     }
     result.details["limits"] = _publish_limits(result.details, published)
     result.notes = [
@@ -455,6 +463,7 @@ def run_bench(
     ``progress(done, total)`` hears of each selected measurement finished (the command's bar)."""
     from bench import cpu as bench_cpu
     from bench import report as bench_report
+    from bench.capacity import loop_vs_parts
 
     unknown = sorted(set(options.only) - set(MEASUREMENTS))
     if unknown:
@@ -497,6 +506,7 @@ def run_bench(
             if progress is not None:
                 progress(selected.index(name) + 1, len(selected))
         machine["cpu_during_run"] = bench_cpu.cpu_shares(run_cpu, bench_cpu.cpu_times())
+    loop_vs_parts({r.name: r for r in results})
     report = bench_report.build_report(
         results,
         machine=machine,

@@ -88,6 +88,10 @@ def test_measured_figures_are_positive(report: dict) -> None:
     assert publish["rows"] == publish["records_on_topic"] == SIZES.publish_rows
     claim = report["measurements"]["claim"]["details"]
     assert (claim["small"]["rows"], claim["large"]["rows"]) == (SIZES.claim_small, SIZES.claim_large)
+    # Each part's CPU alone (for loop_vs_parts): its loop's processes, per record it handled.
+    assert ingest["cpu_kinds"] == ["benchmark", "ingest workers"] and ingest["cpu_s"]["ingest workers"] > 0
+    assert publish["cpu_kinds"] == ["benchmark"] and publish["cpu_s"]["benchmark"] > 0
+    assert ingest["cpu_us_per_record"] > 0 and publish["cpu_us_per_record"] > 0
 
 
 def test_baselines_were_measured_in_the_same_run(report: dict) -> None:
@@ -119,7 +123,13 @@ def test_baselines_were_measured_in_the_same_run(report: dict) -> None:
 
 
 def test_unmeasured_figures_are_null_with_a_reason(report: dict, report_dir: Path) -> None:
-    for key in ("lateness_p99_s", "early_count", "spark_bulk_rows_per_s", "spark_compact_rows_per_s"):
+    for key in (
+        "lateness_p99_s",
+        "early_count",
+        "spark_bulk_rows_per_s",
+        "spark_compact_rows_per_s",
+        "loop_vs_parts",
+    ):
         assert report[key] is None
         assert report["not_measured"][key].startswith("not "), report["not_measured"][key]
         assert report["targets"][key]["pass"] is None

@@ -221,3 +221,15 @@ def test_a_process_that_changes_its_title_counts_as_each_in_turn(tmp_path: Path)
 def test_cpu_use_against_the_cores() -> None:
     text = cpu_use_text({"PostgreSQL": 9.1, "Spark JVM": 5.2}, 12.0, 2)
     assert text == "PostgreSQL 9.1, Spark JVM 5.2: 14.3 CPU seconds in 12.0 s of the 24.0 that 2 cores have"
+
+
+def test_the_sampling_thread_s_own_cpu_is_not_the_benchmark_s() -> None:
+    # Sampling every millisecond keeps the sampling thread busy for most of the second; the benchmark's
+    # process itself only sleeps meanwhile. A part measured alone in the benchmark's process (the
+    # publish loop) must not be charged for the sampler, or it looks dearer than it is.
+    began = time.process_time()
+    with ProcessCpu(interval_s=0.001) as cpu:
+        time.sleep(1.0)
+    process_s = time.process_time() - began
+    assert process_s >= 0.2, process_s  # the sampler did work, in this very process
+    assert cpu.seconds().get("benchmark", 0.0) <= 0.1 * process_s, (cpu.seconds(), process_s)
