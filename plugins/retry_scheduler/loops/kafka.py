@@ -22,6 +22,15 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         # Embedded and small deployments: a 6 s session keeps group joins quick.
         "session.timeout.ms": 6000,
         "topic.metadata.refresh.interval.ms": 5000,
+        # Fetch only a little ahead: librdkafka queues up to 64 MB of fetched records by default, and
+        # a record of a quiet retry topic arriving behind that much of another topic's backlog (a burst)
+        # waited for all of it to be ingested first (10 s in the burst benchmark). About a megabyte
+        # queued and a quarter of one per partition per fetch (grown by librdkafka for a larger
+        # record) keep that wait a fraction of a second; a full queue is checked again after 20 ms,
+        # not librdkafka's 1 s, so the workers never wait for records (ingest as fast as before).
+        "queued.max.messages.kbytes": 1024,
+        "max.partition.fetch.bytes": 262_144,
+        "fetch.queue.backoff.ms": 20,
         **settings.kafka,
         "group.id": settings.consumer_group,
         # Offsets are committed by hand, only after the rows are committed in PostgreSQL.
