@@ -1,4 +1,5 @@
-"""Where the CPU went during a measurement: the machine's shares (/proc/stat) and each kind of process's seconds."""
+"""Where the CPU went during a measurement: the machine's shares (/proc/stat) and each kind of process's
+seconds; and each kind's resident memory (``rss_by_kind``)."""
 
 from __future__ import annotations
 
@@ -247,6 +248,28 @@ def part_cpu(cpu_s: dict[str, float], records: int, kinds: tuple[str, ...]) -> d
         "cpu_kinds": list(kinds),
         "cpu_us_per_record": round(own * 1e6 / records, 1) if records > 0 else None,
     }
+
+
+def rss_by_kind() -> dict[str, float]:
+    """Resident memory (MB) of every process of the machine, summed by kind (:func:`process_kind`)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    totals: dict[str, float] = {}
+    for pid in (name for name in os.listdir("/proc") if name.isdigit()):
+        seen = _proc_cpu(pid)
+        try:
+            with open(f"/proc/{pid}/statm") as statm:
+                rss = int(statm.read().split()[1]) * page
+            cmdline = ""
+            if seen is not None and (seen.comm == "postgres" or _retitled(seen.comm)):
+                with open(f"/proc/{pid}/cmdline", "rb") as raw:
+                    cmdline = raw.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if seen is None or rss == 0:  # kernel threads have no resident memory of their own
+            continue
+        kind = process_kind(int(pid), seen.comm, cmdline)
+        totals[kind] = totals.get(kind, 0.0) + rss / 2**20
+    return {kind: round(mb, 1) for kind, mb in sorted(totals.items())}
 
 
 def cpu_use_text(cpu_s: dict[str, float], wall_s: float, cores: int | None) -> str:

@@ -33,7 +33,17 @@ from retry_scheduler.dev.procs import free_port
 log = logging.getLogger(__name__)
 
 #: Every measurement the harness knows, in the order it runs them.
-MEASUREMENTS = ("ingest", "publish", "claim", "spark", "lateness", "capacity", "held_snapshot", "burst")
+MEASUREMENTS = (
+    "ingest",
+    "publish",
+    "claim",
+    "spark",
+    "lateness",
+    "capacity",
+    "held_snapshot",
+    "burst",
+    "soak",
+)
 #: Partitions of every benchmark topic: a multiple of the ingest worker processes (2), as a deployment
 #: would choose, so that each worker has an equal share.
 PARTITIONS = 6
@@ -105,6 +115,9 @@ class Sizes:
     burst_due_s: int = 120
     burst_steady_rate: int = 1_000
     burst_baseline_s: int = 60
+    #: The soak: half the capacity target for half an hour.
+    soak_rate: int = 5_000
+    soak_seconds: int = 1_800
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -131,6 +144,8 @@ class Sizes:
             burst_due_s=10,
             burst_steady_rate=50,
             burst_baseline_s=8,
+            soak_rate=50,
+            soak_seconds=20,
         )
 
 

@@ -439,6 +439,7 @@ def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
     from bench.capacity import measure_capacity
     from bench.held import measure_held_snapshot
     from bench.slow import measure_lateness, measure_spark
+    from bench.soak import measure_soak
 
     return {
         "ingest": measure_ingest,
@@ -449,6 +450,7 @@ def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
         "capacity": measure_capacity,
         "held_snapshot": measure_held_snapshot,
         "burst": measure_burst,
+        "soak": measure_soak,
     }
 
 
@@ -538,6 +540,8 @@ def main(settings: Settings, args: Any, say: Callable[[str], None] = print) -> i
             ("held_rate", getattr(args, "held_rate", None)),
             ("held_seconds", getattr(args, "held_seconds", None)),
             ("burst_records", getattr(args, "burst_records", None)),
+            ("soak_rate", getattr(args, "soak_rate", None)),
+            ("soak_seconds", getattr(args, "soak_seconds", None)),
         )
         if value is not None
     }

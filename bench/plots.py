@@ -24,7 +24,8 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
     """throughput.png (ours vs baselines); lateness.png and capacity.png (each capacity step's lateness
     over time, with the loops' task starts and ends) and held_snapshot.png (lateness and dead rows over
     time, alone and with a snapshot held) and burst.png (the steady traffic's lateness, the burst's
-    records stored and published per second) when those were measured."""
+    records stored and published per second) and soak.png (lateness, the table's size and the
+    processes' memory over the soak) when those were measured."""
     try:
         import matplotlib
 
@@ -187,6 +188,30 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
         fig.savefig(out / "burst.png", dpi=110)
         plt.close(fig)
         made.append("burst.png")
+    soak = ((m.get("soak") or {}).get("details")) or {}
+    if (soak.get("step") or {}).get("timeline"):
+        fig, (late_ax, size_ax) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+        _lateness_lines(late_ax, soak["step"]["timeline"])
+        late_ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.6)
+        late_ax.set_ylabel("lateness (s)", fontsize=8)
+        late_ax.set_title(f"Soak: {soak['rate_per_s']:,} retries/s for {soak['seconds']:,} s", fontsize=9)
+        late_ax.legend(fontsize=7, loc="upper left")
+        table = soak.get("table_timeline") or []
+        size_ax.plot([r[0] for r in table], [r[3] for r in table], color="#2ca02c", label="retry_jobs MB")
+        size_ax.set_ylabel("retry_jobs MB", fontsize=8, color="#2ca02c")
+        rss = soak.get("rss_timeline") or []
+        if rss:
+            memory = size_ax.twinx()
+            largest = sorted(rss[-1][1], key=lambda kind: -rss[-1][1][kind])[:5]
+            for kind in largest:
+                memory.plot([r[0] for r in rss], [r[1].get(kind) for r in rss], linewidth=0.8, label=kind)
+            memory.set_ylabel("resident memory MB", fontsize=8)
+            memory.legend(fontsize=6, loc="upper right")
+        size_ax.set_xlabel("seconds from the soak's start (lateness by due second)")
+        fig.tight_layout()
+        fig.savefig(out / "soak.png", dpi=110)
+        plt.close(fig)
+        made.append("soak.png")
     return made
 
 

@@ -100,7 +100,7 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument(
         "--only",
         metavar="NAMES",
-        help="comma-separated subset of: ingest, publish, claim, spark, lateness, capacity, held_snapshot, burst "
+        help="comma-separated subset of: ingest, publish, claim, spark, lateness, capacity, held_snapshot, burst, soak "
         "(default: all)",
     )
     bench.add_argument("--out", default="bench/out", metavar="DIR", help="report directory (bench/out)")
@@ -136,6 +136,8 @@ def add_parsers(sub: Any) -> None:
         metavar="N",
         help="records of the burst, sent at once while steady traffic goes on (1000000)",
     )
+    bench.add_argument("--soak-rate", type=int, metavar="R", help="records/s of the soak (5000)")
+    bench.add_argument("--soak-seconds", type=int, metavar="S", help="how long the soak lasts (1800)")
     bench.add_argument("--db-name", default="retry_bench", help="the throwaway database (retry_bench)")
     bench.add_argument(
         "--keep-db",

@@ -1,0 +1,128 @@
+"""A soak: the whole loop at a fixed rate for half an hour, under the real Airflow scheduler.
+
+``soak_p99_drift``: records are sent at ``soak_rate`` (half the capacity target) for ``soak_seconds``,
+each due 5 s after it is sent; the p99 lateness of the records due in the last ``DRIFT_WINDOW_S``
+over that of the first (target: at most 1.2, lateness that does not creep up as the run goes on).
+Every ``SAMPLE_EVERY_S`` the run records ``retry_jobs``' dead and live rows and sizes
+(``table_timeline``), and every ``RSS_EVERY_S`` the resident memory of each kind of process
+(``rss_timeline``): none may grow without bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from bench.capacity import DUE_IN_MS, _go_live, _stack, _step
+from bench.cpu import rss_by_kind
+from bench.env import BenchEnv, Result, Sizes
+from bench.held import table_sampler
+
+log = logging.getLogger(__name__)
+
+#: The drift compares the p99 of the records due in the first and in the last this many seconds.
+DRIFT_WINDOW_S = 300
+RSS_EVERY_S = 30.0
+#: The last drift window's p99 may be at most this times the first's.
+MAX_DRIFT = 1.2
+
+
+@contextlib.contextmanager
+def rss_sampler() -> Iterator[list[list[Any]]]:
+    """Sample :func:`rss_by_kind` every :data:`RSS_EVERY_S` while the block runs: [seconds from the
+    start, {kind: MB}]."""
+    samples: list[list[Any]] = []
+    stop = threading.Event()
+    began = time.monotonic()
+
+    def sample() -> None:
+        while True:
+            try:
+                samples.append([round(time.monotonic() - began, 1), rss_by_kind()])
+            except Exception as exc:  # a sample missed is a gap, not a failed measurement
+                log.warning("soak: memory sample failed: %s", exc)
+            if stop.wait(RSS_EVERY_S):
+                return
+
+    thread = threading.Thread(target=sample, name="bench-rss-sampler", daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
+        samples.append([round(time.monotonic() - began, 1), rss_by_kind()])
+
+
+def growth(samples: list[list[Any]]) -> dict[str, float]:
+    """Each kind's memory at the end over its memory a third of the way in (after the warm-up), in MB."""
+    if len(samples) < 3:
+        return {}
+    early, last = samples[len(samples) // 3][1], samples[-1][1]
+    return {kind: round(last.get(kind, 0.0) - mb, 1) for kind, mb in early.items() if mb >= 1}
+
+
+def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
+    """The loop for ``sizes.soak_seconds`` at ``sizes.soak_rate``: lateness drift, table and memory."""
+    result = Result("soak")
+    autovacuum = env.sql("bench_autovacuum", {}, fetch=True)[0][0] == "on"
+    stack = _stack(env, "soak")
+    settings = stack.settings
+    rate, seconds = sizes.soak_rate, sizes.soak_seconds
+    window = min(DRIFT_WINDOW_S, seconds // 4)
+    with env.dropped_afterwards(stack.metadata_db), stack:
+        _go_live(stack, settings)
+        metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        with table_sampler(env) as table, rss_sampler() as rss:
+            began = time.time()
+            step = _step(env, settings, rate, seconds, metadata_url, label="soak")
+    spans = {}
+    # Records are due DUE_IN_MS after they are sent: the windows are of due time.
+    due_began = began + DUE_IN_MS / 1000
+    for name, since in (("first", due_began), ("last", due_began + seconds - window)):
+        count, p99, worst, _early = env.sql(
+            "bench_lateness_between",
+            {"destination": step["destination"], "since": since, "until": since + window},
+            fetch=True,
+        )[0]
+        spans[name] = {
+            "published": int(count),
+            "p99_s": p99 and round(p99, 4),
+            "max_s": worst and round(worst, 4),
+        }
+    first, last = spans["first"]["p99_s"], spans["last"]["p99_s"]
+    result.figures = {
+        "soak_p99_drift": round(last / first, 3) if first and last is not None else None,
+        "soak_p99_s": step["p99_s"],
+    }
+    grown = growth(rss)
+    result.details = {
+        "rate_per_s": rate, "seconds": seconds, "drift_window_s": window, "spans": spans, "step": step,
+        "table_timeline": table, "rss_timeline": rss, "rss_growth_mb": grown, "max_drift": MAX_DRIFT,
+        "autovacuum": autovacuum,
+    }  # fmt: skip
+    if not first:
+        result.details["why_soak_p99_drift"] = "no record was published in the first window"
+    tables = [row[3] for row in table]
+    thirds = len(tables) // 3
+    result.notes = [
+        f"{rate:,} records/s for {seconds:,} s under the Airflow scheduler (autovacuum "
+        f"{'on' if autovacuum else 'off'}): {step['published']:,} of {step['sent']:,} published, "
+        f"{step['early']} early, p99 {step['p99_s']} s, max {step['max_s']} s.",
+        f"p99 of the records due in the first {window} s: {first} s; in the last {window} s: {last} s "
+        f"(drift {result.figures['soak_p99_drift']}).",
+        f"retry_jobs: {min(tables, default=0)}-{max(tables, default=0)} MB over the run "
+        f"(the last third at most {max(tables[-thirds:], default=0) if thirds else '-'} MB), at most "
+        f"{max((r[1] for r in table), default=0):,} dead rows.",
+        "Resident memory from a third of the way in to the end, MB: "
+        + (
+            ", ".join(f"{kind} {mb:+g}" for kind, mb in sorted(grown.items(), key=lambda kv: -abs(kv[1])))
+            or "-"
+        )
+        + ".",
+    ]
+    return result
