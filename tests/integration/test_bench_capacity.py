@@ -52,6 +52,19 @@ def test_capacity_steps_the_rate_and_publishes_on_one_and_two_celery_workers(
         assert step["late_seconds"] == [], step["late_seconds"]
     assert report["sustained_retries_per_s"] == 40
     assert report["targets"]["sustained_retries_per_s"]["target"] == 10_000
+    # The same figure again under its autovacuum name only where the server ran with autovacuum on.
+    if capacity["details"]["autovacuum"]:
+        assert report["sustained_retries_per_s_autovacuum_on"] == 40
+    else:
+        assert report["sustained_retries_per_s_autovacuum_on"] is None
+        assert "autovacuum off" in report["not_measured"]["sustained_retries_per_s_autovacuum_on"]
+    # The loop's own CPU per retry at the highest sustained rate; loop_vs_parts needs ingest and
+    # publish measured alone in the same run, which this one did not.
+    assert report["loop_cpu_us_per_retry"] == steps[-1]["loop_cpu_us_per_retry"]
+    assert (
+        report["loop_vs_parts"] is None
+        and "needs the ingest and publish" in report["not_measured"]["loop_vs_parts"]
+    )
 
     celery = capacity["details"]["celery"]
     assert [c["workers"] for c in celery] == [1, 2]
