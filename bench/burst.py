@@ -100,8 +100,7 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
     tag = uuid.uuid4().hex[:6]
     burst_dest, steady_dest = f"bench.burst-{env.tag}-{tag}", f"bench.steady-{env.tag}-{tag}"
     env.create_topics([burst_dest, steady_dest, BURST_TOPIC])
-    with _environ(RETRY_DELAY_TOPICS=f"{BURST_TOPIC}={sizes.burst_due_s}s"):
-        stack = _stack(env, "burst")
+    stack = _stack(env, "burst")
     settings = stack.settings
     stop = threading.Event()
     sent_box: list[int] = []
@@ -115,6 +114,7 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
         name="bench-burst-steady",
     )  # fmt: skip
     with (
+        # The stack's Airflow processes take their environment as it is when the stack starts.
         _environ(RETRY_DELAY_TOPICS=f"{BURST_TOPIC}={sizes.burst_due_s}s"),
         env.dropped_afterwards(stack.metadata_db),
         stack,
