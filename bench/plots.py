@@ -197,8 +197,8 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
         late_ax.set_title(f"Soak: {soak['rate_per_s']:,} retries/s for {soak['seconds']:,} s", fontsize=9)
         late_ax.legend(fontsize=7, loc="upper left")
         table = soak.get("table_timeline") or []
-        size_ax.plot([r[0] for r in table], [r[3] for r in table], color="#2ca02c", label="retry_jobs MB")
-        size_ax.set_ylabel("retry_jobs MB", fontsize=8, color="#2ca02c")
+        size_ax.plot([r[0] for r in table], [r[3] for r in table], color="black", label="retry_jobs MB")
+        size_ax.set_ylabel("retry_jobs MB (black)", fontsize=8)
         rss = soak.get("rss_timeline") or []
         if rss:
             memory = size_ax.twinx()
