@@ -248,8 +248,9 @@ def loop_vs_parts(results: dict[str, Result]) -> None:
         f"(each at full speed, its worker processes' start included): ingest {ingest_us:.1f} µs vs "
         f"{alone['ingest']} µs alone ({ingest_us / alone['ingest']:.2f}x), publish {publish_us:.1f} µs vs "
         f"{alone['publish']} µs alone ({publish_us / alone['publish']:.2f}x); in all {loop_us} µs vs "
-        f"{alone['ingest'] + alone['publish']:.1f} µs: loop_vs_parts {ratio_}x. At a steady rate the loops "
-        "work in smaller batches than a part alone draining a backlog, and each Airflow run starts them anew."
+        f"{alone['ingest'] + alone['publish']:.1f} µs: loop_vs_parts {ratio_}x. Under Airflow the loops "
+        "work in smaller batches (a steady rate, not a backlog) and each run starts its tasks and worker "
+        "processes anew; alone, the ingest's worker processes start once for the whole backlog."
     )
 
 
