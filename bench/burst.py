@@ -31,7 +31,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.capacity import DUE_IN_MS, _environ, _go_live, _stack, cpu_budget, lateness_timeline
+from bench.capacity import (
+    DUE_IN_MS,
+    _environ,
+    _go_live,
+    _stack,
+    cpu_budget,
+    lateness_between,
+    lateness_timeline,
+)
 from bench.cpu import ProcessCpu, cpu_shares, cpu_times
 from bench.env import BenchEnv, BenchError, Result, Sizes
 from bench.held import table_sampler
@@ -52,18 +60,6 @@ def _summary(env: BenchEnv, destination: str) -> dict[str, Any]:
     keys = ("stored", "published", "early", "last_stored", "first_due", "last_due", "last_published",
             "p99_s", "max_s")  # fmt: skip
     return dict(zip(keys, row, strict=True))
-
-
-def _between(env: BenchEnv, destination: str, since: float, until: float) -> dict[str, Any]:
-    count, p99, worst, early = env.sql(
-        "bench_lateness_between", {"destination": destination, "since": since, "until": until}, fetch=True
-    )[0]
-    return {
-        "published": int(count),
-        "p99_s": round(p99, 4) if p99 is not None else None,
-        "max_s": round(worst, 4) if worst is not None else None,
-        "early": int(early),
-    }
 
 
 def _wait_published(env: BenchEnv, destination: str, expected: int, deadline_s: float) -> dict[str, Any]:
@@ -152,9 +148,9 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
         )
     last_ack = float(burst["last_published"])
     ingest_s = float(burst["last_stored"]) - burst_began
-    baseline = _between(env, steady_dest, began, burst_began)
-    during = _between(env, steady_dest, burst_began, last_ack)
-    after = _between(env, steady_dest, last_ack, ended)
+    baseline = lateness_between(env, steady_dest, began, burst_began)
+    during = lateness_between(env, steady_dest, burst_began, last_ack)
+    after = lateness_between(env, steady_dest, last_ack, ended)
     result.figures = {
         "burst_ingest_msgs_per_s": round(sizes.burst_records / ingest_s, 1) if ingest_s > 0 else None,
         "burst_publish_late_s": round(float(burst["max_s"]), 3),

@@ -169,6 +169,20 @@ def lateness_timeline(
     return {"timeline": timeline, "task_starts": starts, "task_ends": ends, "late_seconds": late}
 
 
+def lateness_between(env: BenchEnv, destination: str, since: float, until: float) -> dict[str, Any]:
+    """A destination's published records due from ``since`` to ``until`` (epoch s): how many, their p99
+    and worst lateness, how many were early."""
+    count, p99, worst, early = env.sql(
+        "bench_lateness_between", {"destination": destination, "since": since, "until": until}, fetch=True
+    )[0]
+    return {
+        "published": int(count),
+        "p99_s": round(p99, 4) if p99 is not None else None,
+        "max_s": round(worst, 4) if worst is not None else None,
+        "early": int(early),
+    }
+
+
 def late_text(step: dict[str, Any]) -> str:
     """Where a step's lateness came from, as a sentence of the report."""
     late, seconds = step.get("late_seconds") or [], len(step.get("timeline") or [])

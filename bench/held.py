@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench.capacity import MAX_P99_S, _go_live, _stack, _step
@@ -34,34 +34,52 @@ MIN_RATIO = 0.9
 
 
 @contextlib.contextmanager
-def table_sampler(env: BenchEnv) -> Iterator[list[list[Any]]]:
-    """Sample ``retry_jobs``' state every :data:`SAMPLE_EVERY_S` while the block runs: rows of
-    [seconds from the start, dead rows, live rows, table MB, due index MB, oldest snapshot's age in
-    transactions]."""
+def periodic_samples(
+    read: Callable[[], Any], every_s: float, what: str, *, final: bool = False
+) -> Iterator[list[list[Any]]]:
+    """Call ``read`` every ``every_s`` on a thread of its own while the block runs, from its start;
+    yields the samples, [seconds from the start, what ``read`` returned] (lists are spread into the
+    row), and takes one more at the end when ``final``. A sample that fails is a gap, logged as
+    ``what``, not a failed measurement."""
     samples: list[list[Any]] = []
     stop = threading.Event()
     began = time.monotonic()
 
+    def take() -> None:
+        value = read()
+        at = round(time.monotonic() - began, 1)
+        samples.append([at, *value] if isinstance(value, list) else [at, value])
+
     def sample() -> None:
         while True:
             try:
-                dead, live, table_b, index_b, xmin_age = env.sql("bench_table_state", {}, fetch=True)[0]
-                samples.append([
-                    round(time.monotonic() - began, 1), int(dead), int(live), round(table_b / 2**20, 2),
-                    round(index_b / 2**20, 2), int(xmin_age or 0),
-                ])  # fmt: skip
-            except Exception as exc:  # a sample missed is a gap in the plot, not a failed measurement
-                log.warning("held snapshot: table sample failed: %s", exc)
-            if stop.wait(SAMPLE_EVERY_S):
+                take()
+            except Exception as exc:
+                log.warning("%s sample failed: %s", what, exc)
+            if stop.wait(every_s):
                 return
 
-    thread = threading.Thread(target=sample, name="bench-table-sampler", daemon=True)
+    thread = threading.Thread(target=sample, name=f"bench-{what.replace(' ', '-')}-sampler", daemon=True)
     thread.start()
     try:
         yield samples
     finally:
         stop.set()
         thread.join()
+        if final:
+            take()
+
+
+def _table_state(env: BenchEnv) -> list[Any]:
+    dead, live, table_b, index_b, xmin_age = env.sql("bench_table_state", {}, fetch=True)[0]
+    return [int(dead), int(live), round(table_b / 2**20, 2), round(index_b / 2**20, 2), int(xmin_age or 0)]
+
+
+def table_sampler(env: BenchEnv) -> contextlib.AbstractContextManager[list[list[Any]]]:
+    """Sample ``retry_jobs``' state every :data:`SAMPLE_EVERY_S` while the block runs: rows of
+    [seconds from the start, dead rows, live rows, table MB, due index MB, oldest snapshot's age in
+    transactions]."""
+    return periodic_samples(lambda: _table_state(env), SAMPLE_EVERY_S, "retry_jobs table")
 
 
 @contextlib.contextmanager

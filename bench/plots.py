@@ -14,10 +14,20 @@ log = logging.getLogger(__name__)
 
 
 def _lateness_lines(ax: Any, timeline: list[list[Any]]) -> None:
-    """A capacity step's or held-snapshot window's lateness by due second: its worst and its p99."""
+    """A window's lateness by due second (a capacity step's, a held-snapshot window's, the burst's
+    steady traffic's, the soak's): its worst and its p99, against the 1 s target."""
     at = [row[0] for row in timeline]
     ax.plot(at, [row[3] for row in timeline], color="#d62728", linewidth=0.8, label="worst")
     ax.plot(at, [row[2] for row in timeline], color="#1f77b4", linewidth=0.8, label="p99")
+    ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.6)
+    ax.set_ylabel("lateness (s)", fontsize=8)
+
+
+def _save(plt: Any, fig: Any, out: Path, name: str, made: list[str]) -> None:
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    made.append(name)
 
 
 def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> list[str]:
@@ -81,10 +91,7 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
         ax.set_xlabel("rows per second (log scale)")
         title = "Throughput: ours (blue), baselines (grey) measured in the same run, PySpark jobs (green)"
         ax.set_title(title + (" [quick run]" if report["quick"] else ""), fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / "throughput.png", dpi=110)
-        plt.close(fig)
-        made.append("throughput.png")
+        _save(plt, fig, out, "throughput.png", made)
     samples = next((r.samples.get("lateness_s") for r in results if r.name == "lateness"), None)
     if samples:
         fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -99,10 +106,7 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
         ax.set_yscale("log")
         ax.legend()
         ax.set_title(f"Lateness of {len(samples):,} retries under the Airflow scheduler", fontsize=10)
-        fig.tight_layout()
-        fig.savefig(out / "lateness.png", dpi=110)
-        plt.close(fig)
-        made.append("lateness.png")
+        _save(plt, fig, out, "lateness.png", made)
     steps = [
         s for s in (((m.get("capacity") or {}).get("details") or {}).get("steps") or []) if s.get("timeline")
     ]
@@ -114,18 +118,13 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
                 for task, at_s in step.get(key) or []:
                     color = "#2ca02c" if task == "ingest" else "#aaaaaa"
                     ax.axvline(at_s, color=color, linestyle=style, linewidth=0.8)
-            ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.6)
             ax.set_title(f"{step['rate_per_s']:,} retries/s", fontsize=9)
-            ax.set_ylabel("lateness (s)", fontsize=8)
         axes[0, 0].legend(fontsize=7, loc="upper right")
         axes[-1, 0].set_xlabel(
             "seconds of due time from the step's start; an ingest (green) or publish (grey) task "
             "started (dotted) or ended (dash-dot)"
         )
-        fig.tight_layout()
-        fig.savefig(out / "capacity.png", dpi=110)
-        plt.close(fig)
-        made.append("capacity.png")
+        _save(plt, fig, out, "capacity.png", made)
     windows = [
         w
         for w in (((m.get("held_snapshot") or {}).get("details") or {}).get("windows") or [])
@@ -135,8 +134,6 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
         fig, axes = plt.subplots(len(windows), 1, figsize=(9, 2.6 * len(windows) + 0.8), squeeze=False)
         for ax, window in zip(axes[:, 0], windows, strict=True):
             _lateness_lines(ax, window["timeline"])
-            ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.6)
-            ax.set_ylabel("lateness (s)", fontsize=8)
             ax.set_title(
                 f"{window['rate_per_s']:,} retries/s, {'snapshot held open' if window['window'] == 'held' else 'alone'}",
                 fontsize=9,
@@ -157,16 +154,11 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
         axes[-1, 0].set_xlabel(
             "seconds from the window's start (lateness by due second; dead rows sampled every 5 s)"
         )
-        fig.tight_layout()
-        fig.savefig(out / "held_snapshot.png", dpi=110)
-        plt.close(fig)
-        made.append("held_snapshot.png")
+        _save(plt, fig, out, "held_snapshot.png", made)
     burst = ((m.get("burst") or {}).get("details")) or {}
     if (burst.get("steady") or {}).get("timeline") and burst.get("burst_timeline"):
         fig, (late_ax, rate_ax) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
         _lateness_lines(late_ax, burst["steady"]["timeline"])
-        late_ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.6)
-        late_ax.set_ylabel("lateness (s)", fontsize=8)
         late_ax.set_title(
             f"Steady traffic ({burst['steady']['rate_per_s']:,}/s, due in 5 s) through a burst of "
             f"{burst['records']:,} retries",
@@ -184,16 +176,11 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
         rate_ax.set_xlabel(
             "seconds from the steady traffic's start (lateness by due second; the burst began at the dotted line)"
         )
-        fig.tight_layout()
-        fig.savefig(out / "burst.png", dpi=110)
-        plt.close(fig)
-        made.append("burst.png")
+        _save(plt, fig, out, "burst.png", made)
     soak = ((m.get("soak") or {}).get("details")) or {}
     if (soak.get("step") or {}).get("timeline"):
         fig, (late_ax, size_ax) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
         _lateness_lines(late_ax, soak["step"]["timeline"])
-        late_ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.6)
-        late_ax.set_ylabel("lateness (s)", fontsize=8)
         late_ax.set_title(f"Soak: {soak['rate_per_s']:,} retries/s for {soak['seconds']:,} s", fontsize=9)
         late_ax.legend(fontsize=7, loc="upper left")
         table = soak.get("table_timeline") or []
@@ -208,10 +195,7 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
             memory.set_ylabel("resident memory MB", fontsize=8)
             memory.legend(fontsize=6, loc="upper right")
         size_ax.set_xlabel("seconds from the soak's start (lateness by due second)")
-        fig.tight_layout()
-        fig.savefig(out / "soak.png", dpi=110)
-        plt.close(fig)
-        made.append("soak.png")
+        _save(plt, fig, out, "soak.png", made)
     return made
 
 

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-from bench.capacity import DUE_IN_MS, _go_live, _stack, _step
+from bench.capacity import DUE_IN_MS, _go_live, _stack, _step, lateness_between
 from bench.cpu import rss_by_kind
 from bench.env import BenchEnv, Result, Sizes
-from bench.held import table_sampler
+from bench.held import periodic_samples, table_sampler
 
 log = logging.getLogger(__name__)
 
@@ -31,31 +29,10 @@ RSS_EVERY_S = 30.0
 MAX_DRIFT = 1.2
 
 
-@contextlib.contextmanager
-def rss_sampler() -> Iterator[list[list[Any]]]:
-    """Sample :func:`rss_by_kind` every :data:`RSS_EVERY_S` while the block runs: [seconds from the
-    start, {kind: MB}]."""
-    samples: list[list[Any]] = []
-    stop = threading.Event()
-    began = time.monotonic()
-
-    def sample() -> None:
-        while True:
-            try:
-                samples.append([round(time.monotonic() - began, 1), rss_by_kind()])
-            except Exception as exc:  # a sample missed is a gap, not a failed measurement
-                log.warning("soak: memory sample failed: %s", exc)
-            if stop.wait(RSS_EVERY_S):
-                return
-
-    thread = threading.Thread(target=sample, name="bench-rss-sampler", daemon=True)
-    thread.start()
-    try:
-        yield samples
-    finally:
-        stop.set()
-        thread.join()
-        samples.append([round(time.monotonic() - began, 1), rss_by_kind()])
+def rss_sampler() -> contextlib.AbstractContextManager[list[list[Any]]]:
+    """Sample :func:`rss_by_kind` every :data:`RSS_EVERY_S` while the block runs, and once more at its
+    end: [seconds from the start, {kind: MB}]."""
+    return periodic_samples(rss_by_kind, RSS_EVERY_S, "memory", final=True)
 
 
 def growth(samples: list[list[Any]]) -> dict[str, float]:
@@ -80,20 +57,12 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
         with table_sampler(env) as table, rss_sampler() as rss:
             began = time.time()
             step = _step(env, settings, rate, seconds, metadata_url, label="soak")
-    spans = {}
     # Records are due DUE_IN_MS after they are sent: the windows are of due time.
     due_began = began + DUE_IN_MS / 1000
-    for name, since in (("first", due_began), ("last", due_began + seconds - window)):
-        count, p99, worst, _early = env.sql(
-            "bench_lateness_between",
-            {"destination": step["destination"], "since": since, "until": since + window},
-            fetch=True,
-        )[0]
-        spans[name] = {
-            "published": int(count),
-            "p99_s": p99 and round(p99, 4),
-            "max_s": worst and round(worst, 4),
-        }
+    spans = {
+        name: lateness_between(env, step["destination"], since, since + window)
+        for name, since in (("first", due_began), ("last", due_began + seconds - window))
+    }
     first, last = spans["first"]["p99_s"], spans["last"]["p99_s"]
     result.figures = {
         "soak_p99_drift": round(last / first, 3) if first and last is not None else None,

@@ -3,16 +3,13 @@ delay topic, under the real scheduler, with what the report says (no timing asse
 
 from __future__ import annotations
 
-import json
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from bench.measure import BenchOptions, Sizes, run_bench
-from retry_scheduler.core.config import Settings
-from tests.conftest import ADMIN_URL
+from bench.measure import Sizes
+from tests.benchutil import run_measurement
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster]
 
@@ -23,18 +20,8 @@ def test_the_burst_is_stored_and_published_from_its_delay_topic_and_the_steady_t
     sizes = replace(
         Sizes.quick(), burst_records=2_000, burst_due_s=8, burst_steady_rate=30, burst_baseline_s=6
     )
-    options = BenchOptions(
-        out=tmp_path,
-        quick=True,
-        only=("burst",),
-        sizes=sizes,
-        db_name=f"retry_bench_burst_{uuid.uuid4().hex[:8]}",
-        bootstrap=bootstrap_servers,
-    )
-    run_bench(Settings(database_url=ADMIN_URL), options, say=lambda _m: None)
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = run_measurement(tmp_path, bootstrap_servers, "burst", sizes)
     burst = report["measurements"]["burst"]
-    assert burst["skipped"] is None, burst["skipped"]
     details = burst["details"]
 
     # Every burst record was stored and published, none before its due time: the delay topic's

@@ -3,16 +3,13 @@ publish runs on one and two Celery workers, with what the report says of them (n
 
 from __future__ import annotations
 
-import json
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from bench.measure import BenchOptions, Sizes, run_bench
-from retry_scheduler.core.config import Settings
-from tests.conftest import ADMIN_URL
+from bench.measure import Sizes
+from tests.benchutil import run_measurement
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster, pytest.mark.serial]
 
@@ -21,18 +18,8 @@ def test_capacity_steps_the_rate_and_publishes_on_one_and_two_celery_workers(
     tmp_path: Path, bootstrap_servers: str
 ) -> None:
     sizes = replace(Sizes.quick(), capacity_rates=(20, 40), capacity_seconds=8, capacity_publish_rows=1_000)
-    options = BenchOptions(
-        out=tmp_path,
-        quick=True,
-        only=("capacity",),
-        sizes=sizes,
-        db_name=f"retry_bench_capacity_{uuid.uuid4().hex[:8]}",
-        bootstrap=bootstrap_servers,
-    )
-    run_bench(Settings(database_url=ADMIN_URL), options, say=lambda _m: None)
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = run_measurement(tmp_path, bootstrap_servers, "capacity", sizes)
     capacity = report["measurements"]["capacity"]
-    assert capacity["skipped"] is None, capacity["skipped"]
 
     steps = capacity["details"]["steps"]
     assert [s["rate_per_s"] for s in steps] == [20, 40]  # both low rates are sustained: no early stop

@@ -3,16 +3,13 @@ while a REPEATABLE READ transaction holds its snapshot, with what the report say
 
 from __future__ import annotations
 
-import json
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from bench.measure import BenchOptions, Sizes, run_bench
-from retry_scheduler.core.config import Settings
-from tests.conftest import ADMIN_URL
+from bench.measure import Sizes
+from tests.benchutil import run_measurement
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster]
 
@@ -21,18 +18,8 @@ def test_the_held_snapshot_windows_publish_everything_and_show_the_snapshot_held
     tmp_path: Path, bootstrap_servers: str
 ) -> None:
     sizes = replace(Sizes.quick(), held_rate=30, held_seconds=8)
-    options = BenchOptions(
-        out=tmp_path,
-        quick=True,
-        only=("held_snapshot",),
-        sizes=sizes,
-        db_name=f"retry_bench_held_{uuid.uuid4().hex[:8]}",
-        bootstrap=bootstrap_servers,
-    )
-    run_bench(Settings(database_url=ADMIN_URL), options, say=lambda _m: None)
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = run_measurement(tmp_path, bootstrap_servers, "held_snapshot", sizes)
     held = report["measurements"]["held_snapshot"]
-    assert held["skipped"] is None, held["skipped"]
 
     baseline, with_snapshot = held["details"]["windows"]
     assert (baseline["window"], with_snapshot["window"]) == ("baseline", "held")

@@ -3,16 +3,13 @@ of the first and last windows, and the table and every process's memory sampled 
 
 from __future__ import annotations
 
-import json
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from bench.measure import BenchOptions, Sizes, run_bench
-from retry_scheduler.core.config import Settings
-from tests.conftest import ADMIN_URL
+from bench.measure import Sizes
+from tests.benchutil import run_measurement
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster]
 
@@ -22,18 +19,8 @@ def test_the_soak_publishes_everything_and_samples_lateness_table_and_memory(
 ) -> None:
     monkeypatch.setattr("bench.soak.RSS_EVERY_S", 2.0)
     sizes = replace(Sizes.quick(), soak_rate=30, soak_seconds=12)
-    options = BenchOptions(
-        out=tmp_path,
-        quick=True,
-        only=("soak",),
-        sizes=sizes,
-        db_name=f"retry_bench_soak_{uuid.uuid4().hex[:8]}",
-        bootstrap=bootstrap_servers,
-    )
-    run_bench(Settings(database_url=ADMIN_URL), options, say=lambda _m: None)
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = run_measurement(tmp_path, bootstrap_servers, "soak", sizes)
     soak = report["measurements"]["soak"]
-    assert soak["skipped"] is None, soak["skipped"]
     details = soak["details"]
     step = details["step"]
     assert step["sent"] >= 30 * 12 * 0.9 and step["published"] == step["sent"] and step["early"] == 0, step
