@@ -32,13 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.capacity import (
+    BURST_TOPIC,
     DUE_IN_MS,
-    _environ,
-    _go_live,
-    _stack,
     cpu_budget,
     lateness_between,
     lateness_timeline,
+    live_stack,
 )
 from bench.cpu import ProcessCpu, cpu_shares, cpu_times
 from bench.env import BenchEnv, BenchError, Result, Sizes
@@ -47,8 +46,6 @@ from bench.slow import steady_producer
 
 log = logging.getLogger(__name__)
 
-#: The delay topic the burst is sent to (its delay: ``Sizes.burst_due_s``).
-BURST_TOPIC = "retry.burst"
 #: The burst's records are published at most this long after their due time (the issue's target).
 MAX_BURST_LATE_S = 60.0
 #: How long after the burst's due time its records may take before the measurement gives up on them.
@@ -95,29 +92,24 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
     autovacuum = env.sql("bench_autovacuum", {}, fetch=True)[0][0] == "on"
     tag = uuid.uuid4().hex[:6]
     burst_dest, steady_dest = f"bench.burst-{env.tag}-{tag}", f"bench.steady-{env.tag}-{tag}"
-    env.create_topics([burst_dest, steady_dest, BURST_TOPIC])
-    stack = _stack(env, "burst")
-    settings = stack.settings
+    env.create_topics([burst_dest, steady_dest])
     stop = threading.Event()
     sent_box: list[int] = []
-    steady = threading.Thread(
-        target=lambda: sent_box.append(
-            steady_producer(
-                settings.bootstrap_servers, settings.retry_topic, steady_dest, sizes.burst_steady_rate,
-                float("inf"), DUE_IN_MS, tag, stop,
-            )
-        ),
-        name="bench-burst-steady",
-    )  # fmt: skip
     with (
-        # The stack's Airflow processes take their environment as it is when the stack starts.
-        _environ(RETRY_DELAY_TOPICS=f"{BURST_TOPIC}={sizes.burst_due_s}s"),
-        env.dropped_afterwards(stack.metadata_db),
-        stack,
+        live_stack(env, "burst", sizes) as stack,
         table_sampler(env) as table,
         contextlib.ExitStack() as cleanup,
     ):
-        _go_live(stack, settings)
+        settings = stack.settings
+        steady = threading.Thread(
+            target=lambda: sent_box.append(
+                steady_producer(
+                    settings.bootstrap_servers, settings.retry_topic, steady_dest, sizes.burst_steady_rate,
+                    float("inf"), DUE_IN_MS, tag, stop,
+                )
+            ),
+            name="bench-burst-steady",
+        )  # fmt: skip
         metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
         machine_before, began = cpu_times(), time.time()
         cpu = cleanup.enter_context(ProcessCpu())

@@ -67,6 +67,45 @@ def _stack(env: BenchEnv, name: str, **options: Any) -> Any:
     return stack
 
 
+#: The delay topic the burst measurement sends to (its delay: ``Sizes.burst_due_s``).
+BURST_TOPIC = "retry.burst"
+
+
+@contextlib.contextmanager
+def live_stack(env: BenchEnv, name: str, sizes: Sizes, *, own: bool = False) -> Iterator[Any]:
+    """A dev stack with the ``retry_scheduler`` DAG live under its real scheduler, for measurement ``name``.
+
+    The measurement's own (started here; stopped, and its Airflow metadata dropped, when the block
+    ends), unless the run shares one (``env.share_stack``): then the first measurement starts it and
+    the rest use it as it is until the run ends. A stack's start costs about a CPU minute, which the
+    tests' short runs (a few seconds of traffic each) share; a full run gives each measurement a
+    fresh stack, so that none measures another's history. A shared stack also ingests the burst's
+    delay topic, so that the burst measurement can use it whatever ran first. ``own``: a stack of
+    the measurement's own even then, with no other stack's loops left running on the database."""
+    if own:
+        env.close_stacks()
+    if env.share_stack and not own:
+        if env.shared_stack is None:
+            env.shared_stack = env.stacks.enter_context(_started(env, "shared", sizes, burst=True))
+        yield env.shared_stack
+        return
+    with _started(env, name, sizes, burst=name == "burst") as stack:
+        yield stack
+
+
+@contextlib.contextmanager
+def _started(env: BenchEnv, name: str, sizes: Sizes, *, burst: bool) -> Iterator[Any]:
+    stack = _stack(env, name)
+    delay = {}
+    if burst:
+        env.create_topics([BURST_TOPIC])
+        delay = {"RETRY_DELAY_TOPICS": f"{BURST_TOPIC}={sizes.burst_due_s}s"}
+    # The stack's Airflow processes take their environment as it is when the stack starts.
+    with _environ(**delay), env.dropped_afterwards(stack.metadata_db), stack:
+        _go_live(stack, stack.settings)
+        yield stack
+
+
 def _go_live(stack: Any, settings: Any) -> None:
     from retry_scheduler.dev.airflow_api import api_token, trigger_dag, unpause_dag
     from retry_scheduler.dev.demo import warm_up
@@ -320,11 +359,11 @@ def measure_capacity(env: BenchEnv, sizes: Sizes) -> Result:
     """Sustained retries/s under the real scheduler, and publish rows/s on 1 and 2 Celery workers."""
     result = Result("capacity")
     autovacuum = env.sql("bench_autovacuum", {}, fetch=True)[0][0] == "on"
-    stack = _stack(env, "capacity")
-    settings = stack.settings
     steps: list[dict[str, Any]] = []
-    with env.dropped_afterwards(stack.metadata_db), stack:
-        _go_live(stack, settings)
+    # Its own stack, stopped before the Celery stacks start: a live scheduler left running on the
+    # database would publish the Celery runs' backlog.
+    with live_stack(env, "capacity", sizes, own=True) as stack:
+        settings = stack.settings
         metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
         for rate in sizes.capacity_rates:
             steps.append(_step(env, settings, rate, sizes.capacity_seconds, metadata_url))

@@ -172,6 +172,7 @@ class BenchEnv:
         bootstrap: str | None = None,
         keep_db: bool = False,
         work_dir: Path | None = None,
+        share_stack: bool = False,
     ) -> None:
         self.base = settings
         self.db_name = db_name
@@ -185,6 +186,11 @@ class BenchEnv:
         self._own_work_dir = work_dir is None
         self.tag = uuid.uuid4().hex[:6]
         self._broker: Any = None
+        #: One dev stack for every measurement that runs under the scheduler (see
+        #: ``bench.capacity.live_stack``), stopped with ``stacks`` before the broker.
+        self.share_stack = share_stack
+        self.shared_stack: Any = None
+        self.stacks = contextlib.ExitStack()
 
     def __enter__(self) -> BenchEnv:
         try:
@@ -204,6 +210,20 @@ class BenchEnv:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        try:
+            self.close_stacks()
+        finally:
+            self._stop(*exc)
+
+    def close_stacks(self) -> None:
+        """Stop the shared dev stack, if one was started (the next measurement that shares starts another)."""
+        try:
+            self.stacks.close()
+        finally:
+            self.shared_stack = None
+            self.stacks = contextlib.ExitStack()
+
+    def _stop(self, *exc: object) -> None:
         if self._broker is not None:
             self._broker.terminate()
             try:

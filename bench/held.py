@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from bench.capacity import MAX_P99_S, _go_live, _stack, _step
+from bench.capacity import MAX_P99_S, _step, live_stack
 from bench.env import BenchEnv, Result, Sizes
 
 log = logging.getLogger(__name__)
@@ -120,11 +120,9 @@ def measure_held_snapshot(env: BenchEnv, sizes: Sizes) -> Result:
     """Lateness and throughput at ``sizes.held_rate`` without and with a snapshot held open."""
     result = Result("held_snapshot")
     autovacuum = env.sql("bench_autovacuum", {}, fetch=True)[0][0] == "on"
-    stack = _stack(env, "held")
-    settings = stack.settings
     rate, seconds = sizes.held_rate, sizes.held_seconds
-    with env.dropped_afterwards(stack.metadata_db), stack:
-        _go_live(stack, settings)
+    with live_stack(env, "held", sizes) as stack:
+        settings = stack.settings
         metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
         baseline = _window(env, settings, rate, seconds, metadata_url, held=False)
         held = _window(env, settings, rate, seconds, metadata_url, held=True)

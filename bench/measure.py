@@ -432,6 +432,9 @@ class BenchOptions:
     db_name: str = "retry_bench"
     bootstrap: str | None = None
     keep_db: bool = False
+    #: One dev stack for the measurements under the scheduler (the tests' short runs; see
+    #: ``bench.capacity.live_stack``); a full run gives each its own.
+    share_stack: bool = False
 
 
 def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
@@ -480,7 +483,9 @@ def run_bench(
     selected = [name for name in MEASUREMENTS if name in options.only]
     if progress is not None:
         progress(0, len(selected))
-    with BenchEnv(settings, options.db_name, options.bootstrap, options.keep_db) as env:
+    with BenchEnv(
+        settings, options.db_name, options.bootstrap, options.keep_db, share_stack=options.share_stack
+    ) as env:
         machine = bench_report.machine_info(env.url)
         run_cpu = bench_cpu.cpu_times()
         for name in MEASUREMENTS:

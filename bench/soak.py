@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from bench.capacity import DUE_IN_MS, _go_live, _stack, _step, lateness_between
+from bench.capacity import DUE_IN_MS, _step, lateness_between, live_stack
 from bench.cpu import rss_by_kind
 from bench.env import BenchEnv, Result, Sizes
 from bench.held import periodic_samples, table_sampler
@@ -47,12 +47,10 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
     """The loop for ``sizes.soak_seconds`` at ``sizes.soak_rate``: lateness drift, table and memory."""
     result = Result("soak")
     autovacuum = env.sql("bench_autovacuum", {}, fetch=True)[0][0] == "on"
-    stack = _stack(env, "soak")
-    settings = stack.settings
     rate, seconds = sizes.soak_rate, sizes.soak_seconds
     window = min(DRIFT_WINDOW_S, seconds // 4)
-    with env.dropped_afterwards(stack.metadata_db), stack:
-        _go_live(stack, settings)
+    with live_stack(env, "soak", sizes) as stack:
+        settings = stack.settings
         metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
         with table_sampler(env) as table, rss_sampler() as rss:
             began = time.time()

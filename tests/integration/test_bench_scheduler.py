@@ -1,0 +1,133 @@
+"""The benchmark's measurements under the real scheduler in small, in one run on one dev stack: a
+snapshot held open, a burst sent to a delay topic beside steady traffic, and a soak; with what the
+report says of each (no timing asserted). The capacity measurement (serial) is tested apart."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.measure import Sizes
+from tests.benchutil import run_measurement
+
+pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.cluster]
+
+Run = tuple[dict[str, Any], Path]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, bootstrap_servers: str) -> Iterator[Run]:
+    """One ``--quick`` run of the three, sharing one stack (its start is most of what each costs):
+    its report.json and the folder of its report."""
+    out = tmp_path_factory.mktemp("bench-scheduler")
+    sizes = replace(
+        Sizes.quick(),
+        held_rate=30,
+        held_seconds=8,
+        burst_records=2_000,
+        burst_due_s=8,
+        burst_steady_rate=30,
+        burst_baseline_s=6,
+        soak_rate=30,
+        soak_seconds=12,
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("bench.soak.RSS_EVERY_S", 2.0)
+        yield run_measurement(out, bootstrap_servers, ("held_snapshot", "burst", "soak"), sizes), out
+
+
+def test_the_held_snapshot_windows_publish_everything_and_show_the_snapshot_held(run: Run) -> None:
+    report, out = run
+    held = report["measurements"]["held_snapshot"]
+
+    baseline, with_snapshot = held["details"]["windows"]
+    assert (baseline["window"], with_snapshot["window"]) == ("baseline", "held")
+    for window in (baseline, with_snapshot):
+        assert window["sent"] >= 30 * 8 * 0.9 and window["published"] == window["sent"], window
+        assert window["early"] == 0 and window["published_per_s"] > 0, window
+        # retry_jobs sampled from the window's start: [at, dead, live, table MB, index MB, snapshot age]
+        table = window["table_timeline"]
+        assert len(table) >= 2 and table[0][0] < 1 and table[-1][2] > 0 and table[-1][3] > 0, table
+    # The snapshot really was held: the oldest snapshot grew older through the held window only.
+    held_age = [row[5] for row in with_snapshot["table_timeline"]]
+    assert held_age[-1] > held_age[0] and held_age[-1] > max(row[5] for row in baseline["table_timeline"])
+    assert report["held_snapshot_p99_s"] == with_snapshot["p99_s"] is not None
+    assert report["held_snapshot_throughput_ratio"] == pytest.approx(
+        with_snapshot["published_per_s"] / baseline["published_per_s"], abs=0.001
+    )
+    assert report["targets"]["held_snapshot_p99_s"]["target"] == 1.0
+    md = (out / "report.md").read_text()
+    assert "A snapshot held open" in md and "held: " in md and "oldest snapshot" in md
+    assert (out / "held_snapshot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_burst_is_stored_and_published_from_its_delay_topic_and_the_steady_traffic_goes_on(
+    run: Run,
+) -> None:
+    report, out = run
+    burst = report["measurements"]["burst"]
+    details = burst["details"]
+
+    # Every burst record was stored and published, none before its due time: the delay topic's
+    # delay made them due burst_due_s after they were sent (their due times span the send).
+    assert details["burst"]["stored"] == details["burst"]["published"] == 2_000, details["burst"]
+    assert details["burst"]["early"] == 0
+    assert details["topic"] == "retry.burst" and details["due_s"] == 8
+    assert 0 <= details["burst"]["due_span_s"] <= details["send_s"] + 1, details
+    stored = sum(row[1] for row in details["burst_timeline"])
+    published = sum(row[2] for row in details["burst_timeline"])
+    assert stored == published == 2_000
+    # The burst's first acknowledgement came no sooner than burst_due_s after it began.
+    first_ack = next(row[0] for row in details["burst_timeline"] if row[2])
+    assert first_ack >= details["burst_began_s"] + 8 - 1, details["burst_timeline"]
+
+    steady = details["steady"]
+    assert steady["sent"] >= 30 * 6 * 0.9 and steady["published"] == steady["sent"], steady
+    assert steady["early"] == 0
+    # Steady records fell due before, during and after the burst: each span has its own figures.
+    for span in ("before_burst", "during_burst", "after_burst"):
+        assert steady[span]["published"] > 0 and steady[span]["early"] == 0, (span, steady[span])
+    assert (
+        steady["before_burst"]["published"]
+        + steady["during_burst"]["published"]
+        + steady["after_burst"]["published"]
+        == steady["published"]
+    )
+    assert report["burst_steady_p99_s"] == steady["during_burst"]["p99_s"] is not None
+    assert report["burst_steady_baseline_p99_s"] == steady["before_burst"]["p99_s"] is not None
+    assert report["burst_publish_late_s"] == details["burst"]["max_s"] >= 0
+    assert report["burst_ingest_msgs_per_s"] == pytest.approx(2_000 / details["ingest_s"], rel=0.01)
+    assert report["targets"]["burst_ingest_msgs_per_s"]["target"] == 30_000
+    assert details["core_ms_per_1000"] and details["table_timeline"]
+    md = (out / "report.md").read_text()
+    assert "A burst of a million retries" in md and "steady traffic alone: p99" in md
+    assert (out / "burst.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_soak_publishes_everything_and_samples_lateness_table_and_memory(run: Run) -> None:
+    report, out = run
+    soak = report["measurements"]["soak"]
+    details = soak["details"]
+    step = details["step"]
+    assert step["sent"] >= 30 * 12 * 0.9 and step["published"] == step["sent"] and step["early"] == 0, step
+    # The first and last quarter of the run (a fifth-of-an-hour window in a full run) each had records.
+    assert details["drift_window_s"] == 3
+    first, last = details["spans"]["first"], details["spans"]["last"]
+    assert first["published"] > 0 and last["published"] > 0
+    assert report["soak_p99_drift"] == pytest.approx(last["p99_s"] / first["p99_s"], abs=0.001)
+    assert report["targets"]["soak_p99_drift"]["target"] == 1.2
+    # Memory by kind of process: the loops' tasks, PostgreSQL and the broker among them, each sample.
+    rss = details["rss_timeline"]
+    assert len(rss) >= 3 and rss[0][0] < 1
+    kinds = set(rss[-1][1])
+    assert {"broker", "PostgreSQL: service", "airflow scheduler"} <= kinds, kinds
+    assert all(mb > 0 for _at, by_kind in rss for mb in by_kind.values())
+    assert set(details["rss_growth_mb"]) <= kinds
+    assert details["table_timeline"] and details["table_timeline"][-1][2] > 0
+    md = (out / "report.md").read_text()
+    assert "A soak" in md and "Resident memory" in md
+    assert (out / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
