@@ -271,8 +271,9 @@ def loop_vs_parts(results: dict[str, Result]) -> None:
         s for s in capacity.details.get("steps") or [] if s["sustained"] and s.get("loop_cpu_us_per_retry")
     ]
     if not steps:
-        capacity.details["why_loop_cpu_us_per_retry"] = "no rate was sustained"
-        capacity.details["why_loop_vs_parts"] = "no rate was sustained"
+        why = "no rate was sustained" if capacity.details.get("steps") else "no capacity rates were given"
+        capacity.details["why_loop_cpu_us_per_retry"] = why
+        capacity.details["why_loop_vs_parts"] = why
         return
     step = max(steps, key=lambda s: s["rate_per_s"])
     loop_us = step["loop_cpu_us_per_retry"]
@@ -360,49 +361,66 @@ def measure_capacity(env: BenchEnv, sizes: Sizes) -> Result:
     result = Result("capacity")
     autovacuum = env.sql("bench_autovacuum", {}, fetch=True)[0][0] == "on"
     steps: list[dict[str, Any]] = []
-    # Its own stack, stopped before the Celery stacks start: a live scheduler left running on the
-    # database would publish the Celery runs' backlog.
-    with live_stack(env, "capacity", sizes, own=True) as stack:
-        settings = stack.settings
-        metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
-        for rate in sizes.capacity_rates:
-            steps.append(_step(env, settings, rate, sizes.capacity_seconds, metadata_url))
-            if not steps[-1]["sustained"]:
-                break
-    sustained = max((s["rate_per_s"] for s in steps if s["sustained"]), default=0)
-    celery = [_publish_with_celery(env, sizes, workers) for workers in (1, 2)]
-    result.figures = {
-        "sustained_retries_per_s": sustained,
-        "publish_rows_per_s_1_worker": celery[0]["rows_per_s"],
-        "publish_rows_per_s_2_workers": celery[1]["rows_per_s"],
-    }
+    if sizes.capacity_rates:
+        # Its own stack, stopped before the Celery stacks start: a live scheduler left running on
+        # the database would publish the Celery runs' backlog.
+        with live_stack(env, "capacity", sizes, own=True) as stack:
+            settings = stack.settings
+            metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+            for rate in sizes.capacity_rates:
+                steps.append(_step(env, settings, rate, sizes.capacity_seconds, metadata_url))
+                if not steps[-1]["sustained"]:
+                    break
+    else:
+        env.close_stacks()
+    celery = [_publish_with_celery(env, sizes, workers) for workers in sizes.capacity_celery_workers]
     result.details = {
         "steps": steps, "celery": celery, "max_p99_s": MAX_P99_S, "due_in_ms": DUE_IN_MS, "autovacuum": autovacuum,
     }  # fmt: skip
-    # The figure with the server's settings as found is the one above; this one only where they had
-    # autovacuum on (a server setting: the benchmark does not change it).
-    if autovacuum:
-        result.figures["sustained_retries_per_s_autovacuum_on"] = sustained
-    else:
-        result.details["why_sustained_retries_per_s_autovacuum_on"] = (
-            "not measured: the server ran with autovacuum off; run the capacity measurement again on a "
-            "server with it on (ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf();)"
+    result.notes = []
+    if steps:
+        result.figures["sustained_retries_per_s"] = sustained = max(
+            (s["rate_per_s"] for s in steps if s["sustained"]), default=0
         )
-    first_miss = next((s for s in steps if not s["sustained"]), None)
-    result.notes = [
-        f"Rates stepped through {', '.join(str(s['rate_per_s']) for s in steps)} records/s for "
-        f"{sizes.capacity_seconds} s each, every record due {DUE_IN_MS / 1000:.0f} s after it was sent, while "
-        "the real Airflow scheduler ran the retry_scheduler DAG (LocalExecutor); sustained means all "
-        f"published, none early, p99 lateness <= {MAX_P99_S:.0f} s: {sustained:,} records/s.",
-        (
-            f"Not sustained at {first_miss['rate_per_s']:,}/s: {first_miss['published']:,} of {first_miss['sent']:,} "
-            f"published within 120 s of the window, p99 {first_miss['p99_s']} s, {first_miss['early']} early."
-            if first_miss
-            else "Every step was sustained: the capacity is above the last step."
-        ),
-        f"{sizes.capacity_publish_rows:,} due jobs published by the DAG on the CeleryExecutor with 2 publish "
-        f"tasks per run: {celery[0]['rows_per_s']:,.0f} rows/s on 1 worker, {celery[1]['rows_per_s']:,.0f} on 2 "
-        "(first acknowledgement to last; the workers share this machine's 2 cores with PostgreSQL).",
+        # The figure with the server's settings as found is the one above; this one only where they
+        # had autovacuum on (a server setting: the benchmark does not change it).
+        if autovacuum:
+            result.figures["sustained_retries_per_s_autovacuum_on"] = sustained
+        else:
+            result.details["why_sustained_retries_per_s_autovacuum_on"] = (
+                "not measured: the server ran with autovacuum off; run the capacity measurement again on a "
+                "server with it on (ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf();)"
+            )
+        first_miss = next((s for s in steps if not s["sustained"]), None)
+        result.notes += [
+            f"Rates stepped through {', '.join(str(s['rate_per_s']) for s in steps)} records/s for "
+            f"{sizes.capacity_seconds} s each, every record due {DUE_IN_MS / 1000:.0f} s after it was sent, while "
+            "the real Airflow scheduler ran the retry_scheduler DAG (LocalExecutor); sustained means all "
+            f"published, none early, p99 lateness <= {MAX_P99_S:.0f} s: {sustained:,} records/s.",
+            (
+                f"Not sustained at {first_miss['rate_per_s']:,}/s: {first_miss['published']:,} of {first_miss['sent']:,} "
+                f"published within 120 s of the window, p99 {first_miss['p99_s']} s, {first_miss['early']} early."
+                if first_miss
+                else "Every step was sustained: the capacity is above the last step."
+            ),
+        ]  # fmt: skip
+    else:
+        for key in ("sustained_retries_per_s", "sustained_retries_per_s_autovacuum_on"):
+            result.details[f"why_{key}"] = "not measured: no capacity rates were given in this run"
+    for run in celery:
+        workers = run["workers"]
+        result.figures[f"publish_rows_per_s_{workers}_worker{'s' if workers > 1 else ''}"] = run["rows_per_s"]
+    if celery:
+        result.notes.append(
+            f"{sizes.capacity_publish_rows:,} due jobs published by the DAG on the CeleryExecutor with 2 publish "
+            "tasks per run: "
+            + ", ".join(
+                f"{c['rows_per_s']:,.0f} rows/s on {c['workers']} worker{'s' if c['workers'] > 1 else ''}"
+                for c in celery
+            )
+            + " (first acknowledgement to last; the workers share this machine's 2 cores with PostgreSQL)."
+        )
+    result.notes += [
         *[budget_text(step) for step in steps if step.get("core_ms_per_1000")],
         *[late_text(step) for step in steps if step.get("timeline")],
         "The PostgreSQL server ran with autovacuum on, as production servers do."

@@ -105,6 +105,10 @@ class Sizes:
     capacity_rates: tuple[int, ...] = (1_000, 1_500, 2_000, 2_500, 3_000, 4_000, 5_000, 7_500, 10_000, 12_500)
     capacity_seconds: int = 300
     capacity_publish_rows: int = 200_000
+    #: The Celery worker counts the capacity measurement publishes capacity_publish_rows with.
+    #: Either this or capacity_rates may be empty: that part is then not measured (the tests run the
+    #: rate steps alone, on the whole machine, and the Celery part beside other tests).
+    capacity_celery_workers: tuple[int, ...] = (1, 2)
     #: The held-snapshot windows' rate (half the capacity target) and length.
     held_rate: int = 5_000
     held_seconds: int = 600
