@@ -1,5 +1,6 @@
 """The benchmark's PySpark measurement in small: both jobs through spark-submit, their step timings and
-the CPU each kind of process used, as the report explains the figures with them (no timing asserted)."""
+the CPU each kind of process used, as the report explains the figures with them (no timing asserted,
+so it runs beside other tests: the CPU it reports of each kind of process then counts theirs too)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from bench.measure import BenchOptions, Sizes, run_bench
 from retry_scheduler.core.config import Settings
 from tests.conftest import ADMIN_URL
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 ROWS = 5_000
 
