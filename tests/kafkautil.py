@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
@@ -28,9 +29,16 @@ class Seen(chaos.Seen):
         return None if not values or values[0] is None else values[0].decode()
 
 
-def produce(bootstrap: str, topic: str, records: Sequence[dict], partition: int | None = None) -> None:
-    """Produce ``records`` (dicts with key, value, headers) and wait for every ack."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+def produce(
+    bootstrap: str,
+    topic: str,
+    records: Sequence[dict],
+    partition: int | None = None,
+    config: dict[str, Any] | None = None,
+) -> None:
+    """Produce ``records`` (dicts with key, value, headers) and wait for every ack; ``config`` adds
+    to the producer's configuration."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **(config or {})})
     errors: list[object] = []
     for rec in records:
         kwargs = {"key": rec.get("key"), "value": rec.get("value"), "headers": rec.get("headers", [])}
