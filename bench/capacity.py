@@ -72,7 +72,7 @@ BURST_TOPIC = "retry.burst"
 
 
 @contextlib.contextmanager
-def live_stack(env: BenchEnv, name: str, sizes: Sizes, *, own: bool = False) -> Iterator[Any]:
+def live_stack(env: BenchEnv, name: str, sizes: Sizes) -> Iterator[Any]:
     """A dev stack with the ``retry_scheduler`` DAG live under its real scheduler, for measurement ``name``.
 
     The measurement's own (started here; stopped, and its Airflow metadata dropped, when the block
@@ -80,11 +80,8 @@ def live_stack(env: BenchEnv, name: str, sizes: Sizes, *, own: bool = False) -> 
     the rest use it as it is until the run ends. A stack's start costs about a CPU minute, which the
     tests' short runs (a few seconds of traffic each) share; a full run gives each measurement a
     fresh stack, so that none measures another's history. A shared stack also ingests the burst's
-    delay topic, so that the burst measurement can use it whatever ran first. ``own``: a stack of
-    the measurement's own even then, with no other stack's loops left running on the database."""
-    if own:
-        env.close_stacks()
-    if env.share_stack and not own:
+    delay topic, so that the burst measurement can use it whatever ran first."""
+    if env.share_stack:
         if env.shared_stack is None:
             env.shared_stack = env.stacks.enter_context(_started(env, "shared", sizes, burst=True))
         yield env.shared_stack
@@ -322,6 +319,8 @@ def budget_text(step: dict[str, Any]) -> str:
 def _publish_with_celery(env: BenchEnv, sizes: Sizes, workers: int) -> dict[str, Any]:
     """Publish ``sizes.capacity_publish_rows`` due jobs through the DAG on ``workers`` Celery workers."""
     name = f"celery{workers}"
+    # A shared stack's scheduler left running on the database would publish this run's backlog.
+    env.close_stacks()
     stack = _stack(
         env, name, executor="celery", celery_workers=workers, redis_url=f"redis://127.0.0.1:{free_port()}/0"
     )
@@ -362,17 +361,13 @@ def measure_capacity(env: BenchEnv, sizes: Sizes) -> Result:
     autovacuum = env.sql("bench_autovacuum", {}, fetch=True)[0][0] == "on"
     steps: list[dict[str, Any]] = []
     if sizes.capacity_rates:
-        # Its own stack, stopped before the Celery stacks start: a live scheduler left running on
-        # the database would publish the Celery runs' backlog.
-        with live_stack(env, "capacity", sizes, own=True) as stack:
+        with live_stack(env, "capacity", sizes) as stack:
             settings = stack.settings
             metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
             for rate in sizes.capacity_rates:
                 steps.append(_step(env, settings, rate, sizes.capacity_seconds, metadata_url))
                 if not steps[-1]["sustained"]:
                     break
-    else:
-        env.close_stacks()
     celery = [_publish_with_celery(env, sizes, workers) for workers in sizes.capacity_celery_workers]
     result.details = {
         "steps": steps, "celery": celery, "max_p99_s": MAX_P99_S, "due_in_ms": DUE_IN_MS, "autovacuum": autovacuum,
