@@ -46,7 +46,7 @@ def module_stack(module_database_url: str, tmp_path_factory: pytest.TempPathFact
     home = tmp_path_factory.mktemp("backfill")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RETRY_ARCHIVE_URI", (home / "archive").as_uri())
-        with new_dev_stack(module_database_url, home, "retry_airflow_backfill_") as stack:
+        with new_dev_stack(module_database_url, home, "retry_airflow_backfill_", triggerer=False) as stack:
             yield stack
 
 

@@ -78,6 +78,7 @@ def test_retries_come_back_never_early_from_loops_on_a_celery_worker(
         redis_url=f"redis://127.0.0.1:{redis_port}/0",
         say=notes.append,
         parse_interval_s=PARSE_INTERVAL_S,
+        triggerer=False,  # nothing defers
     )
     stack.log_dir = tmp_path / "logs"
     destination = f"demo.celery-{uuid.uuid4().hex[:8]}"  # dags/retry_policies.py allows demo.*

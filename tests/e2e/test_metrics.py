@@ -80,7 +80,7 @@ def test_the_loops_report_counts_backlog_and_lateness_through_airflow_statsd(
     for key, value in {"STATSD_ON": "True", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": str(receiver.port),
                        "STATSD_PREFIX": "airflow"}.items():  # fmt: skip
         monkeypatch.setenv(f"AIRFLOW__METRICS__{key}", value)
-    stack = new_dev_stack(database_url, tmp_path, "retry_airflow_metrics_")
+    stack = new_dev_stack(database_url, tmp_path, "retry_airflow_metrics_", triggerer=False)
     settings = stack.settings
     destination = f"demo.metrics-{uuid.uuid4().hex[:8]}"  # dags/retry_policies.py allows demo.*
     try:
