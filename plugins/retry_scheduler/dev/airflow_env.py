@@ -18,7 +18,12 @@ import sys
 from pathlib import Path
 
 from retry_scheduler.core.config import Settings, dev_home
-from retry_scheduler.dev.postgres import airflow_metadata_current, libpq_url, with_database
+from retry_scheduler.dev.postgres import (
+    airflow_metadata_current,
+    airflow_migrations_head,
+    libpq_url,
+    with_database,
+)
 from retry_scheduler.dev.procs import DevStackError, Say
 
 # Dev-only secrets, fixed so that every Airflow process (and every restart) agrees on them; the JWT
@@ -195,10 +200,92 @@ def airflow_cli(
 
 
 def migrate_airflow_metadata(env: dict[str, str], say: Say = lambda _message: None) -> None:
-    """``airflow db migrate`` with ``env``, left out when its metadata database is already at the
-    installed Airflow's newest migration (the command costs several CPU seconds even then)."""
-    if airflow_metadata_current(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]):
+    """Bring ``env``'s metadata database to the installed Airflow's newest migration.
+
+    Nothing is run when it is there already (``airflow db migrate`` costs several CPU seconds even
+    then). An empty database becomes a copy of the migrated template (:data:`TEMPLATE_PREFIX`, made
+    by the first stack that needs it): a copy takes a fraction of a second where migrating an empty
+    database costs about 10 CPU seconds. A database with tables (an older Airflow's, say) is
+    migrated in place, as is any the server will not copy (no CREATEDB right, say).
+    """
+    metadata_url = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    if airflow_metadata_current(metadata_url):
         say("Airflow's metadata database is up to date")
+        return
+    if _copy_of_template(metadata_url, env, say):
         return
     say("Migrating the Airflow metadata database")
     airflow_cli(["db", "migrate"], env, timeout=900)
+
+
+#: Name prefix of the migrated metadata databases that new ones are copied from, one per Airflow
+#: migration head (the newest replaces the others). Only the dev stacks' servers hold one.
+TEMPLATE_PREFIX = "retry_airflow_template_"
+#: The advisory lock under which the template is made and copied (two stacks starting at once).
+_TEMPLATE_LOCK = 0x7265_7472_7954_706C  # "retryTpl"
+
+
+def _copy_of_template(metadata_url: str, env: dict[str, str], say: Say) -> bool:
+    """Replace the empty database of ``metadata_url`` by a copy of the template (migrating the
+    template first when it is missing or behind); False, with the database as it was, when it is not
+    empty or the server refuses (the caller migrates it in place then)."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    head, url = airflow_migrations_head(), libpq_url(metadata_url)
+    dbname = str(conninfo_to_dict(url).get("dbname") or "")
+    if head is None or not dbname or dbname.startswith(TEMPLATE_PREFIX):
+        return False
+    template, staged = f"{TEMPLATE_PREFIX}{head}".lower(), f"{dbname[:40]}_copy_{secrets.token_hex(4)}"
+
+    def ident(name: str) -> sql.Composable:
+        return sql.Identifier(name)
+
+    try:
+        with psycopg.connect(url, connect_timeout=5) as conn:
+            tables = conn.execute(
+                "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'"
+            ).fetchone()
+        if tables is None or tables[0]:
+            return False
+        with psycopg.connect(
+            make_conninfo(url, dbname="postgres", connect_timeout=5), autocommit=True
+        ) as admin:
+            admin.execute("SELECT pg_advisory_lock(%s)", (_TEMPLATE_LOCK,))  # released when it closes
+            if not airflow_metadata_current(with_database(url, template)):
+                say(f"Migrating the Airflow metadata template {template} (new databases are copies of it)")
+                stale = admin.execute(
+                    "SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (TEMPLATE_PREFIX,)
+                ).fetchall()
+                for (name,) in stale:
+                    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident(name)))
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(ident(template)))
+                template_env = {
+                    **env,
+                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": with_database(
+                        url, template, "postgresql+psycopg2"
+                    ),
+                }
+                airflow_cli(["db", "migrate"], template_env, timeout=900)
+            # Copied under another name first: the database is only replaced once its copy exists.
+            admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(ident(staged), ident(template)))
+            row = admin.execute(
+                "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s", (dbname,)
+            ).fetchone()
+            try:
+                admin.execute(sql.SQL("DROP DATABASE {}").format(ident(dbname)))
+            except psycopg.Error:
+                admin.execute(sql.SQL("DROP DATABASE {}").format(ident(staged)))
+                raise
+            admin.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(ident(staged), ident(dbname)))
+            if row and row[0]:  # its comment (the tests' checkout databases name their checkout in it)
+                admin.execute(
+                    sql.SQL("COMMENT ON DATABASE {} IS {}").format(ident(dbname), sql.Literal(row[0]))
+                )
+    except (psycopg.Error, DevStackError) as exc:
+        say(f"Could not copy the Airflow metadata template ({str(exc).strip()[:300]}): migrating instead")
+        return False
+    say(f"Airflow's metadata database is a copy of {template}")
+    return True
