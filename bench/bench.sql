@@ -177,6 +177,11 @@ WHERE dag_id = 'retry_scheduler' AND start_date < to_timestamp(%(until)s)
   AND (end_date IS NULL OR end_date >= to_timestamp(%(since)s))
 ORDER BY start_date;
 
+-- name: bench_live_loops
+-- The ingest and publish loops alive: each leaves retry_loops after its last round, and one killed
+-- stops beating (retry_scheduler.loops.handover.ALIVE_S).
+SELECT count(*) FROM retry_loops WHERE heartbeat_at > clock_timestamp() - interval '5 seconds';
+
 -- name: bench_published_span
 -- Seconds from the first to the last acknowledgement of a destination's published jobs.
 SELECT extract(epoch FROM max(published_at) - min(published_at))::float8

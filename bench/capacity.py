@@ -6,9 +6,10 @@ records are sent to ``retry`` at a fixed rate for a window, each due a few secon
 is sustained when every record of the window is published, none early, with p99 lateness at most
 ``MAX_P99_S``. The rate steps up until one is not sustained (or the steps run out).
 
-``publish_rows_per_s_1_worker`` / ``_2_workers``: the same due jobs are published by the DAG on the
-CeleryExecutor with one and then two Celery workers (``RETRY_PUBLISH_TASKS=2`` publish tasks per
-run, so two workers have something to share), timed from the first acknowledgement to the last.
+``publish_rows_per_s_1_worker`` / ``_2_workers``: the same number of due jobs is published by the DAG
+on the CeleryExecutor with one and then two Celery workers (``RETRY_PUBLISH_TASKS=2`` publish tasks
+per run, so two workers have something to share), timed from the first acknowledgement to the last;
+one Celery stack serves both runs, its second worker added between them.
 """
 
 from __future__ import annotations
@@ -316,30 +317,75 @@ def budget_text(step: dict[str, Any]) -> str:
     )
 
 
-def _publish_with_celery(env: BenchEnv, sizes: Sizes, workers: int) -> dict[str, Any]:
-    """Publish ``sizes.capacity_publish_rows`` due jobs through the DAG on ``workers`` Celery workers."""
-    name = f"celery{workers}"
+def _publish_with_celery(env: BenchEnv, sizes: Sizes) -> list[dict[str, Any]]:
+    """Publish ``sizes.capacity_publish_rows`` due jobs through the DAG on each of
+    ``sizes.capacity_celery_workers`` Celery workers, fewest first, on one Celery stack: between
+    counts the DAG is paused, its run ended and workers are added (one stack's start, about a CPU
+    minute, instead of one per count)."""
+    counts = sorted(set(sizes.capacity_celery_workers))
+    if not counts:
+        return []
     # A shared stack's scheduler left running on the database would publish this run's backlog.
     env.close_stacks()
     stack = _stack(
-        env, name, executor="celery", celery_workers=workers, redis_url=f"redis://127.0.0.1:{free_port()}/0"
+        env,
+        "celery",
+        executor="celery",
+        celery_workers=counts[0],
+        redis_url=f"redis://127.0.0.1:{free_port()}/0",
     )
-    settings = stack.settings
+    runs = []
+    with _environ(RETRY_PUBLISH_TASKS="2"), env.dropped_afterwards(stack.metadata_db), stack:
+        stack.wait_for_celery_workers()
+        for workers in counts:
+            if workers > stack.celery_workers:
+                _end_dag_runs(env, stack)
+                stack.add_celery_workers(workers - stack.celery_workers)
+            runs.append(_publish_run(env, stack, sizes))
+    return runs
+
+
+def _end_dag_runs(env: BenchEnv, stack: Any) -> None:
+    """Pause the ``retry_scheduler`` DAG, fail its unfinished runs and wait until none is left: the
+    next publish run's tasks are then queued afresh, to be shared by every worker."""
+    from retry_scheduler.dev.airflow_api import api_token, dag_runs, fail_unfinished_runs, set_paused
+
+    token = api_token(stack.base_url)
+    set_paused(stack.base_url, token, "retry_scheduler", True)
+    fail_unfinished_runs(stack.base_url, token, "retry_scheduler")
+    deadline = time.monotonic() + 120
+    while any(
+        r["state"] in ("queued", "running") for r in dag_runs(stack.base_url, token, "retry_scheduler")
+    ):
+        if time.monotonic() > deadline:
+            raise BenchError(
+                "capacity: the retry_scheduler DAG's runs did not end within 120 s of failing them"
+            )
+        time.sleep(1)
+    # The failed runs' tasks were told to stop: their loops end after the round in hand.
+    while int(env.sql("bench_live_loops", {}, fetch=True)[0][0]):
+        if time.monotonic() > deadline:
+            raise BenchError("capacity: the failed runs' loops were still running 120 s later")
+        time.sleep(1)
+
+
+def _publish_run(env: BenchEnv, stack: Any, sizes: Sizes) -> dict[str, Any]:
+    """One publish run on the stack's current Celery workers, from a backlog stored before the DAG
+    goes live (the timed span is publishing alone)."""
+    workers, settings = stack.celery_workers, stack.settings
     destination = f"bench.celery-{env.tag}-{workers}"
     env.create_topics([destination])
-    with _environ(RETRY_PUBLISH_TASKS="2"), env.dropped_afterwards(stack.metadata_db), stack:
-        # The backlog is stored before the DAG goes live, so the timed span is publishing alone.
-        load_s = insert_due_jobs(
-            settings.database_url, sizes.capacity_publish_rows, f"bench.{name}", destination
-        )
-        _go_live(stack, settings)
-        deadline, published = time.monotonic() + 600, 0
-        while time.monotonic() < deadline:
-            published = int(env.sql("bench_lateness_count", {"destination": destination}, fetch=True)[0][0])
-            if published >= sizes.capacity_publish_rows:
-                break
-            time.sleep(1)
-        span = env.sql("bench_published_span", {"destination": destination}, fetch=True)[0]
+    load_s = insert_due_jobs(
+        settings.database_url, sizes.capacity_publish_rows, f"bench.celery{workers}", destination
+    )
+    _go_live(stack, settings)
+    deadline, published = time.monotonic() + 600, 0
+    while time.monotonic() < deadline:
+        published = int(env.sql("bench_lateness_count", {"destination": destination}, fetch=True)[0][0])
+        if published >= sizes.capacity_publish_rows:
+            break
+        time.sleep(1)
+    span = env.sql("bench_published_span", {"destination": destination}, fetch=True)[0]
     if published < sizes.capacity_publish_rows:
         raise BenchError(
             f"capacity: {published} of {sizes.capacity_publish_rows} jobs published on {workers} worker(s)"
@@ -368,7 +414,7 @@ def measure_capacity(env: BenchEnv, sizes: Sizes) -> Result:
                 steps.append(_step(env, settings, rate, sizes.capacity_seconds, metadata_url))
                 if not steps[-1]["sustained"]:
                     break
-    celery = [_publish_with_celery(env, sizes, workers) for workers in sizes.capacity_celery_workers]
+    celery = _publish_with_celery(env, sizes)
     result.details = {
         "steps": steps, "celery": celery, "max_p99_s": MAX_P99_S, "due_in_ms": DUE_IN_MS, "autovacuum": autovacuum,
     }  # fmt: skip

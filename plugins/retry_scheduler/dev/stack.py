@@ -229,11 +229,7 @@ class DevStack:
             self._adopt(name, spawn([airflow_bin(), *args], self.log_dir / f"{name}.log", env=self.env))
         if self.executor == "celery":
             for index in range(self.celery_workers):
-                name = f"celery-worker-{index}"
-                args = ["celery", "worker", "--celery-hostname", f"{name}@%h"]
-                if index:  # one log server per host port: the others' task logs are read from the database
-                    args.append("--skip-serve-logs")
-                self._adopt(name, spawn([airflow_bin(), *args], self.log_dir / f"{name}.log", env=self.env))
+                self._spawn_celery_worker(index)
         self._wait_healthy(began, spawned)
         self.say(
             f"Airflow is up after {time.monotonic() - began:.0f} s: {self.base_url} (login admin / admin)"
@@ -244,6 +240,43 @@ class DevStack:
             )
         )
         self.say(f"Logs are in {self.log_dir}")
+
+    def _spawn_celery_worker(self, index: int) -> None:
+        name = f"celery-worker-{index}"
+        args = ["celery", "worker", "--celery-hostname", f"{name}@%h"]
+        if index:  # one log server per host port: the others' task logs are read from the database
+            args.append("--skip-serve-logs")
+        self._adopt(name, spawn([airflow_bin(), *args], self.log_dir / f"{name}.log", env=self.env))
+
+    def add_celery_workers(self, count: int) -> None:
+        """Start ``count`` more Celery workers on the running stack; return once every worker answers
+        Celery's ping, so that the tasks queued from then on are shared among them all."""
+        if self.executor != "celery":
+            raise DevStackError("Only a stack with executor celery has Celery workers to add to")
+        for _ in range(count):
+            self._spawn_celery_worker(self.celery_workers)
+            self.celery_workers += 1
+        self.wait_for_celery_workers()
+
+    def wait_for_celery_workers(self) -> None:
+        """Wait until each of the stack's Celery workers answers a ping through the broker."""
+        from celery import Celery
+
+        app = Celery(broker=self.redis_url)
+        deadline = time.monotonic() + self.health_timeout
+        try:
+            while True:
+                self._check_alive()
+                answered = len(app.control.ping(timeout=1.0))
+                if answered >= self.celery_workers:
+                    return
+                if time.monotonic() > deadline:
+                    raise DevStackError(
+                        f"{answered} of {self.celery_workers} Celery workers answer after "
+                        f"{self.health_timeout:.0f} s; see the logs in {self.log_dir}"
+                    )
+        finally:
+            app.close()
 
     def _check_alive(self) -> None:
         for name, proc in self._procs:
