@@ -63,7 +63,7 @@ def airflow_env(
 def get_dag(dag_id: str):
     """The DAG from the DAGs folder, for ``dag.test()``: without its Deadline Alert, which makes
     Airflow 3.3's ``dag.test()`` fail once the run succeeded (apache/airflow#73428). The deadline
-    itself is tested under the real scheduler (tests/e2e/test_deadline.py)."""
+    itself is tested under the real scheduler (tests/e2e/test_signals.py)."""
     from airflow.dag_processing.dagbag import DagBag
 
     dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag(dag_id)

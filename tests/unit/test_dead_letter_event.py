@@ -1,5 +1,5 @@
 """The dead-letter watcher's apply function (pure): what an asset event carries, and what starts none.
-The trigger itself runs against the real broker in tests/e2e/test_dead_letter_watch.py."""
+The trigger itself runs against the real broker in tests/e2e/test_signals.py."""
 
 from __future__ import annotations
 
