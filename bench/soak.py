@@ -36,11 +36,12 @@ def rss_sampler() -> contextlib.AbstractContextManager[list[list[Any]]]:
 
 
 def growth(samples: list[list[Any]]) -> dict[str, float]:
-    """Each kind's memory at the end over its memory a third of the way in (after the warm-up), in MB."""
+    """Each kind's memory at the end over its memory a third of the way in (after the warm-up), in MB:
+    the kinds running at both times (a kind of task that ended meanwhile did not grow or shrink)."""
     if len(samples) < 3:
         return {}
     early, last = samples[len(samples) // 3][1], samples[-1][1]
-    return {kind: round(last.get(kind, 0.0) - mb, 1) for kind, mb in early.items() if mb >= 1}
+    return {kind: round(last[kind] - mb, 1) for kind, mb in early.items() if mb >= 1 and kind in last}
 
 
 def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
