@@ -109,3 +109,33 @@ def test_the_services_stop_a_tier_at_a_time_each_tier_together(tmp_path) -> None
     # Then the api-server, once they had all ended; then the broker, once the api-server had.
     assert when["api-server"]["term"] >= max(when[n]["end"] for n in tier), when
     assert when["broker"]["term"] >= when["api-server"]["end"], when
+
+
+LOSES_FIRST_SIGTERM = """
+import signal, sys, time
+def first(*_):  # as Airflow's handler's SystemExit is lost inside a garbage collector's callback
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+signal.signal(signal.SIGTERM, first)
+print("ready", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_service_that_lost_its_sigterm_is_sent_another_before_sigkill(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from retry_scheduler.dev.procs import terminate_all
+
+    caplog.set_level(logging.INFO, logger="retry_scheduler.dev")
+    service = subprocess.Popen(
+        [sys.executable, "-c", LOSES_FIRST_SIGTERM], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert service.stdout is not None and service.stdout.readline().strip() == "ready"
+
+    terminate_all([("scheduler", service, 30.0)], resignal_s=1.0)
+
+    assert service.returncode == 0  # its own exit on the second SIGTERM, not SIGKILL's -9
+    said = [r.getMessage() for r in caplog.records]
+    assert "scheduler still running 1 s after SIGTERM: sending it again" in said
+    assert not any("SIGKILL" in line for line in said), said

@@ -73,12 +73,23 @@ def terminate(
     terminate_all([(name, proc, timeout)], while_waiting)
 
 
+#: A service whose main process is still running this long after SIGTERM is sent it once more: a
+#: signal that arrives while Python runs a garbage collector's callback is lost (Airflow's scheduler
+#: handles SIGTERM with ``sys.exit``, and the SystemExit raised there is "ignored"), and the service
+#: would then run on until SIGKILL.
+RESIGNAL_S = 15.0
+
+
 def terminate_all(
-    procs: list[tuple[str, Proc, float]], while_waiting: Callable[[], object] = lambda: None
+    procs: list[tuple[str, Proc, float]],
+    while_waiting: Callable[[], object] = lambda: None,
+    resignal_s: float = RESIGNAL_S,
 ) -> None:
     """:func:`terminate` for several children at once, each ``(name, child, timeout)``: all are sent
-    SIGTERM together and waited for together (each stops in its own time, not after the others)."""
+    SIGTERM together and waited for together (each stops in its own time, not after the others).
+    A main process still running ``resignal_s`` after SIGTERM is sent it again, once."""
     waiting: list[tuple[str, Proc, float, signal.Signals, float]] = []
+    began, resent = time.monotonic(), set()
     for name, proc, timeout in procs:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -89,6 +100,16 @@ def terminate_all(
             if proc.poll() is not None and proc.pid not in live:
                 continue
             if time.monotonic() < deadline:
+                if (
+                    sig is signal.SIGTERM
+                    and proc.pid not in resent
+                    and proc.poll() is None
+                    and time.monotonic() - began >= resignal_s
+                ):
+                    log.info("%s still running %.0f s after SIGTERM: sending it again", name, resignal_s)
+                    resent.add(proc.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGTERM)
                 still.append((name, proc, timeout, sig, deadline))
             elif sig is signal.SIGTERM:
                 # A scheduler or a Celery worker waits for the tasks it runs; DevStack asks those to
