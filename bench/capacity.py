@@ -348,20 +348,20 @@ def _publish_with_celery(env: BenchEnv, sizes: Sizes) -> list[dict[str, Any]]:
 def _end_dag_runs(env: BenchEnv, stack: Any) -> None:
     """Pause the ``retry_scheduler`` DAG, fail its unfinished runs and wait until none is left: the
     next publish run's tasks are then queued afresh, to be shared by every worker."""
-    from retry_scheduler.dev.airflow_api import api_token, dag_runs, fail_unfinished_runs, set_paused
+    from retry_scheduler.dev.airflow_api import (
+        api_token,
+        fail_unfinished_runs,
+        set_paused,
+        wait_for_dag_run,
+    )
 
     token = api_token(stack.base_url)
     set_paused(stack.base_url, token, "retry_scheduler", True)
-    fail_unfinished_runs(stack.base_url, token, "retry_scheduler")
     deadline = time.monotonic() + 120
-    while any(
-        r["state"] in ("queued", "running") for r in dag_runs(stack.base_url, token, "retry_scheduler")
-    ):
-        if time.monotonic() > deadline:
-            raise BenchError(
-                "capacity: the retry_scheduler DAG's runs did not end within 120 s of failing them"
-            )
-        time.sleep(1)
+    for run_id in fail_unfinished_runs(stack.base_url, token, "retry_scheduler"):
+        wait_for_dag_run(
+            stack.base_url, token, "retry_scheduler", run_id, timeout=max(1.0, deadline - time.monotonic())
+        )
     # The failed runs' tasks were told to stop: their loops end after the round in hand.
     while int(env.sql("bench_live_loops", {}, fetch=True)[0][0]):
         if time.monotonic() > deadline:
