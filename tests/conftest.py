@@ -172,6 +172,48 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+@pytest.fixture(scope="session", autouse=True)
+def stack_slots() -> Iterator[int]:
+    """Under pytest-xdist, every dev stack a test starts (in a fixture, a test or the benchmark's code)
+    first takes one of the machine's stack slots (:mod:`tests.stack_slots`), so that the stacks running
+    at once never hold more connections than PostgreSQL's ``max_connections`` allows; yields how many
+    slots there are (0: one process, no limit needed)."""
+    if not WORKER:
+        yield 0
+        return
+    import psycopg
+
+    from retry_scheduler.dev.stack import DevStack
+    from tests import stack_slots as slots
+
+    with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=10) as conn:
+        row = conn.execute("SELECT current_setting('max_connections')::int").fetchone()
+    count = slots.slot_count(row[0] if row else 100, os.environ.get("RETRY_TEST_STACK_SLOTS"))
+    start, stop = DevStack.start, DevStack.stop
+
+    def start_in_slot(stack: Any) -> None:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+        began = time.monotonic()
+        stack._test_slot = slots.acquire(count, f"{WORKER} {test}")
+        if time.monotonic() - began > 1:
+            logging.getLogger(__name__).warning(
+                "%s waited %.0f s for one of %s dev stack slots", test, time.monotonic() - began, count
+            )
+        start(stack)  # a failed start stops the stack, which frees the slot
+
+    def stop_and_free(stack: Any) -> None:
+        try:
+            stop(stack)
+        finally:
+            slots.release(getattr(stack, "_test_slot", None))
+            stack._test_slot = None
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DevStack, "start", start_in_slot)
+        patch.setattr(DevStack, "stop", stop_and_free)
+        yield count
+
+
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
     """A migrated database that each test's database is copied from; dropped when the session ends.
@@ -373,6 +415,50 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
                     command = b"?"
                 found.append((child, command.decode(errors="replace").strip()[:200]))
     return found
+
+
+class _ConnectionPeak:
+    """The most client connections PostgreSQL had while the tests ran (sampled every 2 s by the
+    pytest-xdist controller, with one connection of its own), for the run's summary."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak, self.limit = 0, 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._sample, name="pg-connection-peak", daemon=True)
+
+    def _sample(self) -> None:
+        import psycopg
+
+        try:
+            with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=10) as conn:
+                self.limit = int(conn.execute("SHOW max_connections").fetchone()[0])  # type: ignore[index]
+                while not self.stopped.wait(2.0):
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                    ).fetchone()
+                    self.peak = max(self.peak, int(row[0]) if row else 0)
+        except psycopg.Error:
+            return
+
+
+_PEAK: _ConnectionPeak | None = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _PEAK
+    if not hasattr(session.config, "workerinput") and getattr(session.config.option, "numprocesses", None):
+        _PEAK = _ConnectionPeak()
+        _PEAK.thread.start()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _PEAK is not None and _PEAK.limit:
+        _PEAK.stopped.set()
+        terminalreporter.write_line(
+            f"PostgreSQL: at most {_PEAK.peak} client connections at once (max_connections {_PEAK.limit})"
+        )
 
 
 #: What the pytest-xdist workers reported left running (the controller fails the run with it).
