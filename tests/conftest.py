@@ -172,6 +172,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _max_connections(conn: Any) -> int:
+    """The server's ``max_connections``, on an open connection to it."""
+    row = conn.execute("SELECT current_setting('max_connections')::int").fetchone()
+    return int(row[0]) if row else 100
+
+
 @pytest.fixture(scope="session", autouse=True)
 def stack_slots() -> Iterator[int]:
     """Under pytest-xdist, every dev stack a test starts (in a fixture, a test or the benchmark's code)
@@ -187,17 +193,17 @@ def stack_slots() -> Iterator[int]:
     from tests import stack_slots as slots
 
     with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=10) as conn:
-        row = conn.execute("SELECT current_setting('max_connections')::int").fetchone()
-    count = slots.slot_count(row[0] if row else 100, os.environ.get("RETRY_TEST_STACK_SLOTS"))
+        count = slots.slot_count(_max_connections(conn), os.environ.get("RETRY_TEST_STACK_SLOTS"))
     start, stop = DevStack.start, DevStack.stop
 
     def start_in_slot(stack: Any) -> None:
         test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
         began = time.monotonic()
         stack._test_slot = slots.acquire(count, f"{WORKER} {test}")
-        if time.monotonic() - began > 1:
+        waited = time.monotonic() - began
+        if waited > 1:
             logging.getLogger(__name__).warning(
-                "%s waited %.0f s for one of %s dev stack slots", test, time.monotonic() - began, count
+                "%s waited %.0f s for one of %s dev stack slots", test, waited, count
             )
         start(stack)  # a failed start stops the stack, which frees the slot
 
@@ -433,7 +439,7 @@ class _ConnectionPeak:
 
         try:
             with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=10) as conn:
-                self.limit = int(conn.execute("SHOW max_connections").fetchone()[0])  # type: ignore[index]
+                self.limit = _max_connections(conn)
                 while not self.stopped.wait(2.0):
                     row = conn.execute(
                         "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
@@ -454,8 +460,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _PEAK is not None and _PEAK.limit:
-        _PEAK.stopped.set()
+    if _PEAK is None:
+        return
+    _PEAK.stopped.set()
+    if _PEAK.limit:
         terminalreporter.write_line(
             f"PostgreSQL: at most {_PEAK.peak} client connections at once (max_connections {_PEAK.limit})"
         )
