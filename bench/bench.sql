@@ -109,13 +109,14 @@ VACUUM (ANALYZE) retry_jobs;
 SELECT count(*), pg_total_relation_size('retry_jobs') FROM retry_jobs;
 
 -- name: bench_fill_dead
--- The PySpark benchmark: %(count)s dead jobs of one destination, already on the DLQ topic.
+-- The PySpark benchmark: %(count)s dead jobs of one destination, already on the DLQ topic, read from
+-- %(source)s (offsets 1 to count).
 INSERT INTO retry_jobs (
     source_topic, source_partition, source_offset, source_timestamp_ms, destination, msg_key, msg_value,
     attempt, policy, reason, error_class, consumer_group, retry_id, original_topic, original_partition,
     first_seen_at, due_at, status, dead_reason, dlq_topic, dead_at, dlq_published_at
 )
-SELECT 'bench.spark', mod(g, 3)::integer, g, 0, %(destination)s,
+SELECT %(source)s, mod(g, 3)::integer, g, 0, %(destination)s,
        convert_to('order-' || g, 'UTF8'), convert_to(repeat(md5(g::text), 8), 'UTF8'),
        4, 'default', 'TimeoutError: payment service did not answer within 30 s', 'TimeoutError',
        'orders-service', md5(g::text), %(destination)s, mod(g, 3)::integer,
@@ -199,6 +200,17 @@ FROM pg_stat_user_tables AS s WHERE s.relname = 'retry_jobs';
 -- A destination's published jobs and the seconds from the first one's due time to the last acknowledgement.
 SELECT count(*), extract(epoch FROM max(published_at) - min(due_at))::float8
 FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';
+
+-- name: bench_published_due_between
+-- A destination's published jobs due from %(since)s to %(until)s (epoch s), and the seconds from the
+-- first one's due time to the last one's acknowledgement.
+SELECT count(*), extract(epoch FROM max(published_at) - min(due_at))::float8
+FROM retry_jobs
+WHERE destination = %(destination)s AND status = 'published'
+  AND due_at >= to_timestamp(%(since)s) AND due_at < to_timestamp(%(until)s);
+
+-- name: bench_destination_status_counts
+SELECT status::text, count(*) FROM retry_jobs WHERE destination = %(destination)s GROUP BY status;
 
 -- name: bench_burst_summary
 -- A destination's jobs: stored, published, early; the last one stored (epoch s, its ingest

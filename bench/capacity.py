@@ -152,6 +152,7 @@ def _step(
         "destination": destination,
         "rate_per_s": rate,
         "seconds": seconds,
+        "began_at": round(began, 3),
         "sent": sent,
         "sent_per_s": per_second(sent, seconds),
         "published": published,

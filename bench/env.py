@@ -112,6 +112,8 @@ class Sizes:
     #: The held-snapshot windows' rate (half the capacity target) and length.
     held_rate: int = 5_000
     held_seconds: int = 600
+    #: The dead jobs the third held-snapshot window bulk-retries through Spark beside the loop (0: none).
+    held_spark_rows: int = 1_000_000
     #: The burst: records sent as fast as one producer can to a delay topic, each due burst_due_s
     #: after it was sent, while steady traffic (burst_steady_rate/s, due in 5 s) goes on; the steady
     #: traffic runs alone for burst_baseline_s first.
@@ -144,6 +146,7 @@ class Sizes:
             capacity_publish_rows=2_000,
             held_rate=50,
             held_seconds=10,
+            held_spark_rows=2_000,
             burst_records=3_000,
             burst_due_s=10,
             burst_steady_rate=50,

@@ -10,21 +10,31 @@ scheduler), records are sent at ``held_rate`` for ``held_seconds`` with nothing 
 baseline), then again while a REPEATABLE READ transaction, opened at the window's start after
 reading ``retry_jobs``, holds its snapshot to the end. Throughput is what was published per second
 from the first record's due time to the last acknowledgement; the ratio is the held window's over the
-baseline's. Every ``SAMPLE_EVERY_S`` both windows record ``retry_jobs``' dead and live rows, the table's
+baseline's. Every ``SAMPLE_EVERY_S`` the windows record ``retry_jobs``' dead and live rows, the table's
 and the due index's size, and the age of the oldest snapshot (``table_timeline``).
+
+``held_snapshot_spark_p99_s`` and ``held_snapshot_spark_throughput_ratio``: a third window at the same
+rate while ``include/spark/bulk_retry.py`` re-publishes ``held_spark_rows`` dead jobs (stored before
+the window, to a destination of their own) through Spark in local mode against the same database, as
+``retry-scheduler bulk-retry`` runs it: its executors read the selection over JDBC and its workers mark
+what the broker acknowledged, each in transactions of their own. The p99 and the throughput are of the
+window's records due while the job ran (its JVM's start to its exit); the window's whole p99 is in
+the details.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from bench.capacity import MAX_P99_S, _step, live_stack
-from bench.env import BenchEnv, Result, Sizes
+from bench.capacity import MAX_P99_S, _step, lateness_between, live_stack
+from bench.env import BenchEnv, BenchError, Result, Sizes
 
 log = logging.getLogger(__name__)
 
@@ -103,53 +113,169 @@ def _throughput(env: BenchEnv, destination: str) -> float | None:
     return round(int(count) / float(span), 1) if span else None
 
 
-def _window(env: BenchEnv, settings: Any, rate: int, seconds: int, metadata_url: str, held: bool) -> dict:
-    label = "held" if held else "baseline"
+def _seed_dead(env: BenchEnv, rows: int) -> str:
+    """``rows`` dead jobs of a destination of their own for the bulk retry (vacuumed and analysed, as
+    a table that grew slowly is); that destination."""
+    destination = f"bench.held-spark-{env.tag}"
+    env.create_topics([destination])
+    began = time.monotonic()
+    env.sql("bench_fill_dead", {"count": rows, "destination": destination, "source": "bench.held-spark"})
+    env.sql("bench_vacuum_analyze")
+    log.info(
+        "held snapshot: %s dead jobs stored for the bulk retry in %.1f s", rows, time.monotonic() - began
+    )
+    return destination
+
+
+@contextlib.contextmanager
+def spark_bulk_retry(env: BenchEnv, settings: Any, destination: str, rows: int) -> Iterator[dict[str, Any]]:
+    """Run the bulk retry of ``destination``'s dead jobs through Spark on a thread of its own while
+    the block runs (waiting for it at the end); yields what it did: when it started and ended (epoch
+    s), its exit code and its JSON result, and the destination's jobs by status after it."""
+    from retry_scheduler.spark.submit import BULK_RETRY_APP, bulk_retry_args, run_spark_submit
+
+    job: dict[str, Any] = {"destination": destination, "rows": rows, "result": {}}
+
+    def run() -> None:
+        job["started_at"] = time.time()
+        try:
+            args = bulk_retry_args({"destination": destination, "status": "dead", "dry_run": False})
+            job["code"] = run_spark_submit(
+                BULK_RETRY_APP, args, settings, show=lambda outcome: job.update(result=outcome)
+            )
+        except Exception as exc:  # reported with the window, not lost on the thread
+            log.exception("held snapshot: the Spark bulk retry failed")
+            job["error"] = f"{type(exc).__name__}: {exc}"
+        job["ended_at"] = time.time()
+
+    thread = threading.Thread(target=run, name="bench-held-spark", daemon=True)
+    thread.start()
+    try:
+        yield job
+    finally:
+        thread.join()
+        job["seconds"] = round(job["ended_at"] - job["started_at"], 1)
+        job["by_status"] = dict(
+            env.sql("bench_destination_status_counts", {"destination": destination}, fetch=True)
+        )
+        job["rows_per_s"] = round(job["by_status"].get("published", 0) / max(0.001, job["seconds"]), 1)
+
+
+def _window(
+    env: BenchEnv, settings: Any, rate: int, seconds: int, metadata_url: str, load: str, sizes: Sizes
+) -> dict[str, Any]:
+    """One window at ``rate`` with ``load`` beside it: nothing (``baseline``), a snapshot held open
+    (``held``) or a Spark bulk retry (``spark``)."""
+    bulk_destination = _seed_dead(env, sizes.held_spark_rows) if load == "spark" else ""
     with contextlib.ExitStack() as blocks:
         samples = blocks.enter_context(table_sampler(env))
-        if held:
+        if load == "held":
             blocks.enter_context(held_snapshot(env))
-        step = _step(env, settings, rate, seconds, metadata_url, label=label)
-    step["window"] = label
+        job = None
+        if load == "spark":
+            job = blocks.enter_context(
+                spark_bulk_retry(env, settings, bulk_destination, sizes.held_spark_rows)
+            )
+        step = _step(env, settings, rate, seconds, metadata_url, label=load)
+    step["window"] = load
     step["table_timeline"] = samples
     step["published_per_s"] = _throughput(env, step["destination"])
+    if job is not None:
+        published = job["by_status"].get("published", 0)
+        if job.get("error") or job.get("code") != 0 or published != sizes.held_spark_rows:
+            raise BenchError(
+                f"the Spark bulk retry beside the loop did not publish its {sizes.held_spark_rows:,} jobs: {job}"
+            )
+        during = lateness_between(env, step["destination"], job["started_at"], job["ended_at"])
+        count, span = env.sql(
+            "bench_published_due_between",
+            {"destination": step["destination"], "since": job["started_at"], "until": job["ended_at"]},
+            fetch=True,
+        )[0]
+        during["published_per_s"] = round(int(count) / float(span), 1) if span else None
+        job["during"] = during
+        # Seconds from the window's start, for the plot.
+        job["from_s"] = round(job["started_at"] - step["began_at"], 1)
+        job["to_s"] = round(job["ended_at"] - step["began_at"], 1)
+        step["spark"] = job
     return step
 
 
+def _why_no_spark(sizes: Sizes) -> str:
+    """Why the Spark window cannot run here ('' when it can)."""
+    from retry_scheduler.spark.jdbc import jdbc_jars, spark_packages
+
+    jars = jdbc_jars()
+    if sizes.held_spark_rows <= 0:
+        return "not measured: held_spark_rows is 0"
+    if shutil.which("java") is None:
+        return "not measured: no Java on PATH (make spark-deps)"
+    if not spark_packages() and not (jars and all(Path(jar).is_file() for jar in jars.split(","))):
+        return f"not measured: the PostgreSQL JDBC driver is not at {jars} (make spark-deps, or RETRY_SPARK_JARS)"
+    return ""
+
+
 def measure_held_snapshot(env: BenchEnv, sizes: Sizes) -> Result:
-    """Lateness and throughput at ``sizes.held_rate`` without and with a snapshot held open."""
+    """Lateness and throughput at ``sizes.held_rate`` alone, with a snapshot held open, and beside a
+    Spark bulk retry of ``sizes.held_spark_rows`` dead jobs."""
     result = Result("held_snapshot")
     autovacuum = env.sql("bench_autovacuum", {}, fetch=True)[0][0] == "on"
     rate, seconds = sizes.held_rate, sizes.held_seconds
+    why_no_spark = _why_no_spark(sizes)
+    loads = ("baseline", "held") if why_no_spark else ("baseline", "held", "spark")
     with live_stack(env, "held", sizes) as stack:
         settings = stack.settings
         metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
-        baseline = _window(env, settings, rate, seconds, metadata_url, held=False)
-        held = _window(env, settings, rate, seconds, metadata_url, held=True)
-    ratio = (
-        round(held["published_per_s"] / baseline["published_per_s"], 3)
-        if held["published_per_s"] and baseline["published_per_s"]
-        else None
-    )
-    result.figures = {"held_snapshot_p99_s": held["p99_s"], "held_snapshot_throughput_ratio": ratio}
+        windows = [_window(env, settings, rate, seconds, metadata_url, load, sizes) for load in loads]
+    baseline, held = windows[0], windows[1]
+
+    def ratio(published_per_s: float | None) -> float | None:
+        base = baseline["published_per_s"]
+        return round(published_per_s / base, 3) if published_per_s and base else None
+
+    result.figures = {
+        "held_snapshot_p99_s": held["p99_s"],
+        "held_snapshot_throughput_ratio": ratio(held["published_per_s"]),
+    }
     result.details = {
-        "rate_per_s": rate, "seconds": seconds, "autovacuum": autovacuum, "windows": [baseline, held],
+        "rate_per_s": rate, "seconds": seconds, "autovacuum": autovacuum, "windows": windows,
         "max_p99_s": MAX_P99_S, "min_ratio": MIN_RATIO,
     }  # fmt: skip
+    if why_no_spark:
+        for key in ("held_snapshot_spark_p99_s", "held_snapshot_spark_throughput_ratio"):
+            result.details[f"why_{key}"] = why_no_spark
+    else:
+        during = windows[2]["spark"]["during"]
+        result.figures["held_snapshot_spark_p99_s"] = during["p99_s"]
+        result.figures["held_snapshot_spark_throughput_ratio"] = ratio(during["published_per_s"])
 
     def most(step: dict, column: int) -> Any:
         return max((row[column] for row in step["table_timeline"]), default=None)
 
+    def spark_text(w: dict) -> str:
+        job = w.get("spark")
+        if not job:
+            return ""
+        during = job["during"]
+        return (
+            f" The bulk retry published its {job['by_status'].get('published', 0):,} dead jobs in {job['seconds']} s "
+            f"({job['rows_per_s']:,.0f}/s, from +{job['from_s']} s to +{job['to_s']} s of the window, Spark's start "
+            f"included); the window's {during['published']:,} records due meanwhile: p99 {during['p99_s']} s, "
+            f"max {during['max_s']} s, {during['early']} early, {during['published_per_s']} published/s."
+        )
+
+    label = {"baseline": "alone", "held": "snapshot held", "spark": "Spark bulk retry"}
     result.notes = [
         f"{rate:,} records/s for {seconds} s under the Airflow scheduler, first alone, then while a REPEATABLE "
-        "READ transaction that had read retry_jobs held its snapshot open for the whole window "
-        f"(autovacuum {'on' if autovacuum else 'off'}).",
+        "READ transaction that had read retry_jobs held its snapshot open for the whole window"
+        + ("" if why_no_spark else f", then beside a Spark bulk retry of {sizes.held_spark_rows:,} dead jobs")
+        + f" (autovacuum {'on' if autovacuum else 'off'}).",
         *[
-            f"{w['window']}: {w['published']:,} of {w['sent']:,} published, {w['early']} early, p50 {w['p50_s']} s, "
-            f"p99 {w['p99_s']} s, max {w['max_s']} s, {w['published_per_s']} published/s; retry_jobs at most "
-            f"{most(w, 1):,} dead rows, {most(w, 3)} MB (due index {most(w, 4)} MB), oldest snapshot "
-            f"{most(w, 5):,} transactions old."
-            for w in (baseline, held)
+            f"{label[w['window']]}: {w['published']:,} of {w['sent']:,} published, {w['early']} early, "
+            f"p50 {w['p50_s']} s, p99 {w['p99_s']} s, max {w['max_s']} s, {w['published_per_s']} published/s; "
+            f"retry_jobs at most {most(w, 1):,} dead rows, {most(w, 3)} MB (due index {most(w, 4)} MB), oldest "
+            f"snapshot {most(w, 5):,} transactions old." + spark_text(w)
+            for w in windows
             if w["table_timeline"]
         ],
     ]

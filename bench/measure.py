@@ -544,6 +544,7 @@ def main(settings: Settings, args: Any, say: Callable[[str], None] = print) -> i
             ("capacity_seconds", getattr(args, "capacity_seconds", None)),
             ("held_rate", getattr(args, "held_rate", None)),
             ("held_seconds", getattr(args, "held_seconds", None)),
+            ("held_spark_rows", getattr(args, "held_spark_rows", None)),
             ("burst_records", getattr(args, "burst_records", None)),
             ("soak_rate", getattr(args, "soak_rate", None)),
             ("soak_seconds", getattr(args, "soak_seconds", None)),

@@ -134,10 +134,14 @@ def write_plots(report: dict[str, Any], results: list[Result], out: Path) -> lis
         fig, axes = plt.subplots(len(windows), 1, figsize=(9, 2.6 * len(windows) + 0.8), squeeze=False)
         for ax, window in zip(axes[:, 0], windows, strict=True):
             _lateness_lines(ax, window["timeline"])
-            ax.set_title(
-                f"{window['rate_per_s']:,} retries/s, {'snapshot held open' if window['window'] == 'held' else 'alone'}",
-                fontsize=9,
-            )
+            job = window.get("spark")
+            beside = {
+                "held": "snapshot held open",
+                "spark": f"a Spark bulk retry of {(job or {}).get('rows', 0):,} dead jobs (shaded) beside",
+            }.get(window["window"], "alone")
+            ax.set_title(f"{window['rate_per_s']:,} retries/s, {beside}", fontsize=9)
+            if job:
+                ax.axvspan(job["from_s"], job["to_s"], color="#ff7f0e", alpha=0.15, linewidth=0)
             table = window.get("table_timeline") or []
             if table:
                 rows = ax.twinx()

@@ -66,7 +66,10 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
     began = time.perf_counter()
     with connect(env.url, autocommit=True) as conn:
         conn.execute(bq("bench_truncate"))
-        conn.execute(bq("bench_fill_dead"), {"count": sizes.spark_rows, "destination": destination})
+        conn.execute(
+            bq("bench_fill_dead"),
+            {"count": sizes.spark_rows, "destination": destination, "source": "bench.spark"},
+        )
         conn.execute(bq("bench_vacuum_analyze"))
     load_s = time.perf_counter() - began
     log.info("spark: %s dead jobs stored in %.1f s", sizes.spark_rows, load_s)
@@ -164,7 +167,9 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
 def _postgres_floors(env: BenchEnv, rows: int, destination: str) -> tuple[dict[str, float], dict[str, float]]:
     """PostgreSQL's part of bulk retry, then of compaction, alone, on a fresh set of the same dead jobs."""
     with connect(env.url, autocommit=True) as conn:
-        conn.execute(bq("bench_fill_dead"), {"count": rows, "destination": destination})
+        conn.execute(
+            bq("bench_fill_dead"), {"count": rows, "destination": destination, "source": "bench.spark"}
+        )
         conn.execute(bq("bench_vacuum_analyze"))
     floors = (
         postgres_floor(env, "bench_floor_bulk_read", "bench_floor_bulk_mark", {"destination": destination}),

@@ -125,10 +125,17 @@ def add_parsers(sub: Any) -> None:
         "--held-rate",
         type=int,
         metavar="R",
-        help="records/s of the held-snapshot windows, without and with a snapshot held open (5000)",
+        help="records/s of the held-snapshot windows: alone, with a snapshot held open, beside a Spark bulk retry (5000)",
     )
     bench.add_argument(
         "--held-seconds", type=int, metavar="S", help="how long each held-snapshot window lasts (600)"
+    )
+    bench.add_argument(
+        "--held-spark-rows",
+        type=int,
+        metavar="N",
+        help="dead jobs the third held-snapshot window bulk-retries through Spark beside the loop; 0 leaves "
+        "that window out (1000000)",
     )
     bench.add_argument(
         "--burst-records",
