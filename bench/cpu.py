@@ -218,6 +218,12 @@ class ProcessCpu:
         self._thread.join()
         self._sample(last=True)
 
+    def running_seconds(self) -> dict[str, float]:
+        """CPU seconds by kind so far, while the window runs: what was sampled of each process (the
+        children that ended, counted by :meth:`seconds` through their parents, left out)."""
+        used = dict(self._used)
+        return {kind: round(t / self._tick, 2) for kind, t in used.items() if t > 0}
+
     def seconds(self) -> dict[str, float]:
         """CPU seconds by kind of process, largest first (kinds that used none left out)."""
         used = dict(self._used)

@@ -5,7 +5,9 @@ each due 5 s after it is sent; the p99 lateness of the records due in the last `
 over that of the first (target: at most 1.2, lateness that does not creep up as the run goes on).
 Every ``SAMPLE_EVERY_S`` the run records ``retry_jobs``' dead and live rows and sizes
 (``table_timeline``), and every ``RSS_EVERY_S`` the resident memory of each kind of process
-(``rss_timeline``): none may grow without bound.
+(``rss_timeline``): none may grow without bound. Every ``CPU_EVERY_S`` the CPU each kind of process
+has used so far (``cpu_timeline``): ``cpu_drift`` compares each kind's core-milliseconds per 1 000
+retries over the first and the last drift window, which says where a drift's work went.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from typing import Any
 
 from bench.capacity import DUE_IN_MS, _step, lateness_between, live_stack
-from bench.cpu import rss_by_kind
+from bench.cpu import ProcessCpu, rss_by_kind
 from bench.env import BenchEnv, Result, Sizes
 from bench.held import periodic_samples, table_sampler
 
@@ -25,6 +27,8 @@ log = logging.getLogger(__name__)
 #: The drift compares the p99 of the records due in the first and in the last this many seconds.
 DRIFT_WINDOW_S = 300
 RSS_EVERY_S = 30.0
+#: How often the CPU each kind of process has used so far is sampled (``cpu_timeline``).
+CPU_EVERY_S = 60.0
 #: The last drift window's p99 may be at most this times the first's.
 MAX_DRIFT = 1.2
 
@@ -53,7 +57,12 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
     with live_stack(env, "soak", sizes) as stack:
         settings = stack.settings
         metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
-        with table_sampler(env) as table, rss_sampler() as rss:
+        with (
+            table_sampler(env) as table,
+            rss_sampler() as rss,
+            ProcessCpu(interval_s=1.0) as cpu,
+            periodic_samples(cpu.running_seconds, CPU_EVERY_S, "CPU", final=True) as cpu_timeline,
+        ):
             began = time.time()
             step = _step(env, settings, rate, seconds, metadata_url, label="soak")
     # Records are due DUE_IN_MS after they are sent: the windows are of due time.
@@ -68,9 +77,11 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
         "soak_p99_s": step["p99_s"],
     }
     grown = growth(rss)
+    cpu_drift = cpu_per_retry_drift(cpu_timeline, rate, window)
     result.details = {
         "rate_per_s": rate, "seconds": seconds, "drift_window_s": window, "spans": spans, "step": step,
         "table_timeline": table, "rss_timeline": rss, "rss_growth_mb": grown, "max_drift": MAX_DRIFT,
+        "cpu_timeline": cpu_timeline, "cpu_drift": cpu_drift,
         "autovacuum": autovacuum,
     }  # fmt: skip
     if not first:
@@ -92,5 +103,35 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
             or "-"
         )
         + ".",
+        "CPU by kind of process, core-ms per 1 000 retries in the first and the last drift window: "
+        + (
+            ", ".join(
+                f"{kind} {d['first']:g} -> {d['last']:g}"
+                for kind, d in sorted(cpu_drift.items(), key=lambda kv: -abs(kv[1]["last"] - kv[1]["first"]))
+            )
+            or "-"
+        )
+        + ".",
     ]
     return result
+
+
+def cpu_per_retry_drift(timeline: list[list[Any]], rate: int, window_s: int) -> dict[str, dict[str, float]]:
+    """Each kind's core-milliseconds per 1 000 retries sent over the first ``window_s`` of the
+    timeline and over its last (from the cumulative samples nearest those bounds): ``{kind: {first,
+    last}}``, the kinds that used at least 0.1 core-ms per 1 000 in either."""
+    if len(timeline) < 3:
+        return {}
+
+    def at(seconds: float) -> list[Any]:
+        return min(timeline, key=lambda row: abs(row[0] - seconds))
+
+    end = timeline[-1][0]
+    spans = {"first": (timeline[0], at(window_s)), "last": (at(end - window_s), timeline[-1])}
+    drift: dict[str, dict[str, float]] = {}
+    for name, (start, stop) in spans.items():
+        retries = rate * (stop[0] - start[0])
+        for kind, used in stop[1].items():
+            core_ms = 1000 * (used - start[1].get(kind, 0.0)) / retries * 1000 if retries > 0 else 0.0
+            drift.setdefault(kind, {"first": 0.0, "last": 0.0})[name] = round(core_ms, 1)
+    return {kind: d for kind, d in drift.items() if max(d.values()) >= 0.1}

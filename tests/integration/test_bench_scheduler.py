@@ -41,6 +41,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, bootstrap_servers: str) -> Ite
     )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("bench.soak.RSS_EVERY_S", 2.0)
+        patch.setattr("bench.soak.CPU_EVERY_S", 2.0)
         yield run_measurement(out, bootstrap_servers, ("held_snapshot", "burst", "soak"), sizes), out
 
 
@@ -176,6 +177,11 @@ def test_the_soak_publishes_everything_and_samples_lateness_table_and_memory(run
     assert all(mb > 0 for _at, by_kind in rss for mb in by_kind.values())
     assert set(details["rss_growth_mb"]) <= kinds
     assert details["table_timeline"] and details["table_timeline"][-1][2] > 0
+    # CPU by kind over time: cumulative, sampled from the start, the loops' work among it.
+    cpu = details["cpu_timeline"]
+    assert len(cpu) >= 4 and cpu[0][0] < 1, cpu
+    assert cpu[-1][1]["publish task"] >= cpu[len(cpu) // 2][1].get("publish task", 0) > 0, cpu
+    assert {"publish task", "broker"} <= set(details["cpu_drift"]), details["cpu_drift"]
     md = (out / "report.md").read_text()
-    assert "A soak" in md and "Resident memory" in md
+    assert "A soak" in md and "Resident memory" in md and "core-ms per 1 000 retries in the first" in md
     assert (out / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

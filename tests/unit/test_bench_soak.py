@@ -1,8 +1,15 @@
-"""The soak measurement's memory growth by kind of process."""
+"""The soak measurement's memory growth and CPU per retry by kind of process."""
 
 from __future__ import annotations
 
-from bench.soak import growth
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.cpu import ProcessCpu
+from bench.soak import cpu_per_retry_drift, growth
 
 
 def test_memory_growth_is_of_the_kinds_running_a_third_of_the_way_in_and_at_the_end() -> None:
@@ -16,3 +23,39 @@ def test_memory_growth_is_of_the_kinds_running_a_third_of_the_way_in_and_at_the_
     # "publish task" was not running a third of the way in.
     assert growth(samples) == {"broker": 4.5}
     assert growth(samples[:2]) == {}
+
+
+def test_cpu_per_retry_of_each_kind_over_the_first_and_the_last_window() -> None:
+    # Cumulative CPU seconds by kind, sampled every 10 s of a 40 s run at 1 000 retries/s.
+    timeline = [
+        [0.0, {}],
+        [10.0, {"broker": 1.0, "publish task": 2.0}],
+        [20.0, {"broker": 2.5, "publish task": 4.0}],
+        [30.0, {"broker": 4.5, "publish task": 6.0, "tiny": 0.0001}],
+        [40.0, {"broker": 7.0, "publish task": 8.0, "tiny": 0.0001}],
+    ]
+    # First 10 s: 1.0 broker CPU-s for 10 000 retries = 100 core-ms per 1 000; last 10 s: 2.5 s.
+    assert cpu_per_retry_drift(timeline, rate=1_000, window_s=10) == {
+        "broker": {"first": 100.0, "last": 250.0},
+        "publish task": {"first": 200.0, "last": 200.0},
+    }
+    # A kind born mid-run counts from zero; too few samples tell nothing.
+    assert cpu_per_retry_drift(timeline[:2], rate=1_000, window_s=10) == {}
+
+
+@pytest.mark.serial  # other tests' processes running beside it would count as 'other' too
+def test_the_running_cpu_of_a_live_child_is_read_while_the_window_runs() -> None:
+    # A real child process spinning, read before it ends (no parent accounting yet).
+    spin = (
+        "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\ntime.sleep(5)"
+    )
+    with ProcessCpu(interval_s=0.05) as cpu:
+        child = subprocess.Popen([sys.executable, "-c", spin])
+        try:
+            deadline = time.monotonic() + 20
+            while cpu.running_seconds().get("other", 0) < 1.0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert cpu.running_seconds().get("other", 0) >= 1.0, cpu.running_seconds()
+        finally:
+            child.kill()
+            child.wait()
