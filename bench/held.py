@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.capacity import MAX_P99_S, _step, lateness_between, live_stack
-from bench.env import BenchEnv, BenchError, Result, Sizes
+from bench.env import BenchEnv, Result, Sizes
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +181,19 @@ def _window(
     step["table_timeline"] = samples
     step["published_per_s"] = _throughput(env, step["destination"])
     if job is not None:
+        step["spark"] = job
+        # Seconds from the window's start, for the plot.
+        job["from_s"] = round(job["started_at"] - step["began_at"], 1)
+        job["to_s"] = round(job["ended_at"] - step["began_at"], 1)
         published = job["by_status"].get("published", 0)
         if job.get("error") or job.get("code") != 0 or published != sizes.held_spark_rows:
-            raise BenchError(
-                f"the Spark bulk retry beside the loop did not publish its {sizes.held_spark_rows:,} jobs: {job}"
+            # The other windows' figures stand; this one's say why they are missing.
+            job["failed"] = (
+                f"failed: the Spark bulk retry beside the loop published {published:,} of its "
+                f"{sizes.held_spark_rows:,} jobs (exit {job.get('code')}, {job.get('error') or job['result']})"
             )
+            log.error("held snapshot: %s", job["failed"])
+            return step
         during = lateness_between(env, step["destination"], job["started_at"], job["ended_at"])
         count, span = env.sql(
             "bench_published_due_between",
@@ -194,10 +202,6 @@ def _window(
         )[0]
         during["published_per_s"] = round(int(count) / float(span), 1) if span else None
         job["during"] = during
-        # Seconds from the window's start, for the plot.
-        job["from_s"] = round(job["started_at"] - step["began_at"], 1)
-        job["to_s"] = round(job["ended_at"] - step["began_at"], 1)
-        step["spark"] = job
     return step
 
 
@@ -244,6 +248,9 @@ def measure_held_snapshot(env: BenchEnv, sizes: Sizes) -> Result:
     if why_no_spark:
         for key in ("held_snapshot_spark_p99_s", "held_snapshot_spark_throughput_ratio"):
             result.details[f"why_{key}"] = why_no_spark
+    elif windows[2]["spark"].get("failed"):
+        for key in ("held_snapshot_spark_p99_s", "held_snapshot_spark_throughput_ratio"):
+            result.details[f"why_{key}"] = windows[2]["spark"]["failed"]
     else:
         during = windows[2]["spark"]["during"]
         result.figures["held_snapshot_spark_p99_s"] = during["p99_s"]
@@ -256,6 +263,8 @@ def measure_held_snapshot(env: BenchEnv, sizes: Sizes) -> Result:
         job = w.get("spark")
         if not job:
             return ""
+        if job.get("failed"):
+            return f" {job['failed']}."
         during = job["during"]
         return (
             f" The bulk retry published its {job['by_status'].get('published', 0):,} dead jobs in {job['seconds']} s "
