@@ -456,6 +456,19 @@ class Store:
         assert late is not None
         return Lateness(int(late[0]), late[1], late[2], late[3], int(late[4]))
 
+    def summarize_published(self) -> int | None:
+        """Summarize the ``published_at`` BRIN index's new page ranges (see the query); how many, or None
+        when it could not now (a VACUUM holds the table, which summarizes them itself; a role that does
+        not own the table may not). Never raises for those: the lateness reads only get slower."""
+        try:
+            with self.conn.transaction():
+                self.conn.execute(q("summarize_published_wait"))
+                row = self.conn.execute(q("summarize_published")).fetchone()
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.InsufficientPrivilege) as exc:
+            log.debug("published_at index not summarized now: %s", exc)
+            return None
+        return int(row[0]) if row is not None else None
+
     def metrics_reading(self, window_s: int = 10) -> dict[str, Any]:
         """The publish loop's gauges: due backlog (to 100 000), the oldest due job's wait, and the
         lateness p50/p99 (seconds; None when nothing was published) over the last ``window_s``."""

@@ -386,9 +386,14 @@ class Publisher:
         if batch.claimed:
             m.gauge("retry_scheduler.publish.batch_size", batch.claimed)
         now = self.clock()
-        if not snapshot or now - self._snapshot_at < SNAPSHOT_EVERY_S or isinstance(m, NoMetrics):
+        if not snapshot or now - self._snapshot_at < SNAPSHOT_EVERY_S:
             return
         self._snapshot_at = now
+        # Every lateness read (this snapshot, the task's summary, status, retry_monitor) stays cheap
+        # however long since the last VACUUM.
+        self.store.summarize_published()
+        if isinstance(m, NoMetrics):
+            return
         try:
             reading = self.store.metrics_reading()
         except Exception as exc:  # metrics never stop the loop; the next round's claim meets a real fault
