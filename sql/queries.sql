@@ -149,8 +149,14 @@ SELECT current_setting('enable_seqscan'), current_setting('enable_bitmapscan'),
 -- name: claim_plan_reset
 -- Back to what they were before claim_plan, for the rest of the publisher's transaction (its updates
 -- by id). (Read from pg_settings, the values took 1.6 ms a claim, more than the claim itself.)
+-- And no hash or merge join for the rest of it: the marks join their ids (unnest) to retry_jobs, and
+-- with statistics taken when few jobs were pending (autovacuum off, or not yet come round) the
+-- planner hashed every pending job for each mark instead of looking each id up in the primary key:
+-- 1.5-2 s to mark 300 jobs with a million pending, so that a backlog (a burst, a Spark job beside
+-- the loop, an outage's end) made every round slower the larger it grew, and the loop never caught up.
 SELECT set_config('enable_seqscan', %(seqscan)s, true), set_config('enable_bitmapscan', %(bitmapscan)s, true),
-       set_config('enable_sort', %(sort)s, true);
+       set_config('enable_sort', %(sort)s, true),
+       set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true);
 
 -- name: next_due
 SELECT min(due_at) - clock_timestamp() FROM retry_jobs WHERE status = 'pending';
