@@ -100,7 +100,8 @@ def test_the_held_snapshot_windows_publish_everything_and_show_the_snapshot_held
     job = with_spark["spark"]
     assert job["code"] == 0 and job["result"]["published"] == 1_500, job
     assert job["by_status"] == {"published": 1_500}, job
-    assert 0 <= job["from_s"] < job["to_s"], job
+    # It starts with the window (its thread a moment before the step's clock) and ends inside it or after.
+    assert -5 < job["from_s"] < job["to_s"], job
     # At the sink: the destination topic holds every one of them (at least once).
     assert len(_retry_ids(bootstrap_servers, job["destination"], 1_500)) == 1_500
     during = job["during"]
