@@ -249,8 +249,7 @@ SET LOCAL lock_timeout = '100ms';
 -- The published_at BRIN index's page ranges filled since the last summarization, summarized now.
 -- Only VACUUM does this otherwise, and a BRIN scan reads every heap page of a range not yet summarized:
 -- with autovacuum off, or while a held snapshot holds every VACUUM back, each lateness read below read
--- every page written since the last VACUUM (2 s a read after ten minutes at 5 000 retries/s with a
--- snapshot held). Each range is summarized once: a few milliseconds for ten seconds of published jobs.
+-- every page written since the last VACUUM, more at each read. Each range is summarized once.
 SELECT brin_summarize_new_values('retry_jobs_published_at_brin'::regclass);
 
 -- name: lateness
