@@ -196,11 +196,6 @@ SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0), pg_relation_size('r
        (SELECT max(age(backend_xmin)) FROM pg_stat_activity WHERE backend_xmin IS NOT NULL)
 FROM pg_stat_user_tables AS s WHERE s.relname = 'retry_jobs';
 
--- name: bench_published_since_due
--- A destination's published jobs and the seconds from the first one's due time to the last acknowledgement.
-SELECT count(*), extract(epoch FROM max(published_at) - min(due_at))::float8
-FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';
-
 -- name: bench_published_due_between
 -- A destination's published jobs due from %(since)s to %(until)s (epoch s), and the seconds from the
 -- first one's due time to the last one's acknowledgement.

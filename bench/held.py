@@ -108,8 +108,14 @@ def held_snapshot(env: BenchEnv) -> Iterator[None]:
             conn.rollback()
 
 
-def _throughput(env: BenchEnv, destination: str) -> float | None:
-    count, span = env.sql("bench_published_since_due", {"destination": destination}, fetch=True)[0]
+def _throughput(env: BenchEnv, destination: str, since: float = 0.0, until: float = 1e10) -> float | None:
+    """A destination's published jobs due from ``since`` to ``until`` (epoch s; by default all) per
+    second from the first one's due time to the last acknowledgement."""
+    count, span = env.sql(
+        "bench_published_due_between",
+        {"destination": destination, "since": since, "until": until},
+        fetch=True,
+    )[0]
     return round(int(count) / float(span), 1) if span else None
 
 
@@ -195,12 +201,7 @@ def _window(
             log.error("held snapshot: %s", job["failed"])
             return step
         during = lateness_between(env, step["destination"], job["started_at"], job["ended_at"])
-        count, span = env.sql(
-            "bench_published_due_between",
-            {"destination": step["destination"], "since": job["started_at"], "until": job["ended_at"]},
-            fetch=True,
-        )[0]
-        during["published_per_s"] = round(int(count) / float(span), 1) if span else None
+        during["published_per_s"] = _throughput(env, step["destination"], job["started_at"], job["ended_at"])
         job["during"] = during
     return step
 
