@@ -101,18 +101,27 @@ RETURNING j.id, j.destination, j.destination_partition, j.msg_key, j.msg_value, 
           j.dead_reason, j.dlq_topic, j.held_by;
 
 -- name: mark_published
--- Only after the broker acknowledged: published_at is the acknowledgement time.
+-- Only after the broker acknowledged: published_at is the acknowledgement time. In the transaction
+-- whose claim_due locked these pending jobs, so no status test: with one (status = 'pending') the
+-- planner may walk every pending job through retry_jobs_due_idx, whose predicate it matches, and
+-- join each to the ids, where statistics taken when none was pending call that one row: 212 s to
+-- mark 300 jobs with 830 000 pending (a Spark bulk retry beside the loop stopped it). Without it,
+-- each id is looked up in the primary key whatever the statistics (with claim_plan_reset's joins).
 UPDATE retry_jobs AS j
 SET status = 'published', published_at = to_timestamp(d.acked_ms / 1000.0), lease_until = NULL,
     updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(acked_ms)s::bigint[]) AS d(id, acked_ms)
-WHERE j.id = d.id AND j.status = 'pending';
+WHERE j.id = d.id;
 
 -- name: mark_dlq_published
+-- Still dead (not replayed or purged since its lease): tested as dead_reason IS NOT NULL, which the
+-- retry_jobs_dead_has_reason constraint makes the same, and which no partial index's predicate
+-- matches: with status = 'dead' the planner may walk every dead job through one of the dead-letter
+-- indexes and join each to the ids (see mark_published), when statistics were taken with none dead.
 UPDATE retry_jobs AS j
 SET dlq_published_at = to_timestamp(d.acked_ms / 1000.0), lease_until = NULL
 FROM unnest(%(ids)s::bigint[], %(acked_ms)s::bigint[]) AS d(id, acked_ms)
-WHERE j.id = d.id AND j.status = 'dead';
+WHERE j.id = d.id AND j.dead_reason IS NOT NULL;
 
 -- name: mark_failed
 -- A failed delivery keeps the job, claimable again after a backoff that doubles with each failure:
@@ -133,7 +142,7 @@ UPDATE retry_jobs AS j
 SET status = 'dead', dead_reason = 'invalid', dead_at = now(), lease_until = NULL, updated_at = now(),
     reason = d.reason || coalesce('; the record had failed with: ' || j.reason, '')
 FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS d(id, reason)
-WHERE j.id = d.id AND j.status = 'pending';
+WHERE j.id = d.id;  -- locked by the claim: no status test (see mark_published)
 
 -- name: claim_plan
 -- The claim's plan must not depend on statistics: a table analyzed when few jobs were pending

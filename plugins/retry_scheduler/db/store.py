@@ -347,7 +347,8 @@ class Store:
             return self.conn.execute(q(query), params).rowcount
 
     def mark_published(self, acked: Sequence[tuple[int, int]]) -> int:
-        """Mark jobs published; ``acked`` holds ``(job id, acknowledgement time in ms)``."""
+        """Mark jobs published; ``acked`` holds ``(job id, acknowledgement time in ms)``. Only in the
+        transaction whose :meth:`claim_due` locked them: the statement does not test their status."""
         if not acked:
             return 0
         return self._mark("mark_published", {"ids": [a[0] for a in acked], "acked_ms": [a[1] for a in acked]})
@@ -366,7 +367,8 @@ class Store:
         return self._mark("mark_failed", {"ids": [f[0] for f in failed], "errors": [f[1] for f in failed]})
 
     def mark_invalid(self, invalid: Sequence[tuple[int, str]]) -> int:
-        """Make pending jobs dead (``invalid``) when publishing showed their headers unusable; ``(id, reason)``."""
+        """Make pending jobs dead (``invalid``) when publishing showed their headers unusable; ``(id, reason)``.
+        Only in the transaction whose :meth:`claim_due` locked them, as :meth:`mark_published`."""
         if not invalid:
             return 0
         return self._mark(
