@@ -285,6 +285,19 @@ SELECT EXISTS (
       AND heartbeat_at > clock_timestamp() - %(alive_s)s * interval '1 second'
 );
 
+-- name: loop_claim_state
+-- A publish loop's floor and next sweep (migration 0013), for the loop that relieves it.
+UPDATE retry_loops
+SET claim_floor = %(floor)s, sweep_due_at = clock_timestamp() + %(sweep_in_s)s * interval '1 second'
+WHERE worker = %(worker)s;
+
+-- name: loop_claim_state_alive
+-- The lowest floor and the soonest sweep of the publish loops alive (none: both NULL).
+SELECT min(claim_floor), extract(epoch FROM min(sweep_due_at) - clock_timestamp())::float8
+FROM retry_loops
+WHERE kind = 'publish' AND claim_floor IS NOT NULL
+  AND heartbeat_at > clock_timestamp() - %(alive_s)s * interval '1 second';
+
 -- name: loop_finish
 DELETE FROM retry_loops
 WHERE worker = %(worker)s OR heartbeat_at < clock_timestamp() - interval '1 hour';

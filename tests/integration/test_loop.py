@@ -33,7 +33,7 @@ from retry_scheduler.loops.handover import LoopTenure
 from retry_scheduler.loops.ingest import IngestCounts, Ingestor
 from retry_scheduler.loops.ingest_worker import SPARES_AFTER_S, SPARES_APART_S, IngestWorkerError
 from retry_scheduler.loops.kafka import ServiceProducer, make_producer, wait_until_ready
-from retry_scheduler.loops.publish import Publisher
+from retry_scheduler.loops.publish import PublishCounts, Publisher
 from tests.kafkautil import consume, create_topics, produce
 
 pytestmark = pytest.mark.integration
@@ -610,6 +610,58 @@ def test_claims_start_past_the_entries_a_held_snapshot_keeps_in_the_due_index(lo
     )
     assert from_floor <= 10, f"a claim from the publisher's floor read {from_floor} entries"
     assert len(consume(loop.bootstrap, [loop.dest], 2_010)) == 2_010
+
+
+def test_a_new_publish_loop_starts_its_claims_at_the_floor_of_the_loop_it_relieves(
+    loop: Loop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each Airflow task starts a new publish loop; its first claim was a sweep from the due index's
+    head, which under a held snapshot walks the entry of every job published since (two seconds of
+    lateness at each task's start beside a Spark bulk retry). It starts where the loop it relieves
+    left nothing claimable behind, and sweeps when that loop would have: a job stored an hour late
+    is published."""
+    # A sweep every 8 s: the first loop's is at its start, the second loop's when it would have been.
+    monkeypatch.setattr("retry_scheduler.loops.publish.SWEEP_COST_SHARE", 1e9)
+    monkeypatch.setattr("retry_scheduler.loops.publish.SWEEP_MAX_EVERY_S", 8.0)
+    ago = str(int(time.time() * 1000) - 10_000)
+    loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=ago)}] * 2_000)
+    loop.ingest(2_000)
+    settings = loop.settings.with_overrides(publish_batch=500, publish_workers=2)
+    with psycopg.connect(loop.settings.database_url) as report:  # its snapshot: before any publish
+        report.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        report.execute("SELECT count(*) FROM retry_jobs").fetchone()
+        with loop.store() as store_a, loop.store() as store_b, loop.store() as probe:
+            first = Publisher(settings, store_a)
+            done: list[PublishCounts] = []
+            thread = threading.Thread(target=lambda: done.append(first.run(1, grace_s=60)), daemon=True)
+            thread.start()
+            deadline = time.monotonic() + 30
+            while (recorded := probe.loop_claim_state_alive(5)) is None or first.published_so_far() < 2_000:
+                assert time.monotonic() < deadline, "the running loop recorded no floor"
+                time.sleep(0.1)
+            second = Publisher(settings, store_b)
+            floors: list[datetime | None] = []
+            claim_due = store_b.claim_due
+            store_b.claim_due = lambda limit, floor=None: floors.append(floor) or claim_due(limit, floor)  # type: ignore[method-assign]
+            hour_ago = str(int(time.time() * 1000) - 3_600_000)
+            loop.send([{"key": b"late", "value": b"v", "headers": hdr(destination=loop.dest, at=hour_ago)}])
+            loop.ingest(1)
+            try:
+                total = second.run(20, should_stop=lambda: second.published_so_far() >= 1)
+            finally:
+                second.close()
+            thread.join(30)
+            first.close()
+            from_head, from_floor = (
+                _due_index_entries_read(probe, None),
+                _due_index_entries_read(probe, floors[0]),
+            )
+    assert done and done[0].published == 2_000, "the first loop stopped, relieved by the second"
+    # (the first loop went on recording, higher, until the second relieved it)
+    assert floors[0] is not None and floors[0] >= recorded[0], (floors[0], recorded)
+    assert from_head >= 2_000 and from_floor <= 10, (from_head, from_floor)
+    assert total.published == 1, "the second loop's sweep published the job stored an hour late"
+    assert {s.key for s in consume(loop.bootstrap, [loop.dest], 2_001)} == {b"k", b"late"}
 
 
 _JOBS = """

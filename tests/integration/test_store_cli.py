@@ -50,6 +50,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (10, "0010_adopted_dead_letters"),
         (11, "0011_held_jobs"),
         (12, "0012_compaction_days"),
+        (13, "0013_loop_claim_floor"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(

@@ -401,6 +401,23 @@ class Store:
         assert row is not None
         return cast(datetime, row[0])
 
+    def loop_claim_state(self, worker: str, floor: datetime, sweep_in_s: float) -> None:
+        """Record publish loop ``worker``'s claim floor and the seconds until its next sweep, for the
+        loop that relieves it (:meth:`loop_claim_state_alive`)."""
+        with self.conn.transaction():
+            self.conn.execute(
+                q("loop_claim_state"), {"worker": worker, "floor": floor, "sweep_in_s": sweep_in_s}
+            )
+
+    def loop_claim_state_alive(self, alive_s: float) -> tuple[datetime, float] | None:
+        """The lowest claim floor of the publish loops alive (a heartbeat within ``alive_s``) and the
+        seconds until the soonest of their sweeps (negative: overdue); None when none recorded one."""
+        with self.conn.transaction():
+            row = self.conn.execute(q("loop_claim_state_alive"), {"alive_s": alive_s}).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return cast(datetime, row[0]), float(row[1])
+
     def loop_relieved(self, worker: str, kind: str, started_at: datetime, alive_s: float) -> bool:
         """Whether a loop of ``kind`` started after ``started_at`` is alive."""
         params = {"worker": worker, "kind": kind, "started_at": started_at, "alive_s": alive_s}

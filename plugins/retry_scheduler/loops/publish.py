@@ -26,7 +26,7 @@ from retry_scheduler.core.policy import load_policies
 from retry_scheduler.core.records import destinations_for
 from retry_scheduler.db.store import Store
 from retry_scheduler.db.vacuum import SelfVacuum
-from retry_scheduler.loops.handover import LoopTenure, new_worker_id
+from retry_scheduler.loops.handover import ALIVE_S, LoopTenure, new_worker_id
 from retry_scheduler.loops.kafka import TopicManager, make_producer, wait_until_ready
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,9 @@ FLOOR_LAG = timedelta(seconds=1)
 #: duration after the last one, and never more than SWEEP_MAX_EVERY_S after it.
 SWEEP_COST_SHARE = 20
 SWEEP_MAX_EVERY_S = 60.0
+#: How often a publish loop records its floor and next sweep (``retry_loops``) for the loop that
+#: relieves it, whose publishers start from there instead of sweeping at once.
+SHARE_FLOOR_EVERY_S = 2.0
 
 #: Delivery errors after which the producer's idempotence state is broken for good (seen when the broker
 #: fenced its epoch bump after requests timed out in flight): only a new producer can publish again.
@@ -122,6 +125,8 @@ class Publisher:
         self.error: Exception | None = None
         self._floor: datetime | None = None
         self._sweep_after = 0.0  # monotonic; 0: the first claim is a sweep
+        self._tenure: LoopTenure | None = None  # the loop's, while it runs (not a helper's)
+        self._shared_at = float("-inf")  # monotonic: when it last recorded its floor
         #: Vacuums retry_jobs where the server does not (run by the loop's own publisher, not its helpers).
         self.vacuum = SelfVacuum(settings.database_url) if settings.self_vacuum else None
 
@@ -256,6 +261,27 @@ class Publisher:
             return None
         return self._floor
 
+    def take_over(self, floor: datetime, sweep_in_s: float) -> None:
+        """Start from a predecessor's ``floor`` and sweep when it would have, ``sweep_in_s`` from now,
+        instead of sweeping at once (see :meth:`claim_floor`): the predecessor's claims left nothing
+        claimable below its floor, and what fell due there since is the sweep's, as it would have
+        been the predecessor's."""
+        self._floor = floor
+        self._sweep_after = time.monotonic() + max(0.0, min(sweep_in_s, SWEEP_MAX_EVERY_S))
+
+    def _share_floor(self) -> None:
+        """Every :data:`SHARE_FLOOR_EVERY_S`, record the loop's floor (its publishers' lowest) and its
+        soonest sweep, for the loop that relieves it; nothing until each of them has claimed once."""
+        publishers = (self, *self.helpers)
+        floors = [p._floor for p in publishers]
+        if self._tenure is None or time.monotonic() - self._shared_at < SHARE_FLOOR_EVERY_S:
+            return
+        if any(f is None for f in floors):
+            return
+        self._shared_at = time.monotonic()
+        sweep_in_s = min(p._sweep_after for p in publishers) - time.monotonic()
+        self.store.loop_claim_state(self._tenure.worker, min(f for f in floors if f is not None), sweep_in_s)
+
     def _after_claim(self, floor: datetime | None, rows: list[OutgoingRow], began: float) -> None:
         """Move the floor to where this claim left nothing claimable behind; time the next sweep."""
         if floor is None:
@@ -355,7 +381,14 @@ class Publisher:
             # Not a job claimed before every producer can publish at once: a loop still running
             # goes on until this one's first heartbeat (the tenure's) relieves it.
             wait_until_ready([p.producer for p in (self, *self.helpers)], PRODUCER_READY_S)
-            tenure = current = LoopTenure(self.store, "publish", duration_s, grace)
+            # Where the loop this one relieves claims (read before this one's first heartbeat
+            # relieves it, while it is still alive to have recorded it).
+            predecessor = self.store.loop_claim_state_alive(ALIVE_S)
+            if predecessor is not None:
+                for publisher in (self, *self.helpers):
+                    publisher.take_over(*predecessor)
+                log.info("claims start at the floor of the loop this one relieves: %s", predecessor[0])
+            tenure = current = self._tenure = LoopTenure(self.store, "publish", duration_s, grace)
             for thread in threads:
                 thread.start()
             self.work(stop, lambda: current.go_on() and not should_stop(), current.remaining_s)
@@ -367,6 +400,7 @@ class Publisher:
             for helper in self.helpers:
                 helper.close()
                 helper.store.close()
+            self._tenure = None
             if tenure is not None:
                 tenure.finish()
         for helper in self.helpers:
@@ -433,8 +467,10 @@ class Publisher:
                     )  # fmt: skip
                 self.totals.add(batch)
                 self._report(batch, snapshot=not helper)
-                if self.vacuum is not None and not helper:
-                    self.vacuum.tick(self.store)
+                if not helper:
+                    self._share_floor()
+                    if self.vacuum is not None:
+                        self.vacuum.tick(self.store)
                 if batch.claimed >= self.settings.publish_batch:
                     continue  # more may be waiting
                 wait = self.store.seconds_until_next_due(after=self.store.claimed_up_to)
