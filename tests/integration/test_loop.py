@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import psutil
 import psycopg
@@ -662,6 +662,28 @@ def test_a_new_publish_loop_starts_its_claims_at_the_floor_of_the_loop_it_reliev
     assert from_head >= 2_000 and from_floor <= 10, (from_head, from_floor)
     assert total.published == 1, "the second loop's sweep published the job stored an hour late"
     assert {s.key for s in consume(loop.bootstrap, [loop.dest], 2_001)} == {b"k", b"late"}
+
+
+
+def test_a_loop_taking_over_sweeps_first_when_its_predecessors_sweep_is_overdue(loop: Loop) -> None:
+    """The sweep's schedule comes with the floor: overdue (a predecessor that swept long ago), the
+    first claim is a sweep; never further off than SWEEP_MAX_EVERY_S, whatever was recorded."""
+    from retry_scheduler.loops.publish import SWEEP_MAX_EVERY_S
+
+    floor = datetime.now(UTC)
+    with loop.store() as store:
+        publisher = Publisher(loop.settings, store)
+        try:
+            publisher.take_over(floor, -5.0)
+            overdue = publisher.claim_floor()
+            publisher.take_over(floor, 30.0)
+            soon = publisher.claim_floor()
+            publisher.take_over(floor, 1e9)
+            capped = publisher._sweep_after - time.monotonic()
+        finally:
+            publisher.close()
+    assert overdue is None and soon == floor
+    assert capped <= SWEEP_MAX_EVERY_S
 
 
 _JOBS = """
