@@ -664,7 +664,6 @@ def test_a_new_publish_loop_starts_its_claims_at_the_floor_of_the_loop_it_reliev
     assert {s.key for s in consume(loop.bootstrap, [loop.dest], 2_001)} == {b"k", b"late"}
 
 
-
 def test_a_loop_taking_over_sweeps_first_when_its_predecessors_sweep_is_overdue(loop: Loop) -> None:
     """The sweep's schedule comes with the floor: overdue (a predecessor that swept long ago), the
     first claim is a sweep; never further off than SWEEP_MAX_EVERY_S, whatever was recorded."""
@@ -684,6 +683,32 @@ def test_a_loop_taking_over_sweeps_first_when_its_predecessors_sweep_is_overdue(
             publisher.close()
     assert overdue is None and soon == floor
     assert capped <= SWEEP_MAX_EVERY_S
+
+
+def test_one_publisher_of_a_loop_sweeps_at_a_time(loop: Loop) -> None:
+    """A sweep under a held snapshot takes seconds; when every publisher of a loop swept at once (their
+    sweeps fall due together: the same start, or the schedule a loop takes over), no claim went out
+    meanwhile. One whose sweep is due while another sweeps claims from its floor, and sweeps next."""
+    floor = datetime.now(UTC)
+    with loop.store() as store_a, loop.store() as store_b:
+        first, second = Publisher(loop.settings, store_a), Publisher(loop.settings, store_b)
+        second._sweeping = first._sweeping  # as run() shares it with its helpers
+        try:
+            for publisher in (first, second):
+                publisher.take_over(floor, -1.0)  # both sweeps due
+            first_claims = first.claim_floor()
+            second_claims = second.claim_floor()
+            first._swept()
+            second_after = second.claim_floor()
+            second._swept()
+            first.publish_once()  # a whole round releases it too
+            second_then = second.claim_floor()
+            second._swept()
+        finally:
+            first.close()
+            second.close()
+    assert first_claims is None and second_claims == floor, "the second claims from its floor"
+    assert second_after is None and second_then is None, "the second sweeps once the first has"
 
 
 _JOBS = """

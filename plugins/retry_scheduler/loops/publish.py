@@ -126,6 +126,10 @@ class Publisher:
         self._floor: datetime | None = None
         self._sweep_after = 0.0  # monotonic; 0: the first claim is a sweep
         self._tenure: LoopTenure | None = None  # the loop's, while it runs (not a helper's)
+        #: Held by the publisher of the loop that sweeps (shared with the helpers by ``run``): one
+        #: sweeps at a time, the others claim from their floors meanwhile.
+        self._sweeping = threading.Lock()
+        self._holds_sweep = False
         self._shared_at = float("-inf")  # monotonic: when it last recorded its floor
         #: Vacuums retry_jobs where the server does not (run by the loop's own publisher, not its helpers).
         self.vacuum = SelfVacuum(settings.database_url) if settings.self_vacuum else None
@@ -255,11 +259,22 @@ class Publisher:
         its due time) is claimed by the next sweep, which comes after at most
         :data:`SWEEP_COST_SHARE` times the last sweep's duration (so within milliseconds when the
         index is clean, and rarely while a snapshot is held: sweeps stay about 5 % of the
-        publisher's time) and never more than :data:`SWEEP_MAX_EVERY_S` apart.
+        publisher's time) and never more than :data:`SWEEP_MAX_EVERY_S` apart. One publisher of a
+        loop sweeps at a time (a sweep under a held snapshot takes seconds): one whose sweep is due
+        while another sweeps claims from its floor, and sweeps at its next round.
         """
-        if self._floor is None or time.monotonic() >= self._sweep_after:
+        if self._floor is None:
             return None
-        return self._floor
+        if time.monotonic() < self._sweep_after or not self._sweeping.acquire(blocking=False):
+            return self._floor
+        self._holds_sweep = True
+        return None
+
+    def _swept(self) -> None:
+        """After a claim: let another publisher of the loop sweep."""
+        if self._holds_sweep:
+            self._holds_sweep = False
+            self._sweeping.release()
 
     def take_over(self, floor: datetime, sweep_in_s: float) -> None:
         """Start from a predecessor's ``floor`` and sweep when it would have, ``sweep_in_s`` from now,
@@ -317,7 +332,10 @@ class Publisher:
             failed += failed_dead
         with self.store.conn.transaction():
             floor, claim_began = self.claim_floor(), time.monotonic()
-            due_rows = self.store.claim_due(s.publish_batch, floor=floor)
+            try:
+                due_rows = self.store.claim_due(s.publish_batch, floor=floor)
+            finally:
+                self._swept()
             self._after_claim(floor, due_rows, claim_began)
             if due_rows:
                 acked, failed_due, unroutable = self._produce_all(due_rows, to_dlq=False)
@@ -368,6 +386,7 @@ class Publisher:
                     destinations=self.destinations,
                     metrics=self.metrics,
                 )
+                helper._sweeping = self._sweeping
                 self.helpers.append(helper)
                 threads.append(
                     threading.Thread(
