@@ -287,15 +287,15 @@ class Publisher:
     def _share_floor(self) -> None:
         """Every :data:`SHARE_FLOOR_EVERY_S`, record the loop's floor (its publishers' lowest) and its
         soonest sweep, for the loop that relieves it; nothing until each of them has claimed once."""
-        publishers = (self, *self.helpers)
-        floors = [p._floor for p in publishers]
         if self._tenure is None or time.monotonic() - self._shared_at < SHARE_FLOOR_EVERY_S:
             return
-        if any(f is None for f in floors):
+        publishers = (self, *self.helpers)
+        floors = [p._floor for p in publishers if p._floor is not None]
+        if len(floors) < len(publishers):
             return
         self._shared_at = time.monotonic()
         sweep_in_s = min(p._sweep_after for p in publishers) - time.monotonic()
-        self.store.loop_claim_state(self._tenure.worker, min(f for f in floors if f is not None), sweep_in_s)
+        self.store.loop_claim_state(self._tenure.worker, min(floors), sweep_in_s)
 
     def _after_claim(self, floor: datetime | None, rows: list[OutgoingRow], began: float) -> None:
         """Move the floor to where this claim left nothing claimable behind; time the next sweep."""
