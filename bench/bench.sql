@@ -2,10 +2,10 @@
 -- They run only in the throwaway benchmark database, never in a deployment's retry database.
 
 -- name: bench_truncate
-TRUNCATE retry_jobs RESTART IDENTITY;
+TRUNCATE retry_jobs, retry_published_jobs RESTART IDENTITY;
 
 -- name: bench_max_id
-SELECT coalesce(max(id), 0) FROM retry_jobs;
+SELECT coalesce(max(id), 0) FROM retry_jobs_all;
 
 -- name: bench_autovacuum
 -- Whether the server vacuums tables by itself (the capacity report says so when it does not).
@@ -19,7 +19,7 @@ ANALYZE retry_jobs;
 ANALYZE pgqueuer;
 
 -- name: bench_status_counts
-SELECT status::text, count(*) FROM retry_jobs GROUP BY status;
+SELECT status::text, count(*) FROM retry_jobs_all GROUP BY status;
 
 -- name: bench_create_copy_table
 -- The COPY baseline of the ingest benchmark: same columns, defaults, constraints and indexes.
@@ -38,7 +38,7 @@ COPY (
            destination_partition, msg_key, msg_value, headers, attempt, policy, reason, error_class,
            consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
            due_at, status, dead_reason, dlq_topic, dead_at
-    FROM retry_jobs WHERE id > %(after_id)s ORDER BY id
+    FROM retry_jobs_all WHERE id > %(after_id)s ORDER BY id
 ) TO STDOUT (FORMAT BINARY);
 
 -- name: bench_copy_rows
@@ -60,34 +60,68 @@ ORDER BY due_at
 LIMIT %(limit)s;
 
 -- name: bench_naive_mark
-UPDATE retry_jobs SET status = 'published', published_at = now() WHERE id = %(id)s;
+-- One job at a time, moved to the published jobs as the service's own mark does (migration 0014).
+WITH moved AS (DELETE FROM retry_jobs WHERE id = %(id)s RETURNING *)
+INSERT INTO retry_published_jobs (
+    id, source_topic, source_partition, source_offset, source_timestamp_ms, destination,
+    destination_partition, msg_key, msg_value, headers, attempt, policy, reason, error_class,
+    consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
+    due_at, status, dead_reason, dlq_topic, lease_until, claimed_by, publish_failures,
+    last_error, published_at, dead_at, dlq_published_at, created_at, updated_at, held_by
+)
+SELECT id, source_topic, source_partition, source_offset, source_timestamp_ms, destination,
+       destination_partition, msg_key, msg_value, headers, attempt, policy, reason, error_class,
+       consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
+       due_at, 'published', NULL, dlq_topic, NULL, claimed_by, publish_failures,
+       last_error, now(), dead_at, dlq_published_at, created_at, now(), held_by
+FROM moved;
 
 -- name: bench_fill_history
--- Processed history for the claim benchmark, source offsets %(first)s..%(last)s: published (85 percent), dead and already on
--- the DLQ (10 percent), and pending jobs due in the future (5 percent), spread over the last week.
+-- Processed history for the claim benchmark, source offsets %(first)s..%(last)s: published (85 percent,
+-- in retry_published_jobs, as the mark leaves them), dead and already on the DLQ (10 percent), and
+-- pending jobs due in the future (5 percent), spread over the last week.
+WITH history AS (
+    SELECT 'bench.history' AS source_topic, mod(g, 3)::integer AS source_partition, g AS source_offset,
+           0 AS source_timestamp_ms, 'bench.orders-' || mod(g, 8) AS destination,
+           convert_to('order-' || g, 'UTF8') AS msg_key, convert_to(repeat(md5(g::text), 3), 'UTF8') AS msg_value,
+           mod(g, 4)::integer AS attempt, 'default' AS policy,
+           CASE WHEN mod(g, 20) IN (1, 2) THEN 'TimeoutError: payment service did not answer within 30 s' END AS reason,
+           CASE WHEN mod(g, 20) IN (1, 2) THEN 'TimeoutError' END AS error_class,
+           'orders-service' AS consumer_group, md5(g::text) AS retry_id, 'bench.orders-' || mod(g, 8) AS original_topic,
+           t.at AS first_seen_at, t.due AS due_at,
+           (CASE mod(g, 20) WHEN 0 THEN 'pending' WHEN 1 THEN 'dead' WHEN 2 THEN 'dead' ELSE 'published' END)::retry_job_status AS status,
+           CASE WHEN mod(g, 20) IN (1, 2) THEN 'exhausted' END AS dead_reason,
+           'retry.dlq' AS dlq_topic,
+           CASE WHEN mod(g, 20) > 2 THEN t.due + interval '10 milliseconds' END AS published_at,
+           CASE WHEN mod(g, 20) IN (1, 2) THEN t.at END AS dead_at,
+           CASE WHEN mod(g, 20) IN (1, 2) THEN t.at + interval '10 milliseconds' END AS dlq_published_at
+    FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g,
+         LATERAL (
+             SELECT now() - mod(g, 604800) * interval '1 second' AS at,
+                    CASE WHEN mod(g, 20) = 0 THEN now() + interval '1 day' + mod(g, 3600) * interval '1 second'
+                         ELSE now() - mod(g, 604800) * interval '1 second' + interval '10 seconds' END AS due
+         ) AS t
+), published AS (
+    INSERT INTO retry_published_jobs (
+        id, source_topic, source_partition, source_offset, source_timestamp_ms, destination, msg_key, msg_value,
+        attempt, policy, reason, error_class, consumer_group, retry_id, original_topic, first_seen_at, due_at,
+        status, dead_reason, dlq_topic, published_at, dead_at, dlq_published_at
+    )
+    SELECT nextval(pg_get_serial_sequence('retry_jobs', 'id')), source_topic, source_partition, source_offset,
+           source_timestamp_ms, destination, msg_key, msg_value, attempt, policy, reason, error_class,
+           consumer_group, retry_id, original_topic, first_seen_at, due_at, status, dead_reason, dlq_topic,
+           published_at, dead_at, dlq_published_at
+    FROM history WHERE status = 'published'
+)
 INSERT INTO retry_jobs (
     source_topic, source_partition, source_offset, source_timestamp_ms, destination, msg_key, msg_value,
     attempt, policy, reason, error_class, consumer_group, retry_id, original_topic, first_seen_at, due_at,
     status, dead_reason, dlq_topic, published_at, dead_at, dlq_published_at
 )
-SELECT 'bench.history', mod(g, 3)::integer, g, 0, 'bench.orders-' || mod(g, 8),
-       convert_to('order-' || g, 'UTF8'), convert_to(repeat(md5(g::text), 3), 'UTF8'),
-       mod(g, 4)::integer, 'default',
-       CASE WHEN mod(g, 20) IN (1, 2) THEN 'TimeoutError: payment service did not answer within 30 s' END,
-       CASE WHEN mod(g, 20) IN (1, 2) THEN 'TimeoutError' END,
-       'orders-service', md5(g::text), 'bench.orders-' || mod(g, 8), t.at, t.due,
-       (CASE mod(g, 20) WHEN 0 THEN 'pending' WHEN 1 THEN 'dead' WHEN 2 THEN 'dead' ELSE 'published' END)::retry_job_status,
-       CASE WHEN mod(g, 20) IN (1, 2) THEN 'exhausted' END,
-       'retry.dlq',
-       CASE WHEN mod(g, 20) > 2 THEN t.due + interval '10 milliseconds' END,
-       CASE WHEN mod(g, 20) IN (1, 2) THEN t.at END,
-       CASE WHEN mod(g, 20) IN (1, 2) THEN t.at + interval '10 milliseconds' END
-FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g,
-     LATERAL (
-         SELECT now() - mod(g, 604800) * interval '1 second' AS at,
-                CASE WHEN mod(g, 20) = 0 THEN now() + interval '1 day' + mod(g, 3600) * interval '1 second'
-                     ELSE now() - mod(g, 604800) * interval '1 second' + interval '10 seconds' END AS due
-     ) AS t;
+SELECT source_topic, source_partition, source_offset, source_timestamp_ms, destination, msg_key, msg_value,
+       attempt, policy, reason, error_class, consumer_group, retry_id, original_topic, first_seen_at, due_at,
+       status, dead_reason, dlq_topic, published_at, dead_at, dlq_published_at
+FROM history WHERE status <> 'published';
 
 -- name: bench_fill_due
 -- The due backlog of the claim benchmark: %(count)s pending jobs due over the last minute.
@@ -103,10 +137,11 @@ SELECT 'bench.due', mod(g, 3)::integer, g, 0, 'bench.orders-' || mod(g, 8),
 FROM generate_series(1::bigint, %(count)s::bigint) AS g;
 
 -- name: bench_vacuum_analyze
-VACUUM (ANALYZE) retry_jobs;
+VACUUM (ANALYZE) retry_jobs, retry_published_jobs;
 
 -- name: bench_table_size
-SELECT count(*), pg_total_relation_size('retry_jobs') FROM retry_jobs;
+SELECT count(*), pg_total_relation_size('retry_jobs') + pg_total_relation_size('retry_published_jobs')
+FROM retry_jobs_all;
 
 -- name: bench_fill_dead
 -- The PySpark benchmark: %(count)s dead jobs of one destination, already on the DLQ topic, read from
@@ -125,7 +160,7 @@ SELECT %(source)s, mod(g, 3)::integer, g, 0, %(destination)s,
 FROM generate_series(1::bigint, %(count)s::bigint) AS g;
 
 -- name: bench_id_bounds
-SELECT coalesce(min(id), 0), coalesce(max(id), -1) FROM retry_jobs;
+SELECT coalesce(min(id), 0), coalesce(max(id), -1) FROM retry_jobs_all;
 
 -- name: bench_floor_bulk_read
 -- PostgreSQL's part of bulk retry, alone: the job's read of its share of the selection, the columns
@@ -140,25 +175,36 @@ COPY (
 
 -- name: bench_floor_bulk_mark
 -- ... and its marking, in one statement for the share (the job sends batches of ids and ack times).
-UPDATE retry_jobs
-SET status = 'published', published_at = now(), lease_until = NULL, dead_reason = NULL, updated_at = now()
-WHERE id BETWEEN %(low)s AND %(high)s AND status IN ('dead', 'pending');
+WITH moved AS (DELETE FROM retry_jobs WHERE id BETWEEN %(low)s AND %(high)s RETURNING *)
+INSERT INTO retry_published_jobs (
+    id, source_topic, source_partition, source_offset, source_timestamp_ms, destination,
+    destination_partition, msg_key, msg_value, headers, attempt, policy, reason, error_class,
+    consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
+    due_at, status, dead_reason, dlq_topic, lease_until, claimed_by, publish_failures,
+    last_error, published_at, dead_at, dlq_published_at, created_at, updated_at, held_by
+)
+SELECT id, source_topic, source_partition, source_offset, source_timestamp_ms, destination,
+       destination_partition, msg_key, msg_value, headers, attempt, policy, reason, error_class,
+       consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
+       due_at, 'published', NULL, dlq_topic, NULL, claimed_by, publish_failures,
+       last_error, now(), dead_at, dlq_published_at, created_at, now(), held_by
+FROM moved;
 
 -- name: bench_floor_compact_read
 -- PostgreSQL's part of compaction, alone: the job's read of every column of its share of the selection.
-COPY (SELECT * FROM retry_jobs WHERE id BETWEEN %(low)s AND %(high)s) TO STDOUT (FORMAT binary);
+COPY (SELECT * FROM retry_jobs_all WHERE id BETWEEN %(low)s AND %(high)s) TO STDOUT (FORMAT binary);
 
 -- name: bench_floor_compact_delete
 -- ... and its delete, in one statement for the share (the job deletes in bounded batches).
-DELETE FROM retry_jobs WHERE id BETWEEN %(low)s AND %(high)s;
+DELETE FROM retry_published_jobs WHERE id BETWEEN %(low)s AND %(high)s;
 
 -- name: bench_lateness_count
-SELECT count(*) FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';
+SELECT count(*) FROM retry_jobs_all WHERE destination = %(destination)s AND status = 'published';
 
 -- name: bench_lateness
 -- Publish lateness (acknowledgement minus due time) of every retry of the lateness benchmark.
 SELECT extract(epoch FROM published_at - due_at)::float8
-FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';
+FROM retry_jobs_all WHERE destination = %(destination)s AND status = 'published';
 
 -- name: bench_lateness_timeline
 -- Lateness of a destination's published jobs second by second of their due time: how many fell due
@@ -166,7 +212,7 @@ FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';
 SELECT floor(extract(epoch FROM due_at))::float8 AS due_second, count(*),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at))::float8,
        max(extract(epoch FROM published_at - due_at))::float8
-FROM retry_jobs WHERE destination = %(destination)s AND status = 'published'
+FROM retry_jobs_all WHERE destination = %(destination)s AND status = 'published'
 GROUP BY 1 ORDER BY 1;
 
 -- name: bench_task_times
@@ -186,7 +232,7 @@ SELECT count(*) FROM retry_loops WHERE heartbeat_at > clock_timestamp() - interv
 -- name: bench_published_span
 -- Seconds from the first to the last acknowledgement of a destination's published jobs.
 SELECT extract(epoch FROM max(published_at) - min(published_at))::float8
-FROM retry_jobs WHERE destination = %(destination)s AND status = 'published';
+FROM retry_jobs_all WHERE destination = %(destination)s AND status = 'published';
 
 -- name: bench_table_state
 -- retry_jobs' dead and live rows (the server's statistics), its size and its due index's, and the age
@@ -200,12 +246,12 @@ FROM pg_stat_user_tables AS s WHERE s.relname = 'retry_jobs';
 -- A destination's published jobs due from %(since)s to %(until)s (epoch s), and the seconds from the
 -- first one's due time to the last one's acknowledgement.
 SELECT count(*), extract(epoch FROM max(published_at) - min(due_at))::float8
-FROM retry_jobs
+FROM retry_jobs_all
 WHERE destination = %(destination)s AND status = 'published'
   AND due_at >= to_timestamp(%(since)s) AND due_at < to_timestamp(%(until)s);
 
 -- name: bench_destination_status_counts
-SELECT status::text, count(*) FROM retry_jobs WHERE destination = %(destination)s GROUP BY status;
+SELECT status::text, count(*) FROM retry_jobs_all WHERE destination = %(destination)s GROUP BY status;
 
 -- name: bench_burst_summary
 -- A destination's jobs: stored, published, early; the last one stored (epoch s, its ingest
@@ -217,7 +263,7 @@ SELECT count(*), count(*) FILTER (WHERE status = 'published'),
        extract(epoch FROM max(published_at))::float8,
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at))::float8,
        max(extract(epoch FROM published_at - due_at))::float8
-FROM retry_jobs WHERE destination = %(destination)s;
+FROM retry_jobs_all WHERE destination = %(destination)s;
 
 -- name: bench_lateness_between
 -- A destination's published jobs due from %(since)s to %(until)s (epoch s): how many, their p99 and
@@ -226,7 +272,7 @@ SELECT count(*),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at))::float8,
        max(extract(epoch FROM published_at - due_at))::float8,
        count(*) FILTER (WHERE published_at < due_at)
-FROM retry_jobs
+FROM retry_jobs_all
 WHERE destination = %(destination)s AND status = 'published'
   AND due_at >= to_timestamp(%(since)s) AND due_at < to_timestamp(%(until)s);
 
@@ -235,8 +281,8 @@ WHERE destination = %(destination)s AND status = 'published'
 -- began) and how many acknowledged in it.
 SELECT second, sum(stored)::bigint, sum(published)::bigint FROM (
     SELECT floor(extract(epoch FROM created_at))::float8 AS second, 1 AS stored, 0 AS published
-    FROM retry_jobs WHERE destination = %(destination)s
+    FROM retry_jobs_all WHERE destination = %(destination)s
     UNION ALL
     SELECT floor(extract(epoch FROM published_at))::float8, 0, 1
-    FROM retry_jobs WHERE destination = %(destination)s AND status = 'published'
+    FROM retry_jobs_all WHERE destination = %(destination)s AND status = 'published'
 ) AS events GROUP BY second ORDER BY second;

@@ -28,7 +28,7 @@ SELECT id, status::text, source_topic, source_partition, source_offset, source_t
        consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
        due_at, dead_reason, dead_at, dlq_topic, dlq_published_at, published_at, publish_failures,
        last_error, lease_until
-FROM retry_jobs WHERE id = %(id)s;
+FROM retry_jobs_all WHERE id = %(id)s;
 
 -- name: dlq_plan_destinations
 -- The destinations a replay of the filter would publish to (oldest first, up to the limit), each

@@ -20,12 +20,19 @@ DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = clock_timestamp()
 
 -- name: ingested_record_timestamp
 -- The timestamp of the record stored from this offset of a retry topic, if its row is still here.
-SELECT source_timestamp_ms FROM retry_jobs
+SELECT source_timestamp_ms FROM retry_jobs_all
 WHERE source_topic = %(topic)s AND source_partition = %(partition)s AND source_offset = %(offset)s
 LIMIT 1;
 
 -- name: ingest_offsets
 SELECT topic, partition, next_offset FROM retry_ingest_offsets WHERE consumer_group = %(group)s;
+
+-- name: ingest_offsets_of
+-- The next offsets stored of these partitions (Store._maybe_stored), in the batch's transaction.
+SELECT o.topic, o.partition, o.next_offset
+FROM unnest(%(topics)s::text[], %(partitions)s::integer[]) AS k(topic, partition)
+JOIN retry_ingest_offsets AS o
+  ON o.consumer_group = %(group)s AND o.topic = k.topic AND o.partition = k.partition;
 
 -- name: create_stage
 -- Only when a batch holds records stored already (read again from Kafka's offsets): the batch goes
@@ -44,14 +51,20 @@ CREATE TEMP TABLE IF NOT EXISTS retry_jobs_stage (
 COPY retry_jobs_stage FROM STDIN (FORMAT BINARY);
 
 -- name: insert_from_stage
--- Returns the dead reason (NULL: pending) of each row actually stored.
+-- Returns the dead reason (NULL: pending) of each row actually stored. A record stored already is
+-- skipped whether its job is still in retry_jobs (the unique source key) or was published since.
 INSERT INTO retry_jobs (
     source_topic, source_partition, source_offset, source_timestamp_ms, destination, destination_partition,
     msg_key, msg_value, headers, attempt, policy, reason, error_class, consumer_group, retry_id,
     original_topic, original_partition, original_offset, first_seen_at, due_at, status, dead_reason,
     dlq_topic, dead_at, held_by
 )
-SELECT * FROM retry_jobs_stage
+SELECT * FROM retry_jobs_stage AS s
+WHERE NOT EXISTS (
+    SELECT 1 FROM retry_published_jobs AS p
+    WHERE p.source_topic = s.source_topic AND p.source_partition = s.source_partition
+      AND p.source_offset = s.source_offset AND p.source_timestamp_ms = s.source_timestamp_ms
+)
 ON CONFLICT (source_topic, source_partition, source_offset, source_timestamp_ms) DO NOTHING
 RETURNING dead_reason;
 
@@ -101,17 +114,35 @@ RETURNING j.id, j.destination, j.destination_partition, j.msg_key, j.msg_value, 
           j.dead_reason, j.dlq_topic, j.held_by;
 
 -- name: mark_published
--- Only after the broker acknowledged: published_at is the acknowledgement time. In the transaction
--- whose claim_due locked these pending jobs, so no status test: with one (status = 'pending') the
--- planner may walk every pending job through retry_jobs_due_idx, whose predicate it matches, and
--- join each to the ids, where statistics taken when none was pending call that one row: 212 s to
--- mark 300 jobs with 830 000 pending (a Spark bulk retry beside the loop stopped it). Without it,
--- each id is looked up in the primary key whatever the statistics (with claim_plan_reset's joins).
-UPDATE retry_jobs AS j
-SET status = 'published', published_at = to_timestamp(d.acked_ms / 1000.0), lease_until = NULL,
-    updated_at = now()
-FROM unnest(%(ids)s::bigint[], %(acked_ms)s::bigint[]) AS d(id, acked_ms)
-WHERE j.id = d.id;
+-- Only after the broker acknowledged: published_at is the acknowledgement time. The jobs move to
+-- retry_published_jobs (migration 0014): retry_jobs keeps only pending and dead jobs. In the
+-- transaction whose claim_due locked these pending jobs, so no status test: with one (status =
+-- 'pending') the planner may walk every pending job through retry_jobs_due_idx, whose predicate it
+-- matches, and join each to the ids, where statistics taken when none was pending call that one row:
+-- 212 s to mark 300 jobs with 830 000 pending (a Spark bulk retry beside the loop stopped it).
+-- Without it, each id is looked up in the primary key whatever the statistics (with claim_plan_reset's
+-- joins). The Spark bulk retry's executors mark its dead (or pending) jobs with it too: a job moved
+-- already (published by another run or the loop) is not found, and counted by neither.
+-- dead_reason is cleared (retry_jobs_dead_has_reason allows one only on dead jobs); dead_at stays.
+WITH moved AS (
+    DELETE FROM retry_jobs AS j
+    USING unnest(%(ids)s::bigint[], %(acked_ms)s::bigint[]) AS d(id, acked_ms)
+    WHERE j.id = d.id
+    RETURNING j.*, d.acked_ms
+)
+INSERT INTO retry_published_jobs (
+    id, source_topic, source_partition, source_offset, source_timestamp_ms, destination,
+    destination_partition, msg_key, msg_value, headers, attempt, policy, reason, error_class,
+    consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
+    due_at, status, dead_reason, dlq_topic, lease_until, claimed_by, publish_failures,
+    last_error, published_at, dead_at, dlq_published_at, created_at, updated_at, held_by
+)
+SELECT id, source_topic, source_partition, source_offset, source_timestamp_ms, destination,
+       destination_partition, msg_key, msg_value, headers, attempt, policy, reason, error_class,
+       consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
+       due_at, 'published', NULL, dlq_topic, NULL, claimed_by, publish_failures,
+       last_error, to_timestamp(acked_ms / 1000.0), dead_at, dlq_published_at, created_at, now(), held_by
+FROM moved;
 
 -- name: mark_dlq_published
 -- Still dead (not replayed or purged since its lease): tested as dead_reason IS NOT NULL, which the
@@ -183,7 +214,7 @@ SELECT due_at - clock_timestamp(), id FROM retry_jobs WHERE status = 'pending' A
 ORDER BY due_at LIMIT 1;
 
 -- name: status_counts
-SELECT status::text, count(*) FROM retry_jobs
+SELECT status::text, count(*) FROM retry_jobs_all
 WHERE %(destination)s::text IS NULL OR destination = %(destination)s
 GROUP BY status;
 
@@ -238,7 +269,7 @@ SELECT count(*) FROM (
 ) AS due;
 
 -- name: lateness_plan
--- The lateness read below must walk retry_jobs_published_at_brin, whatever the statistics say: its
+-- The lateness read below must walk retry_published_jobs_published_at_brin, whatever the statistics say: its
 -- bound is not a constant, so the planner guessed a third of the table and read all of it (1.2 s on
 -- 3.5 million rows, with two parallel workers, every publish task's end and every metrics snapshot;
 -- growing with the table). And no parallel workers for a reading. Returns the values it replaces.
@@ -259,7 +290,7 @@ SET LOCAL lock_timeout = '100ms';
 -- Only VACUUM does this otherwise, and a BRIN scan reads every heap page of a range not yet summarized:
 -- with autovacuum off, or while a held snapshot holds every VACUUM back, each lateness read below read
 -- every page written since the last VACUUM, more at each read. Each range is summarized once.
-SELECT brin_summarize_new_values('retry_jobs_published_at_brin'::regclass);
+SELECT brin_summarize_new_values('retry_published_jobs_published_at_brin'::regclass);
 
 -- name: lateness
 -- Publish lateness (acknowledged minus due) of the jobs published in the last window.
@@ -268,8 +299,8 @@ SELECT count(*),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at)::float8),
        max(extract(epoch FROM published_at - due_at))::float8,
        count(*) FILTER (WHERE published_at < due_at)
-FROM retry_jobs
-WHERE status = 'published' AND published_at >= statement_timestamp() - %(window_s)s * interval '1 second'
+FROM retry_published_jobs
+WHERE published_at >= statement_timestamp() - %(window_s)s * interval '1 second'
   AND (%(destination)s::text IS NULL OR destination = %(destination)s);
 
 -- name: loop_heartbeat

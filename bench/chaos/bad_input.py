@@ -239,7 +239,7 @@ def run_bad_input(
         )
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
         rows = conn.execute(
-            "SELECT status::text, dead_reason, reason, last_error, headers FROM retry_jobs"
+            "SELECT status::text, dead_reason, reason, last_error, headers FROM retry_jobs_all"
         ).fetchall()
     by_kind: dict[str, dict[str, Any]] = {}
     for row in rows:

@@ -129,7 +129,9 @@ def snapshot(database_url: str) -> dict[int, tuple[bytes | None, bytes | None]]:
     import psycopg
 
     with psycopg.connect(database_url) as conn:
-        return {int(i): (k, v) for i, k, v in conn.execute("SELECT id, msg_key, msg_value FROM retry_jobs")}
+        return {
+            int(i): (k, v) for i, k, v in conn.execute("SELECT id, msg_key, msg_value FROM retry_jobs_all")
+        }
 
 
 def account_archive(
@@ -185,10 +187,10 @@ def run_bulk_trial(
             codes.append(run_job(command, env, job_log, plan))
             codes.append(run_job(command, env, job_log, None))  # Airflow's retry of the task
         if fault == "compaction_kill":
-            done = _wait_for(database_url, "SELECT count(*) FROM retry_jobs", 0, 10)
+            done = _wait_for(database_url, "SELECT count(*) FROM retry_jobs_all", 0, 10)
         else:
             done = _wait_for(
-                database_url, "SELECT count(*) FROM retry_jobs WHERE status <> 'published'", 0, timeout_s
+                database_url, "SELECT count(*) FROM retry_jobs_all WHERE status <> 'published'", 0, timeout_s
             )
     detail["exit_codes"] = codes
     fired = bool(codes) and codes[0] == -signal.SIGKILL

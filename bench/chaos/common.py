@@ -35,10 +35,10 @@ INGEST_WORKERS = 2
 LEASE_MS, DELIVERY_TIMEOUT_MS = 4000, 2500
 RESTART_DELAY_S = 1.0
 
-COUNTS_SQL = "SELECT count(*), count(*) FILTER (WHERE status = 'published') FROM retry_jobs"
+COUNTS_SQL = "SELECT count(*), count(*) FILTER (WHERE status = 'published') FROM retry_jobs_all"
 DONE_SQL = (
     "SELECT count(*), count(*) FILTER (WHERE status = 'published'"
-    " OR (status = 'dead' AND dlq_published_at IS NOT NULL)) FROM retry_jobs"
+    " OR (status = 'dead' AND dlq_published_at IS NOT NULL)) FROM retry_jobs_all"
 )
 
 

@@ -152,7 +152,7 @@ def insert_dead(database_url: str, destination: str | None, **fields: Any) -> in
 
 def job_rows(database_url: str, ids: list[int]) -> dict[int, dict[str, Any]]:
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
-        rows = conn.execute("SELECT * FROM retry_jobs WHERE id = ANY(%s)", (ids,)).fetchall()
+        rows = conn.execute("SELECT * FROM retry_jobs_all WHERE id = ANY(%s)", (ids,)).fetchall()
     return {r["id"]: r for r in rows}
 
 
@@ -354,7 +354,7 @@ def test_a_replay_too_large_for_one_request_becomes_a_dlq_replay_run_that_does_i
     assert audit_count(retry_db) == audits + 1
     with psycopg.connect(retry_db) as conn:
         dead = conn.execute(
-            "SELECT count(*) FROM retry_jobs WHERE destination = %s AND status = 'dead'", (dest,)
+            "SELECT count(*) FROM retry_jobs_all WHERE destination = %s AND status = 'dead'", (dest,)
         )
         assert dead.fetchone() == (10_001,)
 
@@ -376,7 +376,7 @@ def test_a_replay_too_large_for_one_request_becomes_a_dlq_replay_run_that_does_i
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with psycopg.connect(retry_db, row_factory=dict_row) as conn:
         rows = conn.execute(
-            "SELECT status::text AS status, count(*) AS n FROM retry_jobs WHERE destination = %s GROUP BY 1",
+            "SELECT status::text AS status, count(*) AS n FROM retry_jobs_all WHERE destination = %s GROUP BY 1",
             (dest,),
         ).fetchall()
         audit = conn.execute("SELECT * FROM retry_dlq_audit ORDER BY id DESC LIMIT 1").fetchone()
@@ -678,7 +678,7 @@ def test_two_hundred_concurrent_searches_use_a_few_connections_and_the_loops_kee
     assert published == 6  # (the other tests' pending jobs have no topic: not published)
     with psycopg.connect(retry_db) as conn:
         assert conn.execute(
-            "SELECT count(*) FROM retry_jobs WHERE destination = %s AND status = 'published'", (dest,)
+            "SELECT count(*) FROM retry_jobs_all WHERE destination = %s AND status = 'published'", (dest,)
         ).fetchone() == (6,)
     keys = sorted(s.key for s in consume(bootstrap_servers, [dest], 6))
     assert keys == sorted([b"key", *(r["key"] for r in failures)])

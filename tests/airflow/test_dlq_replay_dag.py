@@ -50,12 +50,12 @@ def test_dry_run_then_replay_then_purge_each_audited(trigger, database_url: str)
     dry = trigger({"destination": "payments"})  # the form's defaults: replay, dry run
     assert dry.state == DagRunState.SUCCESS
     assert (outcome(dry)["matched"], outcome(dry)["would_affect"], outcome(dry)["affected"]) == (2, 2, 0)
-    assert rows(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'dead'") == [(3,)]
+    assert rows(database_url, "SELECT count(*) FROM retry_jobs_all WHERE status = 'dead'") == [(3,)]
 
     replay = trigger({"destination": "payments", "dry_run": False, "reset_attempts": True})
     assert replay.state == DagRunState.SUCCESS
     assert outcome(replay)["affected"] == 2
-    assert rows(database_url, "SELECT id, status::text, attempt FROM retry_jobs ORDER BY id") == [
+    assert rows(database_url, "SELECT id, status::text, attempt FROM retry_jobs_all ORDER BY id") == [
         (1, "pending", 0),
         (2, "pending", 0),
         (3, "dead", 3),
@@ -64,7 +64,7 @@ def test_dry_run_then_replay_then_purge_each_audited(trigger, database_url: str)
     purge = trigger({"action": "purge", "ids": "3", "dry_run": False})
     assert purge.state == DagRunState.SUCCESS
     assert outcome(purge)["affected"] == 1
-    assert rows(database_url, "SELECT id FROM retry_jobs ORDER BY id") == [(1,), (2,)]
+    assert rows(database_url, "SELECT id FROM retry_jobs_all ORDER BY id") == [(1,), (2,)]
 
     audit = rows(
         database_url,

@@ -96,12 +96,14 @@ def test_each_run_replays_the_dead_jobs_of_its_hour_once(trigger, database_url: 
     assert dry.state == DagRunState.SUCCESS
     assert (dry.data_interval_start, dry.data_interval_end) == (start, end)
     assert (outcome(dry)["matched"], outcome(dry)["would_affect"], outcome(dry)["affected"]) == (3, 2, 0)
-    assert sql(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'dead'") == [(6,)]
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs_all WHERE status = 'dead'") == [(6,)]
 
     replay = trigger(end, {"destination": "payments", "dry_run": False})
     assert replay.state == DagRunState.SUCCESS
     assert outcome(replay)["affected"] == 2
-    assert sql(database_url, "SELECT source_offset, status::text FROM retry_jobs ORDER BY source_offset") == [
+    assert sql(
+        database_url, "SELECT source_offset, status::text FROM retry_jobs_all ORDER BY source_offset"
+    ) == [
         (1, "pending"),
         (2, "pending"),
         (3, "dead"),
@@ -146,4 +148,4 @@ def test_without_a_destination_every_destination_of_the_hour_is_replayed(trigger
 
     run = trigger(HOUR + timedelta(hours=1), {"dry_run": False})
     assert outcome(run)["affected"] == 2
-    assert sql(database_url, "SELECT source_offset FROM retry_jobs WHERE status = 'dead'") == [(3,)]
+    assert sql(database_url, "SELECT source_offset FROM retry_jobs_all WHERE status = 'dead'") == [(3,)]

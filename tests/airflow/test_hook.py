@@ -45,7 +45,7 @@ def test_libpq_extras_reach_the_server(database_url: str) -> None:
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT current_setting('application_name')").fetchone() == ("retry-hook-test",)
         assert conn.execute("SHOW statement_timeout").fetchone() == ("4321ms",)
-        assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM retry_jobs_all").fetchone() == (0,)
 
 
 def test_an_unknown_extra_key_is_an_error_that_names_it(database_url: str) -> None:

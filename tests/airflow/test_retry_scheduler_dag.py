@@ -74,7 +74,7 @@ def test_dag_moves_records_to_destination_and_dlq(
     assert dead == {b"spent": "exhausted", b"broken": "invalid"}
 
     with psycopg.connect(database_url) as conn:
-        rows = dict(conn.execute("SELECT msg_key, status::text FROM retry_jobs").fetchall())
+        rows = dict(conn.execute("SELECT msg_key, status::text FROM retry_jobs_all").fetchall())
     assert rows == {b"due": "published", b"spent": "dead", b"broken": "dead"}
 
     xcoms = [

@@ -173,7 +173,7 @@ def test_no_password_in_argv_xcom_logs_or_output(
     assert json.loads(cli_runs[0].stdout.strip().splitlines()[-1])["published"] == 10
     assert len(consume(bootstrap_servers, [dest], 30)) == 30
     with psycopg.connect(password_database) as conn:
-        assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM retry_jobs_all").fetchone() == (0,)
 
     # The watcher saw the jobs' drivers, each given a connection file, not a password.
     drivers = [line for line in lines.seen if "bulk_retry.py" in line or "compact.py" in line]

@@ -9,7 +9,7 @@ import re
 import sys
 import time
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -21,6 +21,7 @@ from retry_scheduler.core import protocol as p
 from retry_scheduler.core.jobs import Job, Status
 from retry_scheduler.db.store import Store
 from tests.conftest import ROOT
+from tests.jobrows import publish
 from tests.kafkautil import consume, create_topics
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.integration]
@@ -87,7 +88,7 @@ def test_bulk_replay_dag_dry_run_then_replay(
     dry = dag.test(run_conf={"destination": dest})  # the form's default is a dry run
     assert dry.state == DagRunState.SUCCESS
     with psycopg.connect(database_url) as conn:
-        assert conn.execute("SELECT count(*) FROM retry_jobs WHERE status = 'dead'").fetchone() == (35,)
+        assert conn.execute("SELECT count(*) FROM retry_jobs_all WHERE status = 'dead'").fetchone() == (35,)
 
     run = dag.test(run_conf={"destination": dest, "dry_run": False})
     assert run.state == DagRunState.SUCCESS
@@ -97,7 +98,7 @@ def test_bulk_replay_dag_dry_run_then_replay(
     with psycopg.connect(database_url) as conn:
         counts = dict(
             conn.execute(
-                "SELECT destination, count(*) FROM retry_jobs WHERE status = 'published' GROUP BY 1"
+                "SELECT destination, count(*) FROM retry_jobs_all WHERE status = 'published' GROUP BY 1"
             ).fetchall()
         )
     assert counts == {dest: 30}
@@ -127,12 +128,8 @@ def test_compaction_dag_archives_its_logical_day(airflow_db, airflow_env: Path, 
             [replace(dead_job(i, "orders"), status=Status.PENDING, dead_reason=None) for i in range(12)]
         )
     with psycopg.connect(database_url) as conn:
-        conn.execute(
-            "UPDATE retry_jobs SET status = 'published', published_at = '2026-11-20 10:00:00+00' WHERE id <= 10"
-        )
-        conn.execute(
-            "UPDATE retry_jobs SET status = 'published', published_at = '2026-11-19 10:00:00+00' WHERE id > 10"
-        )
+        publish(conn, "id <= 10", at=datetime(2026, 11, 20, 10, tzinfo=UTC))
+        publish(conn, "id > 10", at=datetime(2026, 11, 19, 10, tzinfo=UTC))
 
     # A run processes its data interval: triggered at 2026-11-21 00:00, that is the whole of 2026-11-20.
     run = get_dag("retry_compaction").test(logical_date=datetime(2026, 11, 21, tzinfo=UTC))
@@ -141,7 +138,9 @@ def test_compaction_dag_archives_its_logical_day(airflow_db, airflow_env: Path, 
     assert table.num_rows == 10
     assert set(table.column("day").to_pylist()) == {"2026-11-20"}
     with psycopg.connect(database_url) as conn:
-        left = conn.execute("SELECT published_at::date::text, count(*) FROM retry_jobs GROUP BY 1").fetchall()
+        left = conn.execute(
+            "SELECT published_at::date::text, count(*) FROM retry_jobs_all GROUP BY 1"
+        ).fetchall()
     assert left == [("2026-11-19", 2)]  # the other day stays until its own run
 
     # The run updated the archive's Asset, for downstream DAGs scheduled on it, with its day.
@@ -195,7 +194,7 @@ def test_cli_bulk_retry_and_compact(
     assert steps and steps[-1][0] == steps[-1][1] != "0", err[-2000:]
     assert pq.read_table(airflow_env / "retry_jobs").num_rows == 40
     with psycopg.connect(database_url) as conn:
-        assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM retry_jobs_all").fetchone() == (0,)
 
 
 def test_in_a_terminal_compact_shows_the_job_s_progress_as_a_bar(
@@ -208,7 +207,7 @@ def test_in_a_terminal_compact_shows_the_job_s_progress_as_a_bar(
             [replace(dead_job(i, "orders"), status=Status.PENDING, dead_reason=None) for i in range(10)]
         )
     with psycopg.connect(database_url) as conn:
-        conn.execute("UPDATE retry_jobs SET status = 'published', published_at = now() - interval '1 day'")
+        publish(conn, "true", at=datetime.now(UTC) - timedelta(days=1))
     command = [
         str(Path(sys.executable).parent / "retry-scheduler"),
         "compact",
@@ -259,12 +258,12 @@ def test_both_dags_run_their_jobs_on_the_cluster_spark_default_names(
         f"k{i}".encode() for i in range(30)
     )
     with psycopg.connect(database_url) as conn:
-        conn.execute("UPDATE retry_jobs SET published_at = '2026-11-20 10:00:00+00'")
+        conn.execute("UPDATE retry_published_jobs SET published_at = '2026-11-20 10:00:00+00'")
     compaction = get_dag("retry_compaction").test(logical_date=datetime(2026, 11, 21, tzinfo=UTC))
     assert compaction.state == DagRunState.SUCCESS
     assert pq.read_table(airflow_env / "retry_jobs").num_rows == 30
     with psycopg.connect(database_url) as conn:
-        assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM retry_jobs_all").fetchone() == (0,)
 
     apps = completed_apps(spark_cluster, 2, since=before)
     assert sorted(apps.values()) == ["retry-compaction", "retry_bulk_retry"], apps

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pyarrow.parquet as pq
 import pytest
 
@@ -36,6 +37,7 @@ from retry_scheduler.dev.stack import DevStack
 from tests.conftest import empty_service_tables
 from tests.e2e.stacks import new_dev_stack, reparse
 from tests.integration.test_dlq import dead_job, insert, sql
+from tests.jobrows import publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
@@ -130,7 +132,7 @@ def test_backfilling_dlq_window_replay_replays_each_hour_s_dead_jobs_once(stack:
         (h.isoformat(), (h + timedelta(hours=1)).isoformat()) for h in hours
     ]
     assert audit[0][4] and {a[4] for a in audit} == {audit[0][4]}  # the user who typed the backfill command
-    assert sql(database_url, "SELECT source_offset FROM retry_jobs WHERE status = 'dead' ORDER BY 1") == [
+    assert sql(database_url, "SELECT source_offset FROM retry_jobs_all WHERE status = 'dead' ORDER BY 1") == [
         (7,),
         (8,),
     ]
@@ -151,7 +153,7 @@ def test_backfilling_dlq_window_replay_replays_each_hour_s_dead_jobs_once(stack:
     assert intervals(dag_runs(stack.base_url, token, "dlq_window_replay", run_type="backfill")) == intervals(
         runs
     )
-    assert sql(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'pending'") == [(6,)]
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs_all WHERE status = 'pending'") == [(6,)]
 
 
 # Four Spark jobs, one after another, through the scheduler (and each backfill may take 900 s).
@@ -169,12 +171,8 @@ def test_backfilling_retry_compaction_archives_each_day_once(stack: DevStack) ->
     for day, count in published:
         batch = [next(offsets) for _ in range(count)]
         insert(database_url, [replace(dead_job(o), status=Status.PENDING, dead_reason=None) for o in batch])
-        sql(
-            database_url,
-            "UPDATE retry_jobs SET status = 'published', published_at = %s WHERE source_offset = ANY(%s)",
-            day + timedelta(hours=12),
-            batch,
-        )
+        with psycopg.connect(database_url) as conn:
+            publish(conn, "source_offset = ANY(%s)", (batch,), at=day + timedelta(hours=12))
 
     backfill(stack, "retry_compaction", days[0], days[1])
     # Catch-up starts after the newest run the DAG has: once the dag processor saw the backfill's runs,
@@ -198,13 +196,13 @@ def test_backfilling_retry_compaction_archives_each_day_once(stack: DevStack) ->
     expected = [(days[0].strftime("%Y-%m-%d"), 4), (days[1].strftime("%Y-%m-%d"), 6)]
     assert archived() == expected
     left = [(before + timedelta(hours=12), 3)]
-    assert sql(database_url, "SELECT published_at, count(*) FROM retry_jobs GROUP BY 1") == left
+    assert sql(database_url, "SELECT published_at, count(*) FROM retry_jobs_all GROUP BY 1") == left
 
     backfill(stack, "retry_compaction", days[0], days[1], "--reprocess-behavior", "completed")
     assert len(wait_for_backfills(stack.base_url, token, "retry_compaction", timeout=900)) == 2
     assert intervals(window_runs(stack, token, today)) == intervals(runs)
     assert archived() == expected  # no row twice
-    assert sql(database_url, "SELECT published_at, count(*) FROM retry_jobs GROUP BY 1") == left
+    assert sql(database_url, "SELECT published_at, count(*) FROM retry_jobs_all GROUP BY 1") == left
 
 
 def window_runs(stack: DevStack, token: str, today: datetime) -> list[dict[str, Any]]:

@@ -159,7 +159,7 @@ def test_installed_cli_migrates_a_scratch_database(installed: Installed, bare_da
     with psycopg.connect(bare_database_url) as conn:
         versions = [r[0] for r in conn.execute("SELECT version FROM retry_schema_version ORDER BY 1")]
         assert versions == list(range(1, len(shipped) + 1))
-        assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM retry_jobs_all").fetchone() == (0,)
     again = installed.run(
         str(installed.bin / "retry-scheduler"), "--database-url", bare_database_url, "db", "migrate"
     )

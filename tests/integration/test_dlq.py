@@ -191,7 +191,7 @@ def audit_rows(database_url: str) -> list[tuple[Any, ...]]:
 
 def test_a_dry_run_changes_nothing_and_is_audited(database_url: str) -> None:
     insert(database_url, [dead_job(1), dead_job(2), dead_job(3, destination=None, reason="invalid")])
-    before = sql(database_url, "SELECT * FROM retry_jobs ORDER BY id")
+    before = sql(database_url, "SELECT * FROM retry_jobs_all ORDER BY id")
 
     outcome = run_action(
         database_url, "replay", DlqFilter(), actor="alice", source="dag", dry_run=True, run_id="manual__1"
@@ -200,7 +200,7 @@ def test_a_dry_run_changes_nothing_and_is_audited(database_url: str) -> None:
     assert (outcome.matched, outcome.would_affect, outcome.affected) == (3, 2, 0)
     assert outcome.skipped["invalid, no usable destination"] == 1
     assert "dry run: 2 of 3 selected dead jobs would be replayed" in outcome.summary()
-    assert sql(database_url, "SELECT * FROM retry_jobs ORDER BY id") == before
+    assert sql(database_url, "SELECT * FROM retry_jobs_all ORDER BY id") == before
     assert audit_rows(database_url) == [
         ("replay", True, "alice", "dag", "manual__1", {}, False, 3, 0,
          {"invalid, no usable destination": 1}, True)
@@ -222,7 +222,7 @@ def test_replay_makes_jobs_due_now_keeping_or_resetting_the_attempt(database_url
     assert (kept.affected, reset.affected) == (1, 1)  # job 3 is invalid: left alone
     rows = sql(
         database_url,
-        "SELECT id, status::text, attempt, dead_reason, due_at >= %s FROM retry_jobs ORDER BY id",
+        "SELECT id, status::text, attempt, dead_reason, due_at >= %s FROM retry_jobs_all ORDER BY id",
         started,
     )
     assert rows == [(1, "pending", 3, None, True), (2, "pending", 0, None, True), (3, "dead", 3, "invalid", False)]  # fmt: skip
@@ -250,7 +250,7 @@ def test_a_limit_takes_the_oldest_jobs_and_batches_add_up(database_url: str) -> 
 
     assert (outcome.matched, outcome.affected) == (7, 7)
     assert progress == [(3, 7), (6, 7), (7, 7)]
-    assert sql(database_url, "SELECT id FROM retry_jobs WHERE status = 'dead' ORDER BY id") == [
+    assert sql(database_url, "SELECT id FROM retry_jobs_all WHERE status = 'dead' ORDER BY id") == [
         (8,),
         (9,),
         (10,),
@@ -266,14 +266,14 @@ def test_purge_deletes_only_jobs_already_on_the_dlq_topic(database_url: str) -> 
         database_url, "purge", DlqFilter(destination="orders"), actor="dan", source="cli", dry_run=True
     )
     assert (dry.matched, dry.would_affect, dry.skipped) == (2, 1, {"not yet on the DLQ topic": 1})
-    assert len(sql(database_url, "SELECT id FROM retry_jobs")) == 3
+    assert len(sql(database_url, "SELECT id FROM retry_jobs_all")) == 3
 
     done = run_action(
         database_url, "purge", DlqFilter(destination="orders"), actor="dan", source="cli", dry_run=False
     )
 
     assert done.affected == 1
-    assert sql(database_url, "SELECT id FROM retry_jobs ORDER BY id") == [(2,), (3,)]
+    assert sql(database_url, "SELECT id FROM retry_jobs_all ORDER BY id") == [(2,), (3,)]
     assert [(a[0], a[1], a[8]) for a in audit_rows(database_url)] == [("purge", True, 0), ("purge", False, 1)]
 
 
@@ -285,7 +285,7 @@ def test_replay_leaves_a_job_alone_while_it_is_being_sent_to_the_dlq(database_ur
 
     assert (outcome.matched, outcome.affected) == (2, 1)
     assert outcome.skipped["being sent to the DLQ topic now"] == 1
-    assert sql(database_url, "SELECT id, status::text FROM retry_jobs ORDER BY id") == [
+    assert sql(database_url, "SELECT id, status::text FROM retry_jobs_all ORDER BY id") == [
         (1, "dead"),
         (2, "pending"),
     ]
@@ -332,7 +332,7 @@ def test_a_replayed_job_is_published_again_and_a_purged_one_is_gone(
     assert (seen.key, seen.value) == (b"key-1", b'{"order": 1}')
     assert (seen.header(p.ID), seen.header(p.ATTEMPT)) == ("rid-1", "4")  # attempt kept, raised by one
     assert seen.header(p.DEAD_REASON) is None
-    assert sql(database_url, "SELECT id, status::text FROM retry_jobs ORDER BY id") == [(1, "published")]
+    assert sql(database_url, "SELECT id, status::text FROM retry_jobs_all ORDER BY id") == [(1, "published")]
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -358,11 +358,11 @@ def test_cli_lists_shows_and_replays_after_a_dry_run(
     captured = capsys.readouterr()
     assert "dry run: 1 of 1 selected dead jobs would be replayed" in captured.out
     assert "add --yes" in captured.err
-    assert sql(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'dead'") == [(2,)]
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs_all WHERE status = 'dead'") == [(2,)]
 
     assert main(["dlq", "replay", "--search", "declined", "--yes"]) == 0
     assert "1 of 1 selected dead jobs replayed" in capsys.readouterr().out
-    assert sql(database_url, "SELECT id FROM retry_jobs WHERE status = 'pending'") == [(2,)]
+    assert sql(database_url, "SELECT id FROM retry_jobs_all WHERE status = 'pending'") == [(2,)]
 
     assert main(["dlq", "audit"]) == 0
     audit = capsys.readouterr().out.splitlines()
@@ -383,14 +383,14 @@ def test_cli_purges_in_batches_of_the_size_asked(
 
     assert main(["dlq", "purge", "--yes", "--batch-size", "0"]) == 2
     assert "batch size 0 must be between 1 and 10,000,000" in capsys.readouterr().err
-    assert sql(database_url, "SELECT count(*) FROM retry_jobs") == [(5,)]
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs_all") == [(5,)]
 
     assert main(["dlq", "purge", "--yes", "--batch-size", "2"]) == 0
     captured = capsys.readouterr()
     # not a terminal: one plain line per batch on stderr (the bar is for terminals, test_cli.py)
     assert captured.err.splitlines() == ["purge: 2/5 jobs", "purge: 4/5 jobs", "purge: 5/5 jobs"]
     assert "5 of 5 selected dead jobs purged" in captured.out
-    assert sql(database_url, "SELECT count(*) FROM retry_jobs") == [(0,)]
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs_all") == [(0,)]
 
 
 def test_in_a_terminal_a_replay_shows_a_progress_bar(database_url: str) -> None:
@@ -415,7 +415,7 @@ def test_in_a_terminal_a_replay_shows_a_progress_bar(database_url: str) -> None:
     assert "replay ━━━━" in text and "6/6 jobs 100%" in text and "elapsed," in text, text
     assert "replay: 2/6 jobs" not in text  # the plain lines are for pipes and logs
     assert "6 of 6 selected dead jobs replayed" in out and "━" not in out
-    assert sql(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'pending'") == [(6,)]
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs_all WHERE status = 'pending'") == [(6,)]
 
 
 def test_replay_leaves_dead_the_jobs_whose_destination_is_no_longer_allowed(database_url: str) -> None:
@@ -437,7 +437,7 @@ def test_replay_leaves_dead_the_jobs_whose_destination_is_no_longer_allowed(data
         database_url, "replay", DlqFilter(), actor="ann", source="cli", dry_run=False, destinations=rules
     )
     assert done.affected == 1
-    assert sql(database_url, "SELECT id, status::text FROM retry_jobs ORDER BY id") == [
+    assert sql(database_url, "SELECT id, status::text FROM retry_jobs_all ORDER BY id") == [
         (1, "pending"),
         (2, "dead"),
         (3, "dead"),
@@ -453,7 +453,7 @@ def test_the_cli_replays_by_the_deployment_s_destination_rules(
     assert main(["--database-url", database_url, "dlq", "replay", "--yes"]) == 0
     out = capsys.readouterr().out
     assert "1 of 2 selected dead jobs replayed (left alone: 1 destination not allowed)" in out
-    assert sql(database_url, "SELECT id, status::text FROM retry_jobs ORDER BY id") == [
+    assert sql(database_url, "SELECT id, status::text FROM retry_jobs_all ORDER BY id") == [
         (1, "pending"),
         (2, "dead"),
     ]
@@ -473,7 +473,7 @@ def test_an_operation_larger_than_the_page_s_bound_is_refused_before_anything_is
         run_action(
             database_url, "replay", DlqFilter(), actor="ann", source="ui", dry_run=False, max_affected=2
         )
-    assert {s for (s,) in sql(database_url, "SELECT status::text FROM retry_jobs")} == {"dead"}
+    assert {s for (s,) in sql(database_url, "SELECT status::text FROM retry_jobs_all")} == {"dead"}
     assert len(audit_rows(database_url)) == 1  # the dry run's only
 
 

@@ -74,7 +74,7 @@ def test_hostile_records_do_not_halt_ingestion_and_ordinary_ones_come_back_on_ti
             bytes(r["msg_key"]).decode(): r
             for r in conn.execute(
                 "SELECT msg_key, status, dead_reason, reason, due_at, published_at, dlq_published_at,"
-                " source_timestamp_ms, first_seen_at, created_at FROM retry_jobs"
+                " source_timestamp_ms, first_seen_at, created_at FROM retry_jobs_all"
             )
         }
     assert rows["long-name"]["dead_reason"] == p.DEAD_INVALID

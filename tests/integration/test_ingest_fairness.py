@@ -78,10 +78,11 @@ def test_records_on_a_quiet_retry_topic_are_stored_ahead_of_another_topic_s_back
 
     with psycopg.connect(database_url) as conn:
         (last_quiet,) = conn.execute(
-            "SELECT max(id) FROM retry_jobs WHERE source_topic = %s", (loop.settings.retry_topic,)
+            "SELECT max(id) FROM retry_jobs_all WHERE source_topic = %s", (loop.settings.retry_topic,)
         ).fetchone()  # type: ignore[misc]
         (burst_before,) = conn.execute(
-            "SELECT count(*) FROM retry_jobs WHERE source_topic = %s AND id < %s", (burst_topic, last_quiet)
+            "SELECT count(*) FROM retry_jobs_all WHERE source_topic = %s AND id < %s",
+            (burst_topic, last_quiet),
         ).fetchone()  # type: ignore[misc]
     # Stored ahead of the quiet records: what was stored before they were sent (>= 1 000), and what the
     # consumer had fetched ahead from the backlog meanwhile; never the whole backlog.

@@ -105,7 +105,7 @@ def publish_all(store: Store, late_s: float) -> int:
     with store.conn.transaction():
         rows = store.claim_due(1000)
         due = dict(
-            store.conn.execute("SELECT id, (extract(epoch FROM due_at) * 1000)::bigint FROM retry_jobs")
+            store.conn.execute("SELECT id, (extract(epoch FROM due_at) * 1000)::bigint FROM retry_jobs_all")
         )
         return store.mark_published([(r.id, due[r.id] + int(late_s * 1000)) for r in rows])
 

@@ -43,7 +43,7 @@ def test_every_built_row_is_stored_as_built(database_url: str) -> None:
             assert store.insert_rows([row]) == [row.dead_reason]  # stored, not refused, not skipped
             got = reader.execute(
                 "SELECT msg_key, msg_value, headers, status::text, dead_reason, reason, retry_id, destination "
-                "FROM retry_jobs WHERE source_topic = %s AND source_offset = %s",
+                "FROM retry_jobs_all WHERE source_topic = %s AND source_offset = %s",
                 (row.source_topic, row.source_offset),
             ).fetchone()
             reader.rollback()

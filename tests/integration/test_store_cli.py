@@ -51,6 +51,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (11, "0011_held_jobs"),
         (12, "0012_compaction_days"),
         (13, "0013_loop_claim_floor"),
+        (14, "0014_published_jobs"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(
@@ -71,6 +72,8 @@ def test_migration_0007_marks_what_a_crashed_bulk_retry_had_staged_then_drops_th
     with psycopg.connect(database_url, autocommit=True) as conn:
         # The database as 0006 left it, with the acknowledgements of a bulk retry that crashed before marking.
         conn.execute("DELETE FROM retry_schema_version WHERE version = 7")
+        # (0014, applied after 0007, moves published jobs out of retry_jobs: allowed here as before it)
+        conn.execute("ALTER TABLE retry_jobs DROP CONSTRAINT retry_jobs_not_published")
         conn.execute("CREATE UNLOGGED TABLE retry_bulk_delivered (run_id text, id bigint, acked_ms bigint)")
         conn.execute(
             "INSERT INTO retry_bulk_delivered SELECT 'crashed', id, 1800000000000 FROM retry_jobs "
@@ -91,7 +94,7 @@ def test_migration_0007_marks_what_a_crashed_bulk_retry_had_staged_then_drops_th
 
 def test_unmigrated_database_says_what_to_run(database_url: str) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("DROP TABLE retry_jobs; DROP TYPE retry_job_status")
+        conn.execute("DROP TABLE retry_jobs, retry_published_jobs CASCADE; DROP TYPE retry_job_status")
     with pytest.raises(StoreError, match="run `retry-scheduler db migrate`"):
         Store(database_url)
 
@@ -100,6 +103,29 @@ def test_insert_ignores_duplicate_source_offsets(database_url: str) -> None:
     with Store(database_url) as store:
         assert store.insert_jobs([make_job(1), make_job(2, Status.DEAD, dead="fatal")]) == [None, "fatal"]
         assert store.insert_jobs([make_job(2, Status.DEAD, dead="fatal"), make_job(3)]) == [None]
+
+
+def test_a_record_read_again_after_its_job_was_published_is_not_stored_twice(database_url: str) -> None:
+    """Published jobs leave retry_jobs (migration 0014): the duplicate check looks where they went."""
+
+    def ingest(*offsets: int) -> list[str | None]:  # as the ingest loop stores a batch
+        rows = [make_job(o).copy_row() for o in offsets]
+        return store.insert_rows(rows, consumer_group="g", offsets={("retry", 0): max(offsets) + 1})
+
+    with Store(database_url) as store:
+        assert ingest(1) == [None]
+        with store.conn.transaction():
+            [row] = store.claim_due(10)
+            assert store.mark_published([(row.id, int(time.time() * 1000))]) == 1
+        assert store.ingested_record_timestamp("retry", 0, 1) == make_job(1).source_timestamp_ms
+        # Read again from below the offset stored with the rows (Kafka's offsets lost, say): only
+        # the new record is stored.
+        assert ingest(1, 2) == [None]
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute("SELECT source_offset, status::text FROM retry_jobs_all ORDER BY 1").fetchall()
+        hot = conn.execute("SELECT source_offset FROM retry_jobs").fetchall()
+    assert rows == [(1, "published"), (2, "pending")]
+    assert hot == [(2,)], "the published job left retry_jobs"
 
 
 def test_a_recreated_topic_reusing_offsets_is_not_taken_for_duplicates(database_url: str) -> None:
@@ -117,9 +143,17 @@ def test_invalid_status_transitions_fail_loudly(database_url: str) -> None:
             store.mark_published([(row.id, int(time.time() * 1000))])
     with (
         psycopg.connect(database_url) as conn,
-        pytest.raises(psycopg.errors.CheckViolation, match="published -> pending"),
+        pytest.raises(psycopg.errors.CheckViolation, match="retry_published_jobs_published"),
     ):
-        conn.execute("UPDATE retry_jobs SET status = 'pending'")
+        conn.execute("UPDATE retry_published_jobs SET status = 'pending'")
+    with Store(database_url) as store:
+        store.insert_jobs([make_job(2), make_job(3, Status.DEAD, dead="fatal")])
+    # A job is published by moving it (mark_published), never in place.
+    with (
+        psycopg.connect(database_url) as conn,
+        pytest.raises(psycopg.errors.CheckViolation, match="retry_jobs_not_published"),
+    ):
+        conn.execute("UPDATE retry_jobs SET status = 'published', dead_reason = NULL WHERE source_offset = 2")
 
 
 def test_claims_skip_future_jobs_and_jobs_another_publisher_holds(database_url: str) -> None:
@@ -283,7 +317,9 @@ def test_jobs_claimed_and_marked_in_one_transaction_are_not_left_with_multixact_
                     "SELECT id FROM retry_jobs WHERE status = 'pending' FOR UPDATE"
                 )]  # fmt: skip
             with store.conn.transaction():
-                store.conn.execute("UPDATE retry_jobs SET status = 'published' WHERE id = ANY(%s)", (ids,))
+                store.conn.execute(
+                    "DELETE FROM retry_jobs WHERE id = ANY(%s)", (ids,)
+                )  # as the mark moves them
         assert multixact_deleters(admin) == 50
 
 

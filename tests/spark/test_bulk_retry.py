@@ -102,7 +102,7 @@ def rows(database_url: str) -> dict[str, tuple[Any, ...]]:
     """retry_id -> (status, published_at, lease_until, updated_at)."""
     with psycopg.connect(database_url) as conn:
         found = conn.execute(
-            "SELECT retry_id, status::text, published_at, lease_until, updated_at FROM retry_jobs"
+            "SELECT retry_id, status::text, published_at, lease_until, updated_at FROM retry_jobs_all"
         ).fetchall()
     return {r[0]: tuple(r[1:]) for r in found}
 
@@ -329,7 +329,7 @@ class Tally:
 def stored_rows(database_url: str) -> list[dict[str, Any]]:
     """The stored jobs as rows of the selection, read with the bulk retry's own column list."""
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
-        return conn.execute(f"SELECT {OUTGOING_COLUMNS} FROM retry_jobs ORDER BY id").fetchall()
+        return conn.execute(f"SELECT {OUTGOING_COLUMNS} FROM retry_jobs_all ORDER BY id").fetchall()
 
 
 @pytest.mark.integration
@@ -489,7 +489,7 @@ def test_missing_destination_topic_counts_failed_and_leaves_jobs_dead(
 
 
 def fail_marking_after(database_url: str, rows: int) -> None:
-    """Make the database refuse every status update after the first ``rows``, as an outage in mid-run would."""
+    """Make the database refuse every mark after the first ``rows``, as an outage in mid-run would."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("CREATE SEQUENCE test_marks")
         conn.execute(
@@ -498,13 +498,13 @@ def fail_marking_after(database_url: str, rows: int) -> None:
             "RAISE EXCEPTION 'simulated outage while marking %', NEW.retry_id; END IF; RETURN NEW; END $$"
         )
         conn.execute(
-            "CREATE TRIGGER test_fail_mark BEFORE UPDATE ON retry_jobs FOR EACH ROW EXECUTE FUNCTION test_fail_mark()"
+            "CREATE TRIGGER test_fail_mark BEFORE INSERT ON retry_published_jobs FOR EACH ROW EXECUTE FUNCTION test_fail_mark()"
         )
 
 
 def mend_marking(database_url: str) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("DROP TRIGGER test_fail_mark ON retry_jobs; DROP FUNCTION test_fail_mark()")
+        conn.execute("DROP TRIGGER test_fail_mark ON retry_published_jobs; DROP FUNCTION test_fail_mark()")
 
 
 @pytest.mark.spark
@@ -577,7 +577,7 @@ def test_filters_error_class_time_window_and_limit(
     with psycopg.connect(database_url) as conn:
         for rid, at in created.items():
             conn.execute("UPDATE retry_jobs SET created_at = %s WHERE retry_id = %s", (at, rid))
-        ids = dict(conn.execute("SELECT retry_id, id FROM retry_jobs").fetchall())
+        ids = dict(conn.execute("SELECT retry_id, id FROM retry_jobs_all").fetchall())
 
     def count(*args: str) -> int:
         return int(run(database_url, bootstrap_servers, "--dry-run", *args)["selected"])

@@ -119,7 +119,7 @@ def test_bulk_retry_and_compaction_of_50_000_jobs_run_on_the_cluster(
     assert sorted(int(v[4:]) for v in archived.column("msg_value").to_pylist()) == list(range(1, JOBS + 1))
     assert set(archived.column("status").to_pylist()) == {"published"}
     with psycopg.connect(database_url) as conn:
-        assert conn.execute("SELECT count(*) FROM retry_jobs").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM retry_jobs_all").fetchone() == (0,)
 
     # Both ran as applications of the master, with executors on the worker (not in the driver's JVM).
     apps = completed_apps(cluster, 2, since=before)

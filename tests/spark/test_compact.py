@@ -30,6 +30,7 @@ from retry_scheduler.spark import archive_io
 from retry_scheduler.spark import compaction as compact
 from retry_scheduler.spark.compaction_db import ArchiveVerificationError
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
+from tests.jobrows import publish
 
 pytestmark = pytest.mark.spark
 
@@ -209,17 +210,21 @@ def seed(database_url: str, jobs: dict[str, tuple[str, datetime | None, str | No
     offsets = {name: next(_offsets) for name in jobs}
     with Store(database_url) as store:
         store.insert_jobs(
-            [make_job(offsets[name], Status(status), dest) for name, (status, _, dest) in jobs.items()]
+            # published ones are stored pending and then published, as the loop does
+            [
+                make_job(offsets[name], Status.PENDING if status == "published" else Status(status), dest)
+                for name, (status, _, dest) in jobs.items()
+            ]
         )
     with psycopg.connect(database_url) as conn:
-        by_offset: dict[int, int] = dict(conn.execute("SELECT source_offset, id FROM retry_jobs").fetchall())
+        by_offset: dict[int, int] = dict(
+            conn.execute("SELECT source_offset, id FROM retry_jobs_all").fetchall()
+        )
         ids = {name: by_offset[offset] for name, offset in offsets.items()}
         for name, (status, at, _) in jobs.items():
             if status == "published":
-                conn.execute(
-                    "UPDATE retry_jobs SET status = 'published', published_at = %s WHERE id = %s",
-                    (at, ids[name]),
-                )
+                assert at is not None
+                publish(conn, "id = %s", (ids[name],), at=at)
             elif status == "dead":  # on its DLQ topic a moment after it died, as the publish loop does
                 conn.execute(
                     "UPDATE retry_jobs SET dead_at = %s, dlq_published_at = %s WHERE id = %s",
@@ -230,7 +235,7 @@ def seed(database_url: str, jobs: dict[str, tuple[str, datetime | None, str | No
 
 def db_rows(database_url: str) -> dict[int, dict[str, Any]]:
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
-        rows = conn.execute("SELECT * FROM retry_jobs").fetchall()
+        rows = conn.execute("SELECT * FROM retry_jobs_all").fetchall()
     return {row["id"]: row for row in rows}
 
 
@@ -472,7 +477,7 @@ def test_a_delete_failing_on_one_of_its_connections_is_raised_and_the_next_run_f
             " $$ BEGIN RAISE EXCEPTION 'disk full (test)'; END $$"
         )
         conn.execute(
-            "CREATE TRIGGER refuse_delete BEFORE DELETE ON retry_jobs FOR EACH ROW"
+            "CREATE TRIGGER refuse_delete BEFORE DELETE ON retry_published_jobs FOR EACH ROW"
             f" WHEN (OLD.id = {ids['p5']}) EXECUTE FUNCTION refuse_delete()"
         )
     with pytest.raises(psycopg.errors.RaiseException, match="disk full"):
@@ -483,7 +488,7 @@ def test_a_delete_failing_on_one_of_its_connections_is_raised_and_the_next_run_f
     assert staged(database_url) == 0
 
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("DROP TRIGGER refuse_delete ON retry_jobs")
+        conn.execute("DROP TRIGGER refuse_delete ON retry_published_jobs")
         conn.execute("DROP FUNCTION refuse_delete()")
     again = run(database_url, archive, "--delete-batch", "1", "--delete-workers", "3")
     assert (again["selected"], again["already_archived"], again["archived_new"], again["deleted"]) == (
@@ -650,7 +655,7 @@ def test_large_records_are_read_a_few_rows_per_round_trip_and_archived_whole(
     ids = seed(database_url, {f"big{i}": ("published", now - timedelta(days=8), "orders") for i in range(3)})
     big = bytes(range(256)) * 3500  # 896 000 bytes, near the 1 MiB record limit
     with psycopg.connect(database_url) as conn:
-        conn.execute("UPDATE retry_jobs SET msg_value = %s", (big,))
+        conn.execute("UPDATE retry_published_jobs SET msg_value = %s", (big,))
     before = db_rows(database_url)
     largest = max(
         len(r["msg_key"] or b"") + len(r["msg_value"]) + len(r["headers"] or b"") for r in before.values()
@@ -688,10 +693,7 @@ def test_jobs_leaving_or_joining_the_selection_during_the_run_are_kept(
         real_write(rows, root)
         with psycopg.connect(database_url, autocommit=True) as other:
             # marked published with an acknowledgement time inside the window: joins it
-            other.execute(
-                "UPDATE retry_jobs SET status = 'published', published_at = %s WHERE id = %s",
-                (now - timedelta(days=9), ids["late"]),
-            )
+            publish(other, "id = %s", (ids["late"],), at=now - timedelta(days=9))
 
     monkeypatch.setattr(compact, "write_archive", write_while_others_work)
     result = run(database_url, archive, "--older-than", "7d", "--dead-retention", "30d")

@@ -174,7 +174,8 @@ class Store:
             return []
         with self.conn.transaction(), self.conn.cursor() as cur:
             if rows:
-                rows, stored = self._store_rows(cur, rows, refused)
+                again = self._maybe_stored(cur, rows, consumer_group)
+                rows, stored = self._store_rows(cur, rows, refused, again)
             else:
                 stored = []
             adopted = sorted({row.source_topic for row in rows} & set(adopted_topics))
@@ -194,21 +195,43 @@ class Store:
                 )
         return stored
 
+    def _maybe_stored(self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], group: str | None) -> bool:
+        """Whether some of ``rows`` may be stored already: a partition read from below the next offset
+        ``group`` stored with its rows, or one it stored none from (a new group, a renamed one, offsets
+        lost). Those batches go through the staging table, which skips records stored already whether
+        their job is still in retry_jobs or was published since (migration 0014: the unique key of
+        retry_jobs no longer sees those). A batch read on from the stored offsets is COPYed straight
+        in. Without a group (jobs stored by hand, as the benchmarks do) only the rows still in
+        retry_jobs are found, by their unique key, as before."""
+        if group is None:
+            return False
+        lowest: dict[tuple[str, int], int] = {}
+        for row in rows:
+            key = (row.source_topic, row.source_partition)
+            lowest[key] = min(lowest.get(key, row.source_offset), row.source_offset)
+        keys = sorted(lowest)
+        cur.execute(
+            q("ingest_offsets_of"),
+            {"group": group, "topics": [k[0] for k in keys], "partitions": [k[1] for k in keys]},
+        )
+        stored = {(topic, partition): offset for topic, partition, offset in cur.fetchall()}
+        return any(key not in stored or lowest[key] < stored[key] for key in keys)
+
     def _store_rows(
-        self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], refused: Refusal | None
+        self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], refused: Refusal | None, again: bool
     ) -> tuple[Sequence[CopyRow], list[str | None]]:
         """COPY ``rows`` in a savepoint; when the server refuses a row, halve and retry (see
         :meth:`insert_rows`). Returns the rows as stored (refused ones replaced) and their dead reasons."""
         try:
             with self.conn.transaction():
-                return rows, self._copy_rows(cur, rows)
+                return rows, self._copy_rows(cur, rows, again)
         except _ROW_ERRORS as exc:
             if refused is None or isinstance(exc, psycopg.errors.UniqueViolation):
                 raise
             if len(rows) > 1:
                 half = len(rows) // 2
-                first, first_stored = self._store_rows(cur, rows[:half], refused)
-                second, second_stored = self._store_rows(cur, rows[half:], refused)
+                first, first_stored = self._store_rows(cur, rows[:half], refused, again)
+                second, second_stored = self._store_rows(cur, rows[half:], refused, again)
                 return [*first, *second], first_stored + second_stored
             reason = refusal_reason(exc)
             log.warning(
@@ -218,9 +241,16 @@ class Store:
             replacement = [refused(rows[0], reason)]
             # Refused again, the fault is not the record's: raised, and the batch is read again.
             with self.conn.transaction():
-                return replacement, self._copy_rows(cur, replacement)
+                return replacement, self._copy_rows(cur, replacement, again)
 
-    def _copy_rows(self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow]) -> list[str | None]:
+    def _copy_rows(self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], again: bool) -> list[str | None]:
+        if again:
+            stored = self._insert_new_only(cur, rows)
+            if len(stored) < len(rows):
+                log.info(
+                    "%s of %s records were stored already (read again)", len(rows) - len(stored), len(rows)
+                )
+            return stored
         try:
             with self.conn.transaction(), cur.copy(q("copy_jobs")) as copy:
                 copy.set_types(COPY_TYPES)

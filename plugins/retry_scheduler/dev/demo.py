@@ -204,7 +204,7 @@ def _outcome(settings: Settings, tag: str) -> dict[str, object]:
             """
             SELECT status::text, dead_reason, dlq_published_at IS NOT NULL,
                    extract(epoch FROM published_at - due_at)::float8
-            FROM retry_jobs WHERE convert_from(msg_key, 'UTF8') LIKE %s
+            FROM retry_jobs_all WHERE convert_from(msg_key, 'UTF8') LIKE %s
             """,
             (f"%-{tag}",),
         ).fetchall()
@@ -238,7 +238,7 @@ def warm_up(settings: Settings, tag: str, timeout_s: float) -> None:
     with psycopg.connect(settings.database_url, autocommit=True) as conn:
         while time.monotonic() < deadline:
             row = conn.execute(
-                "SELECT status::text FROM retry_jobs WHERE msg_key = %s AND status = 'published'", (key,)
+                "SELECT status::text FROM retry_published_jobs WHERE msg_key = %s", (key,)
             ).fetchone()
             if row:
                 return

@@ -25,10 +25,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, LiteralString, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
+from psycopg import sql
 from pyspark.sql import SparkSession
 
 from retry_scheduler.core import faults
@@ -36,6 +37,7 @@ from retry_scheduler.core.config import ConfigError
 from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import OutgoingRow, destination_headers
 from retry_scheduler.db.connection import StoreError, connect
+from retry_scheduler.db.schema import queries
 from retry_scheduler.db.store import like_pattern
 from retry_scheduler.spark.bulk_guard import BulkAudit, guarded_run
 from retry_scheduler.spark.bulk_options import MARK_BATCH, Options, parse_args
@@ -57,16 +59,9 @@ log = logging.getLogger("retry_scheduler.bulk_retry")
 
 __all__ = ["BulkRetryError", "Selection", "jdbc_target", "like_pattern", "main", "parse_args", "run"]
 
-#: Marks one batch of acknowledged jobs published: the ids and ack times come as two arrays.
-#: ``dead_reason`` is cleared because the schema requires it exactly on dead jobs
-#: (``retry_jobs_dead_has_reason``); ``dead_at`` still says when the job died.
-MARK_BATCH_SQL: LiteralString = (
-    "UPDATE retry_jobs AS j "
-    "SET status = 'published', published_at = to_timestamp(d.acked_ms / 1000.0), lease_until = NULL, "
-    "dead_reason = NULL, updated_at = now() "
-    "FROM unnest(%s::bigint[], %s::bigint[]) AS d(id, acked_ms) "
-    "WHERE j.id = d.id AND j.status IN ('dead', 'pending')"
-)
+#: Marks one batch of acknowledged jobs published (moved to retry_published_jobs): the loop's own
+#: mark (sql/queries.sql, ``mark_published``), given the ids and ack times as two array literals.
+MARK_BATCH_SQL = sql.SQL(queries()["mark_published"])
 #: What each partition hands back to the driver: how many of its jobs it marked published, and the
 #: seconds its UPDATEs took (while it went on producing).
 MARKED_SCHEMA = "marked long, mark_s double"
@@ -233,7 +228,7 @@ class Marker:
             ids, acked_ms, count = batch
             began = time.perf_counter()
             try:
-                self.marked += self._conn.execute(MARK_BATCH_SQL, (ids, acked_ms)).rowcount
+                self.marked += self._conn.execute(MARK_BATCH_SQL, {"ids": ids, "acked_ms": acked_ms}).rowcount
             except Exception as exc:  # handed to the partition's thread, which raises it
                 self._error = MarkingError(
                     f"marking {count} acknowledged jobs published failed ({type(exc).__name__}: "

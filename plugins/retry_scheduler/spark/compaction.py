@@ -56,6 +56,7 @@ from retry_scheduler.spark.compaction_db import (
     select_and_stage,
     selection_window,
     take_lock,
+    vacuum_published,
 )
 from retry_scheduler.spark.jdbc import JdbcTarget, fetch_rows, jdbc_target
 from retry_scheduler.spark.progress import reporting
@@ -266,9 +267,12 @@ def _archive_and_delete(
         conn, args.database_url, run_id, window, args.delete_batch, workers=args.delete_workers
     )
     lap("delete")
+    if report["deleted"]:
+        report["vacuumed"] = vacuum_published(args.database_url)
+        lap("vacuum")
     if report["deleted"] < found:
         log.warning(
-            "%s archived jobs were kept in retry_jobs: they left the selection during the run, or joined it "
+            "%s archived jobs were kept in PostgreSQL: they left the selection during the run, or joined it "
             "after it was staged (the next run deletes those)",
             found - report["deleted"],
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -137,19 +138,29 @@ def local_path(uri: str) -> Path | None:
 # --- PostgreSQL -----------------------------------------------------------------------------------
 
 
+#: The tables compaction takes jobs from: the pending and dead ones, and the published ones (migration
+#: 0014); read together as the view retry_jobs_all.
+TABLES = ("retry_jobs", "retry_published_jobs")
+
+
 def check_columns(conn: psycopg.Connection[Any]) -> None:
-    rows = conn.execute(
-        "SELECT column_name FROM information_schema.columns"
-        " WHERE table_schema = current_schema() AND table_name = 'retry_jobs'"
-    ).fetchall()
-    found = {row[0] for row in rows}
-    if not found:
-        raise CompactionError("the database has no retry_jobs table: run `retry-scheduler db migrate` first")
-    if found != set(COLUMNS):
-        raise CompactionError(
-            f"retry_jobs has columns {sorted(found - set(COLUMNS))} the archive does not know and lacks "
-            f"{sorted(set(COLUMNS) - found)}: update COLUMNS in retry_scheduler/spark/compaction_db.py before compacting"
-        )
+    for table in TABLES:
+        rows = conn.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = current_schema() AND table_name = %s",
+            (table,),
+        ).fetchall()
+        found = {row[0] for row in rows}
+        if not found:
+            raise CompactionError(
+                f"the database has no {table} table: run `retry-scheduler db migrate` first"
+            )
+        if found != set(COLUMNS):
+            raise CompactionError(
+                f"{table} has columns {sorted(found - set(COLUMNS))} the archive does not know and lacks "
+                f"{sorted(set(COLUMNS) - found)}: update COLUMNS in retry_scheduler/spark/compaction_db.py "
+                "before compacting"
+            )
 
 
 def record_day(conn: psycopg.Connection[Any], day: date) -> None:
@@ -177,7 +188,7 @@ def read_selection(
     columns = sql.SQL(", ").join(
         sql.SQL("status::text AS status") if c == "status" else sql.Identifier(c) for c in COLUMNS
     )
-    table = sql.SQL("(SELECT {} FROM retry_jobs WHERE {}) AS compaction_selection").format(
+    table = sql.SQL("(SELECT {} FROM retry_jobs_all WHERE {}) AS compaction_selection").format(
         columns, window.predicate()
     )
     return (
@@ -217,7 +228,7 @@ def select_and_stage(conn: psycopg.Connection[Any], window: Window, run_id: str 
     The staged ids are the only ones a run may delete; a retried run (same id) starts afresh. Call it
     holding the compaction lock (:func:`take_lock`): staging clears what earlier runs left.
     """
-    selected = sql.SQL("SELECT id, {} AS day, {} AS payload FROM retry_jobs WHERE {}").format(
+    selected = sql.SQL("SELECT id, {} AS day, {} AS payload FROM retry_jobs_all WHERE {}").format(
         sql.SQL(_DAY_SQL), sql.SQL(PAYLOAD_BYTES_SQL), window.predicate()
     )
     summary = sql.SQL(
@@ -261,7 +272,7 @@ def delete_archived(
     *,
     workers: int = 1,
 ) -> int:
-    """Delete the run's staged jobs from retry_jobs, ``batch`` ids at a time, each batch committed alone.
+    """Delete the run's staged jobs from retry_jobs and retry_published_jobs, ``batch`` ids at a time, each batch committed alone.
 
     Only once the verification found every staged job still selected in the archive. A job that no
     longer matches the selection (e.g. replayed since) is kept. With ``workers`` > 1 that many
@@ -274,10 +285,13 @@ def delete_archived(
     if row is None or row[0] is None:
         return 0
     low, high, staged = row
+    # One statement for both tables; each deletes only what is still selected.
+    staged_ids = "(SELECT id FROM retry_compaction_archived WHERE run_id = %(run)s AND id BETWEEN %(start)s AND %(end)s)"
     query = sql.SQL(
-        "DELETE FROM retry_jobs WHERE id IN"
-        " (SELECT id FROM retry_compaction_archived WHERE run_id = %s AND id BETWEEN %s AND %s) AND ({})"
-    ).format(window.predicate())
+        "WITH pending_or_dead AS (DELETE FROM retry_jobs WHERE id IN {staged} AND ({where}) RETURNING 1),"
+        " published AS (DELETE FROM retry_published_jobs WHERE id IN {staged} AND ({where}) RETURNING 1)"
+        " SELECT (SELECT count(*) FROM pending_or_dead) + (SELECT count(*) FROM published)"
+    ).format(staged=sql.SQL(staged_ids), where=window.predicate())
     ranges = [(start, min(start + batch - 1, high)) for start in range(low, high + 1, batch)]
     deleted, done, lock, failed = 0, 0, threading.Lock(), threading.Event()
 
@@ -287,7 +301,8 @@ def delete_archived(
             if failed.is_set():
                 return
             with on.transaction():
-                count = on.execute(query, (run_id, start, end)).rowcount
+                row = on.execute(query, {"run": run_id, "start": start, "end": end}).fetchone()
+                count = int(row[0]) if row else 0
             with lock:
                 deleted, done = deleted + count, done + 1
                 log.info(
@@ -312,6 +327,27 @@ def delete_archived(
     for future in futures:
         future.result()  # the first error, if any
     return deleted
+
+
+def vacuum_published(database_url: str) -> bool:
+    """VACUUM retry_published_jobs after a run deleted from it, where the server's autovacuum is off:
+    nothing else makes the space of the deleted rows reusable, and the table would only grow. The
+    publish loop vacuums retry_jobs itself (db/vacuum.py); retry_published_jobs is only appended to
+    between compactions. Returns whether it ran; a failure is logged, never raised (the run is done)."""
+    try:
+        with connect(database_url, autocommit=True, statement_timeout=0) as conn:
+            row = conn.execute("SELECT current_setting('autovacuum')::boolean").fetchone()
+            if row and row[0]:
+                return False
+            began = time.monotonic()
+            conn.execute("VACUUM (SKIP_LOCKED, TRUNCATE false) retry_published_jobs")
+    except psycopg.Error as exc:
+        log.warning("VACUUM retry_published_jobs failed: %s: %s", type(exc).__name__, exc)
+        return False
+    log.info(
+        "VACUUM retry_published_jobs took %.1f s (the server's autovacuum is off)", time.monotonic() - began
+    )
+    return True
 
 
 def clear_staging(conn: psycopg.Connection[Any], run_id: str) -> None:

@@ -84,6 +84,15 @@ def _package_files() -> Iterator[tuple[Path, str]]:
     for path in sorted(root.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
             yield path, f"retry_scheduler/{path.relative_to(root).as_posix()}"
+    if not (root / "db" / "sql").is_dir():
+        # A checkout (editable install): the SQL the executors read (the bulk retry's mark) is the
+        # repository's sql/, which a wheel installs as retry_scheduler/db/sql.
+        from retry_scheduler.db.schema import sql_files
+
+        sql_root = Path(str(sql_files()))
+        for path in sorted(sql_root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                yield path, f"retry_scheduler/db/sql/{path.relative_to(sql_root).as_posix()}"
     for dist in _closure(EXECUTOR_DISTRIBUTIONS):
         for entry in dist.files or []:
             name = entry.as_posix()
