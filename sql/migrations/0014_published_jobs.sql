@@ -6,7 +6,7 @@
 -- 5.6 million rows, 2.9 GB, p99 lateness 0.04 s at the start, 0.26 s at the end). retry_published_jobs
 -- is only appended to, and emptied by compaction.
 --
--- retry_jobs_all shows both tables as one (the status counts, `dlq show`, compaction, ingest's
+-- retry_jobs_all shows both tables as one (the status counts, `dlq show`, compaction, the ingest's
 -- duplicate check). A migration adding a column to retry_jobs adds it to retry_published_jobs too and
 -- creates the view again (a view's `*` is expanded when it is created).
 
