@@ -374,6 +374,14 @@ def test_the_same_day_twice_archives_nothing_twice(
     first = run(database_url, archive, *argv)
     assert (first["selected"], first["archived_new"], first["deleted"]) == (3, 3, 3)
     assert first["days"] == [day.isoformat()]
+    with psycopg.connect(database_url) as conn:
+        [(autovacuum, vacuumed_at)] = conn.execute(
+            "SELECT current_setting('autovacuum')::boolean, last_vacuum FROM pg_stat_user_tables"
+            " WHERE relname = 'retry_published_jobs'"
+        ).fetchall()
+    # Where the server vacuums nothing, the run vacuumed the published jobs' table after its deletes.
+    assert first["vacuumed"] is (not autovacuum)
+    assert (vacuumed_at is not None) is (not autovacuum)
     assert archived_ids(spark, archive) == day_ids
     left = set(db_rows(database_url))
 
