@@ -86,7 +86,10 @@ def test_the_held_snapshot_windows_publish_everything_and_show_the_snapshot_held
         assert window["early"] == 0 and window["published_per_s"] > 0, window
         # retry_jobs sampled from the window's start: [at, dead, live, table MB, index MB, snapshot age]
         table = window["table_timeline"]
-        assert len(table) >= 2 and table[0][0] < 1 and table[-1][2] > 0 and table[-1][3] > 0, table
+        # retry_jobs holds pending and dead jobs only (published ones move out): its live rows may
+        # be none once a window's jobs are all published, but not at every sample.
+        assert len(table) >= 2 and table[0][0] < 1 and max(row[2] for row in table) > 0, table
+        assert table[-1][3] > 0, table
     # The snapshot really was held: the oldest snapshot grew older through the held window only.
     held_age = [row[5] for row in with_snapshot["table_timeline"]]
     assert held_age[-1] > held_age[0] and held_age[-1] > max(row[5] for row in baseline["table_timeline"])
