@@ -21,7 +21,10 @@ from confluent_kafka import KafkaError, Message, Producer
 from bench.queries import bench_queries, bq
 from retry_scheduler.core.jobs import OutgoingRow, destination_headers
 from retry_scheduler.db.connection import connect
+from retry_scheduler.db.schema import queries
 from retry_scheduler.loops.kafka import producer_config
+
+MARK = queries()["mark_published"]
 
 if TYPE_CHECKING:
     from bench.env import BenchEnv
@@ -104,7 +107,8 @@ def naive_poller(env: BenchEnv, settings: Settings, rows: int, destination: str)
                 )
                 if producer.flush(30) or errors:
                     raise RuntimeError(f"naive poller: delivery failed: {errors[:1] or 'no ack in 30 s'}")
-                conn.execute(bq("bench_naive_mark"), {"id": row.id})
+                # marked as the service marks (moved to retry_published_jobs), one job at a time
+                conn.execute(MARK, {"ids": [row.id], "acked_ms": [int(time.time() * 1000)]})
                 conn.commit()
                 done += 1
         took = time.perf_counter() - began

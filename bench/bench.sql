@@ -59,23 +59,6 @@ WHERE status = 'pending' AND due_at <= now()
 ORDER BY due_at
 LIMIT %(limit)s;
 
--- name: bench_naive_mark
--- One job at a time, moved to the published jobs as the service's own mark does (migration 0014).
-WITH moved AS (DELETE FROM retry_jobs WHERE id = %(id)s RETURNING *)
-INSERT INTO retry_published_jobs (
-    id, source_topic, source_partition, source_offset, source_timestamp_ms, destination,
-    destination_partition, msg_key, msg_value, headers, attempt, policy, reason, error_class,
-    consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
-    due_at, status, dead_reason, dlq_topic, lease_until, claimed_by, publish_failures,
-    last_error, published_at, dead_at, dlq_published_at, created_at, updated_at, held_by
-)
-SELECT id, source_topic, source_partition, source_offset, source_timestamp_ms, destination,
-       destination_partition, msg_key, msg_value, headers, attempt, policy, reason, error_class,
-       consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
-       due_at, 'published', NULL, dlq_topic, NULL, claimed_by, publish_failures,
-       last_error, now(), dead_at, dlq_published_at, created_at, now(), held_by
-FROM moved;
-
 -- name: bench_fill_history
 -- Processed history for the claim benchmark, source offsets %(first)s..%(last)s: published (85 percent,
 -- in retry_published_jobs, as the mark leaves them), dead and already on the DLQ (10 percent), and

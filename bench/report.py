@@ -350,7 +350,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "benchmark (5 queue managers on asyncpg, no-op entrypoint) with its default batch size of 10 for "
         "the figure, and batches of 100 and 1 000 reported beside it; it publishes nothing to Kafka. "
         "And the naive poller that teams describe when they build their own retry service: select 100 due rows, then for each row produce, wait for the acknowledgement, "
-        "`UPDATE` it and commit.",
+        "mark it published (the service's own `mark_published`, one job) and commit.",
     ),
     "lateness": (
         "Lateness under the Airflow scheduler",
