@@ -94,6 +94,37 @@ ORDER BY due_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
+-- name: claim_lanes
+-- Fair publishing (Publisher.claim_lanes): while claim_due is behind, up to %(quota)s of the oldest due
+-- jobs of each destination in %(destinations)s, each from its own floor (see claim_due), through
+-- retry_jobs_destination_due_idx: one descent per destination, however many jobs of other destinations
+-- are due before them. Locks only, as claim_due (same transaction, same pinned plan).
+SELECT j.*
+FROM unnest(%(destinations)s::text[], %(floors)s::timestamptz[]) AS d(destination, floor)
+CROSS JOIN LATERAL (
+    SELECT id, destination, destination_partition, msg_key, msg_value, headers, attempt,
+           policy, reason, error_class, consumer_group, retry_id, original_topic,
+           original_partition, original_offset, (extract(epoch FROM first_seen_at) * 1000)::bigint,
+           dead_reason, dlq_topic, held_by, due_at
+    FROM retry_jobs
+    WHERE status = 'pending'
+      AND destination = d.destination
+      AND due_at >= d.floor
+      AND due_at <= statement_timestamp()
+      AND (lease_until IS NULL OR lease_until < clock_timestamp())
+    ORDER BY due_at
+    LIMIT %(quota)s
+    FOR UPDATE SKIP LOCKED
+) AS j;
+
+-- name: known_destinations
+SELECT destination FROM retry_destinations ORDER BY destination;
+
+-- name: register_destinations
+INSERT INTO retry_destinations (destination)
+SELECT unnest(%(destinations)s::text[])
+ON CONFLICT DO NOTHING;
+
 -- name: claim_dead
 -- Dead jobs whose record is not yet on the DLQ topic.
 WITH todo AS (

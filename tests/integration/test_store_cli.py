@@ -52,6 +52,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (12, "0012_compaction_days"),
         (13, "0013_loop_claim_floor"),
         (14, "0014_published_jobs"),
+        (15, "0015_destination_lanes"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(

@@ -119,6 +119,9 @@ class Store:
         #: When the last ``claim_due`` began (the server's clock): every pending job due by then was
         #: open to it.
         self.claimed_up_to: datetime | None = None
+        #: The destinations this store recorded in ``retry_destinations`` (or found there): a batch
+        #: for one of these writes nothing more.
+        self._registered: set[str] = set()
         # COPY picks a dumper by column type; for bytea psycopg's registry answers with the DB-API
         # ``Binary`` wrapper's Python dumper. Registering the one for ``bytes`` again makes it the C one.
         self.conn.adapters.register_dumper(bytes, self.conn.adapters.get_dumper(bytes, PyFormat.BINARY))
@@ -182,6 +185,7 @@ class Store:
             if adopted:
                 cur.execute(q("mark_adopted_delivered"), {"topics": adopted})
             self._settle_holds(cur, rows, releases)
+            registered = self._register_destinations(cur, rows)
             if offsets:
                 keys = sorted(offsets)
                 cur.execute(
@@ -193,7 +197,16 @@ class Store:
                         "offsets": [offsets[k] for k in keys],
                     },
                 )
+        self._registered |= registered  # committed
         return stored
+
+    def _register_destinations(self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow]) -> set[str]:
+        """Record the destinations of ``rows`` this store has not recorded yet in ``retry_destinations``
+        (the publishers' lanes, :meth:`claim_lanes`); returns them, to remember once committed."""
+        new = {row.destination for row in rows if row.destination} - self._registered
+        if new:
+            cur.execute(q("register_destinations"), {"destinations": sorted(new)})
+        return new
 
     def _maybe_stored(self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], group: str | None) -> bool:
         """Whether some of ``rows`` may be stored already: a partition read from below the next offset
@@ -355,6 +368,36 @@ class Store:
                 q("claim_plan_reset"), {"seqscan": seqscan, "bitmapscan": bitmapscan, "sort": sort}
             )
         return [OutgoingRow(*row) for row in rows]
+
+    def claim_lanes(
+        self, floors: Mapping[str, datetime | None], quota: int
+    ) -> tuple[list[OutgoingRow], datetime]:
+        """Lock up to ``quota`` due pending jobs of each destination in ``floors`` (oldest due first),
+        of those due at or after its floor (None: however old), as :meth:`claim_due` does (in the
+        caller's transaction, the same pinned plan). Returns them and when the claim began (the
+        server's clock): every job of those destinations due by then was open to it.
+        """
+        self._require_transaction("claim_lanes")
+        names = sorted(floors)
+        with self._joined():
+            plan = self.conn.execute(q("claim_plan")).fetchone()
+            assert plan is not None
+            seqscan, bitmapscan, sort, began = plan[:4]
+            params = {
+                "destinations": names,
+                "floors": ["-infinity" if floors[n] is None else floors[n] for n in names],
+                "quota": quota,
+            }
+            rows = self.conn.execute(q("claim_lanes"), params, binary=True).fetchall()
+            self.conn.execute(
+                q("claim_plan_reset"), {"seqscan": seqscan, "bitmapscan": bitmapscan, "sort": sort}
+            )
+        return [OutgoingRow(*row) for row in rows], began
+
+    def known_destinations(self) -> list[str]:
+        """Every destination a job was stored for (``retry_destinations``)."""
+        with self._joined():
+            return [row[0] for row in self.conn.execute(q("known_destinations")).fetchall()]
 
     def claim_dead(self, limit: int, lease_ms: int, worker: str) -> list[OutgoingRow]:
         """Lease dead jobs whose record has not reached the DLQ topic yet."""

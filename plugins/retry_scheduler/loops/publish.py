@@ -45,6 +45,16 @@ SWEEP_MAX_EVERY_S = 60.0
 #: relieves it, whose publishers start from there instead of sweeping at once.
 SHARE_FLOOR_EVERY_S = 2.0
 
+#: Fair publishing: while the oldest-first claim is behind (full, its newest job due more than
+#: LANE_BEHIND before the claim began), every other destination the publisher knows of gets a lane: a
+#: claim of its own oldest due jobs in the same round (Publisher.claim_lanes), up to an equal share of
+#: the batch (at least LANE_MIN_QUOTA each). A destination with a million due jobs then delays another
+#: destination's jobs by a round, not by the million.
+LANE_BEHIND = timedelta(seconds=0.5)
+LANE_MIN_QUOTA = 10
+#: How often a publisher that is behind reads the destinations jobs were stored for (retry_destinations).
+LANE_REFRESH_S = 5.0
+
 #: Delivery errors after which the producer's idempotence state is broken for good (seen when the broker
 #: fenced its epoch bump after requests timed out in flight): only a new producer can publish again.
 _BROKEN_PRODUCER = frozenset(
@@ -57,6 +67,8 @@ class PublishCounts:
     """What one publish run did; logged and returned to Airflow as XCom."""
 
     claimed: int = 0
+    #: Of those, claimed in lanes (fair publishing while the oldest-first claim was behind).
+    fair_claimed: int = 0
     published: int = 0
     dead_published: int = 0
     failed: int = 0
@@ -68,6 +80,7 @@ class PublishCounts:
 
     def add(self, other: PublishCounts) -> None:
         self.claimed += other.claimed
+        self.fair_claimed += other.fair_claimed
         self.published += other.published
         self.dead_published += other.dead_published
         self.failed += other.failed
@@ -80,6 +93,7 @@ class PublishCounts:
     def as_dict(self) -> dict[str, Any]:
         return {
             "claimed": self.claimed,
+            "fair_claimed": self.fair_claimed,
             "published": self.published,
             "dead_published": self.dead_published,
             "failed": self.failed,
@@ -131,6 +145,10 @@ class Publisher:
         self._sweeping = threading.Lock()
         self._holds_sweep = False
         self._shared_at = float("-inf")  # monotonic: when it last recorded its floor
+        #: Every destination this publisher knows of, and where its lane's claims start (None: its
+        #: oldest due job); see :meth:`claim_lanes`.
+        self._lane_floors: dict[str, datetime | None] = {}
+        self._lanes_read_at = float("-inf")  # monotonic: when it last read retry_destinations
         #: Vacuums retry_jobs where the server does not (run by the loop's own publisher, not its helpers).
         self.vacuum = SelfVacuum(settings.database_url) if settings.self_vacuum else None
 
@@ -313,6 +331,59 @@ class Publisher:
             new_floor = mark - FLOOR_LAG
             self._floor = new_floor if floor is None or self._floor is None else max(self._floor, new_floor)
 
+    def claim_lanes(self, claimed: list[OutgoingRow]) -> list[OutgoingRow]:
+        """After the oldest-first claim (``claimed``): when it is behind, each other destination's
+        oldest due jobs, up to an equal share of the batch each (fair publishing).
+
+        The oldest-first claim serves a backlog in due order, so without lanes a destination whose
+        jobs fell due during another's flood would wait for the whole flood. A lane starts at the
+        higher of the publisher's floor and its own (where its last lane claim left nothing
+        claimable of that destination behind, less :data:`FLOOR_LAG`), for the reason the floor
+        exists (see :meth:`claim_floor`); what falls due below it later is the oldest-first claim's.
+        """
+        for row in claimed:
+            if row.destination:
+                self._lane_floors.setdefault(row.destination, None)
+        began = self.store.claimed_up_to
+        if len(claimed) < self.settings.publish_batch or began is None:
+            return []
+        newest = max((row.due_at for row in claimed if row.due_at is not None), default=None)
+        if newest is None or newest > began - LANE_BEHIND:
+            return []
+        if time.monotonic() - self._lanes_read_at >= LANE_REFRESH_S:
+            for destination in self.store.known_destinations():
+                self._lane_floors.setdefault(destination, None)
+            self._lanes_read_at = time.monotonic()
+        served = {row.destination for row in claimed}
+        lanes = {d: self._lane_floor(d) for d in self._lane_floors if d not in served}
+        if not lanes:
+            return []
+        quota = max(LANE_MIN_QUOTA, self.settings.publish_batch // len(lanes))
+        rows, lanes_began = self.store.claim_lanes(lanes, quota)
+        # SKIP LOCKED does not skip the rows of this very transaction: none is claimed twice because
+        # no lane is of a destination that claim served, and this keeps it so.
+        ids = {row.id for row in claimed}
+        rows = [row for row in rows if row.id not in ids]
+        newest_of: dict[str, datetime] = {}
+        count_of: dict[str, int] = {}
+        for row in rows:
+            assert row.destination is not None and row.due_at is not None
+            count_of[row.destination] = count_of.get(row.destination, 0) + 1
+            newest_of[row.destination] = max(newest_of.get(row.destination, row.due_at), row.due_at)
+        for destination, floor in lanes.items():
+            full = count_of.get(destination, 0) >= quota
+            mark = newest_of[destination] if full else lanes_began
+            self._lane_floors[destination] = (
+                mark - FLOOR_LAG if floor is None else max(floor, mark - FLOOR_LAG)
+            )
+        return rows
+
+    def _lane_floor(self, destination: str) -> datetime | None:
+        own, floor = self._lane_floors.get(destination), self._floor
+        if own is None or floor is None:
+            return own if floor is None else floor
+        return max(own, floor)
+
     def publish_once(self) -> PublishCounts:
         """One round: dead jobs to their DLQ topic, then due jobs to their destination.
 
@@ -337,6 +408,9 @@ class Publisher:
             finally:
                 self._swept()
             self._after_claim(floor, due_rows, claim_began)
+            lane_rows = self.claim_lanes(due_rows)
+            counts.fair_claimed = len(lane_rows)
+            due_rows += lane_rows
             if due_rows:
                 acked, failed_due, unroutable = self._produce_all(due_rows, to_dlq=False)
                 faults.checkpoint("publish.produced")
