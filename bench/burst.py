@@ -68,6 +68,22 @@ def _wait_published(env: BenchEnv, destination: str, expected: int, deadline_s: 
         time.sleep(1)
 
 
+def _wait_stored(env: BenchEnv, destination: str, expected: int, deadline_s: float) -> None:
+    deadline = time.monotonic() + deadline_s
+    while _summary(env, destination)["stored"] < expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _store_window(
+    before: dict[str, float], after: dict[str, float], machine: dict[str, float] | None
+) -> dict[str, Any]:
+    """The CPU of the window in which the burst was sent and stored: core-seconds by kind of process
+    (what was sampled of each) and the machine's busy share."""
+    used = {kind: round(after.get(kind, 0.0) - before.get(kind, 0.0), 2) for kind in after}
+    ranked = dict(sorted(((k, v) for k, v in used.items() if v > 0), key=lambda kv: -kv[1]))
+    return {"core_s": ranked, "machine_cpu": machine}
+
+
 def _send_burst(bootstrap: str, records: int, destination: str) -> float:
     """Send the burst from a process of its own (and so a core: "as fast as the producer can", and the
     steady producer's thread is not starved of the GIL meanwhile); returns the seconds it took."""
@@ -117,9 +133,13 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
         cleanup.callback(steady.join)
         cleanup.callback(stop.set)
         time.sleep(sizes.burst_baseline_s)
-        burst_began = time.time()
+        burst_began, cpu_at_burst, machine_at_burst = time.time(), cpu.running_seconds(), cpu_times()
         send_s = _send_burst(settings.bootstrap_servers, sizes.burst_records, burst_dest)
         log.info("burst: %s records sent in %.1f s", sizes.burst_records, send_s)
+        _wait_stored(env, burst_dest, sizes.burst_records, PUBLISH_DEADLINE_S)
+        store_window = _store_window(
+            cpu_at_burst, cpu.running_seconds(), cpu_shares(machine_at_burst, cpu_times())
+        )
         burst = _wait_published(
             env, burst_dest, sizes.burst_records, sizes.burst_due_s + send_s + PUBLISH_DEADLINE_S
         )
@@ -182,6 +202,8 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
         "burst_began_s": round(burst_began - began, 1),
         "table_timeline": table,
         "machine_cpu": machine,
+        # From the first send to when every burst record was found stored (polled each 0.5 s).
+        "store_window_cpu": store_window,
         **cpu_budget(cpu.seconds(), sizes.burst_records + sent),
         "max_burst_late_s": MAX_BURST_LATE_S,
         "autovacuum": autovacuum,
@@ -201,6 +223,10 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
         f"due during the burst ({during['published']:,} records) p99 {during['p99_s']} s, worst "
         f"{during['max_s']} s; after it p99 {after['p99_s']} s; "
         f"{steady_summary['early']} early of {sent:,}.",
+        "While the burst was sent and stored: the machine "
+        f"{(store_window['machine_cpu'] or {}).get('busy_pct')} % busy; core-seconds "
+        + ", ".join(f"{kind} {s}" for kind, s in list(store_window["core_s"].items())[:8])
+        + ".",
         f"autovacuum {'on' if autovacuum else 'off'}; retry_jobs at most "
         f"{max((r[1] for r in table), default=0):,} dead rows, {max((r[3] for r in table), default=0)} MB.",
     ]

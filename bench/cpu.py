@@ -71,6 +71,7 @@ _AIRFLOW_KINDS = (
     ("airflow api-server", "airflow api-server"),
     ("airflow serve-logs", "airflow serve-logs"),
     ("celery", "celery worker"),
+    ("from bench.env import produce_records", "load generator"),  # the burst's producer process
 )
 
 

@@ -156,7 +156,13 @@ def test_the_burst_is_stored_and_published_from_its_delay_topic_and_the_steady_t
     assert report["burst_ingest_msgs_per_s"] == pytest.approx(2_000 / details["ingest_s"], rel=0.01)
     assert report["targets"]["burst_ingest_msgs_per_s"]["target"] == 30_000
     assert details["core_ms_per_1000"] and details["table_timeline"]
+    # The window in which the burst was sent and stored has its own CPU budget, the burst's producer
+    # process counted as the load generator.
+    window = details["store_window_cpu"]
+    assert window["core_s"].get("load generator", 0) > 0 and window["core_s"].get("ingest workers", 0) > 0
+    assert window["machine_cpu"]["busy_pct"] > 0, window
     md = (out / "report.md").read_text()
+    assert "While the burst was sent and stored" in md
     assert "A burst of a million retries" in md and "steady traffic alone: p99" in md
     assert (out / "burst.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
