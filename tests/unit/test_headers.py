@@ -78,7 +78,8 @@ def test_explicit_destination_wins_and_drops_the_original_partition() -> None:
         (h(destination="x" * 250), "not allowed: not a topic name"),
         (h(destination=None), "retry.destination is null"),
         (h(destination="orders", policy="p" * 2000), "retry.policy is 2000 bytes"),
-        (h(destination="orders") + h(destination="other"), "retry.destination appears more than once"),
+        (h(destination="orders", attempt="1") + h(attempt="x"), "retry.attempt='x' is not an integer"),
+        (h(destination="orders", reason="ok") + h(reason=b"\xff"), "retry.reason is not valid UTF-8"),
         ([("x", b"1")] * 300 + h(destination="orders"), "301 headers, more than the 256 allowed"),
     ],
 )
@@ -86,6 +87,25 @@ def test_malformed_headers_name_the_fault(headers: list, fault: str) -> None:
     with pytest.raises(InvalidRecordError) as err:
         parse_headers(headers, LIMITS)
     assert fault in str(err.value)
+
+
+def test_a_repeated_retry_header_counts_by_its_last_occurrence_and_the_earlier_are_dropped() -> None:
+    """A client that copies the failed record's headers and adds the retry headers again (the Java
+    example's way) repeats them: the last occurrence counts, as Java's ``Headers.lastHeader`` reads
+    it, even where an earlier one was malformed; only pass-through headers are kept in order."""
+    copied = [
+        ("trace", b"t1"),
+        *h(destination="orders", attempt="2", reason=b"\xff", id="r-1"),
+        ("trace", b"t2"),
+    ]
+    parsed = parse_headers([*copied, *h(destination="orders.v2", reason="second failure")], LIMITS)
+    assert (parsed.destination, parsed.attempt, parsed.reason, parsed.retry_id) == (
+        "orders.v2",
+        2,
+        "second failure",
+        "r-1",
+    )
+    assert parsed.passthrough == (("trace", b"t1"), ("trace", b"t2"))
 
 
 def test_long_reason_is_truncated_not_rejected() -> None:

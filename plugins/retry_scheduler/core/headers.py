@@ -139,7 +139,7 @@ def parse_headers(
         )
     raw: dict[str, bytes | None] = {}
     texts: dict[str, str] = {}
-    faulty: list[str] = []
+    faulty: set[str] = set()
     passthrough: list[Header] = []
     size = record_bytes
     max_text_bytes = limits.max_header_value_bytes
@@ -154,9 +154,12 @@ def parse_headers(
         size += len(name) + len(value or b"")
         if name not in _KNOWN:
             passthrough.append(header)
-        elif name in raw:
-            raise InvalidRecordError(f"header {name} appears more than once")
         else:
+            if name in raw:
+                # Repeated (a client that copied the failed record's headers and added its own): the
+                # last occurrence counts, as Java's Headers.lastHeader reads it; the earlier are dropped.
+                texts.pop(name, None)
+                faulty.discard(name)
             raw[name] = value
             if name not in _INT_HEADERS:
                 # Decoded here when it is valid UTF-8 within its size limit, the usual case.
@@ -170,10 +173,10 @@ def parse_headers(
                         if "\x00" not in text:
                             texts[name] = text
                             continue
-                faulty.append(name)
+                faulty.add(name)
     if max_record_bytes is not None and size > max_record_bytes:
         raise InvalidRecordError(f"record is {size} bytes, more than the {max_record_bytes} allowed")
-    for name in faulty:
+    for name in sorted(faulty):
         _text(name, raw[name], limits)  # raises the exact fault, after the checks above as ever
     get = raw.get
 
