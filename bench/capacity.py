@@ -179,7 +179,7 @@ def lateness_timeline(
     before it (``late_seconds``)."""
     import psycopg
 
-    from retry_scheduler.dev.postgres import libpq_url
+    from retry_scheduler.core.config import libpq_url
 
     rows = env.sql("bench_lateness_timeline", {"destination": destination}, fetch=True)
     timeline = [

@@ -207,3 +207,39 @@ def test_no_password_in_argv_xcom_logs_or_output(
     assert any("--destination" in row[0] for row in stored)  # the job's arguments are there, nothing else
     for (row,) in [*stored, *rendered]:
         assert_no_secret("the metadata database (XCom, rendered fields)", row)
+
+
+def test_a_sqlalchemy_url_is_the_same_server_and_a_malformed_url_is_one_line_without_its_password(
+    password_database: str,
+) -> None:
+    """What every Airflow user has in ``sql_alchemy_conn`` (``postgresql+psycopg2://``) connects as the
+    plain URL does; a URL libpq cannot read is one line naming the setting and the form to use, exit
+    2, the password in none of it (it was a traceback quoting the whole URL)."""
+    cli = Path(sys.executable).parent / "retry-scheduler"
+
+    def status(url: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "RETRY_DATABASE_URL": url}
+        return subprocess.run(
+            [str(cli), "status", "--json"], env=env, capture_output=True, text=True, timeout=60
+        )
+
+    sqlalchemy = status(password_database.replace("postgresql://", "postgresql+psycopg2://", 1))
+    assert sqlalchemy.returncode == 0, sqlalchemy.stderr[-2000:]
+    assert "pending" in sqlalchemy.stdout
+    host = password_database.rsplit("@", 1)[1]
+    for malformed in (
+        f"postgresql+psycopg2://retry_svc:{DB_PASSWORD}@{host} extra",  # a stray word after it
+        f"postgresql://retry_svc:{DB_PASSWORD[:4]} {DB_PASSWORD[4:]}@{host}",  # a space in the password
+        f"postgresql://retry_svc:{DB_PASSWORD[:4]}@{DB_PASSWORD[4:]}@{host}?x y",  # an @ in it, unencoded
+        f"host=127.0.0.1 password={DB_PASSWORD[:4]} {DB_PASSWORD[4:]} dbname",  # a keyword DSN gone wrong
+    ):
+        done = status(malformed)
+        assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert (
+            "is not a PostgreSQL URL" in lines[0]
+            and "postgresql://USER:PASSWORD@HOST:5432/DBNAME" in lines[0]
+        )
+        for piece in (DB_PASSWORD, DB_PASSWORD[:4], DB_PASSWORD[4:]):
+            assert piece not in done.stdout + done.stderr, (piece, done.stderr)

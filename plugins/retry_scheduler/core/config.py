@@ -59,6 +59,12 @@ def dev_home(env: Mapping[str, str] | None = None) -> Path:
     return Path(env.get("RETRY_DEV_HOME") or ".dev").expanduser().resolve()
 
 
+def libpq_url(url: str) -> str:
+    """``postgresql+psycopg2://...`` (SQLAlchemy's form, what Airflow's ``sql_alchemy_conn`` holds) ->
+    ``postgresql://...``: the same server, in the form libpq reads (it knows no driver suffix)."""
+    return re.sub(r"^postgres(?:ql)?(?:\+\w+)?://", "postgresql://", url)
+
+
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message names it and says what is expected."""
 
@@ -207,6 +213,7 @@ class Settings:
     policies_path: str = ""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "database_url", libpq_url(self.database_url))
         if clash := sorted(set(self.adopt_topics) & {self.retry_topic, *self.delay_topics}):
             raise ConfigError(
                 f"RETRY_ADOPT_TOPICS names {', '.join(clash)}, a retry topic of this service: adopt only "

@@ -11,6 +11,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types import TypeInfo
 
+from retry_scheduler.core.config import libpq_url
+
 
 class StoreError(RuntimeError):
     """The database cannot be reached or is not migrated; the message says what to do."""
@@ -44,10 +46,28 @@ def connect(
     :func:`statement_timeout_ms`; 0: never), so that no query of the service, nor a flood of
     searches on the Dead letters page, can hold a connection and its locks for long.
     """
+    database_url = libpq_url(database_url)
     try:
         conn = psycopg.connect(database_url, autocommit=autocommit, connect_timeout=10)
     except psycopg.OperationalError as exc:
         raise StoreError(_connect_advice(database_url, str(exc).strip())) from exc
+    except psycopg.ProgrammingError as exc:
+        # Not a URL or DSN libpq can read. Its message quotes the text it choked on, which may be the
+        # whole URL with its password: said without it, and without the exception chained.
+        error = str(exc).strip().replace(database_url, "the URL")
+        if redact_url(database_url) != database_url:
+            # It holds a password, and what libpq quotes may be any piece of it (a password with a
+            # space or an @ splits where it should not): no quote is repeated.
+            error = re.sub(r'"[^"]*"', '"..."', error)
+        error = redact_url(error)
+        # (a malformed keyword DSN's password may run on past a space: nothing after it is shown)
+        shown = re.sub(
+            r"(\b(?:ssl)?password\s*=\s*).*", r"\1***", redact_url(database_url), flags=re.I | re.S
+        )
+        raise StoreError(
+            f"RETRY_DATABASE_URL (or the retry_postgres connection) is not a PostgreSQL URL: "
+            f"{shown} ({error}). Write it as postgresql://USER:PASSWORD@HOST:5432/DBNAME"
+        ) from None
     limit_statements(conn, statement_timeout)
     return conn
 
@@ -102,7 +122,8 @@ def require_migrated(conn: psycopg.Connection[Any], database_url: str) -> None:
         )
 
 
-_URL_PASSWORD = re.compile(r"://([^:/@\s]*):[^@\s]*@")
+#: Up to the last ``@``: a password may hold spaces or an ``@`` a user did not percent-encode.
+_URL_PASSWORD = re.compile(r"://([^:/@\s]*):(.*)@")
 _PARAM_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#\s]*", re.IGNORECASE)
 _KEYWORD_PASSWORD = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&#]+)", re.IGNORECASE)
 

@@ -17,13 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from retry_scheduler.core.config import Settings, dev_home
-from retry_scheduler.dev.postgres import (
-    airflow_metadata_current,
-    airflow_migrations_head,
-    libpq_url,
-    with_database,
-)
+from retry_scheduler.core.config import Settings, dev_home, libpq_url
+from retry_scheduler.dev.postgres import airflow_metadata_current, airflow_migrations_head, with_database
 from retry_scheduler.dev.procs import DevStackError, Say
 
 # Dev-only secrets, fixed so that every Airflow process (and every restart) agrees on them; the JWT

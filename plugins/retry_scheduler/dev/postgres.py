@@ -13,13 +13,9 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from retry_scheduler.core.config import libpq_url
 from retry_scheduler.db.connection import redact_url
 from retry_scheduler.dev.procs import LOCAL_HOSTS, DevStackError, Proc, Say, port_open, spawn, tail, terminate
-
-
-def libpq_url(url: str) -> str:
-    """``postgresql+psycopg2://...`` -> ``postgresql://...``: libpq knows no driver suffix."""
-    return re.sub(r"^postgres(?:ql)?(?:\+\w+)?://", "postgresql://", url)
 
 
 def with_database(url: str, dbname: str, scheme: str = "postgresql") -> str:
