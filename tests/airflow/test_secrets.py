@@ -109,6 +109,24 @@ def test_a_wrong_password_is_refused(password_database: str) -> None:
         psycopg.connect(password_database.replace(DB_PASSWORD, "wrong"), connect_timeout=5).close()
 
 
+def test_a_wrong_password_is_said_to_be_one(password_database: str) -> None:
+    """The server answers and refuses: the message says so and where the password is set, not "is it
+    running?", and never the password tried."""
+    env = {
+        **os.environ,
+        "RETRY_DATABASE_URL": password_database.replace(DB_PASSWORD, "wrong-" + DB_PASSWORD[:4]),
+    }
+    cli = Path(sys.executable).parent / "retry-scheduler"
+    done = subprocess.run([str(cli), "status"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        f"retry-scheduler: PostgreSQL at {password_database.replace(DB_PASSWORD, '***')} refused user retry_svc: "
+        "password authentication failed. Check the password in RETRY_DATABASE_URL or the retry_postgres "
+        "connection."
+    ]
+    assert DB_PASSWORD[:4] not in done.stderr
+
+
 def test_no_password_in_argv_xcom_logs_or_output(
     airflow_db: Path,
     password_database: str,

@@ -100,9 +100,21 @@ def _connect_advice(database_url: str, error: str) -> str:
             f'PostgreSQL answers at {host}:{port} but has no database "{name}": create it ({createdb}, '
             "or `retry-scheduler dev postgres` on a development machine), then run `retry-scheduler db migrate`"
         )
+    where = "RETRY_DATABASE_URL or the retry_postgres connection"
+    refused = re.search(
+        r'(password authentication failed|no password supplied|role "[^"]*" does not exist)', error
+    )
+    if refused is not None:
+        # The server answers and refuses: "is it running?" would send the user the wrong way.
+        user = server.get("user") or "(none given)"
+        what = "the user" if "role" in refused.group(1) else "the password"
+        return (
+            f"PostgreSQL at {redact_url(database_url)} refused user {user}: {refused.group(1)}. "
+            f"Check {what} in {where}."
+        )
     return (
         f"cannot connect to PostgreSQL at {redact_url(database_url)}: {error}. "
-        "Is it running? Set RETRY_DATABASE_URL (or the retry_postgres connection) to a reachable server."
+        f"Is it running? Set {where} to a reachable server."
     )
 
 
