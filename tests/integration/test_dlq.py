@@ -374,6 +374,29 @@ def test_cli_lists_shows_and_replays_after_a_dry_run(
     assert "argument --since: 'yesterday' is not a time: write an ISO-8601 time" in capsys.readouterr().err
 
 
+def test_cli_refuses_to_act_on_every_dead_job_unless_asked_with_all(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--yes`` with no filter acted on every dead job, and ``--limit 0`` meant no limit: both are
+    refused, with what to write instead, and nothing is touched; ``--all`` (or a filter) acts."""
+    monkeypatch.setenv("RETRY_DATABASE_URL", database_url)
+    insert(database_url, [dead_job(i) for i in range(1, 4)])
+    mark_on_dlq(database_url, 1, 2, 3)
+    for action in ("purge", "replay"):
+        assert main(["dlq", action, "--yes"]) == 2
+        err = capsys.readouterr().err
+        assert f"no filter given: this would {action} every dead job. Add --all" in err, err
+    with pytest.raises(SystemExit) as exit_:
+        main(["dlq", "purge", "--yes", "--limit", "0"])
+    assert exit_.value.code == 2
+    assert "must be at least 1, not 0 (for no limit, leave --limit out)" in capsys.readouterr().err
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'dead'") == [(3,)]
+    assert main(["dlq", "purge", "--dry-run"]) == 0  # counting needs no --all
+    assert main(["dlq", "purge", "--yes", "--all"]) == 0
+    assert "3 of 3 selected dead jobs purged" in capsys.readouterr().out
+    assert sql(database_url, "SELECT count(*) FROM retry_jobs_all") == [(0,)]
+
+
 def test_cli_purges_in_batches_of_the_size_asked(
     database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -381,11 +404,11 @@ def test_cli_purges_in_batches_of_the_size_asked(
     insert(database_url, [dead_job(i) for i in range(1, 6)])
     mark_on_dlq(database_url, 1, 2, 3, 4, 5)
 
-    assert main(["dlq", "purge", "--yes", "--batch-size", "0"]) == 2
+    assert main(["dlq", "purge", "--yes", "--all", "--batch-size", "0"]) == 2
     assert "batch size 0 must be between 1 and 10,000,000" in capsys.readouterr().err
     assert sql(database_url, "SELECT count(*) FROM retry_jobs_all") == [(5,)]
 
-    assert main(["dlq", "purge", "--yes", "--batch-size", "2"]) == 0
+    assert main(["dlq", "purge", "--yes", "--all", "--batch-size", "2"]) == 0
     captured = capsys.readouterr()
     # not a terminal: one plain line per batch on stderr (the bar is for terminals, test_cli.py)
     assert captured.err.splitlines() == ["purge: 2/5 jobs", "purge: 4/5 jobs", "purge: 5/5 jobs"]
@@ -407,6 +430,7 @@ def test_in_a_terminal_a_replay_shows_a_progress_bar(database_url: str) -> None:
         "dlq",
         "replay",
         "--yes",
+        "--all",
         "--batch-size",
         "2",
     ]
@@ -450,7 +474,7 @@ def test_the_cli_replays_by_the_deployment_s_destination_rules(
 ) -> None:
     # The checkout's dags/retry_policies.py allows orders, payments and demo.*; nothing declares audit-log.
     insert(database_url, [dead_job(1), dead_job(2, destination="audit-log")])
-    assert main(["--database-url", database_url, "dlq", "replay", "--yes"]) == 0
+    assert main(["--database-url", database_url, "dlq", "replay", "--yes", "--all"]) == 0
     out = capsys.readouterr().out
     assert "1 of 2 selected dead jobs replayed (left alone: 1 destination not allowed)" in out
     assert sql(database_url, "SELECT id, status::text FROM retry_jobs_all ORDER BY id") == [

@@ -86,6 +86,14 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.ops.dlq import run_action, to_json
 
     flt = _dlq_filter(args)
+    if not args.dry_run and not args.all and not flt.as_dict():
+        print(
+            f"retry-scheduler: no filter given: this would {args.dlq_command} every dead job. Add --all if "
+            "that is what you mean, or a filter (--destination, --dead-reason, --error-class, --search, "
+            "--since, --until, --ids); --dry-run counts them",
+            file=sys.stderr,
+        )
+        return 2
     destinations = deployment_destinations(settings) if args.dlq_command == "replay" else None
     actor = f"cli:{getpass.getuser()}"
     reset = bool(getattr(args, "reset_attempts", False))
@@ -151,6 +159,16 @@ def _cmd_dlq_audit(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value} (for no limit, leave --limit out)")
+    return value
+
+
 def _add_dlq_filters(parser: argparse.ArgumentParser, *, for_action: bool) -> None:
     from retry_scheduler.core import protocol
 
@@ -165,7 +183,17 @@ def _add_dlq_filters(parser: argparse.ArgumentParser, *, for_action: bool) -> No
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     if for_action:
         parser.add_argument("--ids", metavar="ID,ID", help="only these job ids")
-        parser.add_argument("--limit", type=int, metavar="N", help="at most N jobs, oldest first")
+        parser.add_argument(
+            "--limit",
+            type=_at_least_one,
+            metavar="N",
+            help="at most N jobs, oldest first (no limit: leave it out)",
+        )
+        parser.add_argument(
+            "--all",
+            action="store_true",
+            help="act on every dead job the filters match, even with no filter (without one it is refused)",
+        )
         parser.add_argument("--dry-run", action="store_true", help="only count (and audit the dry run)")
         parser.add_argument("--yes", action="store_true", help="do it without asking (after the dry run)")
         parser.add_argument(
