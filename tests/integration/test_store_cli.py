@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 
 import psycopg
@@ -380,6 +381,46 @@ def test_cli_reports_an_unreachable_database(
     monkeypatch.setenv("RETRY_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/nope")
     assert main(["status"]) == 2
     assert "cannot connect to PostgreSQL" in capsys.readouterr().err
+
+
+def test_the_loops_with_kafka_unreachable_say_so_in_one_line(
+    database_url: str, bare_database_url: str
+) -> None:
+    """``run`` with nothing listening at the bootstrap address: one line naming the address and the
+    setting, exit 2, before any loop starts (it was hundreds of librdkafka lines and, for the ingest,
+    a traceback; for the publish loop, exit 0 after publishing nothing). A database never migrated
+    is said the same way, before Kafka is tried."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    cli = str(Path(sys.executable).parent / "retry-scheduler")
+
+    def run(url: str, only: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "RETRY_DATABASE_URL": url, "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
+        return subprocess.run(
+            [cli, "run", "--seconds", "5", "--only", only],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    for only in ("ingest", "publish"):
+        done = run(database_url, only)
+        assert done.returncode == 2, (only, done.returncode, done.stderr[-3000:])
+        assert done.stderr.strip().splitlines() == [
+            f"retry-scheduler: cannot reach Kafka at 127.0.0.1:{port} within 10 s (Failed to get metadata: "
+            "Local: Broker transport failure): set KAFKA_BOOTSTRAP_SERVERS (or the retry_kafka connection) to "
+            "brokers this machine can reach, and check that they run and advertise addresses their clients can use"
+        ], done.stderr[-3000:]
+    unmigrated = run(bare_database_url, "publish")
+    assert unmigrated.returncode == 2 and len(unmigrated.stderr.strip().splitlines()) == 1, unmigrated.stderr
+    assert "run `retry-scheduler db migrate` first" in unmigrated.stderr
 
 
 def test_cli_says_how_to_create_a_missing_database(

@@ -86,12 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from retry_scheduler.db.connection import StoreError
     from retry_scheduler.dev.procs import DevStackError
+    from retry_scheduler.loops.kafka import KafkaUnreachableError
     from retry_scheduler.ops.dlq import DlqError
     from retry_scheduler.spark.jdbc import JobArgumentError
 
     try:
         return int(args.func(args, settings_from_args(args)))
-    except (ConfigError, StoreError, JobArgumentError, DevStackError, DlqError) as exc:
+    except (ConfigError, StoreError, JobArgumentError, DevStackError, DlqError, KafkaUnreachableError) as exc:
         print(f"retry-scheduler: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -15,6 +16,66 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from retry_scheduler.core.config import Settings
 
 log = logging.getLogger(__name__)
+
+
+class KafkaUnreachableError(RuntimeError):
+    """The brokers did not answer; the message names the setting and what was tried."""
+
+
+class _RepeatsOnceAMinute(logging.Filter):
+    """Lets each distinct librdkafka message through once a minute (numbers aside: the client's
+    name, the milliseconds): with the broker down, every client says so twice a second."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = re.sub(r"[0-9]+", "#", record.getMessage())
+        now, last = time.monotonic(), self._last.get(key)
+        if last is not None and now - last < self.every_s:
+            return False
+        if len(self._last) > 1000:
+            self._last.clear()
+        self._last[key] = now
+        return True
+
+
+#: Where the service's own Kafka clients log (librdkafka's messages, at their level), instead of
+#: straight to stderr: through Python's logging (the task log under Airflow), repeats held back.
+LIBRDKAFKA_LOG = logging.getLogger("retry_scheduler.librdkafka")
+LIBRDKAFKA_LOG.addFilter(_RepeatsOnceAMinute())
+
+
+#: The reachability check's own client says nothing: its one error says it all.
+_PREFLIGHT_LOG = logging.getLogger("retry_scheduler.librdkafka.preflight")
+_PREFLIGHT_LOG.propagate = False
+_PREFLIGHT_LOG.addHandler(logging.NullHandler())
+
+
+def _logged(config: dict[str, Any]) -> dict[str, Any]:
+    """A client configuration whose librdkafka messages go to :data:`LIBRDKAFKA_LOG` (unless the
+    settings name a logger of their own)."""
+    return {"logger": LIBRDKAFKA_LOG, **config}
+
+
+def require_reachable(settings: Settings, timeout_s: float = 10.0) -> None:
+    """Raise :class:`KafkaUnreachableError` unless the brokers answer a metadata request within
+    ``timeout_s``: one line that says what to check, instead of librdkafka's retries and a traceback."""
+    bootstrap = settings.kafka.get("bootstrap.servers", "")
+    config: dict[str, Any] = {**admin_client_config(settings), "logger": _PREFLIGHT_LOG}
+    admin = AdminClient(config)
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        text = error.str() if isinstance(error, KafkaError) else str(exc)
+        raise KafkaUnreachableError(
+            f"cannot reach Kafka at {bootstrap} within {timeout_s:g} s ({text}): set KAFKA_BOOTSTRAP_SERVERS "
+            "(or the retry_kafka connection) to brokers this machine can reach, and check that they run and "
+            "advertise addresses their clients can use"
+        ) from None
 
 
 def consumer_config(settings: Settings) -> dict[str, Any]:
@@ -60,7 +121,7 @@ def producer_config(settings: Settings) -> dict[str, Any]:
 
 
 def make_consumer(settings: Settings) -> Consumer:
-    return Consumer(consumer_config(settings))
+    return Consumer(_logged(consumer_config(settings)))
 
 
 #: How often librdkafka reports a service producer's state; the first report after the broker gave it
@@ -128,7 +189,7 @@ class ServiceProducer(Producer):
 
 
 def make_producer(settings: Settings) -> ServiceProducer:
-    return ServiceProducer(producer_config(settings))
+    return ServiceProducer(_logged(producer_config(settings)))
 
 
 def wait_until_ready(producers: Iterable[Producer], timeout_s: float) -> bool:
@@ -145,8 +206,12 @@ def wait_until_ready(producers: Iterable[Producer], timeout_s: float) -> bool:
     return ready
 
 
+def admin_client_config(settings: Settings) -> dict[str, Any]:
+    return {k: v for k, v in settings.kafka.items() if not k.startswith("session.")}
+
+
 def admin_client(settings: Settings) -> AdminClient:
-    return AdminClient({k: v for k, v in settings.kafka.items() if not k.startswith("session.")})
+    return AdminClient(_logged(admin_client_config(settings)))
 
 
 class TopicManager:
