@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from retry_scheduler import __version__
-from retry_scheduler.cli import dev, dlq, harness, service, spark
+from retry_scheduler.cli import dev, dlq, harness, policies, service, spark
 from retry_scheduler.core.config import ConfigError, Settings
 
 
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--kafka-bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers (KAFKA_BOOTSTRAP_SERVERS)"
     )
     sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
-    for group in (service, spark, dlq, dev, harness):
+    for group in (service, policies, spark, dlq, dev, harness):
         group.add_parsers(sub)
     _list_apart(parser, sub, DEVELOPMENT, "development and measurement (from a checkout or the dev extra)")
     return parser
@@ -84,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from retry_scheduler.core.policy import PolicyError
     from retry_scheduler.db.connection import StoreError
     from retry_scheduler.dev.procs import DevStackError
     from retry_scheduler.loops.kafka import KafkaUnreachableError
@@ -92,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(args.func(args, settings_from_args(args)))
-    except (ConfigError, StoreError, JobArgumentError, DevStackError, DlqError, KafkaUnreachableError) as exc:
+    except (
+        ConfigError, StoreError, JobArgumentError, DevStackError, DlqError, KafkaUnreachableError, PolicyError
+    ) as exc:  # fmt: skip
         print(f"retry-scheduler: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import re
+import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,14 +60,25 @@ class Backoff:
     _base_ms: int = field(init=False, repr=False, compare=False)
     _max_ms: int = field(init=False, repr=False, compare=False)
 
+    #: What is wrong with it, said by the policy that uses it (which names itself), or None.
+    problem: str | None = field(init=False, default=None, repr=False, compare=False)
+
     def __post_init__(self) -> None:
-        if self.factor < 1:
-            raise PolicyError(f"backoff factor {self.factor} must be >= 1")
-        if not 0 <= self.jitter <= 1:
-            raise PolicyError(f"backoff jitter {self.jitter} must be between 0 and 1")
-        # Parsed once: delay_ms runs for every record ingested.
-        object.__setattr__(self, "_base_ms", parse_duration_ms(self.base))
-        object.__setattr__(self, "_max_ms", parse_duration_ms(self.max))
+        # Not raised here: the Backoff is built before its Policy, whose error can name the policy.
+        problem = None
+        if not _number(self.factor) or self.factor < 1:
+            problem = f"backoff factor must be a number >= 1, not {self.factor!r}"
+        elif not _number(self.jitter) or not 0 <= self.jitter <= 1:
+            problem = f"backoff jitter must be a number from 0 to 1, not {self.jitter!r}"
+        base_ms = max_ms = 0
+        try:
+            # Parsed once: delay_ms runs for every record ingested.
+            base_ms, max_ms = parse_duration_ms(self.base), parse_duration_ms(self.max)
+        except (TypeError, ValueError) as exc:
+            problem = problem or f"backoff {exc}"
+        object.__setattr__(self, "problem", problem)
+        object.__setattr__(self, "_base_ms", base_ms)
+        object.__setattr__(self, "_max_ms", max_ms)
 
     def delay_ms(self, attempt: int, spread: float) -> int:
         base, cap = self._base_ms, self._max_ms
@@ -111,8 +123,9 @@ class Policy:
     _fatal: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise PolicyError("a policy needs a name")
+        if not isinstance(self.name, str) or not self.name:
+            raise PolicyError(f"a policy needs a name (a non-empty string), not {self.name!r}")
+        self._check_types()
         if (self.delays is None) == (self.backoff is None):
             raise PolicyError(
                 f"policy {self.name!r}: give exactly one of delays=[...] or backoff=Backoff(...)"
@@ -131,6 +144,42 @@ class Policy:
         object.__setattr__(self, "_delays_ms", delays)
         object.__setattr__(self, "_max_age_ms", max_age_ms)  # parsed once: decide() runs per record
         object.__setattr__(self, "_fatal", frozenset(self.fatal_errors))
+
+    def _check_types(self) -> None:
+        """What a declaration in Python gets wrong without an error of its own: ``max_attempts="3"``, a
+        string where a list belongs (``fatal_errors="ValueError"`` would be split into letters)."""
+        name = self.name
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise PolicyError(
+                f"policy {name!r}: max_attempts must be a whole number, not {self.max_attempts!r}"
+            )
+        if isinstance(self.delays, str | bytes) or (
+            self.delays is not None and not isinstance(self.delays, Sequence)
+        ):
+            raise PolicyError(
+                f"policy {name!r}: delays must be a list, e.g. ['10s', '1m'], not {self.delays!r}"
+            )
+        if isinstance(self.fatal_errors, str | bytes) or not isinstance(self.fatal_errors, Iterable):
+            raise PolicyError(
+                f"policy {name!r}: fatal_errors must be a list of exception class names, e.g. "
+                f"['ValueError'], not {self.fatal_errors!r}"
+            )
+        bad = [e for e in self.fatal_errors if not isinstance(e, str) or not e]
+        if bad:
+            raise PolicyError(
+                f"policy {name!r}: fatal_errors holds {bad[0]!r}: each entry is an exception class name"
+            )
+        if not isinstance(self.dlq_topic, str) or (
+            self.dlq_topic and not protocol.TOPIC_NAME.fullmatch(self.dlq_topic)
+        ):
+            raise PolicyError(f"policy {name!r}: dlq_topic {self.dlq_topic!r} is not a topic name")
+        if self.backoff is not None:
+            if not isinstance(self.backoff, Backoff):
+                raise PolicyError(
+                    f"policy {name!r}: backoff must be Backoff(base=..., factor=..., max=...), not {self.backoff!r}"
+                )
+            if self.backoff.problem:
+                raise PolicyError(f"policy {name!r}: {self.backoff.problem}")
 
     @property
     def max_age_ms(self) -> int | None:
@@ -178,6 +227,10 @@ class Policy:
         return Decision(due)
 
 
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _spread(retry_id: str, attempt: int) -> float:
     digest = hashlib.blake2b(f"{retry_id}/{attempt}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
@@ -203,9 +256,16 @@ class PolicyRegistry:
             if name not in self.policies:
                 raise PolicyError(f"destination {dest!r} maps to undeclared policy {name!r}")
         try:
-            Destinations.of([*self.allowed, *self.destinations])
+            rules = Destinations.of([*self.allowed, *self.destinations])
         except (DestinationRuleError, re.error) as exc:
             raise PolicyError(str(exc)) from None
+        for policy in sorted(self.policies.values(), key=lambda p: p.name):
+            if rules.refusal(policy.dlq_topic) is None:
+                raise PolicyError(
+                    f"policy {policy.name!r}: its dlq_topic {policy.dlq_topic!r} is also an allowed destination "
+                    "(ALLOWED_DESTINATIONS or DESTINATIONS): a retry could be published to the DLQ topic; "
+                    "narrow the pattern or choose another dlq_topic"
+                )
 
     @classmethod
     def of(
@@ -215,14 +275,31 @@ class PolicyRegistry:
         allowed: Iterable[Allowed] = (),
     ) -> PolicyRegistry:
         """Build a registry; adds a conservative ``default`` when none is declared."""
+        if isinstance(policies, str | bytes | Mapping) or not isinstance(policies, Iterable):
+            raise PolicyError(f"POLICIES must be a list of Policy(...), not {type(policies).__name__}")
         by_name: dict[str, Policy] = {}
-        for policy in policies:
+        for n, policy in enumerate(policies):
+            if not isinstance(policy, Policy):
+                raise PolicyError(
+                    f"POLICIES[{n}] is a {type(policy).__name__}, not a Policy: write Policy('name', "
+                    "delays=[...], max_attempts=...)"
+                )
             if policy.name in by_name:
                 raise PolicyError(f"policy {policy.name!r} is declared twice")
             by_name[policy.name] = policy
         by_name.setdefault(DEFAULT_POLICY, DEFAULT)
         if isinstance(allowed, str | re.Pattern):
             raise PolicyError("ALLOWED_DESTINATIONS must be a list, e.g. ['orders', 'shop.*']")
+        if destinations is not None and not isinstance(destinations, Mapping):
+            raise PolicyError(
+                "DESTINATIONS must be a dict of destination topic -> policy name, e.g. {'payments': "
+                f"'payments'}}, not {type(destinations).__name__}"
+            )
+        for dest, name in (destinations or {}).items():
+            if not isinstance(dest, str) or not isinstance(name, str):
+                raise PolicyError(
+                    f"DESTINATIONS maps {dest!r} to {name!r}: both must be strings (topic, policy name)"
+                )
         return cls(by_name, dict(destinations or {}), tuple(allowed))
 
     def get(self, name: str) -> Policy:
@@ -258,7 +335,17 @@ def load_policies_module(path: str | Path) -> ModuleType:
     if spec is None or spec.loader is None:
         raise PolicyError(f"cannot import policies module {path}")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        # Where in the module, and what: one line, not a traceback through this package.
+        line = next(
+            (f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__)) if f.filename == str(path)),
+            getattr(exc, "lineno", None),
+        )
+        where = f"{path}, line {line}" if line else str(path)
+        what = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
+        raise PolicyError(f"{where}: {what}") from None
     return module
 
 

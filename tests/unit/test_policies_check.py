@@ -1,0 +1,72 @@
+"""``retry-scheduler policies check``: every policy mistake is one line naming the policy, the field and
+where, exit 2; never a traceback. The loops load policies with the same checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from retry_scheduler.cli.main import main
+
+HEAD = "from retry_scheduler.core.policy import Backoff, Policy\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('POLICIES = [Policy("p", delays=["1s"], max_attempts="3")]',
+         "line 2: policy 'p': max_attempts must be a whole number, not '3'"),
+        ('POLICIES = [{"name": "p", "delays": ["1s"]}]',
+         "POLICIES[0] is a dict, not a Policy: write Policy('name', delays=[...], max_attempts=...)"),
+        ('POLICIES = [Policy("p", delays=["1s"], fatal_errors="ValueError")]',
+         "line 2: policy 'p': fatal_errors must be a list of exception class names, e.g. ['ValueError'], "
+         "not 'ValueError'"),
+        ('POLICIES = [Policy("p", delays="10s")]', "line 2: policy 'p': delays must be a list"),
+        ('POLICIES = [Policy("p", backoff=Backoff(base="1s", factor=0.5))]',
+         "line 2: policy 'p': backoff factor must be a number >= 1, not 0.5"),
+        ('POLICIES = [Policy("p", backoff=Backoff(base="soon"))]', "line 2: policy 'p': backoff "),
+        ('POLICIES = [Policy("p", delays=["1s"], dlq_topic="orders.dlq")]\nALLOWED_DESTINATIONS = ["orders*"]',
+         "policy 'p': its dlq_topic 'orders.dlq' is also an allowed destination"),
+        ('POLICIES = [Policy("p", delay=["1s"])]', "line 2: TypeError: "),
+        ('POLICIES = [Policy("p", delays=["1s"]]', "SyntaxError"),
+        ('POLICIES = [Policy("p", delays=["1s"])]\nDESTINATIONS = ["orders"]',
+         "DESTINATIONS must be a dict of destination topic -> policy name"),
+        ("POLICIES = Policy('p', delays=['1s'])", "POLICIES must be a list of Policy(...), not Policy"),
+    ],
+)  # fmt: skip
+def test_a_policy_mistake_is_one_line_naming_it_and_where(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, message: str
+) -> None:
+    module = tmp_path / "retry_policies.py"
+    module.write_text(HEAD + body + "\n")
+    assert main(["policies", "check", str(module)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"retry-scheduler: {module}") or err.startswith("retry-scheduler: "), err
+    assert message in err, err
+
+
+def test_a_missing_module_says_where_to_set_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policies", "check", str(tmp_path / "nope.py")]) == 2
+    assert "does not exist (set RETRY_POLICIES to its path)" in capsys.readouterr().err
+
+
+def test_a_valid_module_is_shown_as_the_loops_read_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    module = tmp_path / "retry_policies.py"
+    module.write_text(
+        HEAD
+        + 'POLICIES = [Policy("pay", backoff=Backoff(base="1s", factor=2, max="10m"), max_attempts=8,\n'
+        '                   fatal_errors=["InvalidCard"], dlq_topic="pay.dlq")]\n'
+        'DESTINATIONS = {"payments": "pay"}\nALLOWED_DESTINATIONS = ["orders"]\n'
+    )
+    assert main(["policies", "check", str(module), "--json"]) == 0
+    declared = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in declared["policies"]] == ["default", "pay"]  # default added when not declared
+    pay = declared["policies"][1]
+    assert (pay["max_attempts"], pay["fatal_errors"], pay["dlq_topic"]) == (8, ["InvalidCard"], "pay.dlq")
+    assert declared["destinations"] == {"payments": "pay"} and declared["allowed_destinations"] == ["orders"]
+    assert main(["policies", "check", str(module)]) == 0
+    out = capsys.readouterr().out
+    assert f"{module}: valid" in out and "policy pay: backoff 1s x2 up to 10m; at most 8 retries" in out
