@@ -53,11 +53,12 @@ def test_a_missing_module_says_where_to_set_it(tmp_path: Path, capsys: pytest.Ca
     assert "does not exist (set RETRY_POLICIES to its path)" in capsys.readouterr().err
 
 
-def test_a_valid_module_is_shown_as_the_loops_read_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_valid_module_is_shown_as_the_loops_read_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     module = tmp_path / "retry_policies.py"
     module.write_text(
-        HEAD
-        + 'POLICIES = [Policy("pay", backoff=Backoff(base="1s", factor=2, max="10m"), max_attempts=8,\n'
+        HEAD + 'POLICIES = [Policy("pay", backoff=Backoff(base="1s", factor=2, max="10m"), max_attempts=8,\n'
         '                   fatal_errors=["InvalidCard"], dlq_topic="pay.dlq")]\n'
         'DESTINATIONS = {"payments": "pay"}\nALLOWED_DESTINATIONS = ["orders"]\n'
     )
@@ -70,3 +71,30 @@ def test_a_valid_module_is_shown_as_the_loops_read_it(tmp_path: Path, capsys: py
     assert main(["policies", "check", str(module)]) == 0
     out = capsys.readouterr().out
     assert f"{module}: valid" in out and "policy pay: backoff 1s x2 up to 10m; at most 8 retries" in out
+
+
+def test_no_policies_module_found_is_an_error_naming_every_place_looked_unless_builtin_is_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a module the package's defaults (which allow no destination) were used silently: every
+    record went dead. Now the commands that need policies refuse, naming where they looked, and the
+    defaults are there when asked for by name."""
+    empty_dags = tmp_path / "airflow-dags"
+    empty_dags.mkdir()
+    monkeypatch.chdir(tmp_path)  # no ./dags here
+    monkeypatch.delenv("RETRY_POLICIES", raising=False)
+    monkeypatch.setenv("AIRFLOW__CORE__DAGS_FOLDER", str(empty_dags))
+    for command in (["policies", "check"], ["run", "--seconds", "1"]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert (
+            "no retry policies module: RETRY_POLICIES is not set and there is no retry_policies.py at " in err
+        )
+        assert f"{empty_dags}/retry_policies.py, {tmp_path}/dags/retry_policies.py" in err
+        assert "or set RETRY_POLICIES=builtin for the package's own" in err
+    monkeypatch.setenv("RETRY_POLICIES", "builtin")
+    assert main(["policies", "check", "--json"]) == 0
+    declared = json.loads(capsys.readouterr().out)
+    assert declared["file"].endswith("retry_scheduler/core/default_policies.py")
+    assert [p["name"] for p in declared["policies"]] == ["default"] and declared["allowed_destinations"] == []

@@ -170,7 +170,9 @@ def with_airflow_policies(settings: Settings) -> Settings:
     from airflow.configuration import conf
 
     beside_dags = Path(conf.get("core", "dags_folder")).expanduser() / POLICIES_FILE
-    return settings.with_overrides(policies_path=str(beside_dags)) if beside_dags.is_file() else settings
+    if beside_dags.is_file():
+        return settings.with_overrides(policies_path=str(beside_dags))
+    return settings.with_overrides(policies_searched=(str(beside_dags.absolute()),))
 
 
 def settings_from_connections(

@@ -382,10 +382,14 @@ def declared_channels(env: Mapping[str, str] | None = None) -> list[AlertNotifie
         except (ImportError, AttributeError) as exc:
             raise AlertConfigError(f"{CHANNELS_SETTING}={where!r}: {type(exc).__name__}: {exc}") from None
     else:
-        from retry_scheduler.core.config import Settings
+        from retry_scheduler.airflow.hook import with_airflow_policies
+        from retry_scheduler.core.config import ConfigError, Settings
         from retry_scheduler.core.policy import load_policies_module
 
-        path = Settings.from_env(dict(env)).policies_file
+        try:  # the module the tasks load, the DAGs folder of airflow.cfg included
+            path = with_airflow_policies(Settings.from_env(dict(env))).policies_file
+        except ConfigError as exc:
+            raise AlertConfigError(str(exc)) from None
         where = f"{path}: {CHANNELS_NAME}"
         entries = getattr(load_policies_module(path), CHANNELS_NAME, [])
     if not isinstance(entries, Sequence) or isinstance(entries, str | bytes):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -37,16 +37,35 @@ def dags_folder(env: Mapping[str, str] | None = None) -> Path:
     return Path(env.get("AIRFLOW_HOME") or "~/airflow").expanduser() / "dags"
 
 
-def default_policies_path(env: Mapping[str, str] | None = None) -> Path:
+#: ``RETRY_POLICIES=builtin``: the policies shipped in the package (a conservative ``default``, no
+#: destination allowed), asked for by name: never a silent fallback.
+BUILTIN_POLICIES = "builtin"
+
+
+def builtin_policies_path() -> Path:
+    return Path(str(resources.files("retry_scheduler.core").joinpath("default_policies.py")))
+
+
+def default_policies_path(env: Mapping[str, str] | None = None, also_looked: Sequence[str] = ()) -> Path:
     """Where the policies module is when ``RETRY_POLICIES`` does not say.
 
     ``retry_policies.py`` next to the DAGs (Airflow's DAGs folder), else in ``./dags`` (a project
-    checkout run from its root), else the policies shipped in the package (only ``default``).
+    checkout run from its root). Not found: a :class:`ConfigError` naming every place looked
+    (``also_looked`` first: the DAGs folder of Airflow's configuration, which the caller read).
     """
+    looked = list(also_looked)
     for folder in (dags_folder(env), Path("dags")):
-        if (folder / POLICIES_FILE).is_file():
-            return (folder / POLICIES_FILE).resolve()
-    return Path(str(resources.files("retry_scheduler.core").joinpath("default_policies.py")))
+        candidate = folder / POLICIES_FILE
+        if candidate.is_file():
+            return candidate.resolve()
+        looked.append(str(candidate.absolute()))
+    raise ConfigError(
+        f"no retry policies module: RETRY_POLICIES is not set and there is no {POLICIES_FILE} at "
+        + ", ".join(dict.fromkeys(looked))
+        + ". Create one (README, Policies), set RETRY_POLICIES to its path (the files of a DAG bundle "
+        f"are not searched), or set RETRY_POLICIES={BUILTIN_POLICIES} for the package's own (a "
+        "conservative default policy, and no destination allowed)"
+    )
 
 
 def dev_home(env: Mapping[str, str] | None = None) -> Path:
@@ -211,6 +230,9 @@ class Settings:
     self_vacuum: bool = True
     #: The policies module; empty: found by :func:`default_policies_path`.
     policies_path: str = ""
+    #: Where else the policies module was looked for (the DAGs folder of Airflow's configuration), for
+    #: the error when it is found nowhere.
+    policies_searched: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "database_url", libpq_url(self.database_url))
@@ -258,8 +280,13 @@ class Settings:
 
     @property
     def policies_file(self) -> Path:
-        """The policies module to load: ``policies_path`` when set, else :func:`default_policies_path`."""
-        return Path(self.policies_path) if self.policies_path else default_policies_path()
+        """The policies module to load: ``policies_path`` when set (``builtin``: the package's own), else
+        :func:`default_policies_path` (a :class:`ConfigError` when there is none)."""
+        if self.policies_path == BUILTIN_POLICIES:
+            return builtin_policies_path()
+        if self.policies_path:
+            return Path(self.policies_path)
+        return default_policies_path(also_looked=self.policies_searched)
 
     @property
     def bootstrap_servers(self) -> str:
