@@ -41,7 +41,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field
 
 from retry_scheduler.airflow.hook import RetrySchedulerHook, with_airflow_policies
-from retry_scheduler.core.config import DEFAULT_DATABASE_URL, Settings
+from retry_scheduler.core.config import DEFAULT_DATABASE_URL, ConfigError, Settings
+from retry_scheduler.core.policy import PolicyError
 from retry_scheduler.core.records import deployment_destinations
 from retry_scheduler.db.connection import StoreError, connect, limit_statements, require_migrated
 from retry_scheduler.ops import dlq
@@ -224,6 +225,14 @@ async def _busy(request: Request, exc: PoolTimeout) -> JSONResponse:
 
 @app.exception_handler(StoreError)
 async def _no_database(request: Request, exc: StoreError) -> JSONResponse:
+    log.error("dead letters: %s", exc)
+    return JSONResponse({"detail": str(exc)}, status_code=503)
+
+
+@app.exception_handler(ConfigError)
+@app.exception_handler(PolicyError)
+async def _misconfigured(request: Request, exc: Exception) -> JSONResponse:
+    """The deployment's configuration (its policies module, say) cannot be read: said, not a 500."""
     log.error("dead letters: %s", exc)
     return JSONResponse({"detail": str(exc)}, status_code=503)
 
