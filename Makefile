@@ -30,6 +30,10 @@ help:
 # uv installs the packages (about 30 s from an empty cache against pip's 80, and the install tests'
 # environments then come from its cache); pip does it where uv cannot run.
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+		echo "make: Python 3.11 or newer is needed, and $(PYTHON) is $$($(PYTHON) --version 2>&1): run make PYTHON=python3.11 (or newer)" >&2; exit 1; }
+	@if [ -x $(BIN)/python ] && ! $(BIN)/python -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
+		echo "make: $(VENV) was made with $$($(BIN)/python --version 2>&1), older than 3.11: remove it (make clean) and run make again" >&2; exit 1; fi
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip uv
 	$(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[dev]" || $(BIN)/pip install --quiet -e ".[dev]"
@@ -131,4 +135,4 @@ chaos: venv
 		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 clean:
-	rm -rf .dev .airflow .airflow-test .airflow-test-* .test-reports .mypy_cache .ruff_cache
+	rm -rf $(VENV) .dev .airflow .airflow-test .airflow-test-* .test-reports .mypy_cache .ruff_cache

@@ -6,8 +6,15 @@ The SDK (:mod:`retry_scheduler.client`) needs only confluent-kafka. A policies m
 
 from __future__ import annotations
 
+import sys
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
+
+if sys.version_info < (3, 11):  # noqa: UP036 (a plugins folder or a stray interpreter can import it)
+    raise ImportError(
+        f"kafka-retry-scheduler needs Python 3.11 or newer; this is {sys.version.split()[0]} "
+        f"({sys.executable})"
+    )
 
 if TYPE_CHECKING:
     from retry_scheduler.core.policy import Backoff, Policy

@@ -150,3 +150,31 @@ def test_the_spark_dags_alert_two_hours_after_a_run_was_queued_and_the_loops_hav
         assert type(deadline.reference).__name__ == "DagRunQueuedAtDeadline"
         assert deadline.callback.path == "retry_scheduler.airflow.deadlines.deadline_missed"
     assert not dagbag.get_dag("retry_scheduler").deadline  # bounded by dagrun_timeout instead
+
+
+def test_airflow_lists_the_package_as_a_provider_and_its_plugin_once(airflow_db, tmp_path) -> None:
+    """``airflow providers list`` shows the package (its ``apache_airflow_provider`` entry point) with
+    the installed version, its notifiers are Airflow's known notifications, and the plugin is loaded
+    once (listed among the provider's too, Airflow would load it twice and report an import error)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from retry_scheduler import __version__
+
+    airflow = str(Path(sys.executable).parent / "airflow")
+
+    def run(*args: str) -> str:
+        done = subprocess.run([airflow, *args], env=dict(os.environ), capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    providers = json.loads(run("providers", "list", "-o", "json"))
+    [ours] = [p for p in providers if p["package_name"] == "kafka-retry-scheduler"]
+    assert ours["version"] == __version__, ours
+    notifications = run("providers", "notifications", "-o", "json")
+    assert "retry_scheduler.airflow.notifiers.WebhookNotifier" in notifications
+    plugins = json.loads(run("plugins", "-o", "json"))
+    assert [p["name"] for p in plugins].count("retry_scheduler") == 1, plugins
