@@ -119,3 +119,49 @@ SELECT id, at, action, dry_run, actor, source, run_id, filter, reset_attempts, m
        finished_at
 FROM retry_dlq_audit WHERE run_id = %(run_id)s AND action = %(action)s
 ORDER BY id DESC LIMIT 1;
+
+-- name: reevaluate_batch
+-- The next batch of dead invalid jobs of the filter, as stored (their record as it came): what
+-- re-evaluation reads (then locks with reevaluate_lock, unless it is a dry run); a job being sent to
+-- the DLQ topic right now (leased) is left for the next try.
+SELECT id, source_topic, source_partition, source_offset, source_timestamp_ms, msg_key, msg_value, headers
+FROM retry_jobs
+WHERE {where} AND id > %(after_id)s AND status = 'dead' AND dead_reason = 'invalid'
+  AND (lease_until IS NULL OR lease_until < clock_timestamp())
+ORDER BY id
+LIMIT %(batch)s;
+
+-- name: reevaluate_lock
+SELECT id FROM retry_jobs
+WHERE id = ANY(%(ids)s::bigint[]) AND status = 'dead' AND dead_reason = 'invalid'
+  AND (lease_until IS NULL OR lease_until < clock_timestamp())
+FOR UPDATE SKIP LOCKED;
+
+-- name: reevaluate_pending
+-- Jobs that pass now: pending with what the current configuration makes of their record (its bytes
+-- unchanged; the headers as any pending job keeps them, the retry.* ones parsed into columns).
+UPDATE retry_jobs AS j
+SET status = 'pending', dead_reason = NULL, dead_at = NULL,
+    destination = r.destination, destination_partition = r.destination_partition, headers = r.headers,
+    attempt = r.attempt, policy = r.policy, reason = r.reason, error_class = r.error_class,
+    consumer_group = r.consumer_group, retry_id = r.retry_id, original_topic = r.original_topic,
+    original_partition = r.original_partition, original_offset = r.original_offset,
+    first_seen_at = r.first_seen_at, due_at = greatest(r.due_at, clock_timestamp()), dlq_topic = r.dlq_topic,
+    lease_until = NULL, claimed_by = NULL, publish_failures = 0, last_error = NULL, updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(destinations)s::text[], %(destination_partitions)s::int[],
+            %(headers)s::bytea[], %(attempts)s::int[], %(policies)s::text[], %(reasons)s::text[],
+            %(error_classes)s::text[], %(groups)s::text[], %(retry_ids)s::text[], %(original_topics)s::text[],
+            %(original_partitions)s::int[], %(original_offsets)s::bigint[], %(first_seen)s::timestamptz[],
+            %(due)s::timestamptz[], %(dlq_topics)s::text[])
+     AS r(id, destination, destination_partition, headers, attempt, policy, reason, error_class,
+          consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
+          due_at, dlq_topic)
+WHERE j.id = r.id
+RETURNING j.id;
+
+-- name: reevaluate_dead
+-- Jobs that still do not pass: dead with what the current configuration says of them.
+UPDATE retry_jobs AS j
+SET dead_reason = r.dead_reason, reason = r.reason, updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(dead_reasons)s::text[], %(reasons)s::text[]) AS r(id, dead_reason, reason)
+WHERE j.id = r.id;

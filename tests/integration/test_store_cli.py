@@ -54,6 +54,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (13, "0013_loop_claim_floor"),
         (14, "0014_published_jobs"),
         (15, "0015_destination_lanes"),
+        (16, "0016_reevaluate_audit"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(

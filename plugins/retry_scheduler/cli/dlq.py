@@ -86,6 +86,8 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.ops.dlq import run_action, to_json
 
     flt = _dlq_filter(args)
+    if getattr(args, "reevaluate", False):
+        return _reevaluate(args, settings, flt)
     if not args.dry_run and not args.all and not flt.as_dict():
         print(
             f"retry-scheduler: no filter given: this would {args.dlq_command} every dead job. Add --all if "
@@ -156,6 +158,44 @@ def _cmd_dlq_audit(args: argparse.Namespace, settings: Settings) -> int:
             f"by {row['actor']} ({row['source']}{', ' + row['run_id'] if row['run_id'] else ''})  "
             f"filter {json.dumps(row['filter'])}"
         )
+    return 0
+
+
+def _reevaluate(args: argparse.Namespace, settings: Settings, flt: Any) -> int:
+    """``replay --reevaluate``: the invalid jobs read again against the current policies; a dry run first."""
+    import getpass
+
+    from retry_scheduler.core.policy import load_policies
+    from retry_scheduler.ops.dlq import to_json
+    from retry_scheduler.ops.reevaluate import reevaluate
+
+    if getattr(args, "reset_attempts", False):
+        print("retry-scheduler: --reset-attempts does not go with --reevaluate", file=sys.stderr)
+        return 2
+    registry = load_policies(settings.policies_file)
+    sizing = {} if args.batch_size is None else {"batch_size": args.batch_size}
+    common = {
+        "settings": settings,
+        "registry": registry,
+        "actor": f"cli:{getpass.getuser()}",
+        "source": "cli",
+    }
+    plan = reevaluate(settings.database_url, flt, dry_run=True, **common, **sizing)  # type: ignore[arg-type]
+    print(to_json(plan.as_json()) if args.json else plan.summary())
+    if args.dry_run or plan.would_affect == 0:
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print("retry-scheduler: not confirmed: add --yes to make them pending (or --dry-run to only count)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        answer = input(f"make {plan.would_affect} re-evaluated job(s) pending? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing done")
+            return 1
+    with progress("reevaluate") as report:
+        outcome = reevaluate(settings.database_url, flt, dry_run=False, progress=report, **common, **sizing)  # type: ignore[arg-type]
+    print(to_json(outcome.as_json()) if args.json else outcome.summary())
     return 0
 
 
@@ -232,11 +272,18 @@ def add_parsers(sub: Any) -> None:
         help="make dead jobs due now; the publish loop sends them to their destination",
         description="Select dead jobs by filter or --ids, show the dry run, and after confirmation make "
         "them due now with their attempt kept (or reset with --reset-attempts). Invalid jobs are left "
-        "alone: their headers named no usable destination.",
+        "alone: their headers named no usable destination; after fixing the configuration that made "
+        "them invalid (a destination not allowed, a policy not deployed), --reevaluate reads them again.",
     )
     _add_dlq_filters(replay, for_action=True)
     replay.add_argument(
         "--reset-attempts", action="store_true", help="start the policy's schedule again (attempt 0)"
+    )
+    replay.add_argument(
+        "--reevaluate",
+        action="store_true",
+        help="read the invalid jobs of the filter again against the current policies: those that pass "
+        "become pending with their original bytes, the rest stay dead with the new reason (no --all needed)",
     )
     replay.set_defaults(func=_cmd_dlq_act)
 

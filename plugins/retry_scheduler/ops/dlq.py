@@ -57,7 +57,7 @@ MAX_IDS = 10_000
 #: the ``dlq_replay`` DAG (a run with its own log, retries and progress).
 MAX_PAGE_ACTION = 10_000
 
-Action = Literal["replay", "purge"]
+Action = Literal["replay", "purge", "reevaluate"]
 Source = Literal["dag", "ui", "cli"]
 
 # The filter's fixed SQL fragments; each applies when its parameter is given.
@@ -214,7 +214,8 @@ class DlqFilter:
         return sql.SQL(" AND ").join(sql.SQL(f) for f in fragments), params
 
 
-def _query(name: str, where: sql.Composable) -> sql.Composed:
+def dlq_query(name: str, where: sql.Composable) -> sql.Composed:
+    """The named statement of ``sql/dlq.sql`` with a filter's WHERE clause in its ``{where}``."""
     return sql.SQL(queries()[name]).format(where=where)
 
 
@@ -224,7 +225,8 @@ Database = str | ConnectionPool
 
 
 @contextmanager
-def _connection(database: Database) -> Iterator[psycopg.Connection[Any]]:
+def connection(database: Database) -> Iterator[psycopg.Connection[Any]]:
+    """A connection for one operation: the pool's, or a new one checked for the schema."""
     if isinstance(database, ConnectionPool):
         with database.connection() as pooled:
             pooled.prepare_threshold = None
@@ -302,14 +304,14 @@ def list_dead(
         raise DlqError(f"page size must be 1-{MAX_PAGE}")
     after_at, after_id = _parse_cursor(cursor)
     where, params = flt.where()
-    with _connection(database_url) as conn:
+    with connection(database_url) as conn:
         rows = conn.execute(
-            _query("dlq_page", where),
+            dlq_query("dlq_page", where),
             {**params, "after_at": after_at, "after_id": after_id, "page_size": page_size + 1},
         ).fetchall()
         total = -1
         if count:
-            counted = conn.execute(_query("dlq_count", where), {**params, "cap": COUNT_CAP + 1}).fetchone()
+            counted = conn.execute(dlq_query("dlq_count", where), {**params, "cap": COUNT_CAP + 1}).fetchone()
             total = int(counted[0]) if counted else 0
     jobs = [DeadJob(*row) for row in rows[:page_size]]
     more = len(rows) > page_size
@@ -323,7 +325,7 @@ def list_dead(
 
 def facets(database_url: Database) -> list[dict[str, Any]]:
     """Dead jobs per destination and dead reason, for the filter menus."""
-    with _connection(database_url) as conn:
+    with connection(database_url) as conn:
         rows = conn.execute(sql.SQL(queries()["dlq_facets"])).fetchall()
     return [{"destination": r[0] or None, "dead_reason": r[1], "count": int(r[2])} for r in rows]
 
@@ -355,7 +357,7 @@ def render_bytes(data: bytes | memoryview | None, limit: int = SHOW_BYTES) -> di
 
 def show(database_url: Database, job_id: int, limit: int = SHOW_BYTES) -> dict[str, Any]:
     """Every field of one job, with key, value and headers rendered by :func:`render_bytes`."""
-    with _connection(database_url) as conn:
+    with connection(database_url) as conn:
         cur = conn.execute(sql.SQL(queries()["dlq_job"]), {"id": job_id})
         row = cur.fetchone()
         names = [d.name for d in cur.description or []]
@@ -391,7 +393,9 @@ class Outcome:
         return asdict(self)
 
     def summary(self) -> str:
-        verb = {"replay": "replayed", "purge": "purged"}[self.action]
+        verb = {"replay": "replayed", "purge": "purged", "reevaluate": "re-evaluated and made pending"}[
+            self.action
+        ]
         left = "; ".join(f"{n} {cause}" for cause, n in self.skipped.items() if n)
         head = (
             f"dry run: {self.would_affect} of {self.matched} selected dead jobs would be {verb}"
@@ -443,12 +447,12 @@ def run_action(
     if not actor:
         raise DlqError("an operation needs an actor (who asked for it) for the audit")
     where, params = flt.where()
-    with _connection(database_url) as conn:
+    with connection(database_url) as conn:
         if flt.limit is not None:
             # Fix the limited selection first, so the batches cannot drift to other jobs.
             with conn.transaction():
                 got = conn.execute(
-                    _query("dlq_selected_ids", where), {**params, "limit": flt.limit}
+                    dlq_query("dlq_selected_ids", where), {**params, "limit": flt.limit}
                 ).fetchone()
             ids = tuple(got[0] or []) if got else ()
             if ids:  # when nothing matched, the filter stays as it is and the plan below counts 0
@@ -458,12 +462,12 @@ def run_action(
             rules = destinations or deployment_destinations()
             with conn.transaction():
                 targets = conn.execute(
-                    _query("dlq_plan_destinations", where), {**params, "limit": flt.limit}
+                    dlq_query("dlq_plan_destinations", where), {**params, "limit": flt.limit}
                 ).fetchall()
             refused = sorted(t for (t,) in targets if not rules.allows(t))
         with conn.transaction():
             plan_row = conn.execute(
-                _query("dlq_plan", where), {**params, "limit": flt.limit, "refused": refused}
+                dlq_query("dlq_plan", where), {**params, "limit": flt.limit, "refused": refused}
             ).fetchone()
         assert plan_row is not None
         plan = (int(plan_row[0]), int(plan_row[1]), int(plan_row[2]), int(plan_row[3]), int(plan_row[4]))
@@ -498,7 +502,7 @@ def run_action(
         assert audit is not None
         outcome.audit_id = int(audit[0])
         if not dry_run and outcome.matched:
-            batch_query = _query("dlq_replay_batch" if action == "replay" else "dlq_purge_batch", where)
+            batch_query = dlq_query("dlq_replay_batch" if action == "replay" else "dlq_purge_batch", where)
             after_id = 0
             while True:
                 with conn.transaction():
@@ -543,7 +547,7 @@ def audit_of_run(database_url: Database, run_id: str, action: str) -> dict[str, 
 
 
 def _audit_rows(database_url: Database, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    with _connection(database_url) as conn:
+    with connection(database_url) as conn:
         cur = conn.execute(sql.SQL(queries()[query]), params)
         names = [d.name for d in cur.description or []]
         rows = cur.fetchall()

@@ -1,0 +1,194 @@
+"""Dead ``invalid`` jobs read again against the current configuration (``dlq replay --reevaluate``).
+
+A record stored invalid because of the deployment's configuration (its destination not yet allowed,
+its ``retry.policy`` not yet deployed, no policies module at all) has no destination, so a replay
+leaves it alone. Its record is kept as it came (key, value, every header), so once the configuration
+is fixed it can be evaluated again exactly as the ingest loop would evaluate it now: the jobs that pass
+become pending (published when due, their bytes unchanged), the others stay dead with what the
+current configuration says of them. Audited as ``reevaluate``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from retry_scheduler.core import protocol
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.jobs import CopyRow, Status, decode_headers, ms_of_pg_time
+from retry_scheduler.core.policy import PolicyRegistry
+from retry_scheduler.core.records import RowBuilder, limits_for
+from retry_scheduler.db.schema import queries
+from retry_scheduler.ops.dlq import (
+    BATCH,
+    MAX_LIMIT,
+    Database,
+    DlqError,
+    DlqFilter,
+    Outcome,
+    Source,
+    connection,
+    dlq_query,
+)
+
+#: The dead reason a re-evaluation selects; a filter naming another is refused.
+_INVALID = protocol.DEAD_INVALID
+
+
+def reevaluate(
+    database_url: Database,
+    flt: DlqFilter,
+    *,
+    settings: Settings,
+    registry: PolicyRegistry,
+    actor: str,
+    source: Source,
+    dry_run: bool,
+    progress: Callable[[int, int], None] = lambda done, total: None,
+    batch_size: int = BATCH,
+) -> Outcome:
+    """Evaluate the dead invalid jobs of ``flt`` again with ``settings`` and ``registry`` (the current
+    configuration); on a dry run only count what would pass. One audit row (action ``reevaluate``).
+
+    ``skipped`` counts the jobs that still do not pass, by what they are now (``invalid``, or
+    ``exhausted``, ``fatal``... when the record asked for what is now a dead end), plus held records
+    (``retry.hold``), which are sent again by their application, not re-evaluated.
+    """
+    if not 1 <= batch_size <= MAX_LIMIT:
+        raise DlqError(f"batch size {batch_size} must be between 1 and {MAX_LIMIT:,}")
+    if flt.dead_reason not in (None, _INVALID):
+        raise DlqError(f"re-evaluation reads invalid jobs only, not {flt.dead_reason!r} ones")
+    if not actor:
+        raise DlqError("an operation needs an actor (who asked for it) for the audit")
+    builder = RowBuilder(settings, registry, limits_for(settings, registry))
+    where, params = flt.where()
+    outcome = Outcome(
+        action="reevaluate", dry_run=dry_run, filter=flt.as_dict(), matched=0, would_affect=0, affected=0
+    )
+    with connection(database_url) as conn:
+        with conn.transaction():
+            audit = conn.execute(
+                sql.SQL(queries()["dlq_audit_start"]),
+                {"action": "reevaluate", "dry_run": dry_run, "actor": actor, "source": source, "run_id": None,
+                 "filter": Jsonb(outcome.filter), "reset_attempts": False, "matched": 0, "skipped": Jsonb({})},
+            ).fetchone()  # fmt: skip
+        assert audit is not None
+        outcome.audit_id = int(audit[0])
+        after_id, left = 0, flt.limit
+        while left is None or left > 0:
+            size = batch_size if left is None else min(batch_size, left)
+            with conn.transaction():
+                rows = conn.execute(
+                    dlq_query("reevaluate_batch", where), {**params, "after_id": after_id, "batch": size}
+                ).fetchall()
+                if not rows:
+                    break
+                after_id = rows[-1][0]
+                if not dry_run:  # the jobs no one else holds (a replay, the publisher's DLQ lease)
+                    locked = {
+                        r[0]
+                        for r in conn.execute(
+                            sql.SQL(queries()["reevaluate_lock"]), {"ids": [r[0] for r in rows]}
+                        ).fetchall()
+                    }
+                    rows = [r for r in rows if r[0] in locked]
+                passing, dead = _evaluate(builder, rows)
+                if not dry_run:
+                    _write(conn, passing, dead)
+                    if passing:
+                        conn.execute(
+                            sql.SQL(queries()["dlq_audit_progress"]),
+                            {"affected": len(passing), "audit_id": outcome.audit_id},
+                        )
+            outcome.matched += len(rows)
+            outcome.would_affect += len(passing)
+            outcome.affected += 0 if dry_run else len(passing)
+            for _id, dead_reason, _reason in dead:
+                cause = (
+                    "held records (retry.hold): send them again"
+                    if dead_reason is None
+                    else f"still {dead_reason}"
+                )
+                outcome.skipped[cause] = outcome.skipped.get(cause, 0) + 1
+            if left is not None:
+                left -= len(rows)
+            progress(outcome.matched, outcome.matched)
+        with conn.transaction():
+            conn.execute(
+                "UPDATE retry_dlq_audit SET matched = %s, skipped = %s WHERE id = %s",
+                (outcome.matched, Jsonb(outcome.skipped), outcome.audit_id),
+            )
+            conn.execute(sql.SQL(queries()["dlq_audit_finish"]), {"audit_id": outcome.audit_id})
+    return outcome
+
+
+def _evaluate(
+    builder: RowBuilder, rows: list[tuple[Any, ...]]
+) -> tuple[list[tuple[int, CopyRow]], list[tuple[int, str | None, str]]]:
+    """The jobs that pass now (their new row) and those that do not (new dead reason and reason; a
+    held record's reason None: left as it is)."""
+    now_ms = int(time.time() * 1000)
+    passing: list[tuple[int, CopyRow]] = []
+    dead: list[tuple[int, str | None, str]] = []
+    for job_id, topic, partition, offset, timestamp_ms, key, value, headers in rows:
+        try:
+            decoded = decode_headers(headers)
+        except Exception as exc:  # stored by an older version, or not at all: nothing to evaluate
+            dead.append((job_id, _INVALID, f"its headers cannot be read again ({type(exc).__name__}: {exc})"))
+            continue
+        row = builder.row(topic, partition, offset, timestamp_ms, key, value, decoded, now_ms)
+        builder.take_releases()
+        if row is None:
+            dead.append((job_id, _INVALID, "a release record (retry.release): nothing to retry"))
+        elif row.held_by is not None:
+            dead.append((job_id, None, ""))
+        elif row.status == Status.PENDING.value:
+            passing.append((job_id, row))
+        else:
+            dead.append((job_id, row.dead_reason or _INVALID, row.reason or ""))
+    return passing, dead
+
+
+def _write(conn: Any, passing: list[tuple[int, CopyRow]], dead: list[tuple[int, str | None, str]]) -> None:
+    if passing:
+        rows = [r for _, r in passing]
+        conn.execute(
+            sql.SQL(queries()["reevaluate_pending"]),
+            {
+                "ids": [i for i, _ in passing],
+                "destinations": [r.destination for r in rows],
+                "destination_partitions": [r.destination_partition for r in rows],
+                "headers": [r.headers for r in rows],
+                "attempts": [r.attempt for r in rows],
+                "policies": [r.policy for r in rows],
+                "reasons": [r.reason for r in rows],
+                "error_classes": [r.error_class for r in rows],
+                "groups": [r.consumer_group for r in rows],
+                "retry_ids": [r.retry_id for r in rows],
+                "original_topics": [r.original_topic for r in rows],
+                "original_partitions": [r.original_partition for r in rows],
+                "original_offsets": [r.original_offset for r in rows],
+                "first_seen": [_time(r.first_seen_at) for r in rows],
+                "due": [_time(r.due_at) for r in rows],
+                "dlq_topics": [r.dlq_topic for r in rows],
+            },
+        )
+    changed = [(i, d, r) for i, d, r in dead if d is not None]
+    if changed:
+        conn.execute(
+            sql.SQL(queries()["reevaluate_dead"]),
+            {
+                "ids": [c[0] for c in changed],
+                "dead_reasons": [c[1] for c in changed],
+                "reasons": [c[2] for c in changed],
+            },
+        )
+
+
+def _time(pg_us: int) -> datetime:
+    return datetime.fromtimestamp(ms_of_pg_time(pg_us) / 1000, UTC)
