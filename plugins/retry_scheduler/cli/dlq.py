@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from retry_scheduler.cli.args import TIME_HELP, moment
@@ -166,21 +167,22 @@ def _reevaluate(args: argparse.Namespace, settings: Settings, flt: Any) -> int:
     import getpass
 
     from retry_scheduler.core.policy import load_policies
-    from retry_scheduler.ops.dlq import to_json
+    from retry_scheduler.ops.dlq import BATCH, to_json
     from retry_scheduler.ops.reevaluate import reevaluate
 
     if getattr(args, "reset_attempts", False):
         print("retry-scheduler: --reset-attempts does not go with --reevaluate", file=sys.stderr)
         return 2
     registry = load_policies(settings.policies_file)
-    sizing = {} if args.batch_size is None else {"batch_size": args.batch_size}
-    common = {
-        "settings": settings,
-        "registry": registry,
-        "actor": f"cli:{getpass.getuser()}",
-        "source": "cli",
-    }
-    plan = reevaluate(settings.database_url, flt, dry_run=True, **common, **sizing)  # type: ignore[arg-type]
+    actor = f"cli:{getpass.getuser()}"
+
+    def run(dry_run: bool, report: Callable[[int, int], None] = lambda done, total: None) -> Any:
+        return reevaluate(
+            settings.database_url, flt, settings=settings, registry=registry, actor=actor, source="cli",
+            dry_run=dry_run, progress=report, batch_size=BATCH if args.batch_size is None else args.batch_size,
+        )  # fmt: skip
+
+    plan = run(dry_run=True)
     print(to_json(plan.as_json()) if args.json else plan.summary())
     if args.dry_run or plan.would_affect == 0:
         return 0
@@ -194,7 +196,7 @@ def _reevaluate(args: argparse.Namespace, settings: Settings, flt: Any) -> int:
             print("nothing done")
             return 1
     with progress("reevaluate") as report:
-        outcome = reevaluate(settings.database_url, flt, dry_run=False, progress=report, **common, **sizing)  # type: ignore[arg-type]
+        outcome = run(dry_run=False, report=report)
     print(to_json(outcome.as_json()) if args.json else outcome.summary())
     return 0
 
