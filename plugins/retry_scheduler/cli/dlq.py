@@ -115,18 +115,11 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
     print(to_json(plan.as_json()) if args.json else plan.summary())
     if args.dry_run or plan.would_affect == 0:
         return 0
-    if not args.yes:
-        if not sys.stdin.isatty():
-            print(
-                f"retry-scheduler: not confirmed: add --yes to {args.dlq_command} these jobs "
-                "(or --dry-run to only count)",
-                file=sys.stderr,
-            )
-            return 2
-        answer = input(f"{args.dlq_command} {plan.would_affect} dead job(s)? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing done")
-            return 1
+    refused = _unconfirmed(
+        args, f"{args.dlq_command} these jobs", f"{args.dlq_command} {plan.would_affect} dead job(s)"
+    )
+    if refused is not None:
+        return refused
 
     with progress(args.dlq_command) as report:
         outcome = run_action(
@@ -186,19 +179,29 @@ def _reevaluate(args: argparse.Namespace, settings: Settings, flt: Any) -> int:
     print(to_json(plan.as_json()) if args.json else plan.summary())
     if args.dry_run or plan.would_affect == 0:
         return 0
-    if not args.yes:
-        if not sys.stdin.isatty():
-            print("retry-scheduler: not confirmed: add --yes to make them pending (or --dry-run to only count)",
-                  file=sys.stderr)  # fmt: skip
-            return 2
-        answer = input(f"make {plan.would_affect} re-evaluated job(s) pending? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing done")
-            return 1
+    refused = _unconfirmed(args, "make them pending", f"make {plan.would_affect} re-evaluated job(s) pending")
+    if refused is not None:
+        return refused
     with progress("reevaluate") as report:
         outcome = run(dry_run=False, report=report)
     print(to_json(outcome.as_json()) if args.json else outcome.summary())
     return 0
+
+
+def _unconfirmed(args: argparse.Namespace, to_do: str, question: str) -> int | None:
+    """None when the action may go on (``--yes``, or yes at the prompt); else its exit status."""
+    if args.yes:
+        return None
+    if not sys.stdin.isatty():
+        print(
+            f"retry-scheduler: not confirmed: add --yes to {to_do} (or --dry-run to only count)",
+            file=sys.stderr,
+        )
+        return 2
+    if input(f"{question}? [y/N] ").strip().lower() not in ("y", "yes"):
+        print("nothing done")
+        return 1
+    return None
 
 
 def _at_least_one(text: str) -> int:
