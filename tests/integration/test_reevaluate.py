@@ -7,6 +7,7 @@ destination not yet allowed, a policy not yet deployed), then ``retry-scheduler 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,3 +95,41 @@ def test_invalid_jobs_pass_after_the_configuration_is_fixed_and_keep_their_bytes
     assert f"destination '{never}' is not allowed" in reason  # what the current configuration says
     assert policy == "gold"
     assert audit == ("reevaluate", False, 3, 2, {"still invalid": 1})
+
+
+def test_a_letter_dead_by_the_old_repeated_header_rule_is_made_pending(
+    loop: Loop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before the last-occurrence rule, a record carrying a retry header twice (the Java example's
+    second failure) was stored dead, invalid, with its headers whole: such a letter, as an older
+    version stored it, passes re-evaluation now and is published once."""
+    from retry_scheduler.core.jobs import encode_headers
+
+    headers = [("trace", b"t"), *hdr(original_topic=loop.dest, attempt="1"), *hdr(original_topic=loop.dest)]
+    with psycopg.connect(loop.settings.database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO retry_jobs (source_topic, source_partition, source_offset, source_timestamp_ms, msg_key,"
+            " msg_value, headers, attempt, policy, reason, retry_id, first_seen_at, due_at, status, dead_reason,"
+            " dlq_topic, dead_at) VALUES (%s, 0, 7, %s, 'k', 'v', %s, 0, 'default', %s, 'r-1', now(), now(), 'dead',"
+            " 'invalid', 'retry.dlq', now())",
+            (loop.settings.retry_topic, int(time.time() * 1000), encode_headers(headers),
+             "header retry.original-topic appears more than once"),
+        )  # fmt: skip
+    module = tmp_path / "retry_policies.py"
+    module.write_text(
+        "from retry_scheduler.core.policy import Policy\n"
+        f'POLICIES = [Policy("default", delays=["0s"], max_attempts=5, dlq_topic="{loop.dest}-dlq")]\n'
+    )
+    monkeypatch.setenv("RETRY_DATABASE_URL", loop.settings.database_url)
+    monkeypatch.setenv("RETRY_POLICIES", str(module))
+    monkeypatch.setenv("RETRY_DESTINATION_ALLOWLIST", loop.settings.destination_allowlist)
+    assert main(["dlq", "replay", "--reevaluate", "--search", "appears more than once", "--yes"]) == 0
+    assert "1 of 1 selected dead jobs re-evaluated and made pending" in capsys.readouterr().out
+    assert loop.publish(4, policies_path=str(module)).published == 1
+    [seen] = consume(loop.bootstrap, [loop.dest], 1)
+    assert (seen.key, seen.value, seen.header("retry.attempt"), seen.header("trace")) == (
+        b"k",
+        b"v",
+        "2",
+        "t",
+    )
