@@ -122,5 +122,8 @@ def test_the_shell_completes_commands_and_options(tmp_path: Path) -> None:
     assert complete("retry-scheduler dl") == ["dlq "]
     assert complete("retry-scheduler dlq re") == ["replay "]
     assert complete("retry-scheduler dlq replay --res") == ["--reset-attempts "]
-    assert complete("retry-scheduler dlq replay --re") == ["--reevaluate", "--reset-attempts"]  # two: no space
+    assert complete("retry-scheduler dlq replay --re") == [
+        "--reevaluate",
+        "--reset-attempts",
+    ]  # two: no space
     assert complete("retry-scheduler dlq list --dead-reason ex") == ["exhausted", "expired"]  # two: no space
