@@ -1,7 +1,10 @@
 """The ``dlq_window_replay`` DAG through Airflow's real ``dag.test()``: each run replays exactly the dead
 jobs of its data interval (one UTC hour, start included, end excluded), once, audited.
 
-The same DAG under the real scheduler with ``airflow backfill create``: ``tests/e2e/test_backfill.py``.
+The DAG makes backfill runs only (its end date is its start date, manual runs are not allowed), and
+``dag.test()`` makes a manual run, whose tasks the end date would leave out: these tests run the DAG
+with its dates lifted. The DAG as it is, under the real scheduler with ``airflow backfill create``:
+``tests/e2e/test_backfill.py``.
 """
 
 from __future__ import annotations
@@ -28,9 +31,29 @@ def trigger(airflow_db, database_url: str, monkeypatch: pytest.MonkeyPatch):
 
     def run(logical_date: datetime, conf: dict):
         dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag("dlq_window_replay")
+        dag.end_date = None  # what a backfill's run ignores
+        for task in dag.tasks:
+            task.end_date = None
         return dag.test(logical_date=logical_date, run_conf=conf)
 
     return run
+
+
+def test_the_dag_makes_no_runs_of_its_own_and_waits_unpaused_for_backfills() -> None:
+    """What makes the README's backfill replay an hour that has just ended: no scheduled run can
+    take it first (nothing is scheduled after the end date), and nothing waits for an unpause."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag("dlq_window_replay")
+    assert dag.end_date == dag.start_date and dag.is_paused_upon_creation is False
+    assert {t.end_date for t in dag.tasks} == {dag.end_date}
+    assert sorted(getattr(t, "value", t) for t in dag.allowed_run_types) == ["backfill", "scheduled"]
+    scheduled = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+    assert scheduled.next_dagrun_info(last_automated_run_info=None) is None
+    # while a backfill's range is every hour asked for, before or after the DAG's dates
+    hours = scheduled.iter_dagrun_infos_between(HOUR, HOUR + timedelta(hours=2))
+    assert [info.data_interval.start for info in hours] == [HOUR + timedelta(hours=h) for h in range(3)]
 
 
 def outcome(run) -> dict:

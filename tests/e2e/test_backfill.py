@@ -10,8 +10,8 @@ window again (``--reprocess-behavior completed``) changed nothing more.
 
 from __future__ import annotations
 
-import json
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -34,7 +34,7 @@ from retry_scheduler.dev.airflow_api import (
 )
 from retry_scheduler.dev.airflow_env import airflow_cli
 from retry_scheduler.dev.stack import DevStack
-from tests.conftest import empty_service_tables
+from tests.conftest import ROOT, empty_service_tables
 from tests.e2e.stacks import new_dev_stack, reparse
 from tests.integration.test_dlq import dead_job, insert, sql
 from tests.jobrows import publish
@@ -60,23 +60,23 @@ def stack(module_stack: DevStack) -> DevStack:
     return module_stack
 
 
-def fresh_dag(stack: DevStack, dag_id: str) -> str:
+def fresh_dag(stack: DevStack, dag_id: str, paused: bool = True) -> str:
     """Forget the DAG's runs and backfills of earlier test runs (the metadata database is kept
-    between them), paused, so that nothing runs before the backfill.
+    between them), paused (by default, so that nothing runs before the backfill) or not.
 
     A run left unfinished by an earlier stack (its task still ``running``) would make ``airflow dags
     delete`` refuse: such runs are failed first. A DAG with no runs (a fresh database) is not deleted,
     which would only wait for the dag processor to parse it again.
     """
     token = api_token(stack.base_url)
-    details = set_paused(stack.base_url, token, dag_id, True)
+    details = set_paused(stack.base_url, token, dag_id, paused)
     if dag_runs(stack.base_url, token, dag_id):
         fail_unfinished_runs(stack.base_url, token, dag_id)
         deleted = airflow_cli(["dags", "delete", dag_id, "--yes"], stack.env, check=False)
         assert deleted.returncode == 0, (deleted.stdout + deleted.stderr)[-2000:]
         reparse(stack, f"{dag_id}.py")
-        details = set_paused(stack.base_url, token, dag_id, True)  # once parsed again (created paused anyway)
-    assert details["is_paused"] is True
+        details = set_paused(stack.base_url, token, dag_id, paused)  # once parsed again
+    assert details["is_paused"] is paused
     assert dag_runs(stack.base_url, token, dag_id) == []
     return token
 
@@ -98,32 +98,71 @@ def iso(when: datetime) -> str:
     return when.isoformat().replace("+00:00", "Z")
 
 
-def test_backfilling_dlq_window_replay_replays_each_hour_s_dead_jobs_once(stack: DevStack) -> None:
+def readme_window_replay(start: datetime, end: datetime) -> list[list[str]]:
+    """The README's commands to reprocess an outage's window, as an operator copies them, with the
+    dates of the window put in place of the README's example dates."""
+    import re
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Reprocess an outage's window by backfilling") :]
+    block = section[
+        section.index("```bash\n") + len("```bash\n") : section.index("\n```", section.index("```bash"))
+    ]
+    commands = []
+    for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        assert words[0] == "airflow", line
+        dates = iter((start.isoformat(), end.isoformat()))
+        words = [next(dates) if re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:]+\+00:00", w) else w for w in words]
+        commands.append(words[1:])
+    return commands
+
+
+def test_the_readme_s_backfill_replays_an_hour_that_has_just_ended_whatever_the_scheduler_did(
+    stack: DevStack,
+) -> None:
     database_url = stack.settings.database_url
-    token = fresh_dag(stack, "dlq_window_replay")
-    first = datetime(2026, 11, 20, 8, tzinfo=UTC)
-    hours = [first + timedelta(hours=h) for h in range(3)]
-    # Per hour of the window, 1, 2 and 3 dead jobs; one just before the window and one at its end.
+    # Created unpaused (is_paused_upon_creation): as it is in a new deployment.
+    token = fresh_dag(stack, "dlq_window_replay", paused=False)
+    now = datetime.now(UTC)
+    current = now.replace(minute=0, second=0, microsecond=0)
+    hours = [current - timedelta(hours=3 - h) for h in range(3)]  # the last of them has just ended
+    # Per hour of the window, 1, 2 and 3 dead jobs; one just before the window and one after it.
     placed = {1: hours[0], 2: hours[1], 3: hours[1] + timedelta(minutes=59, seconds=59), 4: hours[2],
-              5: hours[2] + timedelta(minutes=30), 6: hours[2] + timedelta(minutes=59),
-              7: hours[0] - timedelta(microseconds=1), 8: hours[2] + timedelta(hours=1)}  # fmt: skip
+              5: hours[2] + timedelta(minutes=30), 6: hours[2] + timedelta(minutes=59, seconds=59),
+              7: hours[0] - timedelta(microseconds=1), 8: current}  # fmt: skip
     insert(database_url, [dead_job(offset, destination="payments") for offset in placed])
     for offset, at in placed.items():
         sql(database_url, "UPDATE retry_jobs SET dead_at = %s WHERE source_offset = %s", at, offset)
 
-    # What the README tells an operator to type: unpause, then backfill with dry_run off.
+    # What the scheduler does meanwhile, unpaused: nothing of its own that could take an hour first
+    # (before, it made the hour that had just ended a dry run, and the backfill skipped that hour).
     unpause_dag(stack.base_url, token, "dlq_window_replay")
-    conf = json.dumps({"dry_run": False, "destination": "payments"})
-    backfill(stack, "dlq_window_replay", hours[0], hours[2], "--dag-run-conf", conf)
+    reparse(stack, "dlq_window_replay.py")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        assert dag_runs(stack.base_url, token, "dlq_window_replay") == []
+        time.sleep(2)
+    assert dag_details(stack.base_url, token, "dlq_window_replay")["next_dagrun_logical_date"] is None
+
+    # The README's commands, exactly as written, for these hours.
+    commands = readme_window_replay(hours[0], hours[2])
+    assert [c[:2] for c in commands] == [["dags", "unpause"], ["backfill", "create"]]
+    for command in commands:
+        done = airflow_cli(command, stack.env)
+        assert done.returncode == 0, done.stderr[-2000:]
     wait_for_backfills(stack.base_url, token, "dlq_window_replay")
 
-    runs = dag_runs(stack.base_url, token, "dlq_window_replay", run_type="backfill")
+    runs = dag_runs(stack.base_url, token, "dlq_window_replay")
     assert intervals(runs) == [(iso(h), iso(h + timedelta(hours=1)), "success") for h in hours]
-    # (unpaused, the DAG also counts the last hour in a dry run of its own: only the backfill's are read)
+    assert {r["run_type"] for r in runs} == {"backfill"}
     audit = sql(
         database_url,
         "SELECT run_id, filter->>'since', filter->>'until', dry_run, actor, affected FROM retry_dlq_audit"
-        " WHERE run_id LIKE 'backfill%%' ORDER BY filter->>'since'",
+        " ORDER BY filter->>'since'",
     )
     assert [(a[0], a[3], a[5]) for a in audit] == [
         (r["dag_run_id"], False, n) for r, n in zip(runs, (1, 2, 3), strict=True)
@@ -137,22 +176,18 @@ def test_backfilling_dlq_window_replay_replays_each_hour_s_dead_jobs_once(stack:
         (8,),
     ]
 
-    # The same window again, every run re-run: nothing more is replayed.
-    backfill(stack, "dlq_window_replay", hours[0], hours[2], "--dag-run-conf", conf,
-             "--reprocess-behavior", "completed")  # fmt: skip
+    # The same commands again: every run of the window runs again, and nothing more is replayed.
+    for command in commands:
+        assert airflow_cli(command, stack.env).returncode == 0
     backfills = wait_for_backfills(stack.base_url, token, "dlq_window_replay")
     assert len(backfills) == 2
     again = sql(
-        database_url,
-        "SELECT filter->>'since', affected FROM retry_dlq_audit WHERE run_id LIKE 'backfill%%'"
-        " ORDER BY filter->>'since', id",
+        database_url, "SELECT filter->>'since', affected FROM retry_dlq_audit ORDER BY filter->>'since', id"
     )
     assert again == [
         (h.isoformat(), n) for h, first_n in zip(hours, (1, 2, 3), strict=True) for n in (first_n, 0)
     ]
-    assert intervals(dag_runs(stack.base_url, token, "dlq_window_replay", run_type="backfill")) == intervals(
-        runs
-    )
+    assert intervals(dag_runs(stack.base_url, token, "dlq_window_replay")) == intervals(runs)
     assert sql(database_url, "SELECT count(*) FROM retry_jobs_all WHERE status = 'pending'") == [(6,)]
 
 

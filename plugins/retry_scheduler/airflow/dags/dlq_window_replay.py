@@ -2,12 +2,13 @@
 ### dlq_window_replay
 
 Replays, once, every **dead** job that went dead inside the run's data interval (one UTC hour,
-`[start, end)`), narrowed by the form's filter. It is the DAG to **backfill** after an outage:
+`[start, end)`), narrowed by the form's filter. It is the DAG to **backfill** after an outage, in
+one command:
 
 ```
-airflow dags unpause dlq_window_replay
 airflow backfill create --dag-id dlq_window_replay \
     --from-date 2026-11-20T08:00:00+00:00 --to-date 2026-11-20T11:00:00+00:00 \
+    --reprocess-behavior completed \
     --dag-run-conf '{"dry_run": false, "destination": "payments"}'
 ```
 
@@ -15,13 +16,15 @@ Each hour of the range becomes its own run, with its own log, XCom and audit row
 (`retry_dlq_audit`, source `dag`, the run's id, the filter with the hour's `since` and `until`).
 **Dry run is on by default**: without `"dry_run": false` a run only counts the hour's dead jobs.
 A replayed job is due at once and is no longer dead, so running an hour again replays nothing
-more (`--reprocess-behavior completed` is safe). Jobs that went dead as `invalid` are left alone,
-as in `dlq_replay`.
+more (`--reprocess-behavior completed` is safe, and makes a second backfill of the same hours,
+with another filter, run them again). Jobs that went dead as `invalid` are left alone, as in
+`dlq_replay`.
 
-The DAG is created paused and its hourly schedule does not catch up: unpaused, it only counts
-the last hour's dead jobs each hour (a dry run) unless its runs are given `dry_run: false`.
-Airflow runs no task of a paused DAG, backfill runs included, so unpause it before a backfill.
-Ad-hoc filters over any span: `dlq_replay`.
+The DAG makes **no runs of its own**: its end date is its start date, so the scheduler never
+schedules it (a backfill's runs are not bound by the DAG's dates), and it is created unpaused, so
+a backfill runs at once. No scheduled run can take an hour before the backfill does. Manual
+runs are refused where Airflow supports `allowed_run_types` (3.2 and later). Ad-hoc filters over
+any span: `dlq_replay`.
 """
 
 from __future__ import annotations
@@ -35,14 +38,31 @@ from retry_scheduler.airflow.assets import replays_asset
 from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks, utc_intervals
 from retry_scheduler.airflow.dags.dlq_replay import dead_job_filter_params, replay_option_params
 
+#: The DAG's start and end date: the scheduler schedules nothing of it, backfills any hour.
+BACKFILLS_ONLY = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+
+def backfills_and_scheduled() -> dict:
+    """``allowed_run_types`` where Airflow has it (3.2+): no manual runs, whose tasks the end date
+    would leave out (a run that does nothing, silently). Scheduled runs must stay allowed for a DAG
+    with a schedule, and none is ever made."""
+    import inspect
+
+    if "allowed_run_types" not in inspect.signature(DAG.__init__).parameters:
+        return {}
+    return {"allowed_run_types": ["scheduled", "backfill"]}
+
 
 @dag(
     dag_id="dlq_window_replay",
     # A data interval per UTC hour: the run for hour H starts once H is over and replays exactly H.
     schedule=utc_intervals("0 * * * *"),
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    # Backfills only: the scheduler makes no run after the end date, a backfill's runs ignore it.
+    start_date=BACKFILLS_ONLY,
+    end_date=BACKFILLS_ONLY,
     catchup=False,
-    is_paused_upon_creation=True,
+    is_paused_upon_creation=False,
+    **backfills_and_scheduled(),
     max_active_runs=1,
     dagrun_timeout=timedelta(hours=6),
     # a retry continues where a failed run stopped: replayed jobs are no longer dead
