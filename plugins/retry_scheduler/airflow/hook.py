@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -103,9 +105,17 @@ class RetrySchedulerHook:
     conn_name_attr = "postgres_conn_id"
     default_conn_name = POSTGRES_CONN_ID
 
-    def __init__(self, postgres_conn_id: str = POSTGRES_CONN_ID, kafka_conn_id: str = KAFKA_CONN_ID) -> None:
+    def __init__(
+        self,
+        postgres_conn_id: str = POSTGRES_CONN_ID,
+        kafka_conn_id: str = KAFKA_CONN_ID,
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
+        """``environment``: settings of this deployment by their environment variables' names
+        (``RETRY_TOPIC``...), over the process's own (a DAG factory's ``settings``)."""
         self.postgres_conn_id = postgres_conn_id
         self.kafka_conn_id = kafka_conn_id
+        self.environment = dict(environment or {})
 
     def database_url(self, *, in_task: bool = True) -> str | None:
         """The ``retry_postgres`` URL; None when the connection is not defined."""
@@ -150,7 +160,7 @@ class RetrySchedulerHook:
         The policies module, unless ``RETRY_POLICIES`` names one, is ``retry_policies.py`` in the DAGs
         folder of Airflow's configuration when there is one there.
         """
-        settings = Settings.from_env()
+        settings = Settings.from_env({**os.environ, **self.environment})
         changes: dict[str, Any] = {}
         if (url := self.database_url()) is not None:
             changes["database_url"] = url

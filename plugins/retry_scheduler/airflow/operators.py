@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from retry_scheduler.airflow.hook import RetrySchedulerHook
 from retry_scheduler.spark.jdbc import jdbc_jars, spark_packages
 from retry_scheduler.spark.submit import spark_conf
 
@@ -24,8 +25,13 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
     (:mod:`retry_scheduler.spark.executor_env`).
     """
 
+    def __init__(self, *, retry_hook: RetrySchedulerHook | None = None, **kwargs: Any) -> None:
+        """``retry_hook``: the connections and settings the job is given (default: ``retry_postgres``
+        and ``retry_kafka``)."""
+        super().__init__(**kwargs)
+        self.retry_hook = retry_hook or RetrySchedulerHook()
+
     def execute(self, context: Any) -> None:
-        from retry_scheduler.airflow.hook import settings_from_connections
         from retry_scheduler.core.config import dev_home
         from retry_scheduler.core.connection_file import CONNECTION_FILE_OPTION, connection_file
         from retry_scheduler.spark.executor_env import cluster_submit
@@ -41,7 +47,7 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
             self._archives = ",".join(filter(None, [self._archives, archives]))
             self.conf = {**(self.conf or {}), **cluster_conf}
         job_args = list(self.application_args or [])
-        with connection_file(settings_from_connections()) as path:
+        with connection_file(self.retry_hook.settings()) as path:
             self.application_args = [*job_args, CONNECTION_FILE_OPTION, str(path)]
             self._hook = None  # built again, with the file's path
             try:
@@ -63,7 +69,13 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
 
 
 def spark_submit_operator(
-    *, task_id: str, application: Path, name: str, application_args: Any, **task_options: Any
+    *,
+    task_id: str,
+    application: Path,
+    name: str,
+    application_args: Any,
+    hook: RetrySchedulerHook | None = None,
+    **task_options: Any,
 ) -> RetrySparkSubmitOperator:
     """The Spark submission of a retry-scheduler DAG, with what every job submission takes.
 
@@ -71,7 +83,8 @@ def spark_submit_operator(
     ``RETRY_SPARK_PACKAGES``, and the class archive of ``make spark-deps`` (``spark_conf``), are
     added as ``retry-scheduler bulk-retry|compact`` adds them. ``application_args`` may be an
     XComArg, resolved at run time; it holds no connection (:class:`RetrySparkSubmitOperator`).
-    ``task_options`` are the operator's own (``max_active_tis_per_dag``, ...).
+    ``task_options`` are the operator's own (``max_active_tis_per_dag``, ...); ``hook``: the
+    connections and settings the job is given (a DAG factory's options).
     """
     return RetrySparkSubmitOperator(
         task_id=task_id,
@@ -82,5 +95,6 @@ def spark_submit_operator(
         packages=spark_packages(),
         name=name,
         application_args=application_args,
+        retry_hook=hook,
         **task_options,
     )

@@ -139,15 +139,18 @@ def run_publish(
     return result
 
 
-def run_dlq_operation(params: dict[str, Any], actor: str | None, run_id: str | None) -> dict[str, Any]:
+def run_dlq_operation(
+    params: dict[str, Any], actor: str | None, run_id: str | None, settings: Settings | None = None
+) -> dict[str, Any]:
     """The ``dlq_replay`` DAG's task: replay or purge the dead jobs of the form's filter, audited.
 
-    ``actor`` is the Airflow user who triggered the run (recorded in ``retry_dlq_audit``).
+    ``actor`` is the Airflow user who triggered the run (recorded in ``retry_dlq_audit``);
+    ``settings``: the deployment's (default: from the service's connections).
     """
     from retry_scheduler.core.records import deployment_destinations
     from retry_scheduler.ops.dlq import DlqFilter, run_action
 
-    settings = settings_from_connections()
+    settings = settings or settings_from_connections()
     flt = DlqFilter.from_params(params)
     action = params.get("action", "replay")
     dry_run = bool(params.get("dry_run", True))
@@ -183,6 +186,7 @@ def run_window_replay(
     end: datetime | None,
     actor: str | None,
     run_id: str | None,
+    settings: Settings | None = None,
 ) -> dict[str, Any]:
     """The ``dlq_window_replay`` DAG's task: replay the dead jobs that went dead in ``[start, end)``.
 
@@ -202,10 +206,10 @@ def run_window_replay(
         dry_run=params.get("dry_run", True),
     )
     log.info("dead jobs that went dead from %s until %s", start.isoformat(), end.isoformat())
-    return run_dlq_operation(window, actor, run_id)
+    return run_dlq_operation(window, actor, run_id, settings)
 
 
-def record_replay(dag_id: str, run_id: str, action: str) -> dict[str, Any]:
+def record_replay(dag_id: str, run_id: str, action: str, settings: Settings | None = None) -> dict[str, Any]:
     """The ``record`` task of the replay DAGs: the run's audit row becomes the event of the
     ``retry_scheduler_replays`` asset. A dry run, or a run that replayed nothing, records no event
     (the task is skipped): a DAG scheduled on the asset runs only when jobs went back on their way."""
@@ -215,7 +219,7 @@ def record_replay(dag_id: str, run_id: str, action: str) -> dict[str, Any]:
     from retry_scheduler.airflow.assets import replay_extra, replays_asset
     from retry_scheduler.ops.dlq import audit_of_run
 
-    audit = audit_of_run(settings_from_connections().database_url, run_id, action)
+    audit = audit_of_run((settings or settings_from_connections()).database_url, run_id, action)
     if audit is None:
         raise ValueError(f"no {action} audit row for run {run_id}: did the replay task run?")
     extra = replay_extra(dag_id, audit)
@@ -228,8 +232,9 @@ def record_replay(dag_id: str, run_id: str, action: str) -> dict[str, Any]:
     return extra
 
 
-def run_monitor_task() -> dict[str, Any]:
-    """The ``check`` task of the ``retry_monitor`` DAG: connections and the Variable read at run time."""
+def run_monitor_task(settings: Settings | None = None) -> dict[str, Any]:
+    """The ``check`` task of the ``retry_monitor`` DAG: connections and the Variable read at run time
+    (``settings``: the deployment's; default: from the service's connections)."""
     from airflow.sdk import Variable
 
     from retry_scheduler.airflow.notifiers import alert_notifiers
@@ -238,7 +243,7 @@ def run_monitor_task() -> dict[str, Any]:
 
     raw = Variable.get(VARIABLE, default=None)
     thresholds = Thresholds.from_json(raw if raw is None else str(raw))
-    settings = settings_from_connections()
+    settings = settings or settings_from_connections()
     channels = alert_notifiers()
     return run_monitor(
         settings.database_url,

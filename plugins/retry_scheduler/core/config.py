@@ -144,7 +144,7 @@ def checked_kafka_config(config: object, where: str) -> dict[str, Any]:
     return config
 
 
-def _env_bool(env: dict[str, str], name: str, default: bool) -> bool:
+def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -155,7 +155,7 @@ def _env_bool(env: dict[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"{name}={raw!r} must be true or false")
 
 
-def _env_int(env: dict[str, str], name: str, default: int) -> int:
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -308,9 +308,22 @@ class Settings:
         return replace(self, **changes)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+    def env_names(cls) -> frozenset[str]:
+        """Every environment variable :meth:`from_env` reads (found by reading them, not listed twice)."""
+
+        class Reads(dict[str, str]):
+            def get(self, key: str, default: Any = None) -> Any:
+                seen.add(key)
+                return default
+
+        seen: set[str] = set()
+        cls.from_env(Reads())
+        return frozenset(seen)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Build settings from environment variables (see README, "Configuration")."""
-        env = dict(os.environ if env is None else env)
+        env = os.environ if env is None else env
         defaults = cls()
         kafka = {
             **kafka_config_from_json(env.get("RETRY_KAFKA_CONFIG") or "{}", "RETRY_KAFKA_CONFIG"),

@@ -20,11 +20,13 @@ Airflow user who triggered it and the run id). The same operations: the *Dead le
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pendulum
-from airflow.sdk import DAG, Param, dag, get_current_context, task
+from airflow.sdk import DAG, Param, get_current_context, task
 
-from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
+from retry_scheduler.airflow.dags import DagOptions, default_args, in_dag_file, run_failure_callbacks
+from retry_scheduler.airflow.hook import RetrySchedulerHook
 from retry_scheduler.core.protocol import DEAD_REASONS, TOPIC_PATTERN
 
 
@@ -59,50 +61,56 @@ def replay_option_params() -> dict[str, Param]:
     }
 
 
-@dag(
-    dag_id="dlq_replay",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    dagrun_timeout=timedelta(hours=6),
-    # a retry continues where a failed run stopped: replayed or purged jobs are no longer dead
-    default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
-    # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=run_failure_callbacks(),
-    params={
-        "action": Param("replay", enum=["replay", "purge"], title="Action"),
-        **dead_job_filter_params(),
-        "search": Param(
-            None,
-            type=["null", "string"],
-            maxLength=500,
-            title="Reason text",
-            description="Only jobs whose reason or error class contains this text (any case).",
-        ),
-        "since": Param(None, type=["null", "string"], format="date-time", title="Went dead since (UTC)"),
-        "until": Param(None, type=["null", "string"], format="date-time", title="Went dead until (UTC)"),
-        "ids": Param(
-            None,
-            type=["null", "string"],
-            pattern=r"^[0-9][0-9,\s]*$",
-            title="Job ids",
-            description="Only these jobs: ids separated by commas (from the Dead letters page).",
-        ),
-        "limit": Param(
-            0,
-            type="integer",
-            minimum=0,
-            maximum=10_000_000,  # retry_scheduler.ops.dlq.MAX_LIMIT
-            title="Limit",
-            description="At most this many, oldest first (0: all).",
-        ),
-        **replay_option_params(),
-    },
-    tags=["retry-scheduler", "operations"],
-    doc_md=__doc__,
-)
-def dlq_replay() -> None:
+def arguments() -> dict:
+    """The DAG's own arguments, before a factory's options."""
+    return dict(
+        dag_id="dlq_replay",
+        schedule=None,
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        dagrun_timeout=timedelta(hours=6),
+        # a retry continues where a failed run stopped: replayed or purged jobs are no longer dead
+        default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
+        # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
+        on_failure_callback=run_failure_callbacks(),
+        params={
+            "action": Param("replay", enum=["replay", "purge"], title="Action"),
+            **dead_job_filter_params(),
+            "search": Param(
+                None,
+                type=["null", "string"],
+                maxLength=500,
+                title="Reason text",
+                description="Only jobs whose reason or error class contains this text (any case).",
+            ),
+            "since": Param(None, type=["null", "string"], format="date-time", title="Went dead since (UTC)"),
+            "until": Param(None, type=["null", "string"], format="date-time", title="Went dead until (UTC)"),
+            "ids": Param(
+                None,
+                type=["null", "string"],
+                pattern=r"^[0-9][0-9,\s]*$",
+                title="Job ids",
+                description="Only these jobs: ids separated by commas (from the Dead letters page).",
+            ),
+            "limit": Param(
+                0,
+                type="integer",
+                minimum=0,
+                maximum=10_000_000,  # retry_scheduler.ops.dlq.MAX_LIMIT
+                title="Limit",
+                description="At most this many, oldest first (0: all).",
+            ),
+            **replay_option_params(),
+        },
+        tags=["retry-scheduler", "operations"],
+        doc_md=__doc__,
+    )
+
+
+def dlq_replay_tasks(hook: RetrySchedulerHook) -> None:
+    """The DAG's task, reading its settings through ``hook`` when it runs."""
+
     @task
     def operate() -> dict:
         """Replay or purge the selected dead jobs (or only count them on a dry run)."""
@@ -111,12 +119,21 @@ def dlq_replay() -> None:
         context = get_current_context()
         dag_run = context["dag_run"]
         return run_dlq_operation(
-            dict(context["params"]), getattr(dag_run, "triggering_user_name", None), dag_run.run_id
+            dict(context["params"]),
+            getattr(dag_run, "triggering_user_name", None),
+            dag_run.run_id,
+            hook.settings(),
         )
 
     operate()
 
 
-def dlq_replay_dag() -> DAG:
-    """Build the ``dlq_replay`` DAG; call it from a file in the DAGs folder."""
-    return in_dag_file(dlq_replay())
+def dlq_replay_dag(**options: Any) -> DAG:
+    """Build the ``dlq_replay`` DAG; call it from a file in the DAGs folder.
+
+    ``options``: :class:`~retry_scheduler.airflow.dags.DagOptions` (``dag_id``, ``pool``, ``queue``...).
+    """
+    chosen = DagOptions.of("dlq_replay_dag", options)
+    with DAG(**chosen.arguments(arguments())) as built:
+        dlq_replay_tasks(chosen.hook())
+    return in_dag_file(built)

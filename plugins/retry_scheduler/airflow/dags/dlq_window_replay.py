@@ -30,13 +30,21 @@ any span: `dlq_replay`.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pendulum
-from airflow.sdk import DAG, dag, get_current_context, task
+from airflow.sdk import DAG, get_current_context, task
 
 from retry_scheduler.airflow.assets import replays_asset
-from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks, utc_intervals
+from retry_scheduler.airflow.dags import (
+    DagOptions,
+    default_args,
+    in_dag_file,
+    run_failure_callbacks,
+    utc_intervals,
+)
 from retry_scheduler.airflow.dags.dlq_replay import dead_job_filter_params, replay_option_params
+from retry_scheduler.airflow.hook import RetrySchedulerHook
 
 #: The DAG's start and end date: the scheduler schedules nothing of it, backfills any hour.
 BACKFILLS_ONLY = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -53,30 +61,36 @@ def backfills_and_scheduled() -> dict:
     return {"allowed_run_types": ["scheduled", "backfill"]}
 
 
-@dag(
-    dag_id="dlq_window_replay",
-    # A data interval per UTC hour: the run for hour H starts once H is over and replays exactly H.
-    schedule=utc_intervals("0 * * * *"),
-    # Backfills only: the scheduler makes no run after the end date, a backfill's runs ignore it.
-    start_date=BACKFILLS_ONLY,
-    end_date=BACKFILLS_ONLY,
-    catchup=False,
-    is_paused_upon_creation=False,
-    **backfills_and_scheduled(),
-    max_active_runs=1,
-    dagrun_timeout=timedelta(hours=6),
-    # a retry continues where a failed run stopped: replayed jobs are no longer dead
-    default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
-    # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=run_failure_callbacks(),
-    params={
-        **dead_job_filter_params(),
-        **replay_option_params(),
-    },
-    tags=["retry-scheduler", "operations"],
-    doc_md=__doc__,
-)
-def dlq_window_replay() -> None:
+def arguments() -> dict:
+    """The DAG's own arguments, before a factory's options."""
+    return dict(
+        dag_id="dlq_window_replay",
+        # A data interval per UTC hour: the run for hour H starts once H is over and replays exactly H.
+        schedule=utc_intervals("0 * * * *"),
+        # Backfills only: the scheduler makes no run after the end date, a backfill's runs ignore it.
+        start_date=BACKFILLS_ONLY,
+        end_date=BACKFILLS_ONLY,
+        catchup=False,
+        is_paused_upon_creation=False,
+        **backfills_and_scheduled(),
+        max_active_runs=1,
+        dagrun_timeout=timedelta(hours=6),
+        # a retry continues where a failed run stopped: replayed jobs are no longer dead
+        default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
+        # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
+        on_failure_callback=run_failure_callbacks(),
+        params={
+            **dead_job_filter_params(),
+            **replay_option_params(),
+        },
+        tags=["retry-scheduler", "operations"],
+        doc_md=__doc__,
+    )
+
+
+def dlq_window_replay_tasks(hook: RetrySchedulerHook) -> None:
+    """The DAG's tasks, reading their settings through ``hook`` when they run."""
+
     @task
     def replay_window() -> dict:
         """Replay the dead jobs that went dead in the run's data interval (or only count them)."""
@@ -90,6 +104,7 @@ def dlq_window_replay() -> None:
             context["data_interval_end"],
             getattr(dag_run, "triggering_user_name", None),
             dag_run.run_id,
+            hook.settings(),
         )
 
     @task(outlets=[replays_asset()])
@@ -97,11 +112,18 @@ def dlq_window_replay() -> None:
         """The run's replay as an event of the ``retry_scheduler_replays`` asset (skipped for a dry run)."""
         from retry_scheduler.airflow.tasks import record_replay
 
-        return record_replay("dlq_window_replay", get_current_context()["dag_run"].run_id, "replay")
+        dag_run = get_current_context()["dag_run"]
+        return record_replay(dag_run.dag_id, dag_run.run_id, "replay", hook.settings())
 
     replay_window() >> record()
 
 
-def dlq_window_replay_dag() -> DAG:
-    """Build the ``dlq_window_replay`` DAG; call it from a file in the DAGs folder."""
-    return in_dag_file(dlq_window_replay())
+def dlq_window_replay_dag(**options: Any) -> DAG:
+    """Build the ``dlq_window_replay`` DAG; call it from a file in the DAGs folder.
+
+    ``options``: :class:`~retry_scheduler.airflow.dags.DagOptions` (``dag_id``, ``pool``, ``queue``...).
+    """
+    chosen = DagOptions.of("dlq_window_replay_dag", options)
+    with DAG(**chosen.arguments(arguments())) as built:
+        dlq_window_replay_tasks(chosen.hook())
+    return in_dag_file(built)

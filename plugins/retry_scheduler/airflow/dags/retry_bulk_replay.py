@@ -16,17 +16,20 @@ marked. One run at a time; each run, dry runs included, is audited in `retry_dlq
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pendulum
-from airflow.sdk import DAG, Param, dag, get_current_context, task
+from airflow.sdk import DAG, Param, get_current_context, task
 
 from retry_scheduler.airflow.assets import replays_asset
 from retry_scheduler.airflow.dags import (
+    DagOptions,
     default_args,
     in_dag_file,
     run_failure_callbacks,
     with_deadline,
 )
+from retry_scheduler.airflow.hook import RetrySchedulerHook
 from retry_scheduler.airflow.operators import spark_submit_operator
 from retry_scheduler.core.protocol import TOPIC_PATTERN
 from retry_scheduler.spark.submit import BULK_RETRY_APP
@@ -35,40 +38,48 @@ from retry_scheduler.spark.submit import BULK_RETRY_APP
 DEADLINE = timedelta(hours=2)
 
 
-@dag(
-    dag_id="retry_bulk_replay",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
-    # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=run_failure_callbacks(),
-    params={
-        "destination": Param(
-            None,
-            type=["null", "string"],
-            pattern=f"^{TOPIC_PATTERN}$",
-            title="Destination topic",
-            description="Only jobs for this destination (empty: every destination).",
-        ),
-        "status": Param(
-            "dead", enum=["dead", "pending"], title="Status", description="Which jobs to replay."
-        ),
-        "error_class": Param(
-            "", type="string", title="Error class", description="Glob on the error class, e.g. *Timeout*."
-        ),
-        "since": Param(None, type=["null", "string"], format="date-time", title="Failed since (UTC)"),
-        "until": Param(None, type=["null", "string"], format="date-time", title="Failed until (UTC)"),
-        "limit": Param(
-            0, type="integer", minimum=0, title="Limit", description="At most this many (0: all)."
-        ),
-        "dry_run": Param(True, type="boolean", title="Dry run", description="Only count; publish nothing."),
-    },
-    tags=["retry-scheduler", "spark", "operations"],
-    doc_md=__doc__,
-)
-def retry_bulk_replay() -> None:
+def arguments() -> dict:
+    """The DAG's own arguments, before a factory's options."""
+    return dict(
+        dag_id="retry_bulk_replay",
+        schedule=None,
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
+        # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
+        on_failure_callback=run_failure_callbacks(),
+        params={
+            "destination": Param(
+                None,
+                type=["null", "string"],
+                pattern=f"^{TOPIC_PATTERN}$",
+                title="Destination topic",
+                description="Only jobs for this destination (empty: every destination).",
+            ),
+            "status": Param(
+                "dead", enum=["dead", "pending"], title="Status", description="Which jobs to replay."
+            ),
+            "error_class": Param(
+                "", type="string", title="Error class", description="Glob on the error class, e.g. *Timeout*."
+            ),
+            "since": Param(None, type=["null", "string"], format="date-time", title="Failed since (UTC)"),
+            "until": Param(None, type=["null", "string"], format="date-time", title="Failed until (UTC)"),
+            "limit": Param(
+                0, type="integer", minimum=0, title="Limit", description="At most this many (0: all)."
+            ),
+            "dry_run": Param(
+                True, type="boolean", title="Dry run", description="Only count; publish nothing."
+            ),
+        },
+        tags=["retry-scheduler", "spark", "operations"],
+        doc_md=__doc__,
+    )
+
+
+def retry_bulk_replay_tasks(hook: RetrySchedulerHook) -> None:
+    """The DAG's tasks, reading their settings through ``hook`` when they run."""
+
     @task
     def job_args() -> list[str]:
         """Validate the form and turn it into the job's arguments (no connection: the operator hands those over)."""
@@ -86,21 +97,26 @@ def retry_bulk_replay() -> None:
         from retry_scheduler.spark.submit import job_run_id
 
         run_id = job_run_id(get_current_context()["dag_run"].run_id)  # as the job audited it
-        return record_replay("retry_bulk_replay", run_id, "bulk_replay")
+        return record_replay(get_current_context()["dag_run"].dag_id, run_id, "bulk_replay", hook.settings())
 
     bulk = spark_submit_operator(
         task_id="bulk_retry",
         application=BULK_RETRY_APP,
         name="retry_bulk_replay",
+        hook=hook,
         application_args=job_args(),
     )
     bulk >> record()
 
 
-def retry_bulk_replay_dag(deadline: timedelta | None = DEADLINE) -> DAG:
+def retry_bulk_replay_dag(deadline: timedelta | None = DEADLINE, **options: Any) -> DAG:
     """Build the ``retry_bulk_replay`` DAG; call it from a file in the DAGs folder.
 
     ``deadline``: a run still going this long after it was queued alerts (a Deadline Alert, through
-    the failure channels); ``None`` turns it off.
+    the failure channels); ``None`` turns it off. ``options``:
+    :class:`~retry_scheduler.airflow.dags.DagOptions` (``dag_id``, ``pool``, ``queue``...).
     """
-    return in_dag_file(with_deadline(retry_bulk_replay(), deadline))
+    chosen = DagOptions.of("retry_bulk_replay_dag", options)
+    with DAG(**chosen.arguments(arguments())) as built:
+        retry_bulk_replay_tasks(chosen.hook())
+    return in_dag_file(with_deadline(built, deadline))

@@ -21,18 +21,21 @@ Archive: `RETRY_ARCHIVE_URI` (a local directory or any Hadoop-compatible URI), p
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pendulum
-from airflow.sdk import DAG, Param, dag, get_current_context, task
+from airflow.sdk import DAG, Param, get_current_context, task
 
 from retry_scheduler.airflow.assets import archive_asset
 from retry_scheduler.airflow.dags import (
+    DagOptions,
     default_args,
     in_dag_file,
     run_failure_callbacks,
     utc_intervals,
     with_deadline,
 )
+from retry_scheduler.airflow.hook import RetrySchedulerHook
 from retry_scheduler.airflow.operators import spark_submit_operator
 from retry_scheduler.spark.submit import COMPACT_APP
 
@@ -40,26 +43,35 @@ from retry_scheduler.spark.submit import COMPACT_APP
 DEADLINE = timedelta(hours=2)
 
 
-@dag(
-    dag_id="retry_compaction",
-    # A data interval per UTC day: the run for day D starts once D is over and archives exactly D.
-    schedule=utc_intervals("0 0 * * *"),
-    # Catch-up fills days missed while the scheduler was down; a day is safe to run again.
-    start_date=pendulum.datetime(2026, 11, 20, tz="UTC"),
-    catchup=True,
-    max_active_runs=1,
-    default_args=default_args(retries=2, retry_delay=timedelta(minutes=5)),
-    # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=run_failure_callbacks(),
-    params={
-        "dead_retention": Param(
-            "30d", type="string", pattern=r"^(\d+(ms|s|m|h|d))+$", title="Keep dead jobs in PostgreSQL for"
-        ),
-    },
-    tags=["retry-scheduler", "spark", "maintenance"],
-    doc_md=__doc__,
-)
-def retry_compaction() -> None:
+def arguments() -> dict:
+    """The DAG's own arguments, before a factory's options."""
+    return dict(
+        dag_id="retry_compaction",
+        # A data interval per UTC day: the run for day D starts once D is over and archives exactly D.
+        schedule=utc_intervals("0 0 * * *"),
+        # Catch-up fills days missed while the scheduler was down; a day is safe to run again.
+        start_date=pendulum.datetime(2026, 11, 20, tz="UTC"),
+        catchup=True,
+        max_active_runs=1,
+        default_args=default_args(retries=2, retry_delay=timedelta(minutes=5)),
+        # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
+        on_failure_callback=run_failure_callbacks(),
+        params={
+            "dead_retention": Param(
+                "30d",
+                type="string",
+                pattern=r"^(\d+(ms|s|m|h|d))+$",
+                title="Keep dead jobs in PostgreSQL for",
+            ),
+        },
+        tags=["retry-scheduler", "spark", "maintenance"],
+        doc_md=__doc__,
+    )
+
+
+def retry_compaction_tasks(hook: RetrySchedulerHook) -> None:
+    """The DAG's tasks, reading their settings through ``hook`` when they run."""
+
     @task
     def job_args() -> list[str]:
         """The day to archive is the run's data interval (no connection here: the operator hands those over)."""
@@ -76,6 +88,7 @@ def retry_compaction() -> None:
         task_id="compact",
         application=COMPACT_APP,
         name="retry_compaction",
+        hook=hook,
         application_args=job_args(),
         # One compaction at a time holds the lock; a backfill's runs (which the DAG's max_active_runs
         # does not limit) would otherwise start side by side and all but one fail into their retries.
@@ -85,10 +98,14 @@ def retry_compaction() -> None:
     )
 
 
-def retry_compaction_dag(deadline: timedelta | None = DEADLINE) -> DAG:
+def retry_compaction_dag(deadline: timedelta | None = DEADLINE, **options: Any) -> DAG:
     """Build the ``retry_compaction`` DAG; call it from a file in the DAGs folder.
 
     ``deadline``: a run still going this long after it was queued alerts (a Deadline Alert, through
-    the failure channels); ``None`` turns it off.
+    the failure channels); ``None`` turns it off. ``options``:
+    :class:`~retry_scheduler.airflow.dags.DagOptions` (``dag_id``, ``pool``, ``queue``...).
     """
-    return in_dag_file(with_deadline(retry_compaction(), deadline))
+    chosen = DagOptions.of("retry_compaction_dag", options)
+    with DAG(**chosen.arguments(arguments())) as built:
+        retry_compaction_tasks(chosen.hook())
+    return in_dag_file(with_deadline(built, deadline))

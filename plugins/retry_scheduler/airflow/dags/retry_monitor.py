@@ -40,36 +40,50 @@ alerts it sent (XCom).
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pendulum
-from airflow.sdk import DAG, dag, task
+from airflow.sdk import DAG, task
 
-from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
+from retry_scheduler.airflow.dags import DagOptions, default_args, in_dag_file, run_failure_callbacks
+from retry_scheduler.airflow.hook import RetrySchedulerHook
 
 
-@dag(
-    dag_id="retry_monitor",
-    schedule=timedelta(minutes=5),
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    dagrun_timeout=timedelta(minutes=4),
-    default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
-    # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=run_failure_callbacks(),
-    tags=["retry-scheduler", "monitoring"],
-    doc_md=__doc__,
-)
-def retry_monitor() -> None:
+def arguments() -> dict:
+    """The DAG's own arguments, before a factory's options."""
+    return dict(
+        dag_id="retry_monitor",
+        schedule=timedelta(minutes=5),
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        dagrun_timeout=timedelta(minutes=4),
+        default_args=default_args(retries=1, retry_delay=timedelta(seconds=30)),
+        # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
+        on_failure_callback=run_failure_callbacks(),
+        tags=["retry-scheduler", "monitoring"],
+        doc_md=__doc__,
+    )
+
+
+def retry_monitor_tasks(hook: RetrySchedulerHook) -> None:
+    """The DAG's task, reading its settings through ``hook`` when it runs."""
+
     @task(execution_timeout=timedelta(minutes=1))
     def check() -> dict:
         from retry_scheduler.airflow.tasks import run_monitor_task
 
-        return run_monitor_task()
+        return run_monitor_task(hook.settings())
 
     check()
 
 
-def retry_monitor_dag() -> DAG:
-    """Build the ``retry_monitor`` DAG; call it from a file in the DAGs folder."""
-    return in_dag_file(retry_monitor())
+def retry_monitor_dag(**options: Any) -> DAG:
+    """Build the ``retry_monitor`` DAG; call it from a file in the DAGs folder.
+
+    ``options``: :class:`~retry_scheduler.airflow.dags.DagOptions` (``dag_id``, ``pool``, ``queue``...).
+    """
+    chosen = DagOptions.of("retry_monitor_dag", options)
+    with DAG(**chosen.arguments(arguments())) as built:
+        retry_monitor_tasks(chosen.hook())
+    return in_dag_file(built)

@@ -21,40 +21,49 @@ Counts are in the task logs and in XCom.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pendulum
-from airflow.sdk import DAG, Param, dag, get_current_context, task
+from airflow.sdk import DAG, Param, get_current_context, task
 
-from retry_scheduler.airflow.dags import default_args, in_dag_file, run_failure_callbacks
+from retry_scheduler.airflow.dags import DagOptions, default_args, in_dag_file, run_failure_callbacks
+from retry_scheduler.airflow.hook import RetrySchedulerHook
 
 LOOP_SECONDS = 90
 
 
-@dag(
-    dag_id="retry_scheduler",
-    schedule=timedelta(minutes=1),
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=3,
-    dagrun_timeout=timedelta(minutes=10),
-    default_args=default_args(retries=2, retry_delay=timedelta(seconds=5)),
-    # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
-    on_failure_callback=run_failure_callbacks(),
-    params={
-        "loop_seconds": Param(
-            LOOP_SECONDS, type="integer", minimum=1, maximum=3600, description="How long each task loops."
-        )
-    },
-    tags=["retry-scheduler", "kafka"],
-    doc_md=__doc__,
-)
-def retry_scheduler() -> None:
+def arguments() -> dict:
+    """The DAG's own arguments, before a factory's options."""
+    return dict(
+        dag_id="retry_scheduler",
+        schedule=timedelta(minutes=1),
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=3,
+        dagrun_timeout=timedelta(minutes=10),
+        default_args=default_args(retries=2, retry_delay=timedelta(seconds=5)),
+        # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
+        on_failure_callback=run_failure_callbacks(),
+        params={
+            "loop_seconds": Param(
+                LOOP_SECONDS, type="integer", minimum=1, maximum=3600, description="How long each task loops."
+            )
+        },
+        tags=["retry-scheduler", "kafka"],
+        doc_md=__doc__,
+    )
+
+
+def retry_scheduler_tasks(hook: RetrySchedulerHook) -> None:
+    """The DAG's tasks, reading their settings through ``hook`` when they run."""
+
     @task(execution_timeout=timedelta(minutes=5))
     def ingest() -> dict:
         from retry_scheduler.airflow.metrics import AirflowMetrics
         from retry_scheduler.airflow.tasks import run_ingest
 
-        return run_ingest(float(get_current_context()["params"]["loop_seconds"]), metrics=AirflowMetrics())
+        loop_seconds = float(get_current_context()["params"]["loop_seconds"])
+        return run_ingest(loop_seconds, hook.settings(), metrics=AirflowMetrics())
 
     @task(execution_timeout=timedelta(minutes=5))
     def publish(shard: int = 0) -> dict:
@@ -62,23 +71,33 @@ def retry_scheduler() -> None:
         from retry_scheduler.airflow.metrics import AirflowMetrics
         from retry_scheduler.airflow.tasks import run_publish
 
-        return run_publish(float(get_current_context()["params"]["loop_seconds"]), metrics=AirflowMetrics())
+        loop_seconds = float(get_current_context()["params"]["loop_seconds"])
+        return run_publish(loop_seconds, hook.settings(), metrics=AirflowMetrics())
 
     ingest()
-    tasks = publish_tasks()
+    tasks = publish_tasks(hook)
     if tasks == 1:
         publish()
     else:  # claims skip locked rows: the copies share the due jobs without publishing one twice
         publish.expand(shard=list(range(tasks)))
 
 
-def publish_tasks() -> int:
-    """``RETRY_PUBLISH_TASKS`` when the DAG file is parsed: how many publish tasks a run maps."""
+def publish_tasks(hook: RetrySchedulerHook) -> int:
+    """``RETRY_PUBLISH_TASKS`` when the DAG file is parsed (the environment's, or the factory's
+    ``settings``): how many publish tasks a run maps."""
+    import os
+
     from retry_scheduler.core.config import Settings
 
-    return Settings.from_env().publish_tasks
+    return Settings.from_env({**os.environ, **hook.environment}).publish_tasks
 
 
-def retry_scheduler_dag() -> DAG:
-    """Build the ``retry_scheduler`` DAG; call it from a file in the DAGs folder."""
-    return in_dag_file(retry_scheduler())
+def retry_scheduler_dag(**options: Any) -> DAG:
+    """Build the ``retry_scheduler`` DAG; call it from a file in the DAGs folder.
+
+    ``options``: :class:`~retry_scheduler.airflow.dags.DagOptions` (``dag_id``, ``pool``, ``queue``...).
+    """
+    chosen = DagOptions.of("retry_scheduler_dag", options)
+    with DAG(**chosen.arguments(arguments())) as built:
+        retry_scheduler_tasks(chosen.hook())
+    return in_dag_file(built)
