@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from retry_scheduler.dev.postgres import DEV_MARK, dev_mark, mark_database
 from retry_scheduler.dev.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,8 +258,9 @@ def checkout_db_name(prefix: str) -> str:
 def checkout_database(prefix: str) -> str:
     """Create this checkout's ``prefix`` database when missing (kept between test runs); its name.
 
-    Its comment names the checkout; other ``prefix`` databases whose checkout is gone (CI clones) are
-    dropped. Two checkouts on one machine (a CI clone beside a working copy) then never share it,
+    Its comment names the checkout (after the dev tooling's mark, so that the dev stacks of the tests
+    may use it: ``retry_scheduler.dev.postgres.claim_database``); other ``prefix`` databases whose
+    checkout is gone (CI clones) are dropped. Two checkouts on one machine (a CI clone beside a working copy) then never share it,
     while each keeps its own between runs (migrating Airflow's takes a minute).
     """
     import psycopg
@@ -271,14 +273,15 @@ def checkout_database(prefix: str) -> str:
             "WHERE starts_with(datname, %s)",
             (prefix,),
         ).fetchall()
-        for other, checkout in owners:
+        for other, comment in owners:
+            checkout = (comment or "").removeprefix(DEV_MARK).strip()
             if other != name and checkout and not Path(checkout).is_dir():
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(other)))
         if name not in {other for other, _ in owners}:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            conn.execute(
-                sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(str(ROOT)))
-            )
+            mark_database(conn, name, dev_mark(ROOT))
+        elif dict(owners)[name] != dev_mark(ROOT):  # commented by an older checkout_database: the path only
+            mark_database(conn, name, dev_mark(ROOT))
     return name
 
 

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from retry_scheduler.dev.postgres import dev_mark
 from tests.conftest import ADMIN_URL, ROOT, _db_url, checkout_database, checkout_db_name
 
 
@@ -37,12 +38,14 @@ def test_created_once_for_this_checkout_and_gone_checkouts_are_dropped(prefix: s
         for suffix, checkout in (("gone", tmp_path / "deleted-clone"), ("other", tmp_path)):
             name = sql.Identifier(prefix + suffix)
             conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
-            conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(name, sql.Literal(str(checkout))))
+            conn.execute(
+                sql.SQL("COMMENT ON DATABASE {} IS {}").format(name, sql.Literal(dev_mark(checkout)))
+            )
 
     name = checkout_database(prefix)
 
     assert name == checkout_db_name(prefix)
-    assert _databases(prefix) == {name: str(ROOT), prefix + "other": str(tmp_path)}
+    assert _databases(prefix) == {name: dev_mark(ROOT), prefix + "other": dev_mark(tmp_path)}
     with psycopg.connect(_db_url(name), autocommit=True) as conn:
         conn.execute("CREATE TABLE kept (x int)")
     assert checkout_database(prefix) == name  # again: the same database, not a new one

@@ -44,6 +44,14 @@ def _cmd_dev_postgres(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_dev_clean(args: argparse.Namespace, settings: Settings) -> int:
+    """Remove the databases and folders the dev tooling made for this dev home (a listing without --yes)."""
+    from retry_scheduler.dev.clean import clean
+
+    clean(settings.database_url, dev_home(), yes=args.yes, everything=args.all)
+    return 0
+
+
 def _cmd_dev_spark_archive(args: argparse.Namespace, settings: Settings) -> int:
     """Write the Spark driver's class-data sharing archive (``spark.archive.class_archive()``) if missing.
 
@@ -155,6 +163,22 @@ def add_parsers(sub: Any) -> None:
     dev_sub.add_parser(
         "postgres", help="make sure PostgreSQL answers at RETRY_DATABASE_URL (start one if not)"
     ).set_defaults(func=_cmd_dev_postgres)
+    clean = dev_sub.add_parser(
+        "clean",
+        help="remove the databases and folders make up and make demo created (lists them without --yes)",
+        description="Remove what the dev tooling created for this dev home (RETRY_DEV_HOME, default "
+        "./.dev): the databases on the server of RETRY_DATABASE_URL commented as made for it (the dev "
+        "stack's Airflow metadata database, retry_scheduler_dev_airflow unless RETRY_DEV_METADATA_DB "
+        "names another; the migrated template; the retry database when the dev tooling created it), and "
+        "the folders airflow/, logs/, postgres/ (stopping the PostgreSQL the tooling started there), "
+        "spark-cluster/ and archive/ of the dev home. A database without that comment is never touched. "
+        "Without --yes it only lists them. Refused while something is connected to one of the databases.",
+    )
+    clean.add_argument("--yes", action="store_true", help="remove them (without it: only list them)")
+    clean.add_argument(
+        "--all", action="store_true", help="the Spark class archive (.dev/spark, from make spark-deps) too"
+    )
+    clean.set_defaults(func=_cmd_dev_clean)
     spark_archive = dev_sub.add_parser(
         "spark-archive",
         help="write the class archive that makes Spark jobs start faster (make spark-deps runs it)",

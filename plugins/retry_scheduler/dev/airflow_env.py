@@ -18,7 +18,13 @@ import sys
 from pathlib import Path
 
 from retry_scheduler.core.config import Settings, dev_home, libpq_url
-from retry_scheduler.dev.postgres import airflow_metadata_current, airflow_migrations_head, with_database
+from retry_scheduler.dev.postgres import (
+    airflow_metadata_current,
+    airflow_migrations_head,
+    dev_metadata_db,
+    mark_database,
+    with_database,
+)
 from retry_scheduler.dev.procs import DevStackError, Say
 
 # Dev-only secrets, fixed so that every Airflow process (and every restart) agrees on them; the JWT
@@ -58,7 +64,7 @@ def airflow_env(
     dags_folder: Path,
     api_port: int = 8080,
     *,
-    metadata_db: str = "airflow",
+    metadata_db: str | None = None,
     parse_interval_s: int = 30,
 ) -> dict[str, str]:
     """The whole environment for Airflow processes; writes the passwords file that makes admin/admin.
@@ -91,7 +97,9 @@ def airflow_env(
         "core.simple_auth_manager_all_admins": False,
         "core.simple_auth_manager_passwords_file": passwords,
         "core.execution_api_server_url": f"http://127.0.0.1:{api_port}/execution/",
-        "database.sql_alchemy_conn": with_database(settings.database_url, metadata_db, "postgresql+psycopg2"),
+        "database.sql_alchemy_conn": with_database(
+            settings.database_url, metadata_db or dev_metadata_db(), "postgresql+psycopg2"
+        ),
         "dag_processor.refresh_interval": 5,
         "dag_processor.min_file_process_interval": parse_interval_s,
         "api.base_url": f"http://localhost:{api_port}",
@@ -257,6 +265,7 @@ def _copy_of_template(metadata_url: str, env: dict[str, str], say: Say) -> bool:
                 for (name,) in stale:
                     admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident(name)))
                 admin.execute(sql.SQL("CREATE DATABASE {}").format(ident(template)))
+                mark_database(admin, template)
                 template_env = {
                     **env,
                     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": with_database(

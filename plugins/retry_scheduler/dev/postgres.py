@@ -23,8 +23,80 @@ def with_database(url: str, dbname: str, scheme: str = "postgresql") -> str:
     return urllib.parse.urlunsplit((scheme, parts.netloc, "/" + dbname, parts.query, ""))
 
 
+#: How the comment of every database the dev tooling creates begins; the rest is the folder it was
+#: created for (``dev_home()``, or a test suite's checkout). A database that holds tables without it
+#: belongs to someone else: the dev stack never migrates, empties or drops it.
+DEV_MARK = "created by retry-scheduler dev for"
+
+
+#: The dev stack's Airflow metadata database, on the server of ``RETRY_DATABASE_URL``, unless
+#: ``RETRY_DEV_METADATA_DB`` names another: never ``airflow``, which another Airflow may own.
+DEV_METADATA_DB = "retry_scheduler_dev_airflow"
+
+
+def dev_metadata_db() -> str:
+    """``RETRY_DEV_METADATA_DB``, or :data:`DEV_METADATA_DB`."""
+    return os.environ.get("RETRY_DEV_METADATA_DB") or DEV_METADATA_DB
+
+
+def dev_mark(home: Path | None = None) -> str:
+    """The comment of the databases made for ``home`` (default: this process's ``dev_home()``)."""
+    from retry_scheduler.core.config import dev_home
+
+    return f"{DEV_MARK} {home or dev_home()}"
+
+
+def mark_database(conn: Any, dbname: str, mark: str | None = None) -> None:
+    """Comment database ``dbname`` as the dev tooling's (``conn``: autocommit, any database)."""
+    from psycopg import sql
+
+    conn.execute(
+        sql.SQL("COMMENT ON DATABASE {} IS {}").format(
+            sql.Identifier(dbname), sql.Literal(mark or dev_mark())
+        )
+    )
+
+
+def claim_database(database_url: str, what: str, *, also_ours: str | None = None) -> None:
+    """Refuse a database that holds tables the dev tooling did not make (``what`` names its use in
+    the error); an empty one without the mark gets it. ``also_ours``: a table whose presence makes a
+    database ours without the mark (the service's schema in the retry database)."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    url = libpq_url(database_url)
+    dbname = str(conninfo_to_dict(url).get("dbname") or "")
+    with psycopg.connect(make_conninfo(url, connect_timeout=5), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = current_database()"
+        ).fetchone()
+        if row and (row[0] or "").startswith(DEV_MARK):
+            return
+        tables = [
+            name
+            for (name,) in conn.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.relkind IN ('r', 'p') AND n.nspname <> 'information_schema'"
+                " AND n.nspname NOT LIKE 'pg\\_%' ORDER BY 1"
+            )
+        ]
+        if not tables:
+            mark_database(conn, dbname)
+            return
+        if also_ours and also_ours in tables:
+            return
+    shown = ", ".join(tables[:3]) + (f" and {len(tables) - 3} more" if len(tables) > 3 else "")
+    raise DevStackError(
+        f"Database {dbname} at {redact_url(database_url)} holds tables the dev stack did not create "
+        f"({shown}): it will not use it as {what}. Use another database (for Airflow's metadata: "
+        f"RETRY_DEV_METADATA_DB), or, if it is the dev stack's own from an older release, drop it "
+        f"(DROP DATABASE {dbname}) or mark it: COMMENT ON DATABASE {dbname} IS '{dev_mark()}'"
+    )
+
+
 def ensure_database(database_url: str, say: Say = print) -> bool:
-    """Create the URL's database (connecting to the ``postgres`` database) if missing; True if created."""
+    """Create the URL's database (connecting to the ``postgres`` database) if missing, commented as
+    the dev tooling's (:func:`dev_mark`); True if created."""
     import psycopg
     from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -40,6 +112,7 @@ def ensure_database(database_url: str, say: Say = print) -> bool:
             if c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone():
                 return False
             c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+            mark_database(c, dbname)
     except psycopg.errors.DuplicateDatabase:
         return False  # another process created it meanwhile
     except psycopg.Error as exc:

@@ -34,7 +34,7 @@ from retry_scheduler.dev.airflow_env import (
     migrate_airflow_metadata,
 )
 from retry_scheduler.dev.broker import start_broker
-from retry_scheduler.dev.postgres import ensure_database, ensure_postgres
+from retry_scheduler.dev.postgres import claim_database, dev_metadata_db, ensure_database, ensure_postgres
 from retry_scheduler.dev.procs import (
     LOCAL_HOSTS,
     DevStackError,
@@ -132,7 +132,7 @@ class DevStack:
         dags_folder: Path | None = None,
         *,
         api_port: int = 8080,
-        metadata_db: str = "airflow",
+        metadata_db: str | None = None,
         airflow_home: Path | None = None,
         health_timeout: float = 180.0,
         say: Say = print,
@@ -158,7 +158,7 @@ class DevStack:
         self.redis_url = redis_url or default_redis_url()
         self.settings = settings or Settings.from_env()
         self.dags_folder = (dags_folder or Path("dags")).resolve()
-        self.api_port, self.metadata_db = api_port, metadata_db
+        self.api_port, self.metadata_db = api_port, metadata_db or dev_metadata_db()
         self.health_timeout, self.say = health_timeout, say
         self.dev_dir = dev_home()
         self.log_dir = self.dev_dir / "logs"
@@ -213,7 +213,13 @@ class DevStack:
 
             self._adopt("redis", ensure_redis(self.redis_url, self.log_dir / "redis.log", self.say))
             self.env.update(celery_env(self.env, self.redis_url))
-        ensure_database(self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], self.say)
+        metadata_url = self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        ensure_database(metadata_url, self.say)
+        # Never migrate, or fail the tasks of, another Airflow's metadata; nor fill someone's database.
+        claim_database(metadata_url, "Airflow's metadata database")
+        claim_database(
+            self.settings.database_url, "the retry-scheduler database", also_ours="retry_schema_version"
+        )
         from retry_scheduler.db.schema import migrate
 
         applied = migrate(self.settings.database_url)
