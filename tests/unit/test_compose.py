@@ -472,7 +472,7 @@ DEFAULTS_ARE_RIGHT = {
     "RETRY_SPARK_EXECUTOR_ARCHIVE": "packed on the first submission into RETRY_DEV_HOME",
 }
 #: Read only by the dev tooling and the chaos harness, never by a deployed service.
-DEV_ONLY = {"RETRY_DEV_API_HOST", "RETRY_DEV_REDIS_URL", "RETRY_FAULT"}
+DEV_ONLY = {"RETRY_DEV_API_HOST", "RETRY_DEV_METADATA_DB", "RETRY_DEV_REDIS_URL", "RETRY_FAULT"}
 
 
 def settings_read_by_the_service() -> set[str]:
