@@ -131,6 +131,11 @@ WHERE {where} AND id > %(after_id)s AND status = 'dead' AND dead_reason = 'inval
 ORDER BY id
 LIMIT %(batch)s;
 
+-- name: reevaluate_count
+-- How many dead invalid jobs of the filter a re-evaluation would read: the most it can make
+-- pending (the Dead letters page hands a larger one to a dlq_replay run).
+SELECT count(*) FROM retry_jobs WHERE {where} AND status = 'dead' AND dead_reason = 'invalid';
+
 -- name: reevaluate_lock
 SELECT id FROM retry_jobs
 WHERE id = ANY(%(ids)s::bigint[]) AND status = 'dead' AND dead_reason = 'invalid'

@@ -236,7 +236,7 @@ def test_a_viewer_reads_but_may_not_replay_or_purge(
         listed = viewer.get("/api/dead-letters", params={"destination": dest}).json()
         assert [j["id"] for j in listed["jobs"]] == [job]
         assert viewer.get(f"/api/dead-letters/{job}").json()["status"] == "dead"
-        for action in ("replay", "purge"):
+        for action in ("replay", "purge", "reevaluate"):
             for dry_run in (True, False):
                 refused = viewer.post(f"/api/{action}", json={"ids": [job], "dry_run": dry_run})
                 assert refused.status_code == 403, refused.text
@@ -317,6 +317,44 @@ def test_admin_dry_runs_then_replays_with_an_audit_trail(
     with client(airflow_server, tokens["admin"]) as admin:
         left = admin.get("/api/dead-letters", params={"destination": dest}).json()
     assert [j["id"] for j in left["jobs"]] == [invalid]
+
+
+def test_admin_re_evaluates_invalid_letters_once_the_policies_allow_them(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str
+) -> None:
+    """Dead invalid because ``orders`` was not allowed when they came; the DAGs folder's policies
+    (the api-server's) allow it now. ``elsewhere`` is still not allowed."""
+    record = {"destination": None, "dead_reason": "invalid", "reason": "destination 'orders' is not allowed"}
+    passes = insert_dead(retry_db, **record, headers=[("retry.destination", b"orders"), ("trace-id", b"t1")])
+    fails = insert_dead(retry_db, **record, headers=[("retry.destination", b"elsewhere")])
+    fatal = insert_dead(retry_db, "orders", dead_reason="fatal")  # not invalid: never re-evaluated
+    ids = [passes, fails, fatal]
+    with client(airflow_server, tokens["admin"]) as admin:
+        refused = admin.post("/api/reevaluate", json={"ids": ids, "reset_attempts": True})
+        assert refused.status_code == 422
+        assert refused.json()["detail"] == (
+            "reset_attempts does not go with reevaluate: a re-evaluated job keeps its attempt"
+        )
+        dry = admin.post("/api/reevaluate", json={"ids": ids}).json()
+        assert (dry["dry_run"], dry["matched"], dry["would_affect"], dry["skipped"]) == (
+            True, 2, 1, {"still invalid": 1},
+        )  # fmt: skip
+        assert {r["status"] for r in job_rows(retry_db, ids).values()} == {"dead"}
+        done = admin.post("/api/reevaluate", json={"ids": ids, "dry_run": False}).json()
+    assert done["summary"].startswith(
+        "1 of 2 selected dead jobs re-evaluated and made pending (left alone: 1 still invalid)"
+    )
+    rows = job_rows(retry_db, ids)
+    assert (rows[passes]["status"], rows[passes]["destination"], rows[passes]["msg_value"]) == (
+        "pending", "orders", b"value",
+    )  # fmt: skip
+    assert (rows[fails]["status"], rows[fails]["dead_reason"]) == ("dead", "invalid")
+    assert "elsewhere" in rows[fails]["reason"] and "not allowed" in rows[fails]["reason"]
+    assert (rows[fatal]["status"], rows[fatal]["dead_reason"]) == ("dead", "fatal")
+    audit = audit_row(retry_db, done["audit_id"])
+    assert (audit["action"], audit["actor"], audit["source"], audit["dry_run"], audit["affected"]) == (
+        "reevaluate", "admin", "ui", False, 1,
+    )  # fmt: skip
 
 
 def test_a_replay_too_large_for_one_request_becomes_a_dlq_replay_run_that_does_it(

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from playwright.sync_api import Browser, Frame, FrameLocator, Page, expect, sync_playwright
 
@@ -352,6 +353,47 @@ def test_a_user_filters_inspects_replays_and_purges(
         assert api.job_rows(retry_db, [purge]) == {}
     finally:
         context.close()
+
+
+def test_an_invalid_letter_is_re_evaluated_from_its_detail(
+    airflow_server: AirflowServer, browser: Browser, jobs: dict[str, Any], retry_db: str
+) -> None:
+    """Dead invalid when ``orders`` was not yet allowed; the policies allow it now. The letter is
+    this test's own (removed afterwards: the module's other tests count the seeded ones)."""
+    job = api.insert_dead(
+        retry_db,
+        None,
+        dead_reason="invalid",
+        reason="destination 'orders' is not allowed",
+        headers=[("retry.destination", b"orders")],
+    )
+    context = browser.new_context(base_url=airflow_server.base_url)
+    try:
+        page = context.new_page()
+        page.goto("/retry-scheduler/")
+        login(page, "admin", "admin")
+        page.locator(f'#jobs tr[data-id="{jobs["replay"]}"]').click()
+        expect(page.locator("#detail-reevaluate")).to_be_hidden()  # not invalid: nothing to re-evaluate
+        page.locator(f'#jobs tr[data-id="{job}"]').click()
+        page.locator("#detail-reevaluate").click()
+        dialog = page.get_by_role("dialog")
+        expect(dialog.locator("#dialog-title")).to_have_text("Re-evaluate 1 dead job?")
+        expect(dialog.locator("#dialog-body")).to_contain_text(
+            "Dry run: 1 of 1 selected dead jobs would be re-evaluated and made pending. They pass the "
+            "current policies"
+        )
+        expect(dialog.locator("#dialog-reset-row")).to_be_hidden()
+        dialog.get_by_role("button", name="Re-evaluate 1 job").click()
+        expect(page.locator("#message")).to_have_text(
+            re.compile(r"Made pending 1 of 1 selected dead jobs — audit #\d+\.")
+        )
+        expect(page.locator(f'#jobs tr[data-id="{job}"]')).to_have_count(0)
+        row = api.job_rows(retry_db, [job])[job]
+        assert (row["status"], row["destination"]) == ("pending", "orders")
+    finally:
+        context.close()
+        with psycopg.connect(retry_db, autocommit=True) as conn:
+            conn.execute("DELETE FROM retry_jobs WHERE id = %s", (job,))
 
 
 def test_a_viewer_browses_without_replay_or_purge(

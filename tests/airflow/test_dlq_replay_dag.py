@@ -78,6 +78,38 @@ def test_dry_run_then_replay_then_purge_each_audited(trigger, database_url: str)
     ]
 
 
+def test_reevaluate_makes_pending_the_invalid_jobs_the_current_policies_allow(
+    trigger, database_url: str
+) -> None:
+    """Dead invalid when ``orders`` was not allowed; the DAGs folder's policies allow it now."""
+    from airflow.utils.state import DagRunState
+
+    from tests.airflow.test_dead_letters_api import insert_dead
+
+    record = {"destination": None, "dead_reason": "invalid", "reason": "destination 'orders' is not allowed"}
+    passes = insert_dead(database_url, **record, headers=[("retry.destination", b"orders")])
+    fails = insert_dead(database_url, **record, headers=[("retry.destination", b"elsewhere")])
+
+    dry = trigger({"action": "reevaluate"})
+    assert dry.state == DagRunState.SUCCESS
+    assert (outcome(dry)["matched"], outcome(dry)["would_affect"], outcome(dry)["affected"]) == (2, 1, 0)
+    done = trigger({"action": "reevaluate", "dry_run": False})
+    assert done.state == DagRunState.SUCCESS
+    assert (outcome(done)["affected"], outcome(done)["skipped"]) == (1, {"still invalid": 1})
+    assert rows(database_url, "SELECT id, status::text, destination FROM retry_jobs_all ORDER BY id") == [
+        (passes, "pending", "orders"),
+        (fails, "dead", None),
+    ]
+    assert rows(
+        database_url, "SELECT action, dry_run, run_id, affected FROM retry_dlq_audit ORDER BY id"
+    ) == [
+        ("reevaluate", True, dry.run_id, 0),
+        ("reevaluate", False, done.run_id, 1),
+    ]
+    refused = trigger({"action": "reevaluate", "reset_attempts": True, "dry_run": False})
+    assert refused.state == DagRunState.FAILED
+
+
 def test_the_form_refuses_what_it_cannot_do(trigger) -> None:
     from airflow.sdk.definitions.param import ParamValidationError
 

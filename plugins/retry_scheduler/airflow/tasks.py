@@ -158,6 +158,8 @@ def run_dlq_operation(
     def progress(done: int, total: int) -> None:
         log.info("%s: %d of %d jobs done", action, done, total)
 
+    if action == "reevaluate":
+        return _reevaluate(settings, flt, params, actor, run_id, dry_run, progress)
     outcome = run_action(
         settings.database_url,
         action,
@@ -173,6 +175,33 @@ def run_dlq_operation(
     log.info("%s", outcome.summary())
     if dry_run and outcome.would_affect:
         log.info("nothing was changed: trigger again with dry_run unticked to %s these jobs", action)
+    return outcome.as_json()
+
+
+def _reevaluate(
+    settings: Settings,
+    flt: Any,
+    params: dict[str, Any],
+    actor: str | None,
+    run_id: str | None,
+    dry_run: bool,
+    progress: Callable[[int, int], None],
+) -> dict[str, Any]:
+    """``dlq_replay``'s action ``reevaluate``: the dead invalid jobs of the filter read again against
+    the current policies (those that pass become pending), audited with the run's id."""
+    from retry_scheduler.ops.dlq import DlqError
+    from retry_scheduler.ops.reevaluate import reevaluate
+
+    if params.get("reset_attempts"):
+        raise DlqError("reset_attempts does not go with reevaluate: a re-evaluated job keeps its attempt")
+    registry = load_policies(settings.policies_file)
+    outcome = reevaluate(
+        settings.database_url, flt, settings=settings, registry=registry, actor=actor or "airflow",
+        source="dag", dry_run=dry_run, run_id=run_id, progress=progress,
+    )  # fmt: skip
+    log.info("%s", outcome.summary())
+    if dry_run and outcome.would_affect:
+        log.info("nothing was changed: trigger again with dry_run unticked to make these jobs pending")
     return outcome.as_json()
 
 

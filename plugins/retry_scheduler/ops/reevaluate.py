@@ -32,6 +32,7 @@ from retry_scheduler.ops.dlq import (
     DlqFilter,
     Outcome,
     Source,
+    TooManyForOneRequest,
     connection,
     dlq_query,
 )
@@ -49,7 +50,9 @@ def reevaluate(
     actor: str,
     source: Source,
     dry_run: bool,
+    run_id: str | None = None,
     progress: Callable[[int, int], None] = lambda done, total: None,
+    max_affected: int | None = None,
     batch_size: int = BATCH,
 ) -> Outcome:
     """Evaluate the dead invalid jobs of ``flt`` again with ``settings`` and ``registry`` (the current
@@ -57,7 +60,10 @@ def reevaluate(
 
     ``skipped`` counts the jobs that still do not pass, by what they are now (``invalid``, or
     ``exhausted``, ``fatal``... when the record asked for what is now a dead end), plus held records
-    (``retry.hold``), which are sent again by their application, not re-evaluated.
+    (``retry.hold``), which are sent again by their application, not re-evaluated. ``run_id``: the
+    DAG run that asked (audited). With ``max_affected``, a re-evaluation (not a dry run) that could
+    make more jobs pending (more invalid jobs match) is refused before anything is written
+    (:class:`~retry_scheduler.ops.dlq.TooManyForOneRequest`).
     """
     if not 1 <= batch_size <= MAX_LIMIT:
         raise DlqError(f"batch size {batch_size} must be between 1 and {MAX_LIMIT:,}")
@@ -71,10 +77,16 @@ def reevaluate(
         action="reevaluate", dry_run=dry_run, filter=flt.as_dict(), matched=0, would_affect=0, affected=0
     )
     with connection(database_url) as conn:
+        if not dry_run and max_affected is not None:
+            with conn.transaction():
+                row = conn.execute(dlq_query("reevaluate_count", where), params).fetchone()
+            could = min(int(row[0]) if row else 0, flt.limit or MAX_LIMIT)
+            if could > max_affected:
+                raise TooManyForOneRequest("reevaluate", could, max_affected)
         with conn.transaction():
             audit = conn.execute(
                 sql.SQL(queries()["dlq_audit_start"]),
-                {"action": "reevaluate", "dry_run": dry_run, "actor": actor, "source": source, "run_id": None,
+                {"action": "reevaluate", "dry_run": dry_run, "actor": actor, "source": source, "run_id": run_id,
                  "filter": Jsonb(outcome.filter), "reset_attempts": False, "matched": 0, "skipped": Jsonb({})},
             ).fetchone()  # fmt: skip
         assert audit is not None

@@ -9,12 +9,16 @@ many jobs match and which would be left alone, and nothing changes.
   their destination with `retry.attempt` raised (set *reset attempts* to start the policy's
   schedule again). Jobs that went dead as `invalid` are left alone: their headers named no
   usable destination.
+* **reevaluate** reads dead `invalid` jobs again against the current policies, after fixing
+  what made them invalid (a destination not yet allowed, a policy not yet deployed): those that
+  pass now become pending with their original bytes, the rest stay dead with what the current
+  policies say of them.
 * **purge** deletes the jobs whose record is already on the DLQ topic; a dead job not yet
   published there is kept, since it exists nowhere else.
 
 Every run, dry or not, writes an audit row (`retry_dlq_audit`: action, filter, counts, the
 Airflow user who triggered it and the run id). The same operations: the *Dead letters* page
-(`/retry-scheduler/`) and `retry-scheduler dlq list|show|replay|purge`.
+(`/retry-scheduler/`) and `retry-scheduler dlq list|show|replay [--reevaluate]|purge`.
 """
 
 from __future__ import annotations
@@ -75,7 +79,13 @@ def arguments() -> dict:
         # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
         on_failure_callback=run_failure_callbacks(),
         params={
-            "action": Param("replay", enum=["replay", "purge"], title="Action"),
+            "action": Param(
+                "replay",
+                enum=["replay", "purge", "reevaluate"],
+                title="Action",
+                description="reevaluate: read dead invalid jobs again against the current policies (after "
+                "fixing them); those that pass become pending with their original bytes.",
+            ),
             **dead_job_filter_params(),
             "search": Param(
                 None,

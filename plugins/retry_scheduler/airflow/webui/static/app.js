@@ -240,7 +240,7 @@
     const n = state.selected.size;
     for (const button of document.querySelectorAll('[data-scope="selected"]')) {
       button.disabled = n === 0;
-      button.textContent = `${button.dataset.action === "replay" ? "Replay" : "Purge"} selected${n ? ` (${n})` : ""}`;
+      button.textContent = `${ACTIONS[button.dataset.action].title} selected${n ? ` (${n})` : ""}`;
     }
     const all = $("#select-page");
     const boxes = document.querySelectorAll("#jobs tbody input[type=checkbox]");
@@ -334,6 +334,7 @@
     $("#detail-headers tbody").replaceChildren(...headers);
     $("#detail-headers").hidden = headers.length === 0;
     $("#detail-actions").hidden = !(state.me.can_operate && job.status === "dead");
+    $("#detail-reevaluate").hidden = job.dead_reason !== "invalid";
     $("#detail").hidden = false;
     $("#layout").classList.add("with-detail");
     history.replaceState(null, "", `#job=${job.id}`);
@@ -347,7 +348,22 @@
     if (location.hash) history.replaceState(null, "", location.pathname + location.search);
   }
 
-  // --- replay and purge: a dry run, a confirmation, then the real thing --------------------------
+  // --- replay, purge, re-evaluate: a dry run, a confirmation, then the real thing -----------------
+
+  const ACTIONS = {
+    replay: {
+      title: "Replay", verb: "replayed", doing: "Replaying", done: "Replayed",
+      effect: "They become due now, and the publish loop sends them to their destinations.",
+    },
+    purge: {
+      title: "Purge", verb: "purged", doing: "Purging", done: "Purged",
+      effect: "They are deleted from PostgreSQL; their records stay on the DLQ topic. This cannot be undone.",
+    },
+    reevaluate: {
+      title: "Re-evaluate", verb: "re-evaluated and made pending", doing: "Re-evaluating", done: "Made pending",
+      effect: "They pass the current policies: they become pending with their original bytes and are sent when due. The others stay dead, with what the policies say of them now.",
+    },
+  };
 
   async function startAction(action, scope, ids) {
     const selection = scope === "filter"
@@ -361,12 +377,9 @@
     state.dialog = { action, selection };
     const n = dry.would_affect;
     const replay = action === "replay";
-    $("#dialog-title").textContent = `${replay ? "Replay" : "Purge"} ${plural(n, "dead job")}?`;
+    const { title, verb, effect } = ACTIONS[action];
+    $("#dialog-title").textContent = `${title} ${plural(n, "dead job")}?`;
     $("#dialog-selection").textContent = `Selection: ${selection.text}.`;
-    const verb = replay ? "replayed" : "purged";
-    const effect = replay
-      ? "They become due now, and the publish loop sends them to their destinations."
-      : "They are deleted from PostgreSQL; their records stay on the DLQ topic. This cannot be undone.";
     const viaDag = n > dry.page_limit;
     const handoff = viaDag
       ? ` That is more than the ${fmtInt(dry.page_limit)} this page changes at once: a dlq_replay DAG run will do it, with its own log and progress.`
@@ -381,9 +394,9 @@
     const confirm = $("#dialog-confirm");
     if (!n) confirm.textContent = `Nothing to ${action}`;
     else if (viaDag) confirm.textContent = `Start a dlq_replay run to ${action} ${plural(n, "job")}`;
-    else confirm.textContent = `${replay ? "Replay" : "Purge"} ${plural(n, "job")}`;
+    else confirm.textContent = `${title} ${plural(n, "job")}`;
     confirm.disabled = n === 0;
-    confirm.classList.toggle("danger", !replay);
+    confirm.classList.toggle("danger", action === "purge");
     $("#dialog").hidden = false;
     $("#dialog-cancel").focus();
   }
@@ -396,10 +409,11 @@
   async function confirmAction() {
     const { action, selection } = state.dialog;
     const replay = action === "replay";
+    const { doing, done } = ACTIONS[action];
     const confirm = $("#dialog-confirm");
     confirm.disabled = true;
-    confirm.textContent = replay ? "Replaying…" : "Purging…";
-    showMessage("info", `${replay ? "Replaying" : "Purging"} ${selection.text}… (in batches of 10 000 jobs, about 2 s per 50 000)`);
+    confirm.textContent = `${doing}…`;
+    showMessage("info", `${doing} ${selection.text}… (in batches of 10 000 jobs, about 2 s per 50 000)`);
     let result;
     try {
       result = await api(`api/${action}`, {
@@ -417,7 +431,7 @@
     const skipped = Object.entries(result.skipped || {}).filter(([, count]) => count > 0)
       .map(([cause, count]) => `${fmtInt(count)} ${cause}`);
     showMessage("ok",
-      `${replay ? "Replayed" : "Purged"} ${fmtInt(result.affected)} of ${fmtInt(result.matched)} selected dead jobs` +
+      `${done} ${fmtInt(result.affected)} of ${fmtInt(result.matched)} selected dead jobs` +
       `${skipped.length ? ` (left alone: ${skipped.join("; ")})` : ""}${replay && result.reset_attempts ? ", attempts reset" : ""}` +
       ` — audit #${result.audit_id}.`);
     closeDetail();
@@ -489,6 +503,7 @@
     $("#detail-close").addEventListener("click", closeDetail);
     $("#detail-replay").addEventListener("click", guard(() => startAction("replay", "selected", [state.openId])));
     $("#detail-purge").addEventListener("click", guard(() => startAction("purge", "selected", [state.openId])));
+    $("#detail-reevaluate").addEventListener("click", guard(() => startAction("reevaluate", "selected", [state.openId])));
     $("#dialog-cancel").addEventListener("click", closeDialog);
     $("#dialog-confirm").addEventListener("click", guard(confirmAction));
     document.addEventListener("keydown", (event) => {
