@@ -397,6 +397,28 @@ def test_email_alert_goes_out_through_airflow_smtp_connection(
     assert result["alerts"][0]["channels"] == {"webhook": None, "e-mail": True, "log": True}
 
 
+def test_an_e_mail_alert_s_text_is_sent_as_it_is_never_rendered_as_a_template(
+    smtp_server: SmtpSink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SMTP provider's notifier renders Jinja in what it is not given; an alert's text can carry
+    bytes from a Kafka record (an error message), and goes out unrendered."""
+    from retry_scheduler.ops.alerts import Alert
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_RETRY_ALERT_EMAIL",
+        json.dumps({"conn_type": "email", "extra": {"to": "ops@example.com"}}),
+    )
+    hostile = "ValueError: {{ 7 * 7 }} {% for x in range(3) %}x{% endfor %} {{ conf }}"
+    assert EmailNotifier().send(
+        Alert(title="retry_scheduler.publish failed {{ 6 * 7 }}", text=hostile, severity="failure")
+    )
+    [(_recipients, message)] = smtp_server.messages
+    assert message["Subject"] == "[FAILED] retry_scheduler.publish failed {{ 6 * 7 }}"
+    [part] = message.get_payload()  # type: ignore[misc]
+    body = part.get_payload(decode=True).decode()
+    assert "ValueError: {{ 7 * 7 }} {% for x in range(3) %}x{% endfor %} {{ conf }}" in body
+
+
 def test_log_is_the_channel_when_no_connection_is_defined(
     database_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

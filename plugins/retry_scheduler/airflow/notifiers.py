@@ -254,11 +254,14 @@ def email_recipients(conn: Any, conn_id: str = EMAIL_CONN_ID) -> list[str]:
 class EmailNotifier(AlertNotifier):
     """E-mails the alert through Airflow's e-mail setup; recipients from ``retry_alert_email``.
 
-    Sends the way Airflow 3.3 sends its own failure e-mails: through the SMTP connection named by
+    Sends with the SMTP provider's ``SmtpNotifier`` through the SMTP connection named by
     ``[email] email_conn_id`` (default ``smtp_default``; the extra ``smtp_conn_id`` of
     ``retry_alert_email`` overrides it), or through ``[email] email_backend`` when that is set to
     another backend (SES, SendGrid...). The sender is the extra's ``from_email``, else
     ``[email] from_email``, else the SMTP connection's ``from_email``.
+
+    The webhook channel does not use the HTTP provider's ``HttpNotifier``: its hook logs the whole
+    URL (a connection error's message names it), and a Slack webhook URL's path is its secret.
     """
 
     kind = "e-mail"
@@ -284,15 +287,17 @@ class EmailNotifier(AlertNotifier):
                 from_email=from_email,
             )
         else:
-            from airflow.providers.smtp.hooks.smtp import SmtpHook
+            # The SMTP provider's own notifier. Subject and body are given, so it renders neither as a
+            # template (they carry text from Kafka records): only a missing sender, from the connection.
+            from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
-            smtp_conn_id = extra.get("smtp_conn_id") or conf.get(
-                "email", "email_conn_id", fallback=SmtpHook.default_conn_name
-            )
-            with SmtpHook(smtp_conn_id=smtp_conn_id) as hook:
-                hook.send_email_smtp(
-                    to=to, subject=alert.headline, html_content=alert.email_html(), from_email=from_email
-                )
+            SmtpNotifier(
+                to=to,
+                from_email=from_email,
+                subject=alert.headline,
+                html_content=alert.email_html(),
+                smtp_conn_id=extra.get("smtp_conn_id") or None,
+            ).notify({})
         log.info("e-mail alert %r sent to %s", alert.headline, ", ".join(to))
 
 
