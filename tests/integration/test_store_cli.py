@@ -384,7 +384,7 @@ def test_cli_reports_an_unreachable_database(
     assert "cannot connect to PostgreSQL" in capsys.readouterr().err
 
 
-def test_the_loops_with_kafka_unreachable_say_so_in_one_line(
+def test_the_loops_and_bulk_retry_with_kafka_unreachable_say_so_in_one_line(
     database_url: str, bare_database_url: str
 ) -> None:
     """``run`` with nothing listening at the bootstrap address: one line naming the address and the
@@ -419,6 +419,15 @@ def test_the_loops_with_kafka_unreachable_say_so_in_one_line(
             "Local: Broker transport failure): set KAFKA_BOOTSTRAP_SERVERS (or the retry_kafka connection) to "
             "brokers this machine can reach, and check that they run and advertise addresses their clients can use"
         ], done.stderr[-3000:]
+    # bulk-retry too, before any Spark job starts (a dry run publishes nothing: it needs no Kafka)
+    env = {**os.environ, "RETRY_DATABASE_URL": database_url, "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
+    bulk = subprocess.run([cli, "bulk-retry"], env=env, capture_output=True, text=True, timeout=120)
+    assert bulk.returncode == 2, bulk.stderr[-3000:]
+    assert bulk.stderr.strip().splitlines() == [
+        f"retry-scheduler: cannot reach Kafka at 127.0.0.1:{port} within 10 s (Failed to get metadata: "
+        "Local: Broker transport failure): set KAFKA_BOOTSTRAP_SERVERS (or the retry_kafka connection) to "
+        "brokers this machine can reach, and check that they run and advertise addresses their clients can use"
+    ], bulk.stderr[-3000:]
     unmigrated = run(bare_database_url, "publish")
     assert unmigrated.returncode == 2 and len(unmigrated.stderr.strip().splitlines()) == 1, unmigrated.stderr
     assert "run `retry-scheduler db migrate` first" in unmigrated.stderr

@@ -15,6 +15,11 @@ from retry_scheduler.core.config import Settings
 def _cmd_bulk_retry(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.spark.submit import BULK_RETRY_APP, bulk_retry_args, run_spark_submit
 
+    if not args.dry_run:  # one line now, rather than a Spark job's failure in a page of JVM log
+        from retry_scheduler.loops.kafka import require_reachable
+
+        require_reachable(settings)
+
     params = {
         "destination": args.destination,
         "status": args.status,
