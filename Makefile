@@ -16,7 +16,7 @@ MAKEFLAGS += --jobs=2
 # apt-get, one at a time: two targets installing side by side would find dpkg's lock taken.
 APT := flock --wait 900 /tmp/.retry-scheduler-apt.lock apt-get
 
-.PHONY: help venv lint format postgres spark-deps browser-deps test test-fast test-random test-unit up demo bench bench-quick clean
+.PHONY: help venv lint format postgres spark-deps browser-deps test test-fast test-random test-unit up demo bench bench-quick clean docs
 
 help:
 	@echo "make demo   run an end-to-end scenario under the real Airflow scheduler (embedded defaults)"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench  benchmark report against baselines, full sizes (bench/out/report.md; ~1 h)"
 	@echo "make chaos  fault injection: 100 trials and the bad-input corpus (bench/out/chaos.json; ~18 min)"
 	@echo "make lint   ruff + mypy only"
+	@echo "make docs   the documentation site from docs/ into site/ (make test builds it strictly)"
 
 # uv installs the packages (about 30 s from an empty cache against pip's 80, and the install tests'
 # environments then come from its cache); pip does it where uv cannot run.
@@ -101,6 +102,10 @@ test-random: venv postgres spark-deps browser-deps
 test-fast: venv postgres
 	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not serial and not airflow and not spark and not cluster" tests/unit tests/integration
 
+# The site (mkdocs.yml, docs/); tests/unit/test_docs.py builds it with --strict in make test.
+docs: venv
+	$(BIN)/mkdocs build --strict
+
 test-unit: venv
 	$(BIN)/python -m pytest -q tests/unit
 
@@ -135,4 +140,4 @@ chaos: venv
 		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 clean:
-	rm -rf $(VENV) .dev .airflow .airflow-test .airflow-test-* .test-reports .mypy_cache .ruff_cache
+	rm -rf $(VENV) .dev .airflow .airflow-test .airflow-test-* .test-reports .mypy_cache .ruff_cache site

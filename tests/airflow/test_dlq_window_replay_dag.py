@@ -40,7 +40,7 @@ def trigger(airflow_db, database_url: str, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_the_dag_makes_no_runs_of_its_own_and_waits_unpaused_for_backfills() -> None:
-    """What makes the README's backfill replay an hour that has just ended: no scheduled run can
+    """What makes the documented backfill replay an hour that has just ended: no scheduled run can
     take it first (nothing is scheduled after the end date), and nothing waits for an unpause."""
     from airflow.dag_processing.dagbag import DagBag
     from airflow.serialization.serialized_objects import DagSerialization

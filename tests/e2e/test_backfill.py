@@ -98,14 +98,14 @@ def iso(when: datetime) -> str:
     return when.isoformat().replace("+00:00", "Z")
 
 
-def readme_window_replay(start: datetime, end: datetime) -> list[list[str]]:
-    """The README's commands to reprocess an outage's window, as an operator copies them, with the
-    dates of the window put in place of the README's example dates."""
+def documented_window_replay(start: datetime, end: datetime) -> list[list[str]]:
+    """The user guide's commands to reprocess an outage's window (``docs/guide/dead-letters.md``), as
+    an operator copies them, with the dates of the window put in place of the example dates."""
     import re
     import shlex
 
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Reprocess an outage's window by backfilling") :]
+    text = (ROOT / "docs" / "guide" / "dead-letters.md").read_text()
+    section = text[text.index("## Reprocess an outage's window by backfilling") :]
     block = section[
         section.index("```bash\n") + len("```bash\n") : section.index("\n```", section.index("```bash"))
     ]
@@ -121,7 +121,7 @@ def readme_window_replay(start: datetime, end: datetime) -> list[list[str]]:
     return commands
 
 
-def test_the_readme_s_backfill_replays_an_hour_that_has_just_ended_whatever_the_scheduler_did(
+def test_the_documented_backfill_replays_an_hour_that_has_just_ended_whatever_the_scheduler_did(
     stack: DevStack,
 ) -> None:
     database_url = stack.settings.database_url
@@ -148,8 +148,8 @@ def test_the_readme_s_backfill_replays_an_hour_that_has_just_ended_whatever_the_
         time.sleep(2)
     assert dag_details(stack.base_url, token, "dlq_window_replay")["next_dagrun_logical_date"] is None
 
-    # The README's commands, exactly as written, for these hours.
-    commands = readme_window_replay(hours[0], hours[2])
+    # The documented commands, exactly as written, for these hours.
+    commands = documented_window_replay(hours[0], hours[2])
     assert [c[:2] for c in commands] == [["dags", "unpause"], ["backfill", "create"]]
     for command in commands:
         done = airflow_cli(command, stack.env)

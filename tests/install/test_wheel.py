@@ -148,7 +148,9 @@ def test_installed_cli_migrates_a_scratch_database(installed: Installed, bare_da
     import psycopg
 
     version = installed.run(str(installed.bin / "retry-scheduler"), "--version")
-    assert version.returncode == 0 and version.stdout.strip().startswith("retry-scheduler 0."), version
+    assert version.returncode == 0 and version.stdout.strip() == f"retry-scheduler {project_version()}", (
+        version
+    )
 
     done = installed.run(
         str(installed.bin / "retry-scheduler"), "--database-url", bare_database_url, "db", "migrate"
@@ -249,3 +251,10 @@ def test_migrate_fails_loudly_when_the_installation_lacks_its_migrations(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("retry-scheduler: no migrations found"), done.stderr
     assert "reinstall" in lines[0]
+
+
+def project_version() -> str:
+    """The version ``pyproject.toml`` gives the wheel."""
+    import tomllib
+
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])

@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="retry-scheduler",
         description="Delayed retries and dead letters for Kafka, run by Apache Airflow, kept in PostgreSQL.",
         epilog="Environment: RETRY_DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS, AIRFLOW_HOME, RETRY_POLICIES "
-        "and the RETRY_* settings (see the README, Configuration); the global options override them. "
+        "and the RETRY_* settings (docs/configuration.md); the global options override them. "
         "Times and durations: an ISO-8601 time (UTC without a zone) or a duration ago; durations like "
         '90s, 15m, 2h, 7d. Completion: eval "$(register-python-argcomplete retry-scheduler)".',
     )

@@ -11,7 +11,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ def default_policies_path(env: Mapping[str, str] | None = None, also_looked: Seq
     raise ConfigError(
         f"no retry policies module: RETRY_POLICIES is not set and there is no {POLICIES_FILE} at "
         + ", ".join(dict.fromkeys(looked))
-        + ". Create one (README, Policies), set RETRY_POLICIES to its path (the files of a DAG bundle "
+        + ". Create one (docs/guide/policies.md), set RETRY_POLICIES to its path (the files of a DAG bundle "
         f"are not searched), or set RETRY_POLICIES={BUILTIN_POLICIES} for the package's own (a "
         "conservative default policy, and no destination allowed)"
     )
@@ -165,6 +165,25 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigError(f"{name}={raw!r} must be an integer") from None
 
 
+def _default_text(value: Any) -> str | None:
+    """A field's default as the environment would spell it; None when it has none to speak of."""
+    if value in ("", {}, ()):
+        return None
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return f"`{value}`"
+
+
+def env(*entries: str | tuple[str, str, str | None]) -> dict[str, Any]:
+    """A setting's environment variables, for its field's ``metadata``: ``env(NAME, DOC)``, or
+    ``env((NAME, DOC, DEFAULT), ...)`` where ``DEFAULT`` says the default in words (None: none). The
+    configuration reference (``docs/configuration.md``) is made from these."""
+    if entries and isinstance(entries[0], str):
+        name, doc = entries
+        return {"env": ((name, doc, ...),)}
+    return {"env": tuple(entries)}
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the ingest and publish loops need to know.
@@ -173,63 +192,200 @@ class Settings:
     """
 
     #: Both may hold passwords: left out of ``repr`` (and so of any log line that shows settings).
-    database_url: str = field(default=DEFAULT_DATABASE_URL, repr=False)
+    database_url: str = field(
+        default=DEFAULT_DATABASE_URL,
+        repr=False,
+        metadata=env(
+            "RETRY_DATABASE_URL", "the retry database (under Airflow: the `retry_postgres` connection)"
+        ),
+    )
     kafka: dict[str, Any] = field(
-        default_factory=lambda: {"bootstrap.servers": DEFAULT_BOOTSTRAP_SERVERS}, repr=False
+        default_factory=lambda: {"bootstrap.servers": DEFAULT_BOOTSTRAP_SERVERS},
+        repr=False,
+        metadata=env(
+            (
+                "KAFKA_BOOTSTRAP_SERVERS",
+                "Kafka (under Airflow: the `retry_kafka` connection)",
+                f"`{DEFAULT_BOOTSTRAP_SERVERS}`",
+            ),
+            (
+                "RETRY_KAFKA_CONFIG",
+                'more librdkafka settings as a JSON object, e.g. `{"security.protocol": '
+                '"SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "...", '
+                '"sasl.password": "..."}`',
+                None,
+            ),
+        ),
     )
     #: The header-driven retry topic.
-    retry_topic: str = "retry"
+    retry_topic: str = field(default="retry", metadata=env("RETRY_TOPIC", "the header-driven retry topic"))
     #: Per-delay retry topics: topic -> delay counted from the record timestamp.
-    delay_topics: dict[str, int] = field(default_factory=dict)
+    delay_topics: dict[str, int] = field(
+        default_factory=dict,
+        metadata=env(
+            "RETRY_DELAY_TOPICS",
+            "per-delay topics, e.g. `retry.5m=5m,retry.1h=1h`, the delay counted from the record timestamp",
+        ),
+    )
     #: Other tools' dead-letter topics read as dead jobs: topic -> format (``spring``, ``connect``).
-    adopt_topics: dict[str, str] = field(default_factory=dict)
+    adopt_topics: dict[str, str] = field(
+        default_factory=dict,
+        metadata=env(
+            "RETRY_ADOPT_TOPICS",
+            "other tools' dead-letter topics read as dead jobs, `TOPIC=FORMAT` "
+            "with `spring` or `connect`, e.g. `orders.DLT=spring,connect.dlq=connect`",
+        ),
+    )
     #: The consumer helpers' holds topics (ordered mode): never destinations. ``retry.holds`` always.
-    holds_topics: tuple[str, ...] = (HOLDS_TOPIC,)
-    consumer_group: str = "retry-scheduler"
+    holds_topics: tuple[str, ...] = field(
+        default=(HOLDS_TOPIC,),
+        metadata=env(
+            (
+                "RETRY_HOLDS_TOPICS",
+                "holds topics the consumer helpers were given besides `retry.holds` "
+                "(`holds_topic=`), comma-separated; never destinations, like `retry.holds`",
+                None,
+            )
+        ),
+    )
+    consumer_group: str = field(
+        default="retry-scheduler", metadata=env("RETRY_CONSUMER_GROUP", "consumer group of the ingest loop")
+    )
     #: A regular expression of destinations allowed beyond those the policies module declares
     #: (:mod:`retry_scheduler.core.destinations`); empty: none.
-    destination_allowlist: str = ""
+    destination_allowlist: str = field(
+        default="",
+        metadata=env(
+            "RETRY_DESTINATION_ALLOWLIST",
+            "a regular expression of destinations allowed beyond those "
+            "the policies module declares (denied by default; never internal topics nor the "
+            "service's own: retry, per-delay, adopted, DLQ and holds topics)",
+        ),
+    )
     #: Create missing destination and DLQ topics through the admin API before producing.
-    create_topics: bool = False
+    create_topics: bool = field(
+        default=False,
+        metadata=env(
+            "RETRY_CREATE_TOPICS", "create missing destination and DLQ topics (the dev stack: `true`)"
+        ),
+    )
     #: Replication factor of the topics the service creates; -1: the broker's default.replication.factor.
-    topic_replication_factor: int = -1
+    topic_replication_factor: int = field(
+        default=-1,
+        metadata=env(
+            "RETRY_TOPIC_REPLICATION_FACTOR",
+            "replication factor of the topics the service creates; "
+            "`-1`: the broker's `default.replication.factor`",
+        ),
+    )
     #: ``min.insync.replicas`` of the topics the service creates; -1: the broker's default.
-    topic_min_insync_replicas: int = -1
+    topic_min_insync_replicas: int = field(
+        default=-1,
+        metadata=env(
+            "RETRY_TOPIC_MIN_INSYNC_REPLICAS",
+            "`min.insync.replicas` of the topics the service creates; `-1`: the broker's default",
+        ),
+    )
     #: Records whose key + value + headers exceed this are dead (invalid).
-    max_record_bytes: int = 1024 * 1024
+    max_record_bytes: int = field(
+        default=1024 * 1024,
+        metadata=env(
+            "RETRY_MAX_RECORD_BYTES", "records whose key, value and headers are larger are dead (`invalid`)"
+        ),
+    )
     max_headers: int = 256
     #: ``retry.*`` header values longer than this are invalid (``retry.reason`` is truncated instead).
     max_header_value_bytes: int = 1024
     #: Records with a header name longer than this (in characters) are invalid.
-    max_header_name_chars: int = 1024
+    max_header_name_chars: int = field(
+        default=1024,
+        metadata=env("RETRY_MAX_HEADER_NAME_CHARS", "records with a longer header name are dead (`invalid`)"),
+    )
     #: A record timestamp further than this into the future (or before 2000) is not trusted: the
     #: ingest time is used instead. A ``retry.original-timestamp`` outside that window is invalid.
-    max_clock_skew_ms: int = 86_400_000
+    max_clock_skew_ms: int = field(
+        default=86_400_000,
+        metadata=env(
+            "RETRY_MAX_CLOCK_SKEW_MS",
+            "a record timestamp before 2000 or further ahead than this is "
+            "not trusted (the ingest time counts); a `retry.original-timestamp` further ahead is invalid",
+        ),
+    )
     #: A ``retry.at`` further than this into the future (or before 2000) is invalid.
-    max_retry_ahead_ms: int = 366 * 86_400_000
+    max_retry_ahead_ms: int = field(
+        default=366 * 86_400_000,
+        metadata=env("RETRY_MAX_RETRY_AHEAD_MS", "a `retry.at` further ahead than this is invalid"),
+    )
     max_reason_chars: int = 2000
-    ingest_batch: int = 5000
+    ingest_batch: int = field(default=5000, metadata=env("RETRY_INGEST_BATCH", "records per ingest batch"))
     #: Processes the ingest task shares the retry-topic partitions among (at most one per partition).
-    ingest_workers: int = 2
-    publish_batch: int = 2000
+    ingest_workers: int = field(
+        default=2,
+        metadata=env(
+            "RETRY_INGEST_WORKERS", "processes the ingest task shares the retry-topic partitions among"
+        ),
+    )
+    publish_batch: int = field(default=2000, metadata=env("RETRY_PUBLISH_BATCH", "jobs per publish round"))
     #: Publishers working side by side in the publish task, each with its own connection and producer.
-    publish_workers: int = 2
+    publish_workers: int = field(
+        default=2, metadata=env("RETRY_PUBLISH_WORKERS", "publishers side by side in the publish task")
+    )
     #: Publish tasks per ``retry_scheduler`` run (mapped), side by side: on the CeleryExecutor they can
     #: run on different workers. Read when the DAG file is parsed.
-    publish_tasks: int = 1
+    publish_tasks: int = field(
+        default=1,
+        metadata=env(
+            "RETRY_PUBLISH_TASKS",
+            "publish tasks each `retry_scheduler` run maps, side by side (read "
+            "when the DAG file is parsed; on Celery they spread over the workers)",
+        ),
+    )
     #: A claimed job not marked within this is claimable again: a dead job's lease on its way to the
     #: DLQ, and the longest a publisher may hold due jobs locked in an idle transaction.
-    lease_ms: int = 60_000
+    lease_ms: int = field(
+        default=60_000,
+        metadata=env(
+            "RETRY_LEASE_MS", "how long a dead job's DLQ lease, or a publisher's idle transaction, may last"
+        ),
+    )
     #: librdkafka delivery timeout; must stay well under the lease.
-    delivery_timeout_ms: int = 30_000
+    delivery_timeout_ms: int = field(
+        default=30_000,
+        metadata=env("RETRY_DELIVERY_TIMEOUT_MS", "librdkafka's delivery timeout (shorter than the lease)"),
+    )
     #: Longest the publish loop sleeps before looking for due jobs again.
-    poll_interval_ms: int = 100
+    poll_interval_ms: int = field(
+        default=100, metadata=env("RETRY_POLL_INTERVAL_MS", "longest the publisher sleeps between due scans")
+    )
     #: A loop whose time is up goes on for at most this long until a newer loop is alive.
-    loop_grace_ms: int = 60_000
+    loop_grace_ms: int = field(
+        default=60_000,
+        metadata=env(
+            "RETRY_LOOP_GRACE_MS", "how long a loop past its time waits to be relieved by a newer one"
+        ),
+    )
     #: The publish loop vacuums retry_jobs itself when the server's autovacuum does not (db.vacuum).
-    self_vacuum: bool = True
+    self_vacuum: bool = field(
+        default=True,
+        metadata=env(
+            "RETRY_SELF_VACUUM",
+            "the publish loop runs `VACUUM retry_jobs` itself when the server's "
+            "autovacuum is off for the table and it has more than 10 000 dead rows plus 1 % of its "
+            "live ones (in the background, one at a time, a minute apart at least); `false`: you vacuum",
+        ),
+    )
     #: The policies module; empty: found by :func:`default_policies_path`.
-    policies_path: str = ""
+    policies_path: str = field(
+        default="",
+        metadata=env(
+            (
+                "RETRY_POLICIES",
+                "the policies module; `builtin`: the package's own (`default` only, no destination allowed)",
+                "`retry_policies.py` in the DAGs folder (Airflow's `dags_folder`; "
+                "`AIRFLOW__CORE__DAGS_FOLDER`, else `$AIRFLOW_HOME/dags`), else `./dags/`; none found is an error",
+            )
+        ),
+    )
     #: Where else the policies module was looked for (the DAGs folder of Airflow's configuration), for
     #: the error when it is found nowhere.
     policies_searched: tuple[str, ...] = ()
@@ -308,6 +464,19 @@ class Settings:
         return replace(self, **changes)
 
     @classmethod
+    def reference(cls) -> list[tuple[str, str, str]]:
+        """Every setting read from the environment: (variable, default in words, meaning), in the
+        order of the fields, from the fields' own definitions."""
+        rows = []
+        for f in fields(cls):
+            for name, doc, default in f.metadata.get("env", ()):
+                if default is ...:
+                    value = f.default_factory() if f.default_factory is not MISSING else f.default
+                    default = _default_text(value)
+                rows.append((name, default or "(none)", doc))
+        return rows
+
+    @classmethod
     def env_names(cls) -> frozenset[str]:
         """Every environment variable :meth:`from_env` reads (found by reading them, not listed twice)."""
 
@@ -322,7 +491,7 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Build settings from environment variables (see README, "Configuration")."""
+        """Build settings from environment variables (docs/configuration.md)."""
         env = os.environ if env is None else env
         defaults = cls()
         kafka = {

@@ -1,4 +1,4 @@
-"""The policies used when a deployment declares none: only ``default`` (see the README, "Policies").
+"""The policies used when a deployment declares none: only ``default`` (docs/guide/policies.md).
 
 A deployment declares its own in ``retry_policies.py`` next to its DAGs (or where ``RETRY_POLICIES``
 points); this module is what a fresh installation falls back to, so the service runs out of the box.

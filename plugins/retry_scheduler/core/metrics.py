@@ -3,7 +3,7 @@
 The loops call a :class:`Metrics` sink; under Airflow it is
 :class:`retry_scheduler.airflow.metrics.AirflowMetrics`, which sends through Airflow's own metrics
 layer (StatsD, OpenTelemetry or Datadog, whichever the deployment configured under ``[metrics]``),
-elsewhere :class:`NoMetrics`. Every name is listed in :data:`METRICS` (and in the README); Airflow's
+elsewhere :class:`NoMetrics`. Every name is listed in :data:`METRICS` (and in docs/operations/alerts.md); Airflow's
 ``[metrics] statsd_prefix`` (``airflow``) goes in front of them.
 """
 

@@ -7,8 +7,8 @@ ranges, hand it to their Python workers as Arrow batches (``mapInArrow``), and e
 produces its rows with one idempotent producer, with exactly the headers of the normal publish
 path, while a thread of its worker marks the acknowledged jobs published.
 
-Executors import this module by name: they need the package installed (see the README's Spark
-section for a cluster).
+Executors import this module by name: they need the package installed (docs/guide/spark.md says how
+on a cluster).
 """
 
 from __future__ import annotations
