@@ -261,3 +261,15 @@ def test_a_sqlalchemy_url_is_the_same_server_and_a_malformed_url_is_one_line_wit
         )
         for piece in (DB_PASSWORD, DB_PASSWORD[:4], DB_PASSWORD[4:]):
             assert piece not in done.stdout + done.stderr, (piece, done.stderr)
+    # read by libpq, but with a setting it cannot use: the URL is wrong, not the server ("Is it running?")
+    port = host.split(":", 1)[1].split("/", 1)[0]
+    for wrong in (f"{host.replace(port, port + ':x', 1)}", f"{host}?sslmode=maybe"):
+        done = status(f"postgresql://retry_svc:{DB_PASSWORD}@{wrong}")
+        assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith(
+            "retry-scheduler: RETRY_DATABASE_URL or the retry_postgres connection has a setting libpq cannot use:"
+        ), line
+        assert (
+            "Is it running?" not in line and DB_PASSWORD not in line and "postgresql://USER:PASSWORD@" in line
+        )

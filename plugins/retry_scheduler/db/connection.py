@@ -112,6 +112,16 @@ def _connect_advice(database_url: str, error: str) -> str:
             f"PostgreSQL at {redact_url(database_url)} refused user {user}: {refused.group(1)}. "
             f"Check {what} in {where}."
         )
+    malformed = re.search(
+        r'invalid (?:integer )?value "?[^"]*"? for connection option "(\w+)"|invalid \w+ value', error
+    )
+    if malformed is not None:
+        # libpq read the URL but not one of its settings (a port "5432:x", an sslmode "maybe"): the
+        # URL is wrong, not the server.
+        return (
+            f"{where} has a setting libpq cannot use: {redact_url(database_url)} ({error}). "
+            "Write it as postgresql://USER:PASSWORD@HOST:5432/DBNAME"
+        )
     return (
         f"cannot connect to PostgreSQL at {redact_url(database_url)}: {error}. "
         f"Is it running? Set {where} to a reachable server."

@@ -21,6 +21,7 @@ connections and settings), so that two deployments can run side by side::
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -108,7 +109,7 @@ class DagOptions:
                 )
             if not isinstance(value, str):
                 raise TypeError(f"{factory}(): settings[{name!r}] must be a string, as in the environment")
-        Settings.from_env(dict(self.settings))  # a malformed value: its setting's own error
+        Settings.from_env({**os.environ, **self.settings})  # a malformed value: its setting's own error
 
     def arguments(self, dag_arguments: dict[str, Any]) -> dict[str, Any]:
         """``dag_arguments`` (a DAG's own) with these options applied."""
