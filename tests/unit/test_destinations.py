@@ -78,3 +78,27 @@ def test_the_allowlist_setting_adds_but_never_opens_the_service_s_own_topics() -
 def test_a_wrong_declaration_is_refused_when_the_policies_load(allowed: object) -> None:
     with pytest.raises(PolicyError, match="ALLOWED_DESTINATIONS"):
         PolicyRegistry.of([], allowed=allowed)  # type: ignore[arg-type]
+
+
+def test_answers_are_remembered_per_topic_the_same_and_bounded_against_any_number_of_names() -> None:
+    """The ingest asks for every record: with 200 globs declared each answer took about 23 µs, a
+    record's whole parse about 11; remembered, it is a dict lookup. A hostile producer naming a
+    new topic in every record cannot grow the memory past its bound."""
+    from retry_scheduler.core import destinations as d
+
+    rules = Destinations.of([f"team{i}.*" for i in range(200)], "", ["retry"])
+    for topic in (
+        "team199.orders",
+        "team7.x",
+        "elsewhere",
+        "retry",
+        "_internal",
+        "team3.orders.g1.redelivery",
+    ):
+        first = rules.refusal(topic)
+        assert first == rules.refusal(topic) == rules._refusal(topic)
+    assert rules.refusal("team199.orders") is None and rules.refusal("elsewhere") is not None
+    for n in range(3 * d._REMEMBERED):
+        rules.refusal(f"hostile-{n}")
+    assert len(rules.__dict__["_memo"]) <= d._REMEMBERED
+    assert rules == Destinations.of([f"team{i}.*" for i in range(200)], "", ["retry"])  # the memo is no field

@@ -47,6 +47,10 @@ def _pattern(entry: Allowed) -> re.Pattern[str] | None:
     return None
 
 
+#: How many topics' answers :meth:`Destinations.refusal` keeps (a hostile producer may send any name).
+_REMEMBERED = 4096
+
+
 @dataclass(frozen=True)
 class Destinations:
     """The destination rules of one deployment; :meth:`refusal` says whether a topic may be one."""
@@ -74,7 +78,21 @@ class Destinations:
         return cls(frozenset(names), tuple(patterns), frozenset(own_topics))
 
     def refusal(self, topic: str) -> str | None:
-        """Why ``topic`` may not be a destination, in words for the job's record; None when it may."""
+        """Why ``topic`` may not be a destination, in words for the job's record; None when it may.
+
+        Remembered per topic (the ingest asks for every record, of a few destinations), up to
+        :data:`_REMEMBERED` topics at a time."""
+        memo: dict[str, str | None] = self.__dict__.setdefault("_memo", {})
+        try:
+            return memo[topic]
+        except KeyError:
+            pass
+        if len(memo) >= _REMEMBERED:
+            memo.clear()
+        memo[topic] = refusal = self._refusal(topic)
+        return refusal
+
+    def _refusal(self, topic: str) -> str | None:
         if not TOPIC_NAME.fullmatch(topic):
             return (
                 f"destination {topic!r} is not allowed: not a topic name ([A-Za-z0-9._-], 1-249 characters)"
