@@ -546,6 +546,19 @@ class Ingestor:
         return counts
 
 
+def quiet_garbage_collector() -> None:
+    """Keep Python's cycle collector off a worker's hot path. A batch holds thousands of records, each
+    a message object with a list of header tuples: with the default thresholds (a collection every 700
+    new containers) the collector ran again and again over the batch being built (a sixth of a
+    worker's time, profiled). The objects a batch makes hold no cycles and are freed by reference
+    counting; the modules loaded at start are set aside for good (``gc.freeze``), and a collection now
+    runs every 50 000 new containers."""
+    import gc
+
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+
+
 def worker_main() -> None:
     """An ingest worker process: reads its settings, policies and share of the partitions (pickled) on
     stdin, ingests them, writes each batch's counts as a JSON line on stdout, and stops after the batch
@@ -573,6 +586,7 @@ def worker_main() -> None:
         sys.stdout.write(json.dumps(counts.as_dict()) + "\n")
         sys.stdout.flush()
 
+    quiet_garbage_collector()
     with Store(settings.database_url) as store:
         ingestor = Ingestor(settings, registry, store, share=share)
         try:
