@@ -428,6 +428,62 @@ def test_a_replay_too_large_for_one_request_becomes_a_dlq_replay_run_that_does_i
     )
 
 
+def test_a_re_evaluation_too_large_for_one_request_becomes_a_dlq_replay_run_that_does_it(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str
+) -> None:
+    """10 001 letters dead invalid because ``orders`` was not yet allowed (a reason of their own to
+    select them by); the DAGs folder's policies allow it now."""
+    token = f"cfg-{uuid.uuid4().hex[:8]}"
+    first = insert_dead(
+        retry_db, None, dead_reason="invalid", reason=f"destination 'orders' is not allowed ({token})",
+        headers=[("retry.destination", b"orders")],
+    )  # fmt: skip
+    with psycopg.connect(retry_db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO retry_jobs (source_topic, source_partition, source_offset, source_timestamp_ms,"
+            " destination, msg_key, msg_value, headers, attempt, policy, reason, error_class, retry_id,"
+            " first_seen_at, due_at, status, dead_reason, dlq_topic, dead_at, dlq_published_at)"
+            " SELECT source_topic, source_partition, source_offset + g, source_timestamp_ms, destination,"
+            " msg_key, msg_value, headers, attempt, policy, reason, error_class, md5(g::text || retry_id),"
+            " first_seen_at, due_at, status, dead_reason, dlq_topic, dead_at, dlq_published_at"
+            " FROM retry_jobs, generate_series(1, 10000) AS g WHERE id = %s",
+            (first,),
+        )
+    airflow = [airflow_bin()]
+    subprocess.run([*airflow, "dags", "reserialize"], env=airflow_server.env, check=True, capture_output=True)
+    with client(airflow_server, tokens["admin"]) as admin:
+        handed = admin.post("/api/reevaluate", json={"search": token, "dry_run": False})
+    assert handed.status_code == 200, handed.text
+    result = handed.json()
+    run_id = result["dag_run_id"]
+    assert result["handed_to_dag"] is True and result["would_affect"] == 10_001
+    with psycopg.connect(retry_db) as conn:  # nothing changed inside the request
+        assert conn.execute(
+            "SELECT count(*) FROM retry_jobs WHERE status = 'dead' AND reason LIKE %s", (f"%{token}%",)
+        ).fetchone() == (10_001,)
+    auth = {"Authorization": f"Bearer {tokens['admin']}"}
+    run = httpx.get(f"{airflow_server.base_url}/api/v2/dags/dlq_replay/dagRuns/{run_id}", headers=auth).json()
+    assert run["conf"] == {"search": token, "action": "reevaluate", "reset_attempts": False, "dry_run": False}
+
+    done = subprocess.run(
+        [*airflow, "tasks", "test", "dlq_replay", "operate", run_id],
+        env=airflow_server.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with psycopg.connect(retry_db, row_factory=dict_row) as conn:
+        rows = conn.execute(
+            "SELECT status::text AS status, destination, count(*) AS n FROM retry_jobs_all"
+            " WHERE id BETWEEN %s AND %s GROUP BY 1, 2",
+            (first, first + 10_000),
+        ).fetchall()
+        audit = conn.execute("SELECT * FROM retry_dlq_audit ORDER BY id DESC LIMIT 1").fetchone()
+    assert rows == [{"status": "pending", "destination": "orders", "n": 10_001}]  # the first and its copies
+    assert audit is not None
+    assert (audit["action"], audit["actor"], audit["source"], audit["run_id"], audit["affected"]) == (
+        "reevaluate", "admin", "dag", run_id, 10_001,
+    )  # fmt: skip
+
+
 def test_purge_deletes_only_jobs_already_on_the_dlq_topic(
     airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
 ) -> None:
