@@ -474,14 +474,28 @@ def test_concurrent_publishers_never_publish_a_job_twice(loop: Loop) -> None:
         ]
     )
     loop.ingest(300)
+    # Each publisher made (its connections and producer) before any claims: they start together, so
+    # one that was slower to set up cannot find the work already done.
+    settings = loop.settings.with_overrides(publish_batch=20)
+    stores = [Store(settings.database_url) for _ in range(3)]
+    publishers = [Publisher(settings, store) for store in stores]
+    ready = threading.Barrier(len(publishers))
     results = []
-    threads = [
-        threading.Thread(target=lambda: results.append(loop.publish(3, publish_batch=20))) for _ in range(3)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+
+    def run(publisher: Publisher) -> None:
+        ready.wait()
+        results.append(publisher.run(3))
+
+    threads = [threading.Thread(target=run, args=(publisher,)) for publisher in publishers]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for publisher, store in zip(publishers, stores, strict=True):
+            publisher.close()
+            store.close()
     assert sum(r.published for r in results) == 300
     assert all(r.published > 0 for r in results)  # the work was really shared
     seen = consume(loop.bootstrap, [loop.dest], 300)
