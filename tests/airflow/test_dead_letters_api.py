@@ -150,6 +150,22 @@ def insert_dead(database_url: str, destination: str | None, **fields: Any) -> in
     return int(got[0])
 
 
+def copies(database_url: str, job_id: int, count: int) -> None:
+    """Store ``count`` more jobs like job ``job_id`` (its next source offsets, their own retry ids),
+    with the ids right after the ones taken so far."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO retry_jobs (source_topic, source_partition, source_offset, source_timestamp_ms,"
+            " destination, msg_key, msg_value, headers, attempt, policy, reason, error_class, retry_id,"
+            " first_seen_at, due_at, status, dead_reason, dlq_topic, dead_at, dlq_published_at)"
+            " SELECT source_topic, source_partition, source_offset + g, source_timestamp_ms, destination,"
+            " msg_key, msg_value, headers, attempt, policy, reason, error_class, md5(g::text || retry_id),"
+            " first_seen_at, due_at, status, dead_reason, dlq_topic, dead_at, dlq_published_at"
+            " FROM retry_jobs, generate_series(1, %s) AS g WHERE id = %s",
+            (count, job_id),
+        )
+
+
 def job_rows(database_url: str, ids: list[int]) -> dict[int, dict[str, Any]]:
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
         rows = conn.execute("SELECT * FROM retry_jobs_all WHERE id = ANY(%s)", (ids,)).fetchall()
@@ -361,17 +377,7 @@ def test_a_replay_too_large_for_one_request_becomes_a_dlq_replay_run_that_does_i
     airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
 ) -> None:
     first = insert_dead(retry_db, dest)
-    with psycopg.connect(retry_db, autocommit=True) as conn:  # 10 000 more like it: one over the bound
-        conn.execute(
-            "INSERT INTO retry_jobs (source_topic, source_partition, source_offset, source_timestamp_ms,"
-            " destination, msg_key, msg_value, headers, attempt, policy, reason, error_class, retry_id,"
-            " first_seen_at, due_at, status, dead_reason, dlq_topic, dead_at, dlq_published_at)"
-            " SELECT source_topic, source_partition, source_offset + g, source_timestamp_ms, destination,"
-            " msg_key, msg_value, headers, attempt, policy, reason, error_class, md5(g::text || retry_id),"
-            " first_seen_at, due_at, status, dead_reason, dlq_topic, dead_at, dlq_published_at"
-            " FROM retry_jobs, generate_series(1, 10000) AS g WHERE id = %s",
-            (first,),
-        )
+    copies(retry_db, first, 10_000)  # 10 000 more like it: one over the bound
     airflow = [airflow_bin()]
     # The page triggers runs of the dlq_replay DAG: Airflow must know it (a dag processor would parse it).
     subprocess.run([*airflow, "dags", "reserialize"], env=airflow_server.env, check=True, capture_output=True)
@@ -438,17 +444,7 @@ def test_a_re_evaluation_too_large_for_one_request_becomes_a_dlq_replay_run_that
         retry_db, None, dead_reason="invalid", reason=f"destination 'orders' is not allowed ({token})",
         headers=[("retry.destination", b"orders")],
     )  # fmt: skip
-    with psycopg.connect(retry_db, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO retry_jobs (source_topic, source_partition, source_offset, source_timestamp_ms,"
-            " destination, msg_key, msg_value, headers, attempt, policy, reason, error_class, retry_id,"
-            " first_seen_at, due_at, status, dead_reason, dlq_topic, dead_at, dlq_published_at)"
-            " SELECT source_topic, source_partition, source_offset + g, source_timestamp_ms, destination,"
-            " msg_key, msg_value, headers, attempt, policy, reason, error_class, md5(g::text || retry_id),"
-            " first_seen_at, due_at, status, dead_reason, dlq_topic, dead_at, dlq_published_at"
-            " FROM retry_jobs, generate_series(1, 10000) AS g WHERE id = %s",
-            (first,),
-        )
+    copies(retry_db, first, 10_000)
     airflow = [airflow_bin()]
     subprocess.run([*airflow, "dags", "reserialize"], env=airflow_server.env, check=True, capture_output=True)
     with client(airflow_server, tokens["admin"]) as admin:

@@ -189,15 +189,13 @@ def _reevaluate(
 ) -> dict[str, Any]:
     """``dlq_replay``'s action ``reevaluate``: the dead invalid jobs of the filter read again against
     the current policies (those that pass become pending), audited with the run's id."""
-    from retry_scheduler.ops.dlq import DlqError
     from retry_scheduler.ops.reevaluate import reevaluate
 
-    if params.get("reset_attempts"):
-        raise DlqError("reset_attempts does not go with reevaluate: a re-evaluated job keeps its attempt")
     registry = load_policies(settings.policies_file)
     outcome = reevaluate(
         settings.database_url, flt, settings=settings, registry=registry, actor=actor or "airflow",
-        source="dag", dry_run=dry_run, run_id=run_id, progress=progress,
+        source="dag", dry_run=dry_run, run_id=run_id, reset_attempts=bool(params.get("reset_attempts")),
+        progress=progress,
     )  # fmt: skip
     log.info("%s", outcome.summary())
     if dry_run and outcome.would_affect:

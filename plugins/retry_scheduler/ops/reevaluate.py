@@ -51,6 +51,7 @@ def reevaluate(
     source: Source,
     dry_run: bool,
     run_id: str | None = None,
+    reset_attempts: bool = False,
     progress: Callable[[int, int], None] = lambda done, total: None,
     max_affected: int | None = None,
     batch_size: int = BATCH,
@@ -61,12 +62,15 @@ def reevaluate(
     ``skipped`` counts the jobs that still do not pass, by what they are now (``invalid``, or
     ``exhausted``, ``fatal``... when the record asked for what is now a dead end), plus held records
     (``retry.hold``), which are sent again by their application, not re-evaluated. ``run_id``: the
-    DAG run that asked (audited). With ``max_affected``, a re-evaluation (not a dry run) that could
+    DAG run that asked (audited). ``reset_attempts`` is refused: a re-evaluated job keeps its attempt
+    (the form and the page send the flag of every operation). With ``max_affected``, a re-evaluation (not a dry run) that could
     make more jobs pending (more invalid jobs match) is refused before anything is written
     (:class:`~retry_scheduler.ops.dlq.TooManyForOneRequest`).
     """
     if not 1 <= batch_size <= MAX_LIMIT:
         raise DlqError(f"batch size {batch_size} must be between 1 and {MAX_LIMIT:,}")
+    if reset_attempts:
+        raise DlqError("reset_attempts does not go with reevaluate: a re-evaluated job keeps its attempt")
     if flt.dead_reason not in (None, _INVALID):
         raise DlqError(f"re-evaluation reads invalid jobs only, not {flt.dead_reason!r} ones")
     if not actor:

@@ -140,6 +140,24 @@ class DagOptions:
         return RetrySchedulerHook(self.postgres_conn_id, self.kafka_conn_id, self.settings)
 
 
+def build_dag(
+    factory: str,
+    options: Mapping[str, Any],
+    dag_arguments: dict[str, Any],
+    tasks: Callable[[RetrySchedulerHook], None],
+) -> DAG:
+    """What every factory does: check its ``options`` (:class:`DagOptions`, ``factory`` naming it in
+    the errors), make the DAG from its own ``dag_arguments`` with them applied, and lay out its
+    ``tasks``, which read their settings through the options' hook when they run. The factory then
+    hands the DAG to :func:`in_dag_file` itself (that looks at the factory's caller)."""
+    from airflow.sdk import DAG
+
+    chosen = DagOptions.of(factory, options)
+    with DAG(**chosen.arguments(dag_arguments)) as built:
+        tasks(chosen.hook())
+    return built
+
+
 def default_args(*, retries: int, retry_delay: timedelta) -> dict[str, Any]:
     """What every task of the service's DAGs takes: its owner, its retries, and the failure alerts."""
     from retry_scheduler.airflow.notifiers import failure_notifiers

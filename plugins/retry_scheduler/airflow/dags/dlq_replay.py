@@ -29,7 +29,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG, Param, get_current_context, task
 
-from retry_scheduler.airflow.dags import DagOptions, default_args, in_dag_file, run_failure_callbacks
+from retry_scheduler.airflow.dags import build_dag, default_args, in_dag_file, run_failure_callbacks
 from retry_scheduler.airflow.hook import RetrySchedulerHook
 from retry_scheduler.core.protocol import DEAD_REASONS, TOPIC_PATTERN
 
@@ -143,7 +143,5 @@ def dlq_replay_dag(**options: Any) -> DAG:
 
     ``options``: :class:`~retry_scheduler.airflow.dags.DagOptions` (``dag_id``, ``pool``, ``queue``...).
     """
-    chosen = DagOptions.of("dlq_replay_dag", options)
-    with DAG(**chosen.arguments(arguments())) as built:
-        dlq_replay_tasks(chosen.hook())
+    built = build_dag("dlq_replay_dag", options, arguments(), dlq_replay_tasks)
     return in_dag_file(built)

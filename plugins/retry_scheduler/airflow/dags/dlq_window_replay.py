@@ -37,7 +37,7 @@ from airflow.sdk import DAG, get_current_context, task
 
 from retry_scheduler.airflow.assets import replays_asset
 from retry_scheduler.airflow.dags import (
-    DagOptions,
+    build_dag,
     default_args,
     in_dag_file,
     run_failure_callbacks,
@@ -123,7 +123,5 @@ def dlq_window_replay_dag(**options: Any) -> DAG:
 
     ``options``: :class:`~retry_scheduler.airflow.dags.DagOptions` (``dag_id``, ``pool``, ``queue``...).
     """
-    chosen = DagOptions.of("dlq_window_replay_dag", options)
-    with DAG(**chosen.arguments(arguments())) as built:
-        dlq_window_replay_tasks(chosen.hook())
+    built = build_dag("dlq_window_replay_dag", options, arguments(), dlq_window_replay_tasks)
     return in_dag_file(built)

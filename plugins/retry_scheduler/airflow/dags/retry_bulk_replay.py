@@ -23,7 +23,7 @@ from airflow.sdk import DAG, Param, get_current_context, task
 
 from retry_scheduler.airflow.assets import replays_asset
 from retry_scheduler.airflow.dags import (
-    DagOptions,
+    build_dag,
     default_args,
     in_dag_file,
     run_failure_callbacks,
@@ -116,7 +116,5 @@ def retry_bulk_replay_dag(deadline: timedelta | None = DEADLINE, **options: Any)
     the failure channels); ``None`` turns it off. ``options``:
     :class:`~retry_scheduler.airflow.dags.DagOptions` (``dag_id``, ``pool``, ``queue``...).
     """
-    chosen = DagOptions.of("retry_bulk_replay_dag", options)
-    with DAG(**chosen.arguments(arguments())) as built:
-        retry_bulk_replay_tasks(chosen.hook())
+    built = build_dag("retry_bulk_replay_dag", options, arguments(), retry_bulk_replay_tasks)
     return in_dag_file(with_deadline(built, deadline))

@@ -28,7 +28,7 @@ from airflow.sdk import DAG, Param, get_current_context, task
 
 from retry_scheduler.airflow.assets import archive_asset
 from retry_scheduler.airflow.dags import (
-    DagOptions,
+    build_dag,
     default_args,
     in_dag_file,
     run_failure_callbacks,
@@ -105,7 +105,5 @@ def retry_compaction_dag(deadline: timedelta | None = DEADLINE, **options: Any) 
     the failure channels); ``None`` turns it off. ``options``:
     :class:`~retry_scheduler.airflow.dags.DagOptions` (``dag_id``, ``pool``, ``queue``...).
     """
-    chosen = DagOptions.of("retry_compaction_dag", options)
-    with DAG(**chosen.arguments(arguments())) as built:
-        retry_compaction_tasks(chosen.hook())
+    built = build_dag("retry_compaction_dag", options, arguments(), retry_compaction_tasks)
     return in_dag_file(with_deadline(built, deadline))

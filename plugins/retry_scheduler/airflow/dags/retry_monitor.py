@@ -45,7 +45,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG, task
 
-from retry_scheduler.airflow.dags import DagOptions, default_args, in_dag_file, run_failure_callbacks
+from retry_scheduler.airflow.dags import build_dag, default_args, in_dag_file, run_failure_callbacks
 from retry_scheduler.airflow.hook import RetrySchedulerHook
 
 
@@ -83,7 +83,5 @@ def retry_monitor_dag(**options: Any) -> DAG:
 
     ``options``: :class:`~retry_scheduler.airflow.dags.DagOptions` (``dag_id``, ``pool``, ``queue``...).
     """
-    chosen = DagOptions.of("retry_monitor_dag", options)
-    with DAG(**chosen.arguments(arguments())) as built:
-        retry_monitor_tasks(chosen.hook())
+    built = build_dag("retry_monitor_dag", options, arguments(), retry_monitor_tasks)
     return in_dag_file(built)

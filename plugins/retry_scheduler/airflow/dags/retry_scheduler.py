@@ -26,7 +26,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG, Param, get_current_context, task
 
-from retry_scheduler.airflow.dags import DagOptions, default_args, in_dag_file, run_failure_callbacks
+from retry_scheduler.airflow.dags import build_dag, default_args, in_dag_file, run_failure_callbacks
 from retry_scheduler.airflow.hook import RetrySchedulerHook
 
 LOOP_SECONDS = 90
@@ -97,7 +97,5 @@ def retry_scheduler_dag(**options: Any) -> DAG:
 
     ``options``: :class:`~retry_scheduler.airflow.dags.DagOptions` (``dag_id``, ``pool``, ``queue``...).
     """
-    chosen = DagOptions.of("retry_scheduler_dag", options)
-    with DAG(**chosen.arguments(arguments())) as built:
-        retry_scheduler_tasks(chosen.hook())
+    built = build_dag("retry_scheduler_dag", options, arguments(), retry_scheduler_tasks)
     return in_dag_file(built)

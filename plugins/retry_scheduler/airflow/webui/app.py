@@ -379,18 +379,25 @@ def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> d
         raise dlq.DlqError("reset_attempts applies to replay only")
     params = body.model_dump(exclude={"reset_attempts", "dry_run"})
     flt = dlq.DlqFilter.from_params(params)
+    settings = with_airflow_policies(Settings.from_env())
+    common: dict[str, Any] = {
+        "actor": str(user.get_name()),
+        "source": "ui",
+        "dry_run": body.dry_run,
+        "reset_attempts": body.reset_attempts,
+        "max_affected": dlq.MAX_PAGE_ACTION,
+    }
     try:
-        outcome = dlq.run_action(
-            database(),
-            action,
-            flt,
-            actor=str(user.get_name()),
-            source="ui",
-            dry_run=body.dry_run,
-            reset_attempts=body.reset_attempts,
-            destinations=deployment_destinations(with_airflow_policies(Settings.from_env())),
-            max_affected=dlq.MAX_PAGE_ACTION,
-        )
+        if action == "reevaluate":
+            from retry_scheduler.core.policy import load_policies
+            from retry_scheduler.ops.reevaluate import reevaluate as reevaluate_jobs
+
+            registry = load_policies(settings.policies_file)
+            outcome = reevaluate_jobs(database(), flt, settings=settings, registry=registry, **common)
+        else:
+            outcome = dlq.run_action(
+                database(), action, flt, destinations=deployment_destinations(settings), **common
+            )
     except dlq.TooManyForOneRequest as too_many:
         return hand_to_dag(request, action, flt, body.reset_attempts, user, too_many.would_affect)
     log.info("dead letters page, %s: %s", user.get_name(), outcome.summary())
@@ -473,22 +480,7 @@ def reevaluate(request: Request, body: ActionBody, user: Annotated[Any, Depends(
     """Read the selected dead ``invalid`` jobs again against the current policies (a dry run unless
     ``dry_run`` is false): those that pass become pending with their original bytes. More than
     ``MAX_PAGE_ACTION`` candidates are handed to a ``dlq_replay`` run instead (``handed_to_dag``)."""
-    from retry_scheduler.core.policy import load_policies
-    from retry_scheduler.ops.reevaluate import reevaluate as reevaluate_jobs
-
-    if body.reset_attempts:
-        raise dlq.DlqError("reset_attempts does not go with reevaluate: a re-evaluated job keeps its attempt")
-    flt = dlq.DlqFilter.from_params(body.model_dump(exclude={"reset_attempts", "dry_run"}))
-    settings = with_airflow_policies(Settings.from_env())
-    try:
-        outcome = reevaluate_jobs(
-            database(), flt, settings=settings, registry=load_policies(settings.policies_file),
-            actor=str(user.get_name()), source="ui", dry_run=body.dry_run, max_affected=dlq.MAX_PAGE_ACTION,
-        )  # fmt: skip
-    except dlq.TooManyForOneRequest as too_many:
-        return hand_to_dag(request, "reevaluate", flt, False, user, too_many.would_affect)
-    log.info("dead letters page, %s: %s", user.get_name(), outcome.summary())
-    return {**outcome.as_json(), "summary": outcome.summary(), "page_limit": dlq.MAX_PAGE_ACTION}
+    return _act(request, "reevaluate", body, user)
 
 
 @app.post("/api/replay")
