@@ -84,7 +84,8 @@ RETURNING dead_reason;
 SELECT id, destination, destination_partition, msg_key, msg_value, headers, attempt,
        policy, reason, error_class, consumer_group, retry_id, original_topic,
        original_partition, original_offset, (extract(epoch FROM first_seen_at) * 1000)::bigint,
-       dead_reason, dlq_topic, held_by, due_at
+       dead_reason, dlq_topic, held_by, due_at,
+       CASE WHEN held_by IS NOT NULL THEN (SELECT why || coalesce(':' || dead_head, '') FROM retry_released_holds WHERE blocker = held_by) END
 FROM retry_jobs
 WHERE status = 'pending'
   AND due_at >= %(floor)s::timestamptz
@@ -105,7 +106,9 @@ CROSS JOIN LATERAL (
     SELECT id, destination, destination_partition, msg_key, msg_value, headers, attempt,
            policy, reason, error_class, consumer_group, retry_id, original_topic,
            original_partition, original_offset, (extract(epoch FROM first_seen_at) * 1000)::bigint,
-           dead_reason, dlq_topic, held_by, due_at
+           dead_reason, dlq_topic, held_by, due_at,
+           CASE WHEN held_by IS NOT NULL
+                THEN (SELECT why || coalesce(':' || dead_head, '') FROM retry_released_holds WHERE blocker = held_by) END
     FROM retry_jobs
     WHERE status = 'pending'
       AND destination = d.destination
@@ -371,34 +374,63 @@ WHERE worker = %(worker)s OR heartbeat_at < clock_timestamp() - interval '1 hour
 UPDATE retry_jobs SET dlq_published_at = dead_at
 WHERE status = 'dead' AND dlq_published_at IS NULL AND source_topic = ANY(%(topics)s::text[]);
 
--- name: release_holds
--- The consumer helper handled these blockers (its release records): their held jobs may go.
-INSERT INTO retry_released_holds (blocker, why)
-SELECT DISTINCT b, 'released' FROM unnest(%(blockers)s::text[]) AS b
-ON CONFLICT (blocker) DO NOTHING;
+-- name: set_chain_states
+-- Ordered mode: the newest state each chain's records in a batch tell (Store._settle_holds). A chain
+-- whose head was handled (the helper's release record, or a record it parks while the chain flows:
+-- 'released') or died ('dead') goes on; one whose head's retry is pending ('blocked') waits for it,
+-- whatever was released before: its records may not pass the head.
+-- dead_head: the retry.id of the head that died, published with the chain's records
+-- (retry.chain-state: dead:<retry.id>) so that the helper knows which of its heads it was.
+WITH s AS (
+    SELECT * FROM unnest(%(chains)s::text[], %(states)s::text[], %(heads)s::text[]) AS s(chain, state, head)
+), withdrawn AS (
+    DELETE FROM retry_released_holds AS r USING s WHERE r.blocker = s.chain AND s.state = 'blocked'
+)
+INSERT INTO retry_released_holds (blocker, why, dead_head)
+SELECT chain, state, head FROM s WHERE state <> 'blocked'
+ON CONFLICT (blocker) DO UPDATE SET why = EXCLUDED.why, dead_head = EXCLUDED.dead_head, released_at = now();
 
 -- name: release_dead_blockers
--- Blockers that are dead (dead-lettered, and not pending again after a replay): their held jobs are
--- released in order rather than held for ever (README, "Per-key ordering"). Asked for the retry.ids of
--- a batch's dead jobs and the blockers its held jobs name. The first test reads only the small index
--- of held jobs, so a batch of dead jobs nothing waits behind costs one probe each.
-INSERT INTO retry_released_holds (blocker, why)
-SELECT DISTINCT b, 'dead' FROM unnest(%(blockers)s::text[]) AS b
+-- 0.4.0's chains, named by their blocker's retry.id: blockers that are dead (dead-lettered, and not
+-- pending again after a replay) release their held jobs in order rather than hold them for ever. Asked
+-- for the retry.ids of a batch's dead jobs and the chains its held jobs name. The first test reads only
+-- the small index of held jobs, so a batch of dead jobs nothing waits behind costs one probe each.
+INSERT INTO retry_released_holds (blocker, why, dead_head)
+SELECT DISTINCT b, 'dead', b FROM unnest(%(blockers)s::text[]) AS b
 WHERE EXISTS (SELECT 1 FROM retry_jobs WHERE held_by = b AND status = 'pending')
   AND EXISTS (SELECT 1 FROM retry_jobs WHERE retry_id = b AND status = 'dead')
   AND NOT EXISTS (SELECT 1 FROM retry_jobs WHERE retry_id = b AND status = 'pending' AND held_by IS NULL)
 ON CONFLICT (blocker) DO NOTHING;
 
+-- name: lock_chains
+-- One transaction at a time advances a chain (the ingest's, a publisher's): taken in one statement, in
+-- order, until the transaction ends, so two never wait for each other.
+SELECT pg_advisory_xact_lock(hashtextextended('retry_scheduler.chain ' || b, 0))
+FROM (SELECT DISTINCT b FROM unnest(%(blockers)s::text[]) AS b ORDER BY b) AS chains;
+
 -- name: advance_holds
--- For each released blocker of these with no held job on its way (due, not yet published), the next
--- of its held jobs in original order falls due now: one at a time, so a chain stays in order however
--- many publishers run. Called when a chain is released, a held job is stored, and one is published.
+-- For each released chain of these with no held job on its way (due, not yet published), the first of
+-- its held jobs in original order falls due now: one at a time, so a chain stays in order however
+-- many publishers run (retry_jobs_chain_due_key, migration 0017, makes two due at once impossible).
+-- Called, under lock_chains, when a chain is released, a held job is stored, and one is published.
 UPDATE retry_jobs AS j SET due_at = clock_timestamp()
 FROM (
-    SELECT DISTINCT ON (h.held_by) h.id
+    SELECT DISTINCT ON (h.held_by) h.id, h.held_by
     FROM retry_jobs AS h JOIN retry_released_holds AS r ON r.blocker = h.held_by
     WHERE h.held_by = ANY(%(blockers)s::text[]) AND h.status = 'pending'
     ORDER BY h.held_by, h.original_partition, h.original_offset, h.id
 ) AS nxt
 WHERE j.id = nxt.id AND j.due_at = %(held_due)s
+  AND NOT EXISTS (
+      SELECT 1 FROM retry_jobs AS d
+      WHERE d.held_by = nxt.held_by AND d.status = 'pending' AND d.due_at <> %(held_due)s
+  )
 RETURNING j.held_by;
+
+-- name: forget_released_holds
+-- A released chain nothing waits in any more is forgotten after %(keep_s)s seconds: the helper's parks
+-- behind a chain that flows say so themselves (retry.chain-state), and a chain whose head died keeps
+-- its row that long for the records its key still sends behind it.
+DELETE FROM retry_released_holds AS r
+WHERE r.released_at < now() - %(keep_s)s * interval '1 second'
+  AND NOT EXISTS (SELECT 1 FROM retry_jobs WHERE held_by = r.blocker AND status = 'pending');

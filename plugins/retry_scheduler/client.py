@@ -90,12 +90,20 @@ def build_retry_headers(
     now_ms: int | None = None,
     scope: str = protocol.SCOPE_TOPIC,
     hold: str | None = None,
+    blocks: str | None = None,
+    chain_flows: bool = False,
 ) -> list[Header]:
     """Headers for the retry topic: the record's own headers plus the ``retry.*`` protocol.
 
     ``scope="group"`` sends the retry to ``group``'s redelivery topic instead of the shared topic
-    (``retry.scope``; see :func:`retry_scheduler.core.protocol.redelivery_topic`). ``hold`` parks the
-    record behind the retry of an earlier record of its key (``retry.hold``; ordered mode).
+    (``retry.scope``; see :func:`retry_scheduler.core.protocol.redelivery_topic`). Ordered mode:
+    ``hold`` parks the record in its key's chain (``retry.hold``; with ``chain_flows``, a chain whose
+    head was handled: ``retry.chain-state: released``); ``blocks`` makes this failed record the head of
+    its key's chain (``retry.blocks``).
+
+    A ``retry.attempt`` or ``retry.original-*`` number the record carries that is not a whole number
+    is replaced by the record's own (the attempt by 0): a retry the scheduler would refuse as invalid
+    is never sent.
     """
     if scope not in (protocol.SCOPE_TOPIC, protocol.SCOPE_GROUP):
         raise ValueError(f"scope must be 'topic' or 'group', not {scope!r}")
@@ -107,7 +115,7 @@ def build_retry_headers(
 
     def carried(name: str, fallback: object) -> str | None:
         found = _header_text(headers, name)
-        if found is not None:
+        if found is not None and (name not in _NUMBERS or (found.isascii() and found.isdigit())):
             return found
         return None if fallback is None else str(fallback)
 
@@ -140,7 +148,15 @@ def build_retry_headers(
     put(protocol.SEND_TO, protocol.SEND_TO_DLQ if send_to_dlq else None)
     put(protocol.SCOPE, protocol.SCOPE_GROUP if scope == protocol.SCOPE_GROUP else None)
     put(protocol.HOLD, hold)
+    put(protocol.CHAIN_STATE, protocol.CHAIN_RELEASED if hold is not None and chain_flows else None)
+    put(protocol.BLOCKS, blocks)
     return passthrough + out
+
+
+#: The headers whose value is a whole number (``carried`` keeps only such a value).
+_NUMBERS = frozenset(
+    {protocol.ORIGINAL_PARTITION, protocol.ORIGINAL_OFFSET, protocol.ORIGINAL_TIMESTAMP, protocol.ATTEMPT}
+)
 
 
 class RetryClient:
@@ -198,6 +214,8 @@ class RetryClient:
         dead: bool = False,
         wait: bool = True,
         hold: str | None = None,
+        blocks: str | None = None,
+        chain_flows: bool = False,
     ) -> str:
         """Send ``record`` to the retry topic; returns its ``retry.id`` (kept from the record, or new).
 
@@ -205,8 +223,10 @@ class RetryClient:
         ``dead=True`` (or a fatal error) sends it straight to the DLQ. With ``wait`` (the default)
         this returns only once the broker acknowledged the record, so committing the failed
         offset afterwards loses nothing; with ``wait=False`` call :meth:`flush` before committing.
-        ``hold`` parks the record, unfailed, behind the retry whose ``retry.id`` it names: the scheduler
-        publishes it only after :meth:`release` of that one, in its original order.
+        Ordered mode (:class:`~retry_scheduler.consumer.RetryingConsumer` uses these): ``hold`` parks
+        the record, unfailed, in the chain it names: the scheduler publishes it only after
+        :meth:`release` of the chain, in its original order (``chain_flows``: the chain is released
+        already); ``blocks`` makes this retry the head of that chain (it waits while this is pending).
         """
         headers = build_retry_headers(
             record,
@@ -220,14 +240,16 @@ class RetryClient:
             now_ms=int(datetime.now().timestamp() * 1000),
             scope=self.scope,
             hold=hold,
+            blocks=blocks,
+            chain_flows=chain_flows,
         )
         self._produce(record.key(), record.value(), headers, wait)
         return next(v for k, v in headers if k == protocol.ID and v is not None).decode()
 
     def release(self, record: FailedRecord, blocker: str, *, wait: bool = True) -> None:
-        """Tell the scheduler that the retry ``blocker`` (a ``retry.id``) was handled: the records held
-        behind it (``hold=blocker``) are published, in their original order. ``record`` is the
-        blocker as it came back (its key and origin route the release)."""
+        """Tell the scheduler that the head of the chain ``blocker`` was handled: the records parked in
+        it (``hold=blocker``) are published, one at a time, in their original order. ``record`` is the
+        head as it came back (its key and origin route the release)."""
         headers = build_retry_headers(record, group=self.group, scope=self.scope)
         kept = {protocol.ORIGINAL_TOPIC, protocol.ORIGINAL_PARTITION, protocol.GROUP, protocol.SCOPE}
         out = [(k, v) for k, v in headers if k in kept] + [(protocol.RELEASE, blocker.encode())]

@@ -49,7 +49,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import (
@@ -65,12 +65,19 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from retry_scheduler.client import RetryClient
 from retry_scheduler.core import protocol
-from retry_scheduler.holds import DEFAULT_HOLDS_TOPIC, Hold, HoldStore, create_topics, shared_config
+from retry_scheduler.holds import (
+    DEFAULT_HOLDS_TOPIC,
+    Hold,
+    HoldStore,
+    HoldsUnavailable,
+    create_topics,
+    shared_config,
+)
+from retry_scheduler.ordered import DEAD_LETTER, RELEASE, OrderedKeys
 
 log = logging.getLogger(__name__)
 
-#: ``after_dead``: what the ordered mode does with the records held behind a retry that died.
-RELEASE, DEAD_LETTER = "release", "dead-letter"
+__all__ = ["DEAD_LETTER", "RELEASE", "CircuitBreaker", "RetryingConsumer", "original_topic"]
 #: How often the consumer looks for new topics (a redelivery topic created after it subscribed).
 METADATA_REFRESH_MS = 10_000
 _NOT_THERE_YET = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
@@ -185,7 +192,6 @@ class RetryingConsumer:
     ) -> None:
         if after_dead not in (RELEASE, DEAD_LETTER):
             raise ValueError(f"after_dead must be {RELEASE!r} or {DEAD_LETTER!r}, not {after_dead!r}")
-        self.after_dead = after_dead
         group = config.get("group.id")
         if not group:
             raise ValueError("config needs a group.id: the consumer group this application consumes as")
@@ -205,13 +211,21 @@ class RetryingConsumer:
         self.breaker = breaker
         #: Partitions revoked from this consumer so far (a pause must not cause any).
         self.revocations = 0
-        #: Ordered mode: the keys held, by (original topic, key); kept in ``holds_topic``.
-        self.holds: dict[tuple[str, bytes], Hold] = {}
+        #: Ordered mode, ``scope="group"``: assignments that split a topic's partition from its
+        #: redelivery topic's (logged as errors; see :meth:`_check_colocation`).
+        self.colocation_warnings = 0
+        #: Ordered mode: the held keys and what each record does to them (:mod:`retry_scheduler.ordered`).
+        self.ordered: OrderedKeys | None = None
         self.hold_store: HoldStore | None = None
+        #: Ordered mode: times the holds could not be read (the partitions waited, paused).
+        self.holds_unavailable = 0
+        self._holds_read = False  # read since the last assignment
+        self._read_holds_after = 0.0  # monotonic: when to try again after a failed read
+        self._swept_at = time.monotonic()
         if ordered:
             self.hold_store = HoldStore(config, group, holds_topic)
             self.hold_store.ensure_topic()
-            self.holds = self.hold_store.load()
+            self.ordered = OrderedKeys(self.hold_store, self.retries, self._handle, after_dead)
         #: Whether the group's rebalance protocol hands out partitions incrementally (librdkafka
         #: tells no one: an assign() of the other kind fails inside the callback, and nothing is read).
         self._incremental = config.get("group.protocol") == "consumer" or "cooperative" in str(
@@ -219,6 +233,14 @@ class RetryingConsumer:
         )
         if self.redelivery_topics:
             self._create_redelivery_topics(shared_config(config))
+            strategy = str(config.get("partition.assignment.strategy", "range,roundrobin"))
+            if ordered and (self._incremental or not strategy.startswith("range")):
+                log.error(
+                    "ordered mode with scope='group' needs partition.assignment.strategy=range (the "
+                    "classic protocol): with %s a key's retries may come back to another member than the "
+                    "one that parked its records, which then wait", (config.get("group.protocol") == "consumer"
+                    and "group.protocol=consumer") or f"partition.assignment.strategy={strategy}",
+                )  # fmt: skip
         self.consumer.subscribe(
             self.topics + self.redelivery_topics, on_assign=self._assigned, on_revoke=self._revoked
         )
@@ -266,9 +288,38 @@ class RetryingConsumer:
                 consumer.incremental_assign(partitions)
             else:  # the eager one replaces it
                 consumer.assign(partitions)
-        # Another member may have held keys of these partitions until now: read the holds again.
-        if self.hold_store is not None:
-            self.holds = self.hold_store.load()
+        # Another member may have held keys of these partitions until now: the holds are read again
+        # before the next record is handled (in poll, not here: a slow read must not stall the
+        # rebalance, nor an unreadable topic raise inside it).
+        self._holds_read = False
+        if self.ordered is not None and self.redelivery_topics:
+            self._check_colocation(consumer, partitions)
+
+    def _check_colocation(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Ordered mode with ``scope="group"``: a key's retries come back on the partition of the
+        redelivery topic numbered as its own, so the member reading ``orders[p]`` must read
+        ``orders.<group>.redelivery[p]`` too. An assignor that splits them (anything but ``range``
+        with topics of equal partition counts) would leave the member that parked a key's records
+        waiting for a head another member handles: said at once, loudly."""
+        try:
+            assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        except KafkaException:
+            return
+        assigned |= {(tp.topic, tp.partition) for tp in partitions}
+        split = sorted(
+            f"{topic}[{partition}]"
+            for topic, redelivery in zip(self.topics, self.redelivery_topics, strict=True)
+            for t, partition in assigned
+            if t == topic and (redelivery, partition) not in assigned
+        )
+        if split and not self._incremental:
+            self.colocation_warnings += 1
+            log.error(
+                "ordered mode: this member reads %s without the same partition of its redelivery "
+                "topic: a key's retry may reach another member and its parked records wait. Use "
+                "partition.assignment.strategy=range and give each redelivery topic as many partitions "
+                "as its topic (the helper and the scheduler create it so)", ", ".join(split[:5]),
+            )  # fmt: skip
 
     def _revoked(self, _consumer: Consumer, partitions: list[Any]) -> None:
         self.revocations += len(partitions)
@@ -286,8 +337,17 @@ class RetryingConsumer:
             else:
                 self._hold(min(timeout_s, 0.5))
                 return False
+        if self.ordered is not None and not self._read_holds():
+            self._hold(min(timeout_s, 0.5))  # the partitions wait until the holds are known
+            return False
         msg = self.consumer.poll(timeout_s)
         if msg is None:
+            return False
+        if self.ordered is not None and not self._holds_read and msg.error() is None:
+            # Assigned inside that poll: put the record back until the holds are read again.
+            self.consumer.seek(
+                TopicPartition(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
+            )
             return False
         error = msg.error()
         if error is not None:
@@ -299,8 +359,8 @@ class RetryingConsumer:
                 log.warning("consumer: %s (the client retries)", error)
             return False
         key = msg.key()
-        if self.hold_store is not None and isinstance(key, bytes):
-            ok = self._ordered(msg, (original_topic(msg) or "", key))
+        if self.ordered is not None and isinstance(key, bytes):
+            ok = self.ordered.process(msg, (original_topic(msg) or "", key))
         else:
             ok = self._handle(msg)[0]
         self.consumer.commit(message=msg, asynchronous=False)
@@ -308,9 +368,10 @@ class RetryingConsumer:
             self._count(breaker, ok)
         return True
 
-    def _handle(self, msg: Message) -> tuple[bool, str | None]:
-        """Call the handler; when it raises, send the record to retry. Whether it succeeded, and the
-        ``retry.id`` of the retry it failed into (None when it succeeded or was dead-lettered)."""
+    def _handle(self, msg: Message, blocks: str | None = None) -> tuple[bool, str | None]:
+        """Call the handler; when it raises, send the record to retry (ordered mode: as the head of the
+        chain ``blocks``). Whether it succeeded, and the ``retry.id`` of the retry it failed into (None
+        when it succeeded or was dead-lettered)."""
         try:
             self.handler(msg)
         except Exception as exc:
@@ -320,67 +381,41 @@ class RetryingConsumer:
                 msg.topic(), msg.partition(), msg.offset(), exc, "the DLQ" if dead else "retry",
             )  # fmt: skip
             # Returns once acknowledged: committing the offset after it loses nothing.
-            retry_id = self.retries.retry(msg, exc)
+            retry_id = self.retries.retry(msg, exc, blocks=blocks)
             return False, None if dead else retry_id
         return True, None
 
-    def _ordered(self, msg: Message, where: tuple[str, bytes]) -> bool | None:
-        """Ordered mode: handle ``msg`` or park it behind its key's retry, keeping the key's order.
-        Whether the handler succeeded; None when the record was parked (not handled).
+    @property
+    def holds(self) -> dict[tuple[str, bytes], Hold]:
+        """Ordered mode: the keys held now, by (original topic, key); empty otherwise."""
+        return {} if self.ordered is None else self.ordered.held()
 
-        A retry that is dead-lettered (a fatal error) holds nothing back: the scheduler releases
-        what waits behind a dead retry."""
-        hold = self.holds.get(where)
-        before = None if hold is None else Hold(**asdict(hold))
-        chain, retry_id = _header(msg, protocol.HOLD), _header(msg, protocol.ID)
-        ok: bool | None
-        if hold is not None and not hold.released and chain == hold.blocker:
-            # A record of the blocker's chain without the blocker: the scheduler released it, the
-            # blocker died (it is on the DLQ).
-            log.warning(
-                "retry %s of a held key is dead: the records held behind it are %s in order",
-                hold.blocker, "handled" if self.after_dead == RELEASE else "dead-lettered",
-            )  # fmt: skip
-            hold.released = hold.dead = True
-        if hold is None:
-            ok, blocker = self._handle(msg)
-            if blocker is not None:
-                hold = Hold(blocker)
-        elif not hold.released and chain is None and retry_id == hold.blocker:  # the blocker is back
-            ok, blocker = self._handle(msg)
-            if blocker is None:  # handled (or dead): what waits behind it may go
-                if hold.parked > 0:
-                    if ok:
-                        self.retries.release(msg, hold.blocker)
-                    hold.released, hold.dead = True, not ok
-                else:
-                    hold = None
-        elif hold.released and chain == hold.blocker:  # the next of the released chain
-            hold.parked -= 1
-            if hold.dead and self.after_dead == DEAD_LETTER:
-                self.retries.dead_letter(msg, reason=f"held behind retry {hold.blocker}, which is dead")
-                ok, blocker = None, None
-            else:
-                ok, blocker = self._handle(msg)
-            if blocker is not None:  # the key's new blocker; the rest of the chain waits behind it
-                hold = Hold(blocker, parked=max(hold.parked, 0))
-            elif hold.parked <= 0:
-                hold = None
-        elif hold.released and chain is None and retry_id == hold.blocker:  # the blocker again (a copy)
-            ok = self._handle(msg)[0]
-        else:  # behind the key's retry: parked, unfailed, until the chain before it was handled
-            self.retries.retry(msg, hold=hold.blocker)
-            if chain is None:
-                hold.parked += 1
-            ok = None
-        if hold != before:
-            if hold is None:
-                self.holds.pop(where, None)
-            else:
-                self.holds[where] = hold
-            if self.hold_store is not None:
-                self.hold_store.put(where[0], where[1], hold)
-        return ok
+    def _read_holds(self) -> bool:
+        """Ordered mode: whether the holds are known since the last assignment; reads them when not
+        (bounded; a failure is logged, counted and tried again 5 s later, the partitions paused
+        meanwhile: a key whose holds are unknown must not be handled out of order). Every
+        ``FINISHED_KEEP_S``/60 also forgets this member's finished chains."""
+        assert self.ordered is not None and self.hold_store is not None
+        now = time.monotonic()
+        if not self._holds_read:
+            if now < self._read_holds_after:
+                return False
+            try:
+                self.ordered.holds = self.hold_store.load()
+            except HoldsUnavailable as exc:
+                self.holds_unavailable += 1
+                self._read_holds_after = now + 5.0
+                log.error("ordered mode: %s; the partitions wait, paused (trying again in 5 s)", exc)
+                return False
+            self._holds_read = True
+            self.consumer.resume(self.consumer.assignment())
+            if self.breaker is not None and self.breaker.state == "open":
+                self.consumer.pause(self.consumer.assignment())
+        if now - self._swept_at >= 60:
+            self._swept_at = now
+            owned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+            self.ordered.sweep(lambda topic, partition: (topic, partition) in owned)
+        return True
 
     def _hold(self, timeout_s: float) -> None:
         """Poll while open: the membership stays. Partitions assigned since the pause are paused too;

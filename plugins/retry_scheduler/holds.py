@@ -9,7 +9,7 @@ import concurrent.futures
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -39,28 +39,124 @@ def create_topics(admin: AdminClient, topics: list[NewTopic], timeout_s: float =
     return failed
 
 
+#: A record's place in its key's order: its original partition and offset.
+Position = tuple[int, int]
+
+
 @dataclass
 class Hold:
-    """The ordered mode's state of one key: its records wait behind the retry ``blocker``.
+    """The ordered mode's state of one held key: its records wait in the chain ``chain``.
 
-    ``released``: the blocker was handled (or died), its chain is coming back in order. ``parked``: the
-    records parked behind the chain and not back yet; the key is free again when none is left.
-    ``dead``: the blocker died (it is on the DLQ) rather than being handled.
+    ``head``: the ``retry.id`` of the failed record the chain waits on, whose retry comes back with
+    ``retry.attempt`` = ``head_attempt`` (None: any; a hold 0.4.0 wrote); None while the chain flows
+    (its head was handled, or died: ``dead`` is then the dead head's ``retry.id``). ``parked``: the places (original partition, offset) of
+    the key's records parked in the chain and not handled yet, in order; a record of the chain that is
+    not among them was handled already (a duplicate). The key is free again when no head is pending and
+    nothing is parked: the hold then stays a while as a marker of the finished chain (``finished_at``,
+    epoch seconds), so that a late duplicate of one of its records is known as one.
+    ``partition``: the original partition of the key's records (the member that reads it owns the key).
+    ``legacy``: a 0.4.0 hold's parked records, counted (it kept no places).
     """
 
-    blocker: str
-    released: bool = False
-    parked: int = 0
-    dead: bool = False
+    chain: str
+    head: str | None = None
+    head_attempt: int | None = None
+    parked: list[Position] = field(default_factory=list)
+    dead: str | None = None
+    legacy: int = 0
+    partition: int = -1
+    finished_at: float = 0.0
+
+    @property
+    def released(self) -> bool:
+        """Whether the chain flows (no head pending)."""
+        return self.head is None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the key is free again (nothing pending, nothing parked)."""
+        return self.finished_at > 0
+
+    def copy(self) -> Hold:
+        return replace(self, parked=list(self.parked))
+
+    def encode(self) -> bytes:
+        """The hold as the holds topic keeps it: JSON, the places per partition as offset deltas."""
+        places: dict[str, list[int]] = {}
+        last: dict[int, int] = {}
+        for partition, offset in self.parked:
+            places.setdefault(str(partition), []).append(offset - last.get(partition, 0))
+            last[partition] = offset
+        data: dict[str, Any] = {"v": 2, "chain": self.chain, "parked": places}
+        if self.head is not None:
+            data["head"], data["attempt"] = self.head, self.head_attempt
+        if self.dead is not None:
+            data["dead"] = self.dead
+        if self.legacy:
+            data["legacy"] = self.legacy
+        if self.partition >= 0:
+            data["p"] = self.partition
+        if self.finished_at:
+            data["finished"] = round(self.finished_at, 3)
+        return json.dumps(data, separators=(",", ":")).encode()
 
 
-def _hold(data: Any) -> Hold:
-    if not isinstance(data, dict) or not isinstance(data.get("blocker"), str):
+def decode_hold(raw: bytes) -> Hold:
+    """A hold as :meth:`Hold.encode` wrote it, or as 0.4.0 did; ``ValueError`` when it is neither."""
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    if data.get("v") == 2:
+        return _hold_v2(data)
+    # 0.4.0: {"blocker", "released", "parked" (a count), "dead"}; the chain is named by its blocker.
+    if not isinstance(data.get("blocker"), str):
         raise ValueError("no blocker")
     released, parked, dead = data.get("released", False), data.get("parked", 0), data.get("dead", False)
-    if not isinstance(released, bool) or not isinstance(parked, int) or not isinstance(dead, bool):
+    if not isinstance(released, bool) or type(parked) is not int or not isinstance(dead, bool):
         raise ValueError(f"released {released!r}, parked {parked!r}, dead {dead!r}")
-    return Hold(data["blocker"], released, parked, dead)
+    blocker = data["blocker"]
+    return Hold(blocker, None if released else blocker, None, [], blocker if dead else None, max(parked, 0))
+
+
+def _hold_v2(data: dict[str, Any]) -> Hold:
+    chain, head, attempt = data.get("chain"), data.get("head"), data.get("attempt")
+    dead, legacy, places = data.get("dead"), data.get("legacy", 0), data.get("parked", {})
+    partition, finished = data.get("p", -1), data.get("finished", 0)
+    if type(partition) is not int or not isinstance(finished, int | float) or isinstance(finished, bool):
+        raise ValueError(f"p {partition!r}, finished {finished!r}")
+    if not isinstance(chain, str) or not (head is None or isinstance(head, str)):
+        raise ValueError(f"chain {chain!r}, head {head!r}")
+    if (
+        not (attempt is None or type(attempt) is int)
+        or not (dead is None or isinstance(dead, str))
+        or type(legacy) is not int
+    ):
+        raise ValueError(f"attempt {attempt!r}, dead {dead!r}, legacy {legacy!r}")
+    if not isinstance(places, dict):
+        raise ValueError(f"parked {places!r}")
+    parked: list[Position] = []
+    for number, deltas in places.items():
+        if not isinstance(deltas, list) or not all(type(d) is int for d in deltas):
+            raise ValueError(f"parked {places!r}")
+        offset = 0
+        for delta in deltas:
+            offset += delta
+            parked.append((int(number), offset))
+    return Hold(
+        chain,
+        head,
+        attempt if head is not None else None,
+        sorted(parked),
+        dead,
+        legacy,
+        partition,
+        float(finished),
+    )
+
+
+class HoldsUnavailable(RuntimeError):
+    """The holds topic cannot be read to its end now (missing, or the broker too slow): the keys it
+    holds are unknown, so their partitions must wait."""
 
 
 #: Consumer properties, left out of the configuration the hold store's producer gets.
@@ -75,6 +171,19 @@ def shared_config(config: dict[str, Any]) -> dict[str, Any]:
     """A consumer's settings that a producer or an admin client of the same cluster needs too (the
     brokers, security, client id), without the consumer's own."""
     return {k: v for k, v in config.items() if not k.startswith(_CONSUMER_ONLY)}
+
+
+#: The holds topic's settings when the helper creates it: compacted, its segments rolled and cleaned
+#: often so that a member reading it at a rebalance reads about one record per held key, and its
+#: tombstones (keys free again) kept a day so that a member reading meanwhile sees them.
+HOLDS_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": str(3_600_000),
+    "min.cleanable.dirty.ratio": "0.1",
+    "delete.retention.ms": str(86_400_000),
+}
+#: How long a read of the holds topic may take before it gives up (it is retried, never raised).
+LOAD_TIMEOUT_S = 30.0
 
 
 class HoldStore:
@@ -93,7 +202,7 @@ class HoldStore:
         admin = AdminClient(shared_config(self.config))
         if self.topic in admin.list_topics(timeout=10).topics:
             return
-        failed = create_topics(admin, [NewTopic(self.topic, 1, -1, config={"cleanup.policy": "compact"})])
+        failed = create_topics(admin, [NewTopic(self.topic, 1, -1, config=HOLDS_TOPIC_CONFIG)])
         if failed:
             raise RuntimeError(
                 f"cannot create the holds topic {self.topic} ({failed[self.topic]}): create it "
@@ -110,7 +219,7 @@ class HoldStore:
             if err is not None:
                 self._errors.append(err)
 
-        value = None if hold is None else json.dumps(asdict(hold)).encode()
+        value = None if hold is None else hold.encode()
         self.producer.produce(self.topic, key=self._key(topic, key), value=value, on_delivery=delivered)
         remaining = self.producer.flush(30)
         if self._errors or remaining:
@@ -118,23 +227,39 @@ class HoldStore:
             self._errors.clear()
             raise RetryDeliveryError(f"the hold of a key was not written to {self.topic}: {error}")
 
-    def load(self) -> dict[tuple[str, bytes], Hold]:
-        """Every hold of this group: the holds topic read from its start to its end."""
+    def load(self, timeout_s: float = LOAD_TIMEOUT_S) -> dict[tuple[str, bytes], Hold]:
+        """Every hold of this group: the holds topic read from its start to its end, within
+        ``timeout_s``. Raises :class:`HoldsUnavailable` when the topic is missing or cannot be read
+        to its end in time; a record that is not a hold is left out with a warning."""
         reader = Consumer(
             {**self.config, "group.id": f"{self.group}.holds-reader", "enable.auto.commit": False}
         )
         holds: dict[tuple[str, bytes], Hold] = {}
+        deadline = time.monotonic() + timeout_s
         try:
-            meta = reader.list_topics(self.topic, timeout=10).topics[self.topic]
+            try:
+                meta = reader.list_topics(self.topic, timeout=max(1.0, min(10.0, timeout_s))).topics[
+                    self.topic
+                ]
+            except KafkaException as exc:
+                raise HoldsUnavailable(f"the holds topic {self.topic} cannot be read: {exc}") from None
+            if meta.error is not None or not meta.partitions:
+                raise HoldsUnavailable(
+                    f"the holds topic {self.topic} is not there ({meta.error.str() if meta.error else 'no partitions'})"
+                )
             ends: dict[int, int] = {}
             for partition in meta.partitions:
-                low, high = reader.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=10)
+                try:
+                    low, high = reader.get_watermark_offsets(
+                        TopicPartition(self.topic, partition), timeout=max(1.0, deadline - time.monotonic())
+                    )
+                except KafkaException as exc:
+                    raise HoldsUnavailable(f"the holds topic {self.topic} cannot be read: {exc}") from None
                 if high > low:
                     ends[partition] = high
             reader.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in ends])
-            deadline = time.monotonic() + 60
             while ends and time.monotonic() < deadline:
-                msg = reader.poll(0.5)
+                msg = reader.poll(min(0.5, max(0.01, deadline - time.monotonic())))
                 if msg is None or msg.error() is not None:
                     continue
                 partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
@@ -150,11 +275,13 @@ class HoldStore:
                     if value is None:
                         holds.pop(where, None)
                     else:
-                        holds[where] = _hold(json.loads(value))
-                except (ValueError, TypeError) as exc:  # not written by a HoldStore: not a hold
+                        holds[where] = decode_hold(value)
+                except (ValueError, TypeError, RecursionError) as exc:  # not written by a HoldStore
                     log.warning("%s[%s]@%s is not a hold, left out: %s", self.topic, partition, offset, exc)
             if ends:
-                raise RuntimeError(f"the holds topic {self.topic} could not be read to its end in 60 s")
+                raise HoldsUnavailable(
+                    f"the holds topic {self.topic} could not be read to its end in {timeout_s:.0f} s"
+                )
         finally:
             reader.close()
         return holds

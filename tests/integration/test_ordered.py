@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -22,9 +23,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from retry_scheduler.cli.service import status_report
 from retry_scheduler.consumer import RetryingConsumer
 from retry_scheduler.core import protocol as p
+from retry_scheduler.core.jobs import CopyRow
+from retry_scheduler.core.records import RowBuilder, limits_for
 from retry_scheduler.db.store import Store
 from retry_scheduler.dev.procs import free_port
-from retry_scheduler.holds import Hold, HoldStore
+from retry_scheduler.holds import Hold, HoldStore, HoldsUnavailable
 from retry_scheduler.holds import create_topics as create_holds_topics
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
@@ -59,7 +62,7 @@ def failed(loop: Loop, offset: int, retry_id: str, key: bytes = b"k", **more: st
         "key": key,
         "value": f"v{offset}".encode(),
         "headers": hdr(original_topic=loop.dest, original_partition="0", original_offset=str(offset),
-                       id=retry_id, group="billing", at=str(int(time.time() * 1000)), **more),
+                       id=retry_id, group="billing", **{"at": str(int(time.time() * 1000)), **more}),
     }  # fmt: skip
 
 
@@ -71,42 +74,150 @@ def release(loop: Loop, blocker: str, key: bytes = b"k") -> dict:
     }
 
 
+def head(loop: Loop, offset: int, retry_id: str, chain: str, key: bytes = b"k", **more: str) -> dict:
+    """The retry of a failed record heading ``chain``, as the consumer helper sends it."""
+    record = failed(loop, offset, retry_id, key, **more)
+    record["headers"] += hdr(blocks=chain)
+    return record
+
+
+def chain_rows(loop: Loop, chain: str) -> list[tuple[int, str, bool]]:
+    """(original offset, status, due) of the chain's jobs, in original order."""
+    rows = loop.rows(f"held_by = '{chain}'")
+    return sorted((r["original_offset"], r["status"], r["due_at"].year < 9999) for r in rows)
+
+
 def test_held_records_go_out_after_the_release_one_at_a_time_in_original_order(loop: Loop) -> None:
     create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic])
-    # The blocker (offset 1), then its key's later records parked behind it, not in their order here
-    loop.send([failed(loop, 1, "B"), parked(loop, 4, "B"), parked(loop, 2, "B"), parked(loop, 3, "B")])
+    # The head (offset 1) of chain C, then its key's later records parked in C, not in their order here
+    loop.send([head(loop, 1, "r1", "C"), parked(loop, 4, "C"), parked(loop, 2, "C"), parked(loop, 3, "C")])
     assert loop.ingest(4).stored == 4
     assert loop.publish(3).published == 1
-    [blocker] = consume(loop.bootstrap, [loop.dest], expected=1)
-    assert (blocker.value, blocker.header(p.HOLD)) == (b"v1", None)
+    [first] = consume(loop.bootstrap, [loop.dest], expected=1)
+    # the head comes back with its chain, so that the helper knows it
+    assert (first.value, first.header(p.HOLD), first.header(p.BLOCKS), first.header(p.ATTEMPT)) == (
+        b"v1",
+        None,
+        "C",
+        "1",
+    )
     held = loop.rows("held_by IS NOT NULL")
     assert [(r["status"], r["due_at"].year, r["attempt"]) for r in held] == [("pending", 9999, 0)] * 3
     report = status_report(loop.settings, None, 300)
     assert (report["pending"], report["held"], report["published"]) == (3, 3, 1)
 
-    loop.send([release(loop, "B")])
+    loop.send([release(loop, "C")])
     counts = loop.ingest(1)
     assert (counts.consumed, counts.stored, counts.duplicates) == (1, 0, 0)  # a release is no job
     assert loop.publish(4).published == 3
     seen = consume(loop.bootstrap, [loop.dest], expected=4)
-    assert [(s.value, s.header(p.HOLD), s.header(p.ATTEMPT), s.header(p.ID)) for s in seen[1:]] == [
-        (b"v2", "B", "0", "id-2"),  # the attempt stays: a held record did not fail
-        (b"v3", "B", "0", "id-3"),
-        (b"v4", "B", "0", "id-4"),
+    assert [
+        (s.value, s.header(p.HOLD), s.header(p.CHAIN_STATE), s.header(p.ATTEMPT), s.header(p.ID))
+        for s in seen[1:]
+    ] == [
+        (b"v2", "C", "released", "0", "id-2"),  # the attempt stays: a held record did not fail
+        (b"v3", "C", "released", "0", "id-3"),
+        (b"v4", "C", "released", "0", "id-4"),
     ]
     # one at a time: each published only after the one before it was acknowledged
     done = sorted(loop.rows("held_by IS NOT NULL"), key=lambda r: r["published_at"])
     assert [r["original_offset"] for r in done] == [2, 3, 4]
     assert all(a["published_at"] <= b["due_at"] for a, b in itertools.pairwise(done))
 
-    # a record parked behind a chain released already goes at once
-    loop.send([parked(loop, 5, "B")])
+    # a record parked while its chain flows says so, and goes in its turn
+    flowing = parked(loop, 5, "C")
+    flowing["headers"] += hdr(chain_state="released")
+    loop.send([flowing])
     loop.ingest(1)
     assert loop.publish(3).published == 1
     assert consume(loop.bootstrap, [loop.dest], expected=5)[-1].value == b"v5"
 
 
+def test_a_chain_waits_for_a_new_head_and_its_records_stay_behind_it(loop: Loop) -> None:
+    """Found 1 (issue 29): a parked record that fails when it comes back heads the chain; storing its
+    retry withdraws the chain's release, so no later record of the key is published until it was
+    handled, whatever was released before (0.4.0 let a later record out ahead of the older ones)."""
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic])
+    loop.send([head(loop, 1, "r1", "C")] + [parked(loop, n, "C") for n in (2, 3, 4)] + [release(loop, "C")])
+    loop.ingest(5)
+    assert publish_round(loop) == 2  # the head, and #2 (its turn: C released); #3 falls due
+    assert chain_rows(loop, "C") == [(2, "published", True), (3, "pending", True), (4, "pending", False)]
+    # #2 fails at the helper: its retry heads C, due in a second; #3 was let out already
+    loop.send([head(loop, 2, "id-2", "C", at=str(int(time.time() * 1000) + 1000))])
+    loop.ingest(1)
+    with Store(loop.settings.database_url) as store:
+        assert store.conn.execute(
+            "SELECT count(*) FROM retry_released_holds WHERE blocker = 'C'"
+        ).fetchone() == (0,)
+    time.sleep(1.1)
+    published = loop.publish(2)  # #3 (let out before), #2's retry; #4 stays held: the chain waits
+    assert published.published == 2
+    assert chain_rows(loop, "C") == [(2, "published", True), (3, "published", True), (4, "pending", False)]
+    # the helper passes #3 back (its turn has not come), then handles #2's retry and releases C
+    loop.send([parked(loop, 3, "C"), release(loop, "C")])
+    loop.ingest(2)
+    assert loop.publish(3).published == 2
+    values = [m.value for m in consume(loop.bootstrap, [loop.dest], expected=6)]
+    assert values == [b"v1", b"v2", b"v3", b"v2", b"v3", b"v4"]  # after the new head: #3, then #4
+
+
+def test_one_due_job_per_chain_is_a_rule_the_database_enforces(loop: Loop) -> None:
+    """Found 2 (issue 29): two transactions advancing one chain at once (a publisher marking one of
+    its jobs, the ingest storing a record parked in it) each made a different job due, the later offset
+    first. Now the second waits for the first's lock and finds one due; a second due job is an error."""
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic])
+    loop.send([parked(loop, n, "C") for n in (3, 4)] + [release(loop, "C")])
+    loop.ingest(3)
+    assert chain_rows(loop, "C") == [(3, "pending", True), (4, "pending", False)]
+    with Store(loop.settings.database_url) as publisher, Store(loop.settings.database_url) as ingest:
+        with publisher.conn.transaction():
+            # the publisher: #3 published, the next of C falls due, not committed yet
+            publisher.conn.execute(
+                "UPDATE retry_jobs SET due_at = '9999-12-31 00:00:00+00' WHERE held_by = 'C'"
+            )
+            publisher.conn.execute("DELETE FROM retry_jobs WHERE held_by = 'C' AND original_offset = 3")
+            assert publisher.advance_holds(["C"]) == 1  # #4
+            done = threading.Event()
+            stored: list[object] = []
+
+            def store_parked() -> None:  # the ingest: #2, parked again (a lower offset), meanwhile
+                row = parked_row(loop, 2, "C")
+                stored.append(ingest.insert_rows([row]))
+                done.set()
+
+            thread = threading.Thread(target=store_parked)
+            thread.start()
+            assert not done.wait(1.0), "the ingest's advance of C did not wait for the publisher's"
+        thread.join(30)
+    assert stored == [[None]]
+    # one due: #4 (the publisher's, first); #2 waits until #4 is published, then goes
+    assert chain_rows(loop, "C") == [(2, "pending", False), (4, "pending", True)]
+    with psycopg.connect(loop.settings.database_url) as conn, pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute("UPDATE retry_jobs SET due_at = now() WHERE held_by = 'C' AND original_offset = 2")
+
+
+def publish_round(loop: Loop) -> int:
+    """One round of the publish loop; how many jobs it published."""
+    with Store(loop.settings.database_url) as store:
+        publisher = Publisher(loop.settings, store)
+        try:
+            return publisher.publish_once().published
+        finally:
+            publisher.close()
+
+
+def parked_row(loop: Loop, offset: int, chain: str) -> CopyRow:
+    """The row the ingest stores for a record parked in ``chain`` (read from a real record's headers)."""
+    builder = RowBuilder(loop.settings, loop.registry, limits_for(loop.settings, loop.registry))
+    record = parked(loop, offset, chain)
+    row = builder.row(loop.settings.retry_topic, 0, 10_000 + offset, None, record["key"], record["value"],
+                      record["headers"], int(time.time() * 1000))  # fmt: skip
+    assert row is not None and row.held_by == chain
+    return row
+
+
 def test_a_dead_blocker_releases_its_chain(loop: Loop) -> None:
+    """0.4.0's chains, named by their blocker's retry.id (no retry.blocks): still released when it dies."""
     create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{loop.dest}.billing.redelivery"])
     # parked first, while the blocker is still being retried; then its last attempt fails (2 allowed)
     loop.send([parked(loop, 3, "D"), parked(loop, 2, "D")])
@@ -128,17 +239,25 @@ def test_a_dead_blocker_releases_its_chain(loop: Loop) -> None:
     assert loop.publish(3).published == 1
 
 
-def test_a_record_cannot_both_hold_and_release(loop: Loop) -> None:
+def test_a_record_carries_at_most_one_chain_header(loop: Loop) -> None:
     create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic])
     bad = release(loop, "B")
     bad["headers"] += hdr(hold="C")
+    heads_and_parked = failed(loop, 2, "r2", blocks="C")
+    heads_and_parked["headers"] += hdr(hold="C")
     empty = parked(loop, 1, " ")
-    loop.send([bad, empty])
-    counts = loop.ingest(2)
-    assert dict(counts.dead) == {"invalid": 2}
+    state_alone = failed(loop, 3, "r3", chain_state="released")
+    dead_state = parked(loop, 4, "C")
+    dead_state["headers"] += hdr(chain_state="dead:x")
+    loop.send([bad, heads_and_parked, empty, state_alone, dead_state])
+    counts = loop.ingest(5)
+    assert dict(counts.dead) == {"invalid": 5}
     reasons = [r["reason"] for r in loop.rows()]
-    assert "cannot carry both retry.hold and retry.release" in reasons[0]
-    assert "retry.hold must be the retry.id of the record held on" in reasons[1]
+    assert "carries at most one of retry.hold, retry.release and retry.blocks" in reasons[0]
+    assert "carries at most one of retry.hold, retry.release and retry.blocks" in reasons[1]
+    assert "retry.hold must name the key's chain (1 to 200 characters)" in reasons[2]
+    assert "retry.chain-state is sent only as 'released', with retry.hold" in reasons[3]
+    assert "retry.chain-state is sent only as 'released', with retry.hold" in reasons[4]
 
 
 def test_topics_are_created_once_and_one_not_created_is_named(
@@ -164,24 +283,52 @@ def test_the_hold_store_reads_back_its_groups_holds_and_skips_what_is_not_one(
     billing, shipping = HoldStore(config, "billing", topic), HoldStore(config, "shipping", topic)
     billing.ensure_topic()
     billing.ensure_topic()  # there already: nothing to do
-    billing.put("orders", b"k1", Hold("B", released=True, parked=2))
-    billing.put("orders", b"\x00\xffk", Hold("C"))  # any key bytes
-    billing.put("orders", b"k2", Hold("D"))
+    flowing = Hold("C1", None, None, [(0, 12), (0, 15), (2, 3)], partition=0)
+    waiting = Hold("C2", "r9", 3, [(1, 2**40)], dead="r7", partition=1)
+    billing.put("orders", b"k1", flowing)
+    billing.put("orders", b"\x00\xffk", waiting)  # any key bytes
+    billing.put("orders", b"k2", Hold("D", "r1", 1))
     billing.put("orders", b"k2", None)  # free again
-    shipping.put("orders", b"k1", Hold("X"))
+    shipping.put("orders", b"k1", Hold("X", "rx", 1))
     for record in (  # one at a time: the embedded broker's end offset counts a batch as one record
         {"key": b"billing\0orders\0k3", "value": b"not json"},
         {"key": b"billing\0orders\0k4", "value": b'{"blocker": 5}'},
         {"key": b"billing\0\xff\0k5", "value": b'{"blocker": "E"}'},
+        {"key": b"billing\0orders\0k6", "value": b'{"v": 2, "chain": "F", "parked": {"0": ["x"]}}'},
+        {"key": b"billing\0orders\0k7", "value": b"[" * 100_000},
+        # written by 0.4.0's helper: read as a chain named by its blocker, its parked records counted
+        {
+            "key": b"billing\0orders\0k8",
+            "value": b'{"blocker": "B", "released": true, "parked": 2, "dead": false}',
+        },
+        {"key": b"billing\0orders\0k9", "value": b'{"blocker": "G", "released": false, "parked": 1}'},
         {"key": b"unrelated", "value": b"{}"},
     ):
         produce(bootstrap_servers, topic, [record])
     with caplog.at_level(logging.WARNING, logger="retry_scheduler.holds"):
-        assert billing.load() == {("orders", b"k1"): Hold("B", True, 2), ("orders", b"\x00\xffk"): Hold("C")}
-    assert shipping.load() == {("orders", b"k1"): Hold("X")}
-    assert caplog.text.count("is not a hold, left out") == 3
+        assert billing.load() == {
+            ("orders", b"k1"): flowing,
+            ("orders", b"\x00\xffk"): waiting,
+            ("orders", b"k8"): Hold("B", None, None, [], None, legacy=2),
+            ("orders", b"k9"): Hold("G", "G", None, [], None, legacy=1),
+        }
+    assert shipping.load() == {("orders", b"k1"): Hold("X", "rx", 1)}
+    assert caplog.text.count("is not a hold, left out") == 5
     billing.close()
     shipping.close()
+
+
+def test_the_hold_store_says_when_the_holds_cannot_be_read_and_never_raises_otherwise(
+    bootstrap_servers: str, topic_prefix: str
+) -> None:
+    config = {"bootstrap.servers": bootstrap_servers, "group.id": "a"}
+    with pytest.raises(HoldsUnavailable, match=f"the holds topic {topic_prefix}-gone is not there"):
+        HoldStore(config, "billing", f"{topic_prefix}-gone").load(timeout_s=5)
+    down = {"bootstrap.servers": f"127.0.0.1:{free_port()}", "group.id": "a"}
+    began = time.monotonic()
+    with pytest.raises(HoldsUnavailable, match="cannot be read"):
+        HoldStore(down, "billing", f"{topic_prefix}-holds").load(timeout_s=3)
+    assert time.monotonic() - began < 15  # bounded
 
 
 # -- end to end: a real consumer in ordered mode ---------------------------------------------------------
@@ -318,8 +465,8 @@ def test_every_keys_records_are_handled_in_order_across_failures_and_a_restart(
         assert any(h.released and h.parked for h in held_at_stop.values()), held_at_stop
 
         # a new instance (a restart, or the member the partitions moved to) knows the holds
+        assert HoldStore(config, group, f"{topic_prefix}-holds").load() == held_at_stop  # what it reads
         second = consumer()
-        assert second.holds == held_at_stop
         with caplog.at_level(logging.WARNING, logger="retry_scheduler.consumer"):
             deadline = time.monotonic() + 150
             expected = KEYS * PER_KEY - len(dead)
@@ -332,7 +479,8 @@ def test_every_keys_records_are_handled_in_order_across_failures_and_a_restart(
         service.close()
 
     assert_in_order(app, dead)
-    assert HoldStore(config, group, f"{topic_prefix}-holds").load() == {}  # every key free again
+    left = HoldStore(config, group, f"{topic_prefix}-holds").load()
+    assert left and all(h.finished for h in left.values()), left  # every key free again (finished chains)
     assert sorted((r["msg_key"], r["msg_value"], r["dead_reason"]) for r in loop.rows("status = 'dead'")) == [
         (b"k3", b"1", "exhausted"),
         (b"k4", b"1", "requested"),  # the client's fatal_errors send it with retry.send-to=dlq

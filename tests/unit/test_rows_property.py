@@ -71,13 +71,13 @@ def build(
 def build_any(
     ts: int | None, key: bytes | None, value: bytes | None, hs: list | None, topic: str = "retry"
 ) -> CopyRow | None:
-    """The row; None for a release record, only when its blocker was taken for the batch."""
+    """The row; None for a release record, only when its chain's release was taken for the batch."""
     builder = RowBuilder(SETTINGS, REGISTRY, limits_for(SETTINGS, REGISTRY))
     row = builder.row(topic, 0, 7, ts, key, value, hs, NOW)
-    releases = builder.take_releases()
-    assert (row is None) == bool(releases)
+    events = builder.take_chain_events()
     if row is None:
         assert any(name == p.RELEASE for name, _ in hs or [])
+        assert [state for _, state, _ in events] == [p.CHAIN_RELEASED]
     return row
 
 

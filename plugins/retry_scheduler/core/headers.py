@@ -54,10 +54,14 @@ class RetryHeaders(NamedTuple):
     passthrough: tuple[Header, ...]
     #: The topic whose policy applies when ``destination`` is a group's redelivery topic (``retry.scope``).
     scoped_from: str | None = None
-    #: ``retry.hold``: the ``retry.id`` this record is parked behind (the consumer helper's ordered mode).
+    #: ``retry.hold``: the chain this record is parked in (the consumer helper's ordered mode).
     hold: str | None = None
-    #: ``retry.release``: this is a release record; the ``retry.id`` whose held records may go.
+    #: ``retry.release``: this is a release record; the chain whose held records may go.
     release: str | None = None
+    #: ``retry.blocks``: this failed record heads the chain its key's later records wait in.
+    blocks: str | None = None
+    #: ``retry.chain-state`` on a parked record: ``released`` when its chain is flowing.
+    chain_state: str | None = None
 
 
 @dataclass(frozen=True)
@@ -223,17 +227,31 @@ def parse_headers(
     if protocol.AT in raw:
         at_ms = _int_header(protocol.AT, get(protocol.AT), 0, MAX_EPOCH_MS, limits)
     original_topic = texts.get(protocol.ORIGINAL_TOPIC)
-    # The original partition only means something on the original topic.
-    same_topic = original_topic is None or original_topic == destination
+    # The original partition only means something on the original topic, and on its group's
+    # redelivery topic, made with as many partitions: the key's retry comes back on the partition
+    # numbered as its own, which the member reading the key reads too (ordered mode).
+    same_topic = original_topic is None or original_topic == (scoped_from or destination)
     reason = texts.get(protocol.REASON)
     hold, release = texts.get(protocol.HOLD), texts.get(protocol.RELEASE)
-    if hold is not None and release is not None:
-        raise InvalidRecordError(f"a record cannot carry both {protocol.HOLD} and {protocol.RELEASE}")
-    for name, held in ((protocol.HOLD, hold), (protocol.RELEASE, release)):
-        if held is not None and not 0 < len(held.strip()) <= MAX_RETRY_ID_CHARS:
+    blocks, chain_state = texts.get(protocol.BLOCKS), texts.get(protocol.CHAIN_STATE)
+    if sum(name is not None for name in (hold, release, blocks)) > 1:
+        raise InvalidRecordError(
+            f"a record carries at most one of {protocol.HOLD}, {protocol.RELEASE} and {protocol.BLOCKS}"
+        )
+    for name, chain in ((protocol.HOLD, hold), (protocol.RELEASE, release), (protocol.BLOCKS, blocks)):
+        if chain is not None and not 0 < len(chain.strip()) <= MAX_RETRY_ID_CHARS:
             raise InvalidRecordError(
-                f"header {name} must be the retry.id of the record held on (1 to {MAX_RETRY_ID_CHARS} characters)"
+                f"header {name} must name the key's chain (1 to {MAX_RETRY_ID_CHARS} characters)"
             )
+    if chain_state is not None:
+        if hold is None or chain_state.strip() != protocol.CHAIN_RELEASED:
+            raise InvalidRecordError(
+                f"header {protocol.CHAIN_STATE} is sent only as {protocol.CHAIN_RELEASED!r}, with {protocol.HOLD}"
+            )
+        chain_state = protocol.CHAIN_RELEASED
+    if blocks is not None:
+        # It comes back with the record: the helper tells its chain's head by it.
+        passthrough.append((protocol.BLOCKS, raw[protocol.BLOCKS]))
     return RetryHeaders(
         destination,
         partition if same_topic else None,
@@ -253,6 +271,8 @@ def parse_headers(
         scoped_from,
         None if hold is None else hold.strip(),
         None if release is None else release.strip(),
+        None if blocks is None else blocks.strip(),
+        chain_state,
     )
 
 

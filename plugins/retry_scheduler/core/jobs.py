@@ -230,25 +230,43 @@ class OutgoingRow(NamedTuple):
     held_by: str | None = None
     #: When it fell due (claimed due jobs only): where the publisher's next claim may start.
     due_at: datetime | None = None
+    #: A held job's chain: ``released`` or ``dead`` (how it was released), as ``retry.chain-state``.
+    chain_state: str | None = None
 
 
 def destination_headers(row: OutgoingRow) -> list[Header]:
     """Headers of a retry published back to its destination: attempt raised, id and origin kept.
 
-    A released held job (ordered mode) did not fail: its attempt stays, and ``retry.hold`` names the
-    record it waited behind, which tells the consumer helper it is one of that chain."""
+    A released held job (ordered mode) did not fail: its attempt stays, ``retry.hold`` names the chain
+    it waited in, which tells the consumer helper it is one of that chain, and ``retry.chain-state``
+    how the chain was released (``dead``: its head died)."""
     if row.held_by is not None:
-        return [
+        held = [
             *decode_headers(row.headers),
             (protocol.ATTEMPT, str(row.attempt).encode()),
             *_common(row),
             (protocol.HOLD, row.held_by.encode()),
         ]
+        if row.chain_state is not None:
+            held.append((protocol.CHAIN_STATE, row.chain_state.encode()))
+        return held
     return [
         *decode_headers(row.headers),
         (protocol.ATTEMPT, str(row.attempt + 1).encode()),
         *_common(row),
     ]
+
+
+def chain_headed(row: OutgoingRow) -> str | None:
+    """The chain a job heads (ordered mode: its ``retry.blocks``, kept with its headers); None if none."""
+    found = None
+    for name, value in decode_headers(row.headers):
+        if name == protocol.BLOCKS and value:
+            found = value
+    try:
+        return None if found is None else found.decode("utf-8").strip() or None
+    except UnicodeDecodeError:
+        return None
 
 
 def dlq_headers(row: OutgoingRow) -> list[Header]:

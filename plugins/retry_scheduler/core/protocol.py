@@ -22,11 +22,23 @@ DEAD_REASON: Final = "retry.dead-reason"
 #: Where the retry goes: ``topic`` (back to the destination, every group reads it) or ``group`` (to
 #: the failing group's redelivery topic, :func:`redelivery_topic`).
 SCOPE: Final = "retry.scope"
-#: On a record parked by the consumer helper's ordered mode: the ``retry.id`` of the earlier record of
-#: its key it waits behind. Published back with it, so the helper knows a released record.
+#: Ordered mode (the consumer helper's): on a record parked behind an earlier record of its key, the id
+#: of the key's chain it waits in. Published back with it, so the helper knows a record of its chain.
+#: (0.4.0's helper named the chain by the ``retry.id`` of the record it waited behind.)
 HOLD: Final = "retry.hold"
-#: On the consumer helper's release record: the ``retry.id`` whose held records may now be published.
+#: On the consumer helper's release record: the chain whose held records may now be published, one at a
+#: time, in their original order.
 RELEASE: Final = "retry.release"
+#: On the retry of a record that failed in ordered mode: the chain it heads. The chain's records wait
+#: while it is pending (its retry stored, its release withdrawn); it dies, and the chain is released as
+#: dead. Kept with the record's own headers, so it comes back with the retry.
+BLOCKS: Final = "retry.blocks"
+#: How a chain was released: on a held record the scheduler publishes, ``released`` (its head was
+#: handled) or ``dead:<retry.id>`` (that head died); on a record the helper parks, ``released``: the
+#: chain is flowing, so the record goes out in its turn.
+CHAIN_STATE: Final = "retry.chain-state"
+CHAIN_RELEASED: Final = "released"
+CHAIN_DEAD: Final = "dead"
 
 PREFIX: Final = "retry."
 
@@ -70,6 +82,8 @@ KNOWN: Final = frozenset(
         SCOPE,
         HOLD,
         RELEASE,
+        BLOCKS,
+        CHAIN_STATE,
     }
 )
 

@@ -15,9 +15,20 @@ from retry_scheduler.core.adopt import AdoptError, adopt
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.durations import format_duration_ms
-from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers, truncate_reason
+from retry_scheduler.core.headers import (
+    MAX_RETRY_ID_CHARS,
+    Header,
+    InvalidRecordError,
+    Limits,
+    parse_headers,
+    truncate_reason,
+)
 from retry_scheduler.core.jobs import HELD_DUE, CopyRow, Job, Status, encode_headers, pg_time
 from retry_scheduler.core.policy import PolicyRegistry, UnknownPolicyError, load_policies
+
+#: A chain event (:attr:`RowBuilder.chain_events`): its head's retry is pending, so the chain waits.
+CHAIN_BLOCKED = "blocked"
+ChainEvent = tuple[str, str, str | None]
 
 
 @dataclass(frozen=True)
@@ -61,15 +72,23 @@ def limits_for(settings: Settings, registry: PolicyRegistry) -> Limits:
     )
 
 
-def _raw_retry_id(headers: Sequence[Header]) -> str | None:
+def _raw_text(headers: Sequence[Header], wanted: str) -> str | None:
+    """The last ``wanted`` header as text of 1 to 200 characters; None when absent or not such text."""
+    found = None
     for name, value in headers:
-        if name == protocol.ID and value:
-            try:
-                text = value.decode("utf-8")
-            except UnicodeDecodeError:
-                return None
-            return text if 0 < len(text) <= 200 and "\x00" not in text else None
-    return None
+        if name == wanted:
+            found = value
+    if not found:
+        return None
+    try:
+        text = found.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if len(text.strip()) > 0 and len(text) <= MAX_RETRY_ID_CHARS and "\x00" not in text else None
+
+
+def _raw_retry_id(headers: Sequence[Header]) -> str | None:
+    return _raw_text(headers, protocol.ID)
 
 
 def new_retry_id() -> str:
@@ -123,13 +142,15 @@ class RowBuilder:
         self.default = registry.resolve(None, None)
         #: Records so far whose timestamp was outside the trusted window (their ingest time was used).
         self.untrusted_timestamps = 0
-        #: The blockers named by the release records read so far (taken by :meth:`take_releases`).
-        self.releases: list[str] = []
+        #: Ordered mode: what the records read so far say of their chains, in their order (taken by
+        #: :meth:`take_chain_events`): ``(chain, CHAIN_RELEASED | CHAIN_BLOCKED | CHAIN_DEAD, the
+        #: retry.id of the head that died or None)``.
+        self.chain_events: list[ChainEvent] = []
 
-    def take_releases(self) -> list[str]:
-        """The blockers released by the records built since the last call."""
-        releases, self.releases = self.releases, []
-        return releases
+    def take_chain_events(self) -> list[ChainEvent]:
+        """The chain events of the records built since the last call, in their order."""
+        events, self.chain_events = self.chain_events, []
+        return events
 
     def row(
         self,
@@ -172,7 +193,7 @@ class RowBuilder:
                     "in epoch milliseconds"
                 )
             if parsed.release is not None:
-                self.releases.append(parsed.release)
+                self.chain_events.append((parsed.release, protocol.CHAIN_RELEASED, None))
                 return None
             seen_ms = self._seen_ms(timestamp_ms, now_ms)
             retry_id = parsed.retry_id or new_retry_id()
@@ -181,6 +202,8 @@ class RowBuilder:
                 # Parked behind an earlier record of its key (ordered mode): it did not fail, so no
                 # policy decision; due when its chain is released (jobs.HELD_DUE until then).
                 dead, due = None, HELD_DUE
+                if parsed.chain_state is not None:  # parked while its chain flows: it goes in its turn
+                    self.chain_events.append((parsed.hold, protocol.CHAIN_RELEASED, None))
             else:
                 at_ms = parsed.at_ms
                 if at_ms is None and topic in self.delay_topics:
@@ -196,6 +219,12 @@ class RowBuilder:
                     send_to_dlq=parsed.send_to_dlq,
                 )
                 dead, due = decision.dead_reason, pg_time(decision.due_ms)
+                if parsed.blocks is not None:  # its chain waits while it is pending, or goes on if dead
+                    self.chain_events.append(
+                        (parsed.blocks, protocol.CHAIN_DEAD, retry_id)
+                        if dead
+                        else (parsed.blocks, CHAIN_BLOCKED, None)
+                    )
             # Positional (the hot path, a third faster than keywords), in CopyRow's field order.
             return CopyRow(
                 topic, partition, offset, timestamp_ms or 0, parsed.destination, parsed.destination_partition, key,
@@ -270,6 +299,13 @@ class RowBuilder:
             retry_id = _raw_retry_id(headers or ()) or new_retry_id()
         except Exception:
             retry_id = new_retry_id()
+        try:
+            blocks = _raw_text(headers or (), protocol.BLOCKS)
+            blocks = None if blocks is None else blocks.strip()
+        except Exception:
+            blocks = None
+        if blocks is not None:  # the head of a chain, dead: its chain goes on rather than wait for ever
+            self.chain_events.append((blocks, protocol.CHAIN_DEAD, retry_id))
         return CopyRow(
             source_topic=topic, source_partition=partition, source_offset=offset,
             source_timestamp_ms=_int8(timestamp_ms), destination=None, destination_partition=None,

@@ -150,16 +150,17 @@ class Store:
         consumer_group: str | None = None,
         offsets: Mapping[tuple[str, int], int] | None = None,
         adopted_topics: Collection[str] = (),
-        releases: Sequence[str] = (),
+        chain_events: Sequence[tuple[str, str, str | None]] = (),
         refused: Refusal | None = None,
     ) -> list[str | None]:
         """Store new jobs (:class:`~retry_scheduler.core.jobs.CopyRow`) and, in the same transaction, the next
         ``offsets`` to read of ``consumer_group``'s retry-topic partitions.
 
         Dead jobs read from ``adopted_topics`` (other tools' dead-letter topics) are marked delivered
-        to their DLQ topic in the same transaction: they are on one already. ``releases`` (the
-        blockers the batch's release records name), held jobs whose blocker is released or dead, and
-        dead jobs that held jobs wait behind release the next held job of their chain
+        to their DLQ topic in the same transaction: they are on one already. ``chain_events`` (ordered
+        mode: what the batch's records say of their chains, in their order,
+        :attr:`~retry_scheduler.core.records.RowBuilder.chain_events`) set each chain's state, and the
+        chains they name or whose held jobs the batch stores let their next held job fall due
         (:meth:`advance_holds`).
 
         The rows go straight into ``retry_jobs`` with one binary COPY. If one of them is stored
@@ -173,7 +174,7 @@ class Store:
         is stored as it was. Without ``refused`` the error is raised. A lost connection or any other
         error is raised as ever: the batch is read again from its offsets.
         """
-        if not rows and not releases:
+        if not rows and not chain_events:
             return []
         with self.conn.transaction(), self.conn.cursor() as cur:
             if rows:
@@ -184,7 +185,7 @@ class Store:
             adopted = sorted({row.source_topic for row in rows} & set(adopted_topics))
             if adopted:
                 cur.execute(q("mark_adopted_delivered"), {"topics": adopted})
-            self._settle_holds(cur, rows, releases)
+            self._settle_holds(cur, rows, chain_events)
             registered = self._register_destinations(cur, rows)
             if offsets:
                 keys = sorted(offsets)
@@ -276,32 +277,71 @@ class Store:
             return stored
 
     def _settle_holds(
-        self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], releases: Sequence[str]
+        self,
+        cur: psycopg.Cursor[Any],
+        rows: Sequence[CopyRow],
+        chain_events: Sequence[tuple[str, str, str | None]],
     ) -> None:
-        """Ordered mode's part of a batch: chains released, blockers found dead, held jobs stored."""
+        """Ordered mode's part of a batch: each chain's newest state set, 0.4.0's dead blockers found,
+        the next held job of each chain it touched due."""
         held = {row.held_by for row in rows if row.held_by is not None}
         dead = {row.retry_id for row in rows if row.dead_reason in _BLOCKER_DEATHS}
-        if releases:
-            cur.execute(q("release_holds"), {"blockers": sorted(set(releases))})
-        self._advance_chains(cur, held | dead | set(releases), maybe_dead=held | dead)
+        newest = {chain: (state, head) for chain, state, head in chain_events}  # the last of each counts
+        self._set_chain_states(cur, newest)
+        self._advance_chains(cur, held | dead | set(newest), maybe_dead=held | dead)
 
-    def advance_holds(self, blockers: Collection[str], *, dead: bool = False) -> int:
+    def _set_chain_states(
+        self, cur: psycopg.Cursor[Any], states: Mapping[str, tuple[str, str | None]]
+    ) -> None:
+        """Set each chain's state: ``(released | blocked | dead, the retry.id of the head that died)``."""
+        if states:
+            chains = sorted(states)
+            cur.execute(
+                q("set_chain_states"),
+                {
+                    "chains": chains,
+                    "states": [states[c][0] for c in chains],
+                    "heads": [states[c][1] for c in chains],
+                },
+            )
+
+    def advance_holds(
+        self,
+        blockers: Collection[str],
+        *,
+        dead_chains: Mapping[str, str] | None = None,
+        dead_ids: Collection[str] = (),
+    ) -> int:
         """Make the next held job of each released chain of ``blockers`` due now, unless one is on its
-        way; with ``dead``, first release the chains of those that are dead. In the caller's
-        transaction (the publisher's, after marking jobs published or invalid). Returns how many
+        way; first release as dead the chains whose heads died (``dead_chains``: chain -> the head's
+        ``retry.id``) and 0.4.0's chains whose blocker (a ``retry.id`` of ``dead_ids``) died. In the caller's transaction (the
+        publisher's, after marking jobs published or dead), once per transaction. Returns how many
         jobs fell due."""
         with self.conn.cursor() as cur:
-            return self._advance_chains(cur, set(blockers), maybe_dead=set(blockers) if dead else set())
+            dead_chains = dead_chains or {}
+            self._set_chain_states(
+                cur, {chain: (protocol.CHAIN_DEAD, head) for chain, head in dead_chains.items()}
+            )
+            return self._advance_chains(
+                cur, set(blockers) | set(dead_chains) | set(dead_ids), maybe_dead=set(dead_ids)
+            )
 
     def _advance_chains(self, cur: psycopg.Cursor[Any], blockers: set[str], *, maybe_dead: set[str]) -> int:
-        """Release the chains of the blockers of ``maybe_dead`` that are dead, then let the next held job
-        of each released chain of ``blockers`` fall due; how many did."""
+        """Release the 0.4.0 chains of the blockers of ``maybe_dead`` that are dead, then let the next
+        held job of each released chain of ``blockers`` fall due, under the chains' locks; how many did."""
         if not blockers:
             return 0
         if maybe_dead:
             cur.execute(q("release_dead_blockers"), {"blockers": sorted(maybe_dead)})
-        cur.execute(q("advance_holds"), {"blockers": sorted(blockers), "held_due": _HELD_DUE})
+        ordered = sorted(blockers)
+        cur.execute(q("lock_chains"), {"blockers": ordered})
+        cur.execute(q("advance_holds"), {"blockers": ordered, "held_due": _HELD_DUE})
         return cur.rowcount
+
+    def forget_released_holds(self, keep_s: float) -> int:
+        """Forget the released chains nothing has waited in for ``keep_s`` seconds; how many."""
+        with self.conn.transaction():
+            return self.conn.execute(q("forget_released_holds"), {"keep_s": keep_s}).rowcount
 
     def _insert_new_only(self, cur: psycopg.Cursor[Any], rows: Sequence[Sequence[Any]]) -> list[str | None]:
         cur.execute(q("create_stage"))

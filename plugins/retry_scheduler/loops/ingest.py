@@ -116,8 +116,11 @@ class Batch:
     offsets: dict[tuple[str, int], int]
     #: Rows whose record timestamp was not trusted (their ingest time counted instead).
     untrusted_timestamps: int = 0
-    #: The blockers the batch's release records name (ordered mode): their held jobs may go.
-    releases: list[str] = field(default_factory=list)
+    #: Ordered mode: what the batch's records say of their chains, in their order (released, blocked
+    #: or dead; :attr:`~retry_scheduler.core.records.RowBuilder.chain_events`).
+    chain_events: list[tuple[str, str, str | None]] = field(default_factory=list)
+    #: Release records read (they store no job).
+    release_records: int = 0
     #: The consumed records (confluent-kafka messages): a row PostgreSQL refuses is stored dead in its
     #: place with the record's headers as they came (:meth:`Ingestor.refused_row`).
     messages: Sequence[Any] = ()
@@ -264,6 +267,7 @@ class Ingestor:
         untrusted_before = self.rows.untrusted_timestamps
         rows: list[CopyRow] = []
         offsets: dict[tuple[str, int], int] = {}
+        released = 0
         for msg in messages:
             err = msg.error()
             if err is not None:
@@ -284,12 +288,14 @@ class Ingestor:
                 )  # fmt: skip
             else:
                 row = build(topic, partition, offset, timestamp, msg.key(), msg.value(), headers, now_ms)
-                if row is not None:  # None: a release record, taken below
+                if row is not None:
                     rows.append(row)
+                else:  # a release record: its event is taken below
+                    released += 1
             offsets[(topic, partition)] = offset + 1  # a partition's records come in order
         untrusted = self.rows.untrusted_timestamps - untrusted_before
-        releases = self.rows.take_releases()
-        return Batch(rows, offsets, untrusted, releases, messages) if offsets else None
+        events = self.rows.take_chain_events()
+        return Batch(rows, offsets, untrusted, events, released, messages) if offsets else None
 
     def store_batch(self, batch: Batch) -> IngestCounts:
         """Store a batch's rows and its next offsets in one transaction."""
@@ -299,12 +305,12 @@ class Ingestor:
             consumer_group=self.settings.consumer_group,
             offsets=batch.offsets,
             adopted_topics=self.settings.adopt_topics,
-            releases=batch.releases,
+            chain_events=batch.chain_events,
             refused=lambda row, reason: self.refused_row(batch, row, reason),
         )
-        counts = IngestCounts(consumed=len(batch.rows) + len(batch.releases), stored=len(stored), batches=1)
-        if batch.releases:
-            log.info("%s chain(s) of held records released", len(batch.releases))
+        counts = IngestCounts(consumed=len(batch.rows) + batch.release_records, stored=len(stored), batches=1)
+        if batch.release_records:
+            log.info("%s chain(s) of held records released", batch.release_records)
         counts.slowest_batch_s, counts.slowest_batch_records = time.perf_counter() - began, len(batch.rows)
         untrusted = batch.untrusted_timestamps
         if untrusted:

@@ -13,6 +13,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
 
 log = logging.getLogger(__name__)
@@ -221,9 +222,22 @@ class TopicManager:
         self.settings = settings
         self.admin = admin or admin_client(settings)
         self.known: set[str] = set()
+        #: Partitions of each topic, as last listed.
+        self.partition_counts: dict[str, int] = {}
 
     def refresh(self) -> None:
-        self.known = set(self.admin.list_topics(timeout=10).topics)
+        topics = self.admin.list_topics(timeout=10).topics
+        self.known = set(topics)
+        self.partition_counts = {name: len(meta.partitions) for name, meta in topics.items()}
+
+    def _partitions_for(self, topic: str, default: int) -> int:
+        """A group's redelivery topic gets as many partitions as its topic, so that a key's retry comes
+        back on the partition numbered as its own (read by the member that reads the key: ordered mode);
+        any other topic ``default``."""
+        for base in protocol.redelivery_bases(topic):
+            if self.partition_counts.get(base):
+                return self.partition_counts[base]
+        return default
 
     def ensure(self, topics: Iterable[str], *, create: bool, partitions: int = 3) -> list[str]:
         """Return the topics still missing after creating what ``create`` allows."""
@@ -238,14 +252,14 @@ class TopicManager:
         min_insync = self.settings.topic_min_insync_replicas
         config = {} if min_insync < 0 else {"min.insync.replicas": str(min_insync)}
         futures = self.admin.create_topics(
-            [NewTopic(t, partitions, replication, config=config) for t in missing]
+            [NewTopic(t, self._partitions_for(t, partitions), replication, config=config) for t in missing]
         )
         for topic, future in futures.items():
             try:
                 future.result(timeout=15)
                 log.info(
                     "created topic %s (%s partitions, replication factor %s, min.insync.replicas %s)",
-                    topic, partitions, "the broker's default" if replication < 0 else replication,
+                    topic, self._partitions_for(topic, partitions), "the broker's default" if replication < 0 else replication,
                     "the broker's default" if min_insync < 0 else min_insync,
                 )  # fmt: skip
             except KafkaException as exc:

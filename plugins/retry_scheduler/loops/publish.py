@@ -17,10 +17,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from retry_scheduler.core import faults
+from retry_scheduler.core import faults, protocol
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
-from retry_scheduler.core.jobs import OutgoingRow, destination_headers, dlq_headers
+from retry_scheduler.core.jobs import OutgoingRow, chain_headed, destination_headers, dlq_headers
 from retry_scheduler.core.metrics import SNAPSHOT_EVERY_S, Metrics, NoMetrics
 from retry_scheduler.core.policy import load_policies
 from retry_scheduler.core.records import destinations_for
@@ -37,6 +37,12 @@ PRODUCER_READY_S = 15.0
 #: A claim's scan of the due index starts this long before where the publisher's previous claim
 #: left nothing behind: jobs stored (or released) with a due time just past while it claimed.
 FLOOR_LAG = timedelta(seconds=1)
+#: How often the publish loop forgets released chains (ordered mode) that nothing waits in, and after
+#: how long: a key's records parked while its chain flows say so themselves, so only a chain whose head
+#: died needs its row, for the records its key may still send behind it (a consumer away longer finds
+#: them held until its chain is released by hand).
+FORGET_CHAINS_EVERY_S = 60.0
+RELEASED_CHAIN_KEEP_S = 7 * 86_400.0
 #: A sweep (a claim of every due job however old) comes at the latest this many times its own
 #: duration after the last one, and never more than SWEEP_MAX_EVERY_S after it.
 SWEEP_COST_SHARE = 20
@@ -149,6 +155,7 @@ class Publisher:
         #: oldest due job); see :meth:`claim_lanes`.
         self._lane_floors: dict[str, datetime | None] = {}
         self._lanes_read_at = float("-inf")  # monotonic: when it last read retry_destinations
+        self._chains_forgotten_at = float("-inf")  # monotonic: when it last forgot released chains
         #: Vacuums retry_jobs where the server does not (run by the loop's own publisher, not its helpers).
         self.vacuum = SelfVacuum(settings.database_url) if settings.self_vacuum else None
 
@@ -212,6 +219,19 @@ class Publisher:
                     self.producer.poll(0.05)  # local queue full: let deliveries drain
                 except KafkaException as exc:
                     partition = kwargs.get("partition")
+                    if (
+                        partition is not None
+                        and protocol.redelivery_bases(topic)
+                        and self._lacks_partition(exc, topic, partition)
+                    ):
+                        # A redelivery topic made before it got its topic's partition count (0.4.0's
+                        # scheduler made 3): the key's partitioner chooses, as before.
+                        log.warning(
+                            "redelivery topic %s has no partition %s (give it as many as its topic, for "
+                            "ordered mode): published by key", topic, partition,
+                        )  # fmt: skip
+                        del kwargs["partition"]
+                        continue
                     if partition is not None and self._lacks_partition(exc, topic, partition):
                         # Retrying cannot help: the job is dead (invalid) and goes to the DLQ instead.
                         unroutable.append(
@@ -239,15 +259,33 @@ class Publisher:
     def _advance_holds(
         self, rows: list[OutgoingRow], acked: list[tuple[int, int]], unroutable: list[tuple[int, str]]
     ) -> None:
-        """Ordered mode: a held job published lets the next of its chain fall due; a blocker found
-        unroutable (dead) releases its chain. In the claim's transaction, with the marks."""
+        """Ordered mode: a held job published lets the next of its chain fall due; a chain's head found
+        unroutable (dead) releases its chain as dead. In the claim's transaction, with the marks."""
         published = {job_id for job_id, _ in acked}
         held = [row.held_by for row in rows if row.held_by is not None and row.id in published]
-        if held:
-            self.store.advance_holds(held)
+        dead_chains: dict[str, str] = {}
+        dead_ids: list[str] = []
         if unroutable:
             dead = {job_id for job_id, _ in unroutable}
-            self.store.advance_holds([row.retry_id for row in rows if row.id in dead], dead=True)
+            for row in rows:
+                if row.id in dead:
+                    dead_ids.append(row.retry_id)
+                    chain = chain_headed(row)
+                    if chain is not None:
+                        dead_chains[chain] = row.retry_id
+        if held or dead_ids:
+            self.store.advance_holds(held, dead_chains=dead_chains, dead_ids=dead_ids)
+
+    def _forget_released_chains(self) -> None:
+        """Every :data:`FORGET_CHAINS_EVERY_S`: forget the released chains (ordered mode) nothing has
+        waited in for :data:`RELEASED_CHAIN_KEEP_S`, so their table does not grow for ever."""
+        now = time.monotonic()
+        if now - self._chains_forgotten_at < FORGET_CHAINS_EVERY_S:
+            return
+        self._chains_forgotten_at = now
+        forgotten = self.store.forget_released_holds(RELEASED_CHAIN_KEEP_S)
+        if forgotten:
+            log.info("forgot %s released chain(s) nothing has waited in for 7 days", forgotten)
 
     def _lacks_partition(self, exc: KafkaException, topic: str, partition: int) -> bool:
         """Whether ``exc`` says the partition is unknown and fresh metadata confirms ``topic`` lacks it."""
@@ -564,6 +602,7 @@ class Publisher:
                     self._share_floor()
                     if self.vacuum is not None:
                         self.vacuum.tick(self.store)
+                    self._forget_released_chains()
                 if batch.claimed >= self.settings.publish_batch:
                     continue  # more may be waiting
                 wait = self.store.seconds_until_next_due(after=self.store.claimed_up_to)

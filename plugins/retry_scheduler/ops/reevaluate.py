@@ -158,7 +158,7 @@ def _evaluate(
             dead.append((job_id, _INVALID, f"its headers cannot be read again ({type(exc).__name__}: {exc})"))
             continue
         row = builder.row(topic, partition, offset, timestamp_ms, key, value, decoded, now_ms)
-        builder.take_releases()
+        builder.take_chain_events()
         if row is None:
             dead.append((job_id, _INVALID, "a release record (retry.release): nothing to retry"))
         elif row.held_by is not None:
