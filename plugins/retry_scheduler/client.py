@@ -92,6 +92,7 @@ def build_retry_headers(
     hold: str | None = None,
     blocks: str | None = None,
     chain_flows: bool = False,
+    retry_id: str | None = None,
 ) -> list[Header]:
     """Headers for the retry topic: the record's own headers plus the ``retry.*`` protocol.
 
@@ -99,7 +100,8 @@ def build_retry_headers(
     (``retry.scope``; see :func:`retry_scheduler.core.protocol.redelivery_topic`). Ordered mode:
     ``hold`` parks the record in its key's chain (``retry.hold``; with ``chain_flows``, a chain whose
     head was handled: ``retry.chain-state: released``); ``blocks`` makes this failed record the head of
-    its key's chain (``retry.blocks``).
+    its key's chain (``retry.blocks``). ``retry_id``: the ``retry.id`` to give a record that carries
+    none (a new one otherwise).
 
     A ``retry.attempt`` or ``retry.original-*`` number the record carries that is not a whole number
     is replaced by the record's own (the attempt by 0): a retry the scheduler would refuse as invalid
@@ -134,7 +136,7 @@ def build_retry_headers(
         carried(protocol.ORIGINAL_TIMESTAMP, ts if ts_type != 0 and ts > 0 else now_ms),
     )
     put(protocol.ATTEMPT, carried(protocol.ATTEMPT, 0))
-    put(protocol.ID, carried(protocol.ID, None) or str(uuid.uuid4()))
+    put(protocol.ID, carried(protocol.ID, None) or retry_id or str(uuid.uuid4()))
     put(protocol.DESTINATION, destination)
     put(protocol.POLICY, policy)
     if at_ms is not None:
@@ -216,6 +218,7 @@ class RetryClient:
         hold: str | None = None,
         blocks: str | None = None,
         chain_flows: bool = False,
+        retry_id: str | None = None,
     ) -> str:
         """Send ``record`` to the retry topic; returns its ``retry.id`` (kept from the record, or new).
 
@@ -227,6 +230,7 @@ class RetryClient:
         the record, unfailed, in the chain it names: the scheduler publishes it only after
         :meth:`release` of the chain, in its original order (``chain_flows``: the chain is released
         already); ``blocks`` makes this retry the head of that chain (it waits while this is pending).
+        ``retry_id``: the ``retry.id`` for a record that carries none (a new one otherwise).
         """
         headers = build_retry_headers(
             record,
@@ -242,6 +246,7 @@ class RetryClient:
             hold=hold,
             blocks=blocks,
             chain_flows=chain_flows,
+            retry_id=retry_id,
         )
         self._produce(record.key(), record.value(), headers, wait)
         return next(v for k, v in headers if k == protocol.ID and v is not None).decode()

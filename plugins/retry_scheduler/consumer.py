@@ -225,7 +225,7 @@ class RetryingConsumer:
         if ordered:
             self.hold_store = HoldStore(config, group, holds_topic)
             self.hold_store.ensure_topic()
-            self.ordered = OrderedKeys(self.hold_store, self.retries, self._handle, after_dead)
+            self.ordered = OrderedKeys(self.hold_store, self.retries, self._call, after_dead)
         #: Whether the group's rebalance protocol hands out partitions incrementally (librdkafka
         #: tells no one: an assign() of the other kind fails inside the callback, and nothing is read).
         self._incremental = config.get("group.protocol") == "consumer" or "cooperative" in str(
@@ -280,7 +280,13 @@ class RetryingConsumer:
         # this moment would be skipped, and the group committed their originals long ago.
         fresh = [tp for tp in partitions if tp.topic in self.redelivery_topics]
         if fresh:
-            committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(fresh, timeout=10)}
+            try:
+                committed = {
+                    (tp.topic, tp.partition): tp.offset for tp in consumer.committed(fresh, timeout=10)
+                }
+            except Exception as exc:  # closing, or the coordinator away: the group's positions as they are
+                log.warning("cannot read the committed offsets of %s: %s", [str(tp) for tp in fresh], exc)
+                committed = {(tp.topic, tp.partition): 0 for tp in fresh}
             for tp in fresh:
                 if committed.get((tp.topic, tp.partition), OFFSET_INVALID) < 0:
                     tp.offset = OFFSET_BEGINNING
@@ -368,22 +374,28 @@ class RetryingConsumer:
             self._count(breaker, ok)
         return True
 
-    def _handle(self, msg: Message, blocks: str | None = None) -> tuple[bool, str | None]:
-        """Call the handler; when it raises, send the record to retry (ordered mode: as the head of the
-        chain ``blocks``). Whether it succeeded, and the ``retry.id`` of the retry it failed into (None
-        when it succeeded or was dead-lettered)."""
+    def _handle(self, msg: Message) -> tuple[bool, str | None]:
+        """Call the handler; when it raises, send the record to retry. Whether it succeeded, and the
+        ``retry.id`` of the retry it failed into (None when it succeeded or was dead-lettered)."""
+        error = self._call(msg)
+        if error is None:
+            return True, None
+        dead = self.retries.is_fatal(error)
+        log.info(
+            "record %s[%s]@%s failed (%s): sent to %s",
+            msg.topic(), msg.partition(), msg.offset(), error, "the DLQ" if dead else "retry",
+        )  # fmt: skip
+        # Returns once acknowledged: committing the offset after it loses nothing.
+        retry_id = self.retries.retry(msg, error)
+        return False, None if dead else retry_id
+
+    def _call(self, msg: Message) -> Exception | None:
+        """Call the handler; the exception it raised, None when it succeeded."""
         try:
             self.handler(msg)
         except Exception as exc:
-            dead = self.retries.is_fatal(exc)
-            log.info(
-                "record %s[%s]@%s failed (%s): sent to %s",
-                msg.topic(), msg.partition(), msg.offset(), exc, "the DLQ" if dead else "retry",
-            )  # fmt: skip
-            # Returns once acknowledged: committing the offset after it loses nothing.
-            retry_id = self.retries.retry(msg, exc, blocks=blocks)
-            return False, None if dead else retry_id
-        return True, None
+            return exc
+        return None
 
     @property
     def holds(self) -> dict[tuple[str, bytes], Hold]:

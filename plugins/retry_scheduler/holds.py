@@ -66,6 +66,9 @@ class Hold:
     legacy: int = 0
     partition: int = -1
     finished_at: float = 0.0
+    #: The head's own place in the key's order: the head read again (its offset was not committed
+    #: when the helper stopped) is known as the head.
+    head_position: Position | None = None
 
     @property
     def released(self) -> bool:
@@ -90,6 +93,8 @@ class Hold:
         data: dict[str, Any] = {"v": 2, "chain": self.chain, "parked": places}
         if self.head is not None:
             data["head"], data["attempt"] = self.head, self.head_attempt
+            if self.head_position is not None:
+                data["hp"] = list(self.head_position)
         if self.dead is not None:
             data["dead"] = self.dead
         if self.legacy:
@@ -121,7 +126,11 @@ def decode_hold(raw: bytes) -> Hold:
 def _hold_v2(data: dict[str, Any]) -> Hold:
     chain, head, attempt = data.get("chain"), data.get("head"), data.get("attempt")
     dead, legacy, places = data.get("dead"), data.get("legacy", 0), data.get("parked", {})
-    partition, finished = data.get("p", -1), data.get("finished", 0)
+    partition, finished, place = data.get("p", -1), data.get("finished", 0), data.get("hp")
+    if place is not None and not (
+        isinstance(place, list) and len(place) == 2 and all(type(n) is int for n in place)
+    ):
+        raise ValueError(f"hp {place!r}")
     if type(partition) is not int or not isinstance(finished, int | float) or isinstance(finished, bool):
         raise ValueError(f"p {partition!r}, finished {finished!r}")
     if not isinstance(chain, str) or not (head is None or isinstance(head, str)):
@@ -151,6 +160,7 @@ def _hold_v2(data: dict[str, Any]) -> Hold:
         legacy,
         partition,
         float(finished),
+        (place[0], place[1]) if place is not None and head is not None else None,
     )
 
 

@@ -44,9 +44,8 @@ RELEASE, DEAD_LETTER = "release", "dead-letter"
 #: How long a finished chain is remembered (to know a late copy of one of its records for one).
 FINISHED_KEEP_S = 3600.0
 
-#: ``handle(msg, chain)``: call the application's handler; on failure send the record to retry as the
-#: head of ``chain``. Whether it succeeded, and the ``retry.id`` of its retry (None: handled, or dead).
-Handle = Callable[[Message, str], tuple[bool, "str | None"]]
+#: ``call(msg)``: call the application's handler; the exception it raised, None when it succeeded.
+Call = Callable[[Message], "BaseException | None"]
 
 
 def _text(headers: Any, wanted: str) -> str | None:
@@ -102,13 +101,19 @@ class Seen:
 
 
 class OrderedKeys:
-    """The held keys of one consumer (by original topic and key) and what each record does to them."""
+    """The held keys of one consumer (by original topic and key) and what each record does to them.
+
+    Crash-safe by the order of its writes: a failed record's hold (its new head) is written before its
+    retry is sent, so that the record, read again after a crash, is known as the head; a park, a
+    release and a dead letter are sent before the hold that records them, so that a crash between
+    sends them again (the scheduler and the places parked absorb the copy) rather than never.
+    """
 
     def __init__(
         self,
         store: HoldStore,
         retries: RetryClient,
-        handle: Handle,
+        call: Call,
         after_dead: str = RELEASE,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -116,7 +121,7 @@ class OrderedKeys:
             raise ValueError(f"after_dead must be {RELEASE!r} or {DEAD_LETTER!r}, not {after_dead!r}")
         self.store = store
         self.retries = retries
-        self.handle = handle
+        self.call = call
         self.after_dead = after_dead
         self.clock = clock
         #: The holds of the group's keys, as read from the holds topic and kept since.
@@ -140,23 +145,29 @@ class OrderedKeys:
             hold = None
         if hold is None:
             return self._free(msg, seen, where)
-        before = hold.copy()
-        if seen.heads is not None or (
-            hold.head_attempt is None
-            and hold.head is not None
-            and seen.chain is None
-            and seen.retry_id == hold.head
-        ):  # a head's retry (0.4.0's came back without retry.blocks)
-            ok = self._head(msg, seen, hold)
-        elif seen.chain == hold.chain:
-            ok = self._member(msg, seen, hold)
-        elif seen.chain is not None and not hold.legacy:
-            ok = self._duplicate(msg, f"its chain {seen.chain} is not its key's ({hold.chain})")
-        else:
-            ok = self._park(msg, seen, hold)
-        if hold != before:
-            self._put(where, hold)
-        return ok
+        if hold.head is not None and (
+            # the head's retry
+            (seen.heads == hold.chain and seen.retry_id == hold.head)
+            # the head's own record read again (not committed when the helper stopped)
+            or (
+                seen.heads is None
+                and seen.chain in (None, hold.chain)
+                and seen.position == hold.head_position
+            )
+            # a 0.4.0 hold's head (its retry came back without retry.blocks)
+            or (hold.head_attempt is None and seen.chain is None and seen.retry_id == hold.head)
+        ):
+            again = seen.heads is None and seen.position == hold.head_position
+            if not again and hold.head_attempt is not None and seen.attempt != hold.head_attempt:
+                return self._duplicate(msg, f"a copy of an earlier attempt of chain {hold.chain}'s head")
+            return self._head(msg, seen, where, hold)
+        if seen.heads is not None:
+            return self._duplicate(msg, f"a copy of a retry of chain {seen.heads} handled already")
+        if seen.chain == hold.chain:
+            return self._member(msg, seen, where, hold)
+        if seen.chain is not None and not hold.legacy:
+            return self._duplicate(msg, f"its chain {seen.chain} is not its key's ({hold.chain})")
+        return self._park(msg, seen, where, hold)
 
     def sweep(self, owned: Callable[[str, int], bool]) -> int:
         """Forget the finished chains older than :data:`FINISHED_KEEP_S` of the keys ``owned`` (original
@@ -172,7 +183,7 @@ class OrderedKeys:
     # -- the cases -------------------------------------------------------------------------------------
 
     def _free(self, msg: Message, seen: Seen, where: tuple[str, bytes]) -> bool:
-        """A record of a free key: handled; when it fails, its retry heads a new chain for the key."""
+        """A record of a free key: handled; when it fails, it heads a new chain for the key."""
         if seen.chain is not None or seen.heads is not None:
             self.counts["unknown_chain"] += 1
             log.warning(
@@ -180,36 +191,28 @@ class OrderedKeys:
                 "minutes ago, or the holds topic lost it): handled as a new record",
                 msg.topic(), msg.partition(), msg.offset(), seen.chain or seen.heads, FINISHED_KEEP_S / 60,
             )  # fmt: skip
-        chain = str(uuid.uuid4())
-        ok, retry_id = self.handle(msg, chain)
-        if retry_id is not None:
-            self._put(where, Hold(chain, retry_id, seen.attempt + 1, partition=seen.position[0]))
-        return ok
+        error = self.call(msg)
+        if error is None:
+            return True
+        hold = Hold(str(uuid.uuid4()), partition=seen.position[0])
+        self._failed(msg, seen, where, hold, error)
+        return False
 
-    def _head(self, msg: Message, seen: Seen, hold: Hold) -> bool | None:
-        """The retry of a chain's head: handled if it is the one the chain waits on, else a duplicate."""
-        if (
-            hold.head is None
-            or seen.retry_id != hold.head
-            or seen.heads not in (None, hold.chain)
-            or (hold.head_attempt is not None and seen.attempt != hold.head_attempt)
-        ):
-            return self._duplicate(
-                msg, f"a copy of a retry of chain {seen.heads or hold.chain} handled already"
-            )
-        ok, retry_id = self.handle(msg, hold.chain)
-        if retry_id is not None:  # failed again: the chain goes on waiting for its next attempt
-            hold.head_attempt = seen.attempt + 1
-            return ok
-        hold.head = hold.head_attempt = None
-        hold.dead = None if ok else seen.retry_id
-        if not (hold.parked or hold.legacy):
+    def _head(self, msg: Message, seen: Seen, where: tuple[str, bytes], hold: Hold) -> bool:
+        """The chain's head, back (or read again): handled; what waits behind it goes on if it succeeds."""
+        error = self.call(msg)
+        if error is not None:
+            self._failed(msg, seen, where, hold, error)
+            return False
+        if hold.parked or hold.legacy:
+            self.retries.release(msg, hold.chain)  # before the hold: a crash between sends it again
+            hold.head = hold.head_attempt = hold.head_position = hold.dead = None
+        else:
             self._finish(hold)
-        elif ok:  # what waits behind it may go (a dead one's chain the scheduler releases by itself)
-            self.retries.release(msg, hold.chain)
-        return ok
+        self._put(where, hold)
+        return True
 
-    def _member(self, msg: Message, seen: Seen, hold: Hold) -> bool | None:
+    def _member(self, msg: Message, seen: Seen, where: tuple[str, bytes], hold: Hold) -> bool | None:
         """A record of the key's chain, published by the scheduler: handled if its turn has come."""
         if seen.dead_head is not None and seen.dead_head == hold.head:
             self.counts["dead_heads"] += 1
@@ -217,7 +220,8 @@ class OrderedKeys:
                 "retry %s of a held key is dead: the records held behind it are %s in order",
                 hold.head, "handled" if self.after_dead == RELEASE else "dead-lettered",
             )  # fmt: skip
-            hold.dead, hold.head, hold.head_attempt = hold.head, None, None
+            hold.dead, hold.head, hold.head_attempt, hold.head_position = hold.head, None, None, None
+            self._put(where, hold)
         position = seen.position
         known = position in hold.parked
         if not known and not hold.legacy:
@@ -232,26 +236,56 @@ class OrderedKeys:
             hold.parked.remove(position)
         else:
             hold.legacy -= 1
-        ok: bool | None
         if hold.dead is not None and self.after_dead == DEAD_LETTER:
             self.retries.dead_letter(msg, reason=f"held behind retry {hold.dead}, which is dead")
-            ok = None
-        else:
-            ok, retry_id = self.handle(msg, hold.chain)
-            if retry_id is not None:  # the chain's new head: the rest waits for it
-                hold.head, hold.head_attempt, hold.dead = retry_id, seen.attempt + 1, None
-        if hold.head is None and not hold.parked and not hold.legacy:
-            self._finish(hold)
-        return ok
+            self._settle(where, hold)
+            return None
+        error = self.call(msg)
+        if error is not None:
+            self._failed(msg, seen, where, hold, error)
+            return False
+        self._settle(where, hold)
+        return True
 
-    def _park(self, msg: Message, seen: Seen, hold: Hold) -> bool | None:
+    def _park(self, msg: Message, seen: Seen, where: tuple[str, bytes], hold: Hold) -> bool | None:
         """A record of a held key that is not in its chain yet: parked in it."""
         if seen.chain is None and seen.position in hold.parked:
             return None  # parked already (read again after a restart)
         self.retries.retry(msg, hold=hold.chain, chain_flows=hold.head is None)
         if seen.chain is None:  # (a 0.4.0 chain's record, passed on to the key's chain, is counted)
             bisect.insort(hold.parked, seen.position)
+            self._put(where, hold)
         return None
+
+    def _failed(
+        self, msg: Message, seen: Seen, where: tuple[str, bytes], hold: Hold, error: BaseException
+    ) -> None:
+        """``msg`` failed: it heads the key's chain ``hold``. A retry: the hold first (the record read
+        again after a crash is known as the head), then the retry. A fatal error: the dead letter first
+        (a crash between sends it again rather than never), then the hold; the scheduler releases the
+        chain as dead by its ``retry.blocks``."""
+        retry_id = seen.retry_id or hold.head or str(uuid.uuid4())
+        fatal = self.retries.is_fatal(error)
+        log.info(
+            "record %s[%s]@%s failed (%s): sent to %s, heading its key's chain %s",
+            msg.topic(), msg.partition(), msg.offset(), error, "the DLQ" if fatal else "retry", hold.chain,
+        )  # fmt: skip
+        if fatal:
+            self.retries.retry(msg, error, blocks=hold.chain, retry_id=retry_id)
+            hold.head = hold.head_attempt = hold.head_position = None
+            hold.dead = retry_id
+            self._settle(where, hold)
+            return
+        hold.head, hold.head_attempt, hold.head_position = retry_id, seen.attempt + 1, seen.position
+        hold.dead = None
+        self._put(where, hold)
+        self.retries.retry(msg, error, blocks=hold.chain, retry_id=retry_id)
+
+    def _settle(self, where: tuple[str, bytes], hold: Hold) -> None:
+        """Write ``hold`` after a record of its chain was done with: finished when nothing is left."""
+        if hold.head is None and not hold.parked and not hold.legacy:
+            self._finish(hold)
+        self._put(where, hold)
 
     def _duplicate(self, msg: Message, why: str) -> bool | None:
         self.counts["duplicates"] += 1
@@ -259,9 +293,9 @@ class OrderedKeys:
         return None
 
     def _finish(self, hold: Hold) -> None:
-        hold.head = hold.head_attempt = hold.dead = None
+        hold.head = hold.head_attempt = hold.head_position = hold.dead = None
         hold.parked, hold.legacy, hold.finished_at = [], 0, self.clock()
 
     def _put(self, where: tuple[str, bytes], hold: Hold) -> None:
         self.holds[where] = hold
-        self.store.put(where[0], where[1], hold)
+        self.store.put(where[0], where[1], hold.copy())

@@ -1,0 +1,362 @@
+"""Ordered mode's guarantee, attacked by a model-based test (issue 29).
+
+A seeded simulation drives the real parts (the consumer helper, 1 to 3 members of one group in ordered
+mode; the scheduler's ingest and publish loops; the embedded broker; PostgreSQL) through a random
+interleaving of: records sent, records failing once or twice, failing for good (their retries die)
+and failing fatally; the publisher dying after the broker acknowledged a round (its jobs published
+again: duplicates); a member killed at each of its checkpoints (after a retry, a park or a release
+was sent, after a hold was written, before an offset was committed) and another taking over; members
+joining (rebalances: partitions and their holds move); the scheduler restarted, and its ingest killed
+between reading a batch and storing it. A kill is in-process: the member's consumer is closed with
+nothing committed and the object dropped, which for the broker, PostgreSQL and the holds topic is
+what a SIGKILL leaves behind.
+
+Odd seeds kill their one member; even seeds have members join. Not both: the embedded broker (Tansu)
+never assigns a group's partitions again once a member left while others stayed (reproduced with plain
+confluent-kafka consumers: the remaining member gets nothing for minutes), so a member dying beside
+others is a scenario for a real Kafka cluster, not this one.
+
+The oracle, after every run: for every key, the handler's successful calls are the key's records in
+their original order, all but those that died, none lost; a record handled twice in a row is allowed
+only where a member was killed after handling it and before committing it (Kafka's at-least-once), so
+there are never more such repeats than kills. ``RETRY_MODEL_SEEDS`` (comma-separated) picks the
+seeds; ``make chaos`` runs many more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from confluent_kafka import Message
+
+from retry_scheduler.consumer import RetryingConsumer
+from retry_scheduler.db.store import Store
+from retry_scheduler.loops.ingest import Ingestor
+from retry_scheduler.loops.publish import Publisher
+from tests.integration.test_loop import Loop, new_loop
+from tests.kafkautil import QUICK_JOIN, create_topics, produce
+
+pytestmark = pytest.mark.integration
+
+SEEDS = [int(s) for s in os.environ.get("RETRY_MODEL_SEEDS", "11,12,13,14").split(",") if s.strip()]
+#: The kinds of fault injected: an odd seed kills its one member at its checkpoints (a new one takes
+#: over), an even seed has members join (up to 3); both restart the scheduler and kill its ingest and
+#: its publisher. RETRY_MODEL_FAULTS (comma-separated) narrows them: arm, join, restart, kill-ingest,
+#: kill-publish.
+KINDS = set(os.environ.get("RETRY_MODEL_FAULTS", "arm,join,restart,kill-ingest,kill-publish").split(","))
+KEYS, PER_KEY = 4, 6
+#: Where a member is killed: right after sending a retry, a park or a dead letter; right after writing
+#: a hold; just before sending a release, and right after; just before committing an offset.
+MEMBER_CHECKPOINTS = ("sent", "hold", "before-release", "after-release", "before-commit")
+
+
+class Crash(BaseException):
+    """A member or loop killed at a checkpoint (BaseException: nothing of ours catches it)."""
+
+
+@dataclass
+class App:
+    """The application: each record's value is its place in its key's order. ``plan[(key, n)]``: how
+    many times it fails before it succeeds, ``"always"`` (its retries die) or ``"fatal"``."""
+
+    plan: dict[tuple[bytes, int], Any]
+    calls: Counter[tuple[bytes, int]] = field(default_factory=Counter)
+    handled: dict[bytes, list[int]] = field(default_factory=lambda: defaultdict(list))
+
+    def handle(self, msg: Message) -> None:
+        key, value = msg.key(), msg.value()
+        assert isinstance(key, bytes) and isinstance(value, bytes)
+        record = (key, int(value))
+        self.calls[record] += 1
+        fate = self.plan.get(record, 0)
+        if fate == "fatal":
+            raise ValueError(f"{record}: not a ledger entry")
+        if fate == "always" or self.calls[record] <= fate:
+            raise TimeoutError(f"{record}: the ledger is not there yet")
+        self.handled[key].append(record[1])
+
+    def dead(self) -> set[tuple[bytes, int]]:
+        return {record for record, fate in self.plan.items() if fate in ("always", "fatal")}
+
+
+class CommitProxy:
+    """The member's consumer, with a checkpoint before each commit."""
+
+    def __init__(self, real: Any, member: Member) -> None:
+        self._real, self._member = real, member
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        self._member.reach("before-commit")
+        return self._real.commit(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class Member:
+    """One member of the group: a :class:`RetryingConsumer` in ordered mode whose sends, hold writes and
+    commits pass through checkpoints where it can be killed."""
+
+    def __init__(self, name: str, config: dict[str, Any], loop: Loop, app: App, holds_topic: str) -> None:
+        self.name = name
+        self.armed: str | None = None
+        self.helper = RetryingConsumer(config, [loop.dest], app.handle, ordered=True, holds_topic=holds_topic)
+        self.helper.retries.retry_topic = loop.settings.retry_topic
+        self.helper.retries.fatal_errors = (ValueError,)
+        self._after(self.helper.retries, "retry", "sent")
+        self._around(self.helper.retries, "release", "before-release", "after-release")
+        assert self.helper.hold_store is not None
+        self._after(self.helper.hold_store, "put", "hold")
+        self.helper.consumer = CommitProxy(self.helper.consumer, self)  # type: ignore[assignment]
+
+    def reach(self, point: str) -> None:
+        if self.armed == point:
+            self.armed = None
+            raise Crash(f"{self.name} killed at {point}")
+
+    def _after(self, obj: Any, name: str, point: str) -> None:
+        real: Callable[..., Any] = getattr(obj, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            out = real(*args, **kwargs)
+            self.reach(point)
+            return out
+
+        setattr(obj, name, wrapper)
+
+    def _around(self, obj: Any, name: str, before: str, after: str) -> None:
+        real: Callable[..., Any] = getattr(obj, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.reach(before)
+            out = real(*args, **kwargs)
+            self.reach(after)
+            return out
+
+        setattr(obj, name, wrapper)
+
+    def kill(self) -> None:
+        """What a SIGKILL leaves: nothing committed, nothing more sent; the group notices."""
+        self.helper.consumer._real.close()  # type: ignore[attr-defined]
+
+
+class Scheduler:
+    """The ingest and publish loops, stepped one batch and one round at a time."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.ingest_store = Store(loop.settings.database_url)
+        self.publish_store = Store(loop.settings.database_url)
+        self.ingestor = Ingestor(loop.settings, loop.registry, self.ingest_store)
+        self.publisher = Publisher(loop.settings, self.publish_store)
+
+    def ingest(self, kill: bool) -> None:
+        batch = self.ingestor.read_batch(0.2)
+        if batch is None:
+            return
+        if kill:  # read, not stored: the process dies with the batch
+            raise Crash("ingest killed between reading a batch and storing it")
+        self.ingestor._finish(batch, self.ingestor.store_batch(batch))
+
+    def publish(self, kill: bool) -> None:
+        if not kill:
+            self.publisher.publish_once()
+            return
+        real = self.publish_store.mark_published
+
+        def acknowledged_then_killed(*args: Any, **kwargs: Any) -> Any:
+            raise Crash("publisher killed after the broker acknowledged its round")
+
+        self.publish_store.mark_published = acknowledged_then_killed  # type: ignore[method-assign]
+        try:
+            self.publisher.publish_once()
+        finally:
+            self.publish_store.mark_published = real  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        for close in (
+            self.ingestor.close,
+            self.publisher.close,
+            self.ingest_store.close,
+            self.publish_store.close,
+        ):
+            with contextlib.suppress(Exception):  # a loop killed mid-way: what is left of it goes
+                close()
+
+
+@dataclass
+class Run:
+    seed: int
+    faults: Counter[str] = field(default_factory=Counter)
+    steps: int = 0
+
+
+def plan_for(rng: random.Random) -> dict[tuple[bytes, int], Any]:
+    plan: dict[tuple[bytes, int], Any] = {}
+    for k in range(KEYS):
+        for n in range(PER_KEY):
+            fate = rng.choices([0, 1, 2, "always", "fatal"], weights=[55, 25, 10, 5, 5])[0]
+            if fate:
+                plan[(f"k{k}".encode(), n)] = fate
+    return plan
+
+
+def check(app: App, run: Run) -> None:
+    """The oracle: each key's records handled in their original order, each once but for a repeat
+    right after a kill, all but the dead ones."""
+    dead = app.dead()
+    repeats = 0
+    for k in range(KEYS):
+        key = f"k{k}".encode()
+        got = app.handled[key]
+        distinct = [n for i, n in enumerate(got) if i == 0 or got[i - 1] != n]
+        repeats += len(got) - len(distinct)
+        want = [n for n in range(PER_KEY) if (key, n) not in dead]
+        assert distinct == want, f"seed {run.seed}: key {key!r} handled {got}, want {want} ({run.faults})"
+    kills = sum(n for fault, n in run.faults.items() if fault.startswith("member killed"))
+    assert repeats <= kills, f"seed {run.seed}: {repeats} records handled again, only {kills} kills"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_key_keeps_its_order_under_random_faults(
+    seed: int, database_url: str, bootstrap_servers: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    rng = random.Random(seed)
+    kills = seed % 2 == 1  # one member, killed at its checkpoints; else members joining
+    loop = new_loop(
+        database_url, bootstrap_servers, topic_prefix, destination_allowlist=rf"^{topic_prefix}-orders$"
+    )
+    group, holds_topic = f"{topic_prefix}-billing", f"{topic_prefix}-holds"
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{topic_prefix}-dlq"], partitions=2)
+    create_topics(loop.bootstrap, [f"{loop.dest}.{group}.redelivery"], partitions=2)
+    app = App(plan_for(rng))
+    config = {"bootstrap.servers": loop.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+              "topic.metadata.refresh.interval.ms": 1000, **QUICK_JOIN}  # fmt: skip
+    records = [
+        {"key": f"k{k}".encode(), "value": str(n).encode()} for n in range(PER_KEY) for k in range(KEYS)
+    ]
+    run = Run(seed)
+    scheduler = Scheduler(loop)
+    members: list[Member] = []
+    gone: list[Member] = []
+    names = iter(f"m{i}" for i in range(1000))
+
+    def join() -> None:
+        members.append(Member(next(names), config, loop, app, holds_topic))
+
+    def kill(member: Member, why: str) -> None:
+        run.faults[why] += 1
+        member.kill()
+        members.remove(member)
+        gone.append(member)
+        if not members:
+            join()  # a restart
+
+    def restart_scheduler(why: str) -> None:
+        nonlocal scheduler
+        run.faults[why] += 1
+        scheduler.close()
+        scheduler = Scheduler(loop)
+
+    def step(faults: bool) -> None:
+        run.steps += 1
+        action = rng.choices(
+            ["poll", "ingest", "publish", "send", "arm", "join", "restart"],
+            weights=[40, 12, 12, 6 if sent < len(records) else 0, 3 if faults and kills and "arm" in KINDS else 0,
+                     1 if faults and not kills and "join" in KINDS else 0,
+                     1 if faults and "restart" in KINDS else 0],
+        )[0]  # fmt: skip
+        if action == "poll":
+            member = rng.choice(members)
+            try:
+                member.helper.poll(0.05)
+            except Crash as crash:
+                kill(member, f"member killed {str(crash).split(' at ')[1]}")
+        elif action == "ingest":
+            try:
+                scheduler.ingest(kill=faults and "kill-ingest" in KINDS and rng.random() < 0.05)
+            except Crash:
+                restart_scheduler("ingest killed with a batch read")
+        elif action == "publish":
+            try:
+                scheduler.publish(kill=faults and "kill-publish" in KINDS and rng.random() < 0.1)
+            except Crash:
+                run.faults["publisher killed after the acks (duplicates)"] += 1
+        elif action == "arm":
+            rng.choice(members).armed = rng.choice(MEMBER_CHECKPOINTS)
+        elif action == "join" and len(members) < 3:
+            run.faults["member joined"] += 1
+            join()
+        elif action == "restart":
+            restart_scheduler("scheduler restarted")
+
+    def finished() -> bool:
+        dead = app.dead()
+        want = {(f"k{k}".encode(), n) for k in range(KEYS) for n in range(PER_KEY)} - dead
+        if not want <= {(key, n) for key, ns in app.handled.items() for n in ns}:
+            return False
+        with Store(loop.settings.database_url) as store:
+            pending = store.conn.execute(
+                "SELECT count(*) FROM retry_jobs WHERE status = 'pending'"
+            ).fetchone()
+        return pending == (0,) and not any(owned_holds(m) for m in members)
+
+    def owned_holds(member: Member) -> dict[tuple[str, bytes], Any]:
+        """The member's held keys of the partitions it reads (its copies of others' may be old)."""
+        mine = {tp.partition for tp in member.helper.consumer.assignment() if tp.topic == loop.dest}
+        return {w: h for w, h in member.helper.holds.items() if h.partition in mine}
+
+    def diagnosis() -> str:
+        with Store(loop.settings.database_url) as store:
+            rows = store.conn.execute(
+                "SELECT msg_key, msg_value, status, held_by, due_at < '9999-01-01', attempt, dead_reason "
+                "FROM retry_jobs ORDER BY id"
+            ).fetchall()
+            chains = store.conn.execute("SELECT blocker, why, dead_head FROM retry_released_holds").fetchall()
+        owned = {m.name: owned_holds(m) for m in members}
+        return f"rows {rows}\nreleased {chains}\nowned holds {owned}\ncounts {[(m.name, m.helper.ordered.counts) for m in members + gone if m.helper.ordered]}"
+
+    sent = 0
+    join()
+    try:
+        with (
+            caplog.at_level(logging.WARNING),
+            caplog.at_level(logging.INFO, logger="retry_scheduler.ordered"),
+        ):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (
+                sent == len(records) and run.steps % 50 == 0 and finished()
+            ):
+                if sent < len(records) and rng.random() < 0.15:
+                    batch = records[sent : sent + rng.randint(1, 4)]
+                    produce(loop.bootstrap, loop.dest, batch)
+                    sent += len(batch)
+                step(faults=True)
+            for member in members:
+                member.armed = None
+            deadline = time.monotonic() + 150  # then quiet: everything comes back
+            while time.monotonic() < deadline and not (run.steps % 25 == 0 and finished()):
+                if sent < len(records):
+                    produce(loop.bootstrap, loop.dest, records[sent:])
+                    sent = len(records)
+                step(faults=False)
+            assert finished(), (
+                f"seed {seed}: not finished in time ({run.faults}, handled {dict(app.handled)}, members "
+                f"{[m.name for m in members]})\n{diagnosis()}\nthe log ends:\n{caplog.text[-20000:]}"
+            )
+    finally:
+        for member in members:
+            member.helper.close()
+        scheduler.close()
+    check(app, run)
+    logging.getLogger(__name__).warning("seed %s: %s steps, faults %s", seed, run.steps, dict(run.faults))
+    assert sum(run.faults.values()) > 0
