@@ -60,6 +60,7 @@ _SPRING = {
     "offset": "kafka_dlt-original-offset",
     "timestamp": "kafka_dlt-original-timestamp",
     "error_class": "kafka_dlt-exception-fqcn",
+    "cause_class": "kafka_dlt-exception-cause-fqcn",
     "reason": "kafka_dlt-exception-message",
     "group": "kafka_dlt-original-consumer-group",
 }
@@ -132,13 +133,20 @@ def adopt(fmt: str, headers: Sequence[tuple[str, bytes | None]], max_reason_char
         partition = partition if partition is not None and partition < 2**31 else None
         offset = _text_int(_first(headers, names["offset"]), 0)
         timestamp = None
+    wrapper = _text(_first(headers, names["error_class"]), 300)
+    # Spring wraps the listener's exception (ListenerExecutionFailedException says nothing): the cause
+    # is the error class; the wrapper is kept in the reason (and, as every header, in the record).
+    cause = _text(_first(headers, names["cause_class"]), 300) if "cause_class" in names else None
+    reason = _text(_first(headers, names["reason"]), max_reason_chars + 1)
+    if cause is not None and wrapper is not None and cause != wrapper:
+        reason = f"{reason or ''} (in {wrapper})".lstrip()
     return Adopted(
         original_topic=topic,
         original_partition=partition,
         original_offset=offset,
         original_timestamp_ms=timestamp,
-        error_class=_text(_first(headers, names["error_class"]), 300),
-        reason=_reason(_text(_first(headers, names["reason"]), max_reason_chars + 1), max_reason_chars),
+        error_class=cause or wrapper,
+        reason=_reason(reason, max_reason_chars),
         group=_text(_first(headers, names["group"]), 300),
     )
 
