@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Message
+from confluent_kafka import Consumer, Message
 
 from retry_scheduler.client import RetryClient
 from retry_scheduler.consumer import CircuitBreaker, RetryingConsumer
@@ -19,6 +19,10 @@ from tests.kafkautil import consume, create_topics, produce
 pytestmark = pytest.mark.integration
 
 RECORDS = 60
+#: A member that does not poll for 6 s leaves its group (librdkafka's max.poll.interval.ms, client-side
+#: whatever the broker), and the breaker's cool-downs are longer than that.
+STRICT_POLLING = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000}
+COOLDOWN_S = 7.0
 
 
 class Dependency:
@@ -45,10 +49,12 @@ def test_a_failing_dependency_pauses_the_consumer_then_it_goes_on_where_it_stopp
         bootstrap_servers, orders, [{"key": f"k{i:02d}".encode(), "value": b"{}"} for i in range(RECORDS)]
     )
     dependency = Dependency()
-    breaker = CircuitBreaker(failure_rate=0.5, window_s=30, min_records=5, cooldown_s=1.0)
+    # Each cool-down is longer than the member may go without polling: a consumer that stopped polling
+    # while open would leave its group and have its partitions revoked (as the control test shows).
+    breaker = CircuitBreaker(failure_rate=0.5, window_s=30, min_records=5, cooldown_s=COOLDOWN_S)
     consumer = RetryingConsumer(
         {"bootstrap.servers": bootstrap_servers, "group.id": f"{topic_prefix}-billing", "auto.offset.reset": "earliest",
-         "session.timeout.ms": 6000},
+         **STRICT_POLLING},
         [orders],
         dependency.call,
         RetryClient({"bootstrap.servers": bootstrap_servers}, retry_topic=retry, group=f"{topic_prefix}-billing"),
@@ -59,7 +65,7 @@ def test_a_failing_dependency_pauses_the_consumer_then_it_goes_on_where_it_stopp
 
     with caplog.at_level(logging.WARNING, logger="retry_scheduler.consumer"):
         thread.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while breaker.counts["opened"] < 3 and time.monotonic() < deadline:  # down through 2 failed probes
             time.sleep(0.1)
         dependency.up = True  # the service is back
@@ -103,3 +109,27 @@ def test_a_breaker_refuses_settings_that_cannot_work() -> None:
         CircuitBreaker(failure_rate=0)
     with pytest.raises(ValueError, match="min_records must be at least 1"):
         CircuitBreaker(min_records=0)
+
+
+def test_the_control_a_consumer_that_stops_polling_for_a_cool_down_is_rebalanced(
+    bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """What the test above would see if the breaker slept instead of polling while open: with the same
+    settings, a member that goes a cool-down without polling has its partitions revoked."""
+    orders = f"{topic_prefix}-orders"
+    create_topics(bootstrap_servers, [orders], partitions=2)
+    revoked: list[int] = []
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap_servers, "group.id": f"{topic_prefix}-idle", **STRICT_POLLING}
+    )
+    consumer.subscribe([orders], on_revoke=lambda _c, parts: revoked.append(len(parts)))
+    deadline = time.monotonic() + 30
+    while not consumer.assignment() and time.monotonic() < deadline:
+        consumer.poll(0.2)
+    assert consumer.assignment()
+    time.sleep(COOLDOWN_S)  # a cool-down without polling
+    deadline = time.monotonic() + 15
+    while not revoked and time.monotonic() < deadline:
+        consumer.poll(0.2)
+    consumer.close()
+    assert revoked and revoked[0] == 2
