@@ -68,13 +68,18 @@ def _to_ms(at: datetime | float | int) -> int:
 
 
 def _header_text(headers: Sequence[Header], name: str) -> str | None:
+    """The last ``name`` header as text (a repeated ``retry.*`` header counts by its last occurrence,
+    as the scheduler and Java's ``Headers.lastHeader`` read it)."""
+    found = None
     for key, value in headers:
         if key == name and value is not None:
-            try:
-                return value.decode("utf-8")
-            except UnicodeDecodeError:
-                return None
-    return None
+            found = value
+    if found is None:
+        return None
+    try:
+        return found.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def build_retry_headers(

@@ -35,11 +35,13 @@ goes on, so the group does not rebalance and nothing is skipped: the records not
 read again on resume), lets one record through after the cool-down (half-open), and resumes when
 that one succeeds, or pauses again. State changes are logged and counted (``CircuitBreaker.counts``).
 
-``ordered=True`` keeps each key's order: once a record of a key failed, the key's later records are
-parked behind its retry (``retry.hold``) instead of handled; when the retry came back and was
-handled, a release (``retry.release``) has the scheduler publish them one at a time in their original
-order. The held keys are kept in a compacted topic (:mod:`retry_scheduler.holds`), so a restart or a
-rebalance keeps the order. The protocol: docs/header-protocol.md, "Per-key ordering".
+``ordered=True`` keeps each key's order: once a record of a key failed, its retry heads a chain for
+the key (``retry.blocks``) and the key's later records are parked in it (``retry.hold``) instead of
+handled; when the retry came back and was handled, a release (``retry.release``) has the scheduler
+publish them one at a time in their original order (:mod:`retry_scheduler.ordered` decides what each
+record does). The held keys are kept in a compacted topic (:mod:`retry_scheduler.holds`), so a
+restart or a rebalance keeps the order. The guarantee: docs/guide/sending.md, "Per-key ordering";
+the protocol: docs/header-protocol.md.
 """
 
 from __future__ import annotations

@@ -48,7 +48,8 @@ FINISHED_KEEP_S = 3600.0
 Call = Callable[[Message], "BaseException | None"]
 
 
-def _text(headers: Any, wanted: str) -> str | None:
+def _raw(headers: Any, wanted: str) -> str | None:
+    """The last ``wanted`` header (a repeated one counts by its last, as everywhere), as text."""
     found = None
     for name, value in headers or ():
         if name == wanted and isinstance(value, bytes):
@@ -56,12 +57,19 @@ def _text(headers: Any, wanted: str) -> str | None:
     if found is None:
         return None
     try:
-        return found.decode("utf-8").strip() or None
+        return found.decode("utf-8")
     except UnicodeDecodeError:
         return None
 
 
-def _number(text: str | None) -> int | None:
+def _text(headers: Any, wanted: str) -> str | None:
+    """A chain's id, as the scheduler reads it (stripped; None when empty)."""
+    return (_raw(headers, wanted) or "").strip() or None
+
+
+def _number(headers: Any, wanted: str) -> int | None:
+    """A whole number, exactly as the client carries it into a retry (else None)."""
+    text = _raw(headers, wanted)
     return int(text) if text is not None and text.isascii() and text.isdigit() else None
 
 
@@ -83,8 +91,8 @@ class Seen:
         headers = msg.headers()
         state = _text(headers, protocol.CHAIN_STATE) or ""
         kind, _, head = state.partition(":")
-        partition = _number(_text(headers, protocol.ORIGINAL_PARTITION))
-        offset = _number(_text(headers, protocol.ORIGINAL_OFFSET))
+        partition = _number(headers, protocol.ORIGINAL_PARTITION)
+        offset = _number(headers, protocol.ORIGINAL_OFFSET)
         # As the client carries them into the retry, and so as the scheduler orders the chain.
         position = (
             partition if partition is not None else int(msg.partition() or 0),
@@ -93,8 +101,8 @@ class Seen:
         return cls(
             _text(headers, protocol.HOLD),
             _text(headers, protocol.BLOCKS),
-            _text(headers, protocol.ID),
-            _number(_text(headers, protocol.ATTEMPT)) or 0,
+            _raw(headers, protocol.ID),
+            _number(headers, protocol.ATTEMPT) or 0,
             head or None if kind == protocol.CHAIN_DEAD else None,
             position,
         )
