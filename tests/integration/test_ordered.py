@@ -595,3 +595,50 @@ def test_order_holds_when_a_second_member_joins_and_takes_partitions_over(
     assert app.members == {"first", "second"}  # both members handled records
     assert_in_order(app, dead=set())
     assert not loop.rows("status <> 'published'")
+
+
+def test_two_groups_in_ordered_mode_on_one_topic_never_release_each_others_chains(
+    loop: Loop, topic_prefix: str
+) -> None:
+    """Found 6 (issue 29): records that already carry a ``retry.id`` (republished by another service's
+    retry, say) failing in two groups: 0.4.0 named both groups' chains by that id, so the first group to
+    handle its retry released the other's chain while the other's retry was still pending, and its
+    later records overtook it. Chains are the helper's own now."""
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{topic_prefix}-dlq"])
+    # the first record of k0 fails once in billing, twice (its retries a second apart) in shipping
+    billing_app, shipping_app = App({(b"k0", 0): 1}), App({(b"k0", 0): 2})
+    members: list[tuple[App, RetryingConsumer]] = []
+    for name, app in (("billing", billing_app), ("shipping", shipping_app)):
+        group = f"{topic_prefix}-{name}"
+        create_topics(loop.bootstrap, [f"{loop.dest}.{group}.redelivery"])
+        config = {"bootstrap.servers": loop.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                  "topic.metadata.refresh.interval.ms": 1000, **QUICK_JOIN}  # fmt: skip
+        consumer = RetryingConsumer(
+            config, [loop.dest], app.handle, ordered=True, holds_topic=f"{topic_prefix}-holds"
+        )
+        consumer.retries.retry_topic = loop.settings.retry_topic
+        members.append((app, consumer))
+    service = Service(loop)
+    try:
+        produce(
+            loop.bootstrap,
+            loop.dest,
+            [
+                {"key": b"k0", "value": str(n).encode(), "headers": [(p.ID, b"shared-id")]}
+                for n in range(PER_KEY)
+            ],
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+            len(set(app.handled[b"k0"])) == PER_KEY and not consumer.holds for app, consumer in members
+        ):
+            for _, consumer in members:
+                consumer.poll(0.1)
+    finally:
+        for _, consumer in members:
+            consumer.close()
+        service.close()
+    for app in (billing_app, shipping_app):
+        got = app.handled[b"k0"]
+        assert [n for i, n in enumerate(got) if i == 0 or got[i - 1] != n] == list(range(PER_KEY)), got
+    assert shipping_app.calls == billing_app.calls + 1  # its first record failed once more
