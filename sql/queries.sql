@@ -253,8 +253,11 @@ WHERE %(destination)s::text IS NULL OR destination = %(destination)s
 GROUP BY status;
 
 -- name: held_count
--- Pending jobs held behind an earlier record of their key (ordered mode), not yet released.
-SELECT count(*) FROM retry_jobs
+-- Pending jobs held in their key's chain (ordered mode), not yet let out: how many, in how many
+-- chains, and how long the oldest has waited (seconds since it was stored).
+SELECT count(*), count(DISTINCT held_by),
+       extract(epoch FROM clock_timestamp() - min(created_at))::float8
+FROM retry_jobs
 WHERE held_by IS NOT NULL AND status = 'pending' AND due_at = %(held_due)s
   AND (%(destination)s::text IS NULL OR destination = %(destination)s);
 

@@ -104,7 +104,8 @@ def test_held_records_go_out_after_the_release_one_at_a_time_in_original_order(l
     held = loop.rows("held_by IS NOT NULL")
     assert [(r["status"], r["due_at"].year, r["attempt"]) for r in held] == [("pending", 9999, 0)] * 3
     report = status_report(loop.settings, None, 300)
-    assert (report["pending"], report["held"], report["published"]) == (3, 3, 1)
+    assert (report["pending"], report["held"], report["held_chains"], report["published"]) == (3, 3, 1, 1)
+    assert 0 <= report["oldest_held_s"] < 60
 
     loop.send([release(loop, "C")])
     counts = loop.ingest(1)

@@ -32,7 +32,8 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def status_report(settings: Settings, destination: str | None, window_s: int) -> dict[str, Any]:
     """The figures of ``status --json``: one key per job status (``held``: the pending ones held in
-    ordered mode), plus dead reasons and lateness."""
+    ordered mode, in ``held_chains`` chains, the oldest stored ``oldest_held_s`` ago), plus dead
+    reasons and lateness."""
     from retry_scheduler.db.store import Store
 
     with Store(settings.database_url) as store:
@@ -40,6 +41,8 @@ def status_report(settings: Settings, destination: str | None, window_s: int) ->
     late = raw["lateness"]
     report: dict[str, Any] = {s.value: int(raw["counts"].get(s.value, 0)) for s in Status}
     report["held"] = raw["held"]
+    report["held_chains"] = raw["held_chains"]
+    report["oldest_held_s"] = raw["oldest_held_s"]
     report["dead_by_reason"] = raw["dead_by_reason"]
     report["oldest_overdue"] = raw["oldest_overdue"]
     report["lateness"] = {
@@ -69,7 +72,10 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     for status in Status:
         line = f"  {status.value:<10} {report[status.value]:>10}"
         if status is Status.PENDING and report["held"]:
-            line += f"  ({report['held']} held behind an earlier record of their key)"
+            line += (
+                f"  ({report['held']} held behind an earlier record of their key, in "
+                f"{report['held_chains']} chain(s), the oldest for {_fmt_s(report['oldest_held_s'])})"
+            )
         if status is Status.DEAD and report["dead_by_reason"]:
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(report["dead_by_reason"].items()))
             line += f"  ({reasons})"

@@ -563,6 +563,8 @@ class Store:
             },
             "counts": counts,
             "held": 0 if held is None else int(held[0]),
+            "held_chains": 0 if held is None else int(held[1]),
+            "oldest_held_s": None if held is None or held[2] is None else float(held[2]),
             "dead_by_reason": dead,
             "oldest_overdue": None
             if overdue is None
