@@ -132,12 +132,22 @@ bench-quick: venv postgres
 # Fault injection: kill -9 of the workers and of the bulk jobs at named points, the broker frozen,
 # PostgreSQL restarted, and a bad-input corpus, on a private PostgreSQL and broker; writes
 # bench/out/chaos.json, fails unless nothing was lost (~18 min). CHAOS_SEED=S replays a run; `make test` runs a short version.
-.PHONY: chaos
+.PHONY: chaos chaos-ordered
 CHAOS_TRIALS ?= 100
 CHAOS_RECORDS ?= 2500
 chaos: venv
 	$(BIN)/retry-scheduler chaos --trials $(CHAOS_TRIALS) --records $(CHAOS_RECORDS) --out bench/out \
 		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+
+# Ordered mode's model-based test over many seeds (tests/integration/test_ordered_model.py): one JSON
+# line per run in bench/out/chaos-ordered.jsonl, summed up in bench/out/chaos-ordered.json.
+CHAOS_ORDERED_SEEDS ?= $(shell seq -s, 101 120)
+chaos-ordered: venv
+	rm -f bench/out/chaos-ordered.jsonl
+	RETRY_MODEL_SEEDS=$(CHAOS_ORDERED_SEEDS) RETRY_MODEL_REPORT=$(CURDIR)/bench/out/chaos-ordered.jsonl \
+		$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 tests/integration/test_ordered_model.py; \
+		status=$$?; $(BIN)/python -m bench.chaos_ordered bench/out/chaos-ordered.jsonl bench/out/chaos-ordered.json; \
+		exit $$status
 
 clean:
 	rm -rf $(VENV) .dev .airflow .airflow-test .airflow-test-* .test-reports .mypy_cache .ruff_cache site

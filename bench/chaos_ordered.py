@@ -1,0 +1,50 @@
+"""Sums up ``make chaos-ordered``: the model-based test of ordered mode over many seeds
+(``tests/integration/test_ordered_model.py``), one JSON line per run, into ``ordered_violations``
+over the keys, records and faults of all runs.
+
+Usage: ``python -m bench.chaos_ordered RUNS.jsonl SUMMARY.json``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+
+def summarize(lines: list[dict]) -> dict:
+    faults: Counter[str] = Counter()
+    for line in lines:
+        faults.update(line["faults"])
+    return {
+        "runs": len(lines),
+        "seeds": sorted(line["seed"] for line in lines),
+        "unfinished": sorted(line["seed"] for line in lines if not line["finished"]),
+        "ordered_violations": sum(len(line["violations"]) for line in lines),
+        "violations": {str(line["seed"]): line["violations"] for line in lines if line["violations"]},
+        "keys": sum(line["keys"] for line in lines),
+        "records": sum(line["records"] for line in lines),
+        "steps": sum(line["steps"] for line in lines),
+        "faults": sum(faults.values()),
+        "faults_by_kind": dict(faults.most_common()),
+    }
+
+
+def main(argv: list[str]) -> int:
+    runs, out = Path(argv[0]), Path(argv[1])
+    lines = (
+        [json.loads(text) for text in runs.read_text().splitlines() if text.strip()] if runs.exists() else []
+    )
+    summary = summarize(lines)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(
+        f"ordered mode: {summary['ordered_violations']} violations over {summary['runs']} runs, "
+        f"{summary['keys']} keys, {summary['records']} records, {summary['faults']} faults "
+        f"({len(summary['unfinished'])} unfinished): {out}"
+    )
+    return 1 if summary["ordered_violations"] or summary["unfinished"] or not lines else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
