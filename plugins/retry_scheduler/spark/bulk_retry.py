@@ -101,8 +101,9 @@ class OutgoingMessage(NamedTuple):
 
 
 #: The fields of a row of the selection (selection.OUTGOING_COLUMNS): OutgoingRow's, but the due time
-#: where a publisher's next claim may start, which a bulk retry has no use for.
-SELECTION_FIELDS = tuple(name for name in OutgoingRow._fields if name != "due_at")
+#: where a publisher's next claim may start and a held job's chain state, which a bulk retry has no
+#: use for (it selects dead jobs, and pending ones not held).
+SELECTION_FIELDS = tuple(name for name in OutgoingRow._fields if name not in ("due_at", "chain_state"))
 
 
 def outgoing_rows(batch: pa.RecordBatch) -> Iterator[OutgoingRow]:
