@@ -406,10 +406,17 @@ WHERE EXISTS (SELECT 1 FROM retry_jobs WHERE held_by = b AND status = 'pending')
 ON CONFLICT (blocker) DO NOTHING;
 
 -- name: lock_chains
--- One transaction at a time advances a chain (the ingest's, a publisher's): taken in one statement, in
--- order, until the transaction ends, so two never wait for each other.
-SELECT pg_advisory_xact_lock(hashtextextended('retry_scheduler.chain ' || b, 0))
-FROM (SELECT DISTINCT b FROM unnest(%(blockers)s::text[]) AS b ORDER BY b) AS chains;
+-- One transaction at a time advances a chain (the ingest's, a publisher's): a lock per stripe of 64
+-- (a batch may name thousands of chains; the server's lock table holds a few thousand locks in all),
+-- only for chains with held jobs, taken in one statement, in order, until the transaction ends, so
+-- two never wait for each other.
+SELECT pg_advisory_xact_lock(1913, stripe)
+FROM (
+    SELECT DISTINCT hashtext(b) & 63 AS stripe
+    FROM unnest(%(blockers)s::text[]) AS b
+    WHERE EXISTS (SELECT 1 FROM retry_jobs WHERE held_by = b AND status = 'pending')
+    ORDER BY 1
+) AS stripes;
 
 -- name: advance_holds
 -- For each released chain of these with no held job on its way (due, not yet published), the first of
