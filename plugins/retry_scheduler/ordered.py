@@ -165,8 +165,10 @@ class OrderedKeys:
             # a 0.4.0 hold's head (its retry came back without retry.blocks)
             or (hold.head_attempt is None and seen.chain is None and seen.retry_id == hold.head)
         ):
-            again = seen.heads is None and seen.position == hold.head_position
-            if not again and hold.head_attempt is not None and seen.attempt != hold.head_attempt:
+            # The head's hold is written before its retry is sent: the record that failed into it
+            # (one attempt before) may come again, its retry maybe never sent; handling any copy of
+            # the pending head keeps the order (it is the key's first record not handled yet).
+            if hold.head_attempt is not None and seen.attempt < hold.head_attempt - 1:
                 return self._duplicate(msg, f"a copy of an earlier attempt of chain {hold.chain}'s head")
             return self._head(msg, seen, where, hold)
         if seen.heads is not None:
