@@ -67,12 +67,12 @@ def _to_ms(at: datetime | float | int) -> int:
     return int(at)
 
 
-def _header_text(headers: Sequence[Header], name: str) -> str | None:
+def header_text(headers: Sequence[Header] | None, name: str) -> str | None:
     """The last ``name`` header as text (a repeated ``retry.*`` header counts by its last occurrence,
-    as the scheduler and Java's ``Headers.lastHeader`` read it)."""
+    as the scheduler and Java's ``Headers.lastHeader`` read it); None when absent or not UTF-8."""
     found = None
-    for key, value in headers:
-        if key == name and value is not None:
+    for key, value in headers or ():
+        if key == name and isinstance(value, bytes):
             found = value
     if found is None:
         return None
@@ -121,7 +121,7 @@ def build_retry_headers(
     passthrough = [(k, v) for k, v in headers if k not in protocol.KNOWN]
 
     def carried(name: str, fallback: object) -> str | None:
-        found = _header_text(headers, name)
+        found = header_text(headers, name)
         if found is not None and (name not in _NUMBERS or (found.isascii() and found.isdigit())):
             return found
         return None if fallback is None else str(fallback)

@@ -33,7 +33,7 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from retry_scheduler.client import RetryClient
+from retry_scheduler.client import RetryClient, header_text
 from retry_scheduler.core import protocol
 from retry_scheduler.holds import Hold, HoldStore, Position
 
@@ -48,28 +48,14 @@ FINISHED_KEEP_S = 3600.0
 Call = Callable[[Message], "BaseException | None"]
 
 
-def _raw(headers: Any, wanted: str) -> str | None:
-    """The last ``wanted`` header (a repeated one counts by its last, as everywhere), as text."""
-    found = None
-    for name, value in headers or ():
-        if name == wanted and isinstance(value, bytes):
-            found = value
-    if found is None:
-        return None
-    try:
-        return found.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
 def _text(headers: Any, wanted: str) -> str | None:
     """A chain's id, as the scheduler reads it (stripped; None when empty)."""
-    return (_raw(headers, wanted) or "").strip() or None
+    return (header_text(headers, wanted) or "").strip() or None
 
 
 def _number(headers: Any, wanted: str) -> int | None:
     """A whole number, exactly as the client carries it into a retry (else None)."""
-    text = _raw(headers, wanted)
+    text = header_text(headers, wanted)
     return int(text) if text is not None and text.isascii() and text.isdigit() else None
 
 
@@ -88,7 +74,7 @@ class Seen:
 
     @classmethod
     def of(cls, msg: Message) -> Seen:
-        headers = msg.headers()
+        headers: Any = msg.headers()  # a list of (name, bytes | None) from the consumer
         state = _text(headers, protocol.CHAIN_STATE) or ""
         kind, _, head = state.partition(":")
         partition = _number(headers, protocol.ORIGINAL_PARTITION)
@@ -101,7 +87,7 @@ class Seen:
         return cls(
             _text(headers, protocol.HOLD),
             _text(headers, protocol.BLOCKS),
-            _raw(headers, protocol.ID),
+            header_text(headers, protocol.ID),
             _number(headers, protocol.ATTEMPT) or 0,
             head or None if kind == protocol.CHAIN_DEAD else None,
             position,
