@@ -384,13 +384,19 @@ WHERE status = 'dead' AND dlq_published_at IS NULL AND source_topic = ANY(%(topi
 -- whatever was released before: its records may not pass the head.
 -- dead_head: the retry.id of the head that died, published with the chain's records
 -- (retry.chain-state: dead:<retry.id>) so that the helper knows which of its heads it was.
+-- A release of a chain nothing is held in (the helper releases every head it handled) is kept only as
+-- the absence of a row: the records parked after it say themselves that their chain flows. A dead
+-- chain's row is kept even so: the helper may not know yet that its head died.
 WITH s AS (
-    SELECT * FROM unnest(%(chains)s::text[], %(states)s::text[], %(heads)s::text[]) AS s(chain, state, head)
+    SELECT *, state = 'released' AND NOT EXISTS (
+        SELECT 1 FROM retry_jobs WHERE held_by = s.chain AND status = 'pending'
+    ) AS empty
+    FROM unnest(%(chains)s::text[], %(states)s::text[], %(heads)s::text[]) AS s(chain, state, head)
 ), withdrawn AS (
-    DELETE FROM retry_released_holds AS r USING s WHERE r.blocker = s.chain AND s.state = 'blocked'
+    DELETE FROM retry_released_holds AS r USING s WHERE r.blocker = s.chain AND (s.state = 'blocked' OR s.empty)
 )
 INSERT INTO retry_released_holds (blocker, why, dead_head)
-SELECT chain, state, head FROM s WHERE state <> 'blocked'
+SELECT chain, state, head FROM s WHERE state <> 'blocked' AND NOT empty
 ON CONFLICT (blocker) DO UPDATE SET why = EXCLUDED.why, dead_head = EXCLUDED.dead_head, released_at = now();
 
 -- name: release_dead_blockers

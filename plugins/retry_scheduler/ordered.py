@@ -200,8 +200,12 @@ class OrderedKeys:
         if error is not None:
             self._failed(msg, seen, where, hold, error)
             return False
+        # Released even when nothing is parked: a copy parked twice (the helper died between a park
+        # and its hold) may still wait in the chain, and goes out, to be skipped, only when released.
+        # Before the hold: a crash between sends it again. (The scheduler keeps no state for a chain
+        # released with nothing held.)
+        self.retries.release(msg, hold.chain)
         if hold.parked or hold.legacy:
-            self.retries.release(msg, hold.chain)  # before the hold: a crash between sends it again
             hold.head = hold.head_attempt = hold.head_position = hold.dead = None
         else:
             self._finish(hold)

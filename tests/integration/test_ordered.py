@@ -162,6 +162,34 @@ def test_a_chain_waits_for_a_new_head_and_its_records_stay_behind_it(loop: Loop)
     assert values == [b"v1", b"v2", b"v3", b"v2", b"v3", b"v4"]  # after the new head: #3, then #4
 
 
+def test_a_release_with_nothing_held_keeps_no_state_and_a_dead_head_keeps_its_mark(loop: Loop) -> None:
+    """The helper releases every head it handled (a copy parked by a member that died may wait), so a
+    release of a chain nothing waits in must cost nothing: no row. A head that died keeps its chain's
+    row, nothing held or not: the helper may still park records behind it, not knowing."""
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{loop.dest}.billing.redelivery"])
+
+    def states() -> list[tuple[str, str, str | None]]:
+        with Store(loop.settings.database_url) as store:
+            return store.conn.execute(
+                "SELECT blocker, why, dead_head FROM retry_released_holds ORDER BY blocker"
+            ).fetchall()
+
+    loop.send([release(loop, "E")])
+    loop.ingest(1)
+    assert states() == []
+    loop.send([head(loop, 1, "r9", "F", attempt="2", reason="payment service down")])  # its last attempt
+    assert dict(loop.ingest(1).dead) == {"exhausted": 1}
+    assert states() == [("F", "dead", "r9")]
+    loop.send([parked(loop, 2, "F")])  # parked after, by a helper that does not know yet
+    loop.ingest(1)
+    loop.publish(3)
+    [seen] = [m for m in consume(loop.bootstrap, [loop.dest], expected=1) if m.header(p.HOLD) == "F"]
+    assert (seen.value, seen.header(p.CHAIN_STATE)) == (b"v2", "dead:r9")
+    loop.send([release(loop, "F")])  # the dead head replayed and handled: the chain is done
+    loop.ingest(1)
+    assert states() == []
+
+
 def test_one_due_job_per_chain_is_a_rule_the_database_enforces(loop: Loop) -> None:
     """Found 2 (issue 29): two transactions advancing one chain at once (a publisher marking one of
     its jobs, the ingest storing a record parked in it) each made a different job due, the later offset
