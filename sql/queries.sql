@@ -85,7 +85,7 @@ SELECT id, destination, destination_partition, msg_key, msg_value, headers, atte
        policy, reason, error_class, consumer_group, retry_id, original_topic,
        original_partition, original_offset, (extract(epoch FROM first_seen_at) * 1000)::bigint,
        dead_reason, dlq_topic, held_by, due_at,
-       CASE WHEN held_by IS NOT NULL THEN (SELECT why || coalesce(':' || dead_head, '') FROM retry_released_holds WHERE blocker = held_by) END
+       CASE WHEN held_by IS NOT NULL THEN (SELECT why || coalesce(':' || head, '') FROM retry_released_holds WHERE blocker = held_by AND why <> 'blocked') END
 FROM retry_jobs
 WHERE status = 'pending'
   AND due_at >= %(floor)s::timestamptz
@@ -108,7 +108,7 @@ CROSS JOIN LATERAL (
            original_partition, original_offset, (extract(epoch FROM first_seen_at) * 1000)::bigint,
            dead_reason, dlq_topic, held_by, due_at,
            CASE WHEN held_by IS NOT NULL
-                THEN (SELECT why || coalesce(':' || dead_head, '') FROM retry_released_holds WHERE blocker = held_by) END
+                THEN (SELECT why || coalesce(':' || head, '') FROM retry_released_holds WHERE blocker = held_by AND why <> 'blocked') END
     FROM retry_jobs
     WHERE status = 'pending'
       AND destination = d.destination
@@ -254,12 +254,89 @@ GROUP BY status;
 
 -- name: held_count
 -- Pending jobs held in their key's chain (ordered mode), not yet let out: how many, in how many
--- chains, and how long the oldest has waited (seconds since it was stored).
-SELECT count(*), count(DISTINCT held_by),
-       extract(epoch FROM clock_timestamp() - min(created_at))::float8
-FROM retry_jobs
-WHERE held_by IS NOT NULL AND status = 'pending' AND due_at = %(held_due)s
-  AND (%(destination)s::text IS NULL OR destination = %(destination)s);
+-- chains, how long the oldest has waited (seconds since it was stored); then the chains whose head the
+-- scheduler does not hold (stuck: see held_chains) and how long the oldest record of those has waited.
+WITH c AS (
+    SELECT held_by AS chain, count(*) AS held, min(created_at) AS since
+    FROM retry_jobs
+    WHERE held_by IS NOT NULL AND status = 'pending' AND due_at = %(held_due)s
+      AND (%(destination)s::text IS NULL OR destination = %(destination)s)
+    GROUP BY held_by
+), s AS (
+    SELECT c.*, (r.why IS NULL OR r.why = 'blocked') AND NOT EXISTS (
+        SELECT 1 FROM retry_jobs AS h
+        WHERE h.retry_id = coalesce(r.head, c.chain) AND h.status = 'pending' AND h.held_by IS NULL
+    ) AS stuck
+    FROM c LEFT JOIN retry_released_holds AS r ON r.blocker = c.chain
+)
+SELECT coalesce(sum(held), 0), count(*), extract(epoch FROM clock_timestamp() - min(since))::float8,
+       count(*) FILTER (WHERE stuck),
+       extract(epoch FROM clock_timestamp() - min(since) FILTER (WHERE stuck))::float8
+FROM s;
+
+-- name: stuck_chain_ids
+-- The stuck chains (see held_chains), the longest waiting first: for retry_monitor's alert.
+WITH c AS (
+    SELECT held_by AS chain, min(created_at) AS since
+    FROM retry_jobs
+    WHERE held_by IS NOT NULL AND status = 'pending' AND due_at = %(held_due)s
+    GROUP BY held_by
+)
+SELECT c.chain
+FROM c LEFT JOIN retry_released_holds AS r ON r.blocker = c.chain
+WHERE (r.why IS NULL OR r.why = 'blocked') AND NOT EXISTS (
+    SELECT 1 FROM retry_jobs AS h
+    WHERE h.retry_id = coalesce(r.head, c.chain) AND h.status = 'pending' AND h.held_by IS NULL
+)
+ORDER BY c.since, c.chain
+LIMIT %(limit)s;
+
+-- name: held_chains
+-- Ordered mode's held chains (%(chains)s, or all), the longest waiting first: the chain; its key, the
+-- destination and the consumer group (of its first held job); how many jobs wait in it, since when
+-- (seconds), the oldest first-seen time (epoch ms) and the policy of its first held job; its state
+-- (blocked: waiting for its head; released or dead: going out; none: no state, waiting) and head; and
+-- whether that head's retry is pending here. A chain waiting whose head is not pending is stuck as far
+-- as the scheduler can tell: the head was published and its consumer has not released it yet (not
+-- running, or not handling that topic), or the head is lost.
+WITH c AS (
+    SELECT held_by AS chain, count(*) AS held, min(created_at) AS since,
+           min(first_seen_at) AS first_seen,
+           (array_agg(ARRAY[destination, consumer_group, policy] ORDER BY original_partition, original_offset, id))[1:1] AS about,
+           (array_agg(msg_key ORDER BY original_partition, original_offset, id))[1] AS msg_key
+    FROM retry_jobs
+    WHERE held_by IS NOT NULL AND status = 'pending' AND due_at = %(held_due)s
+      AND (%(chains)s::text[] IS NULL OR held_by = ANY(%(chains)s::text[]))
+    GROUP BY held_by
+)
+SELECT c.chain, c.about[1][1], c.msg_key, c.about[1][2], c.held,
+       extract(epoch FROM clock_timestamp() - c.since)::float8,
+       (extract(epoch FROM c.first_seen) * 1000)::bigint, c.about[1][3], r.why, r.head,
+       EXISTS (
+           SELECT 1 FROM retry_jobs AS h
+           WHERE h.retry_id = coalesce(r.head, c.chain) AND h.status = 'pending' AND h.held_by IS NULL
+       )
+FROM c LEFT JOIN retry_released_holds AS r ON r.blocker = c.chain
+ORDER BY c.since, c.chain
+LIMIT %(limit)s;
+
+-- name: give_up_heads
+-- An operator's `chains release`, or a held record past its policy's max_age: the pending retries of
+-- the heads these chains wait for go dead, to their DLQ topic like any dead job, so that none comes
+-- back after its chain went on without it.
+-- 'requested' for an operator, 'expired' for max_age; the why goes before the record's own reason.
+UPDATE retry_jobs
+SET status = 'dead', dead_reason = %(dead_reason)s, dead_at = clock_timestamp(), lease_until = NULL,
+    updated_at = clock_timestamp(), reason = %(why)s || coalesce('; the record had failed with: ' || reason, '')
+WHERE retry_id = ANY(%(heads)s::text[]) AND status = 'pending' AND held_by IS NULL
+RETURNING retry_id;
+
+-- name: chains_audit
+-- `chains release`: who released which chains (retry_dlq_audit, action release_chains), in the
+-- transaction that releases them.
+INSERT INTO retry_dlq_audit (action, dry_run, actor, source, filter, matched, affected, skipped, finished_at)
+VALUES ('release_chains', false, %(actor)s, %(source)s, %(filter)s, %(matched)s, %(affected)s, %(skipped)s,
+        clock_timestamp());
 
 -- name: dead_by_reason
 SELECT dead_reason, count(*) FROM retry_jobs
@@ -382,8 +459,9 @@ WHERE status = 'dead' AND dlq_published_at IS NULL AND source_topic = ANY(%(topi
 -- whose head was handled (the helper's release record, or a record it parks while the chain flows:
 -- 'released') or died ('dead') goes on; one whose head's retry is pending ('blocked') waits for it,
 -- whatever was released before: its records may not pass the head.
--- dead_head: the retry.id of the head that died, published with the chain's records
--- (retry.chain-state: dead:<retry.id>) so that the helper knows which of its heads it was.
+-- head: the retry.id of the head the chain waits for (blocked) or that died (dead), published with the
+-- chain's records in the second case (retry.chain-state: dead:<retry.id>) so that the helper knows
+-- which of its heads it was.
 -- A release of a chain nothing is held in (the helper releases every head it handled) is kept only as
 -- the absence of a row: the records parked after it say themselves that their chain flows. A dead
 -- chain's row is kept even so: the helper may not know yet that its head died.
@@ -393,18 +471,18 @@ WITH s AS (
     ) AS empty
     FROM unnest(%(chains)s::text[], %(states)s::text[], %(heads)s::text[]) AS s(chain, state, head)
 ), withdrawn AS (
-    DELETE FROM retry_released_holds AS r USING s WHERE r.blocker = s.chain AND (s.state = 'blocked' OR s.empty)
+    DELETE FROM retry_released_holds AS r USING s WHERE r.blocker = s.chain AND s.empty
 )
-INSERT INTO retry_released_holds (blocker, why, dead_head)
-SELECT chain, state, head FROM s WHERE state <> 'blocked' AND NOT empty
-ON CONFLICT (blocker) DO UPDATE SET why = EXCLUDED.why, dead_head = EXCLUDED.dead_head, released_at = now();
+INSERT INTO retry_released_holds (blocker, why, head)
+SELECT chain, state, head FROM s WHERE NOT empty
+ON CONFLICT (blocker) DO UPDATE SET why = EXCLUDED.why, head = EXCLUDED.head, released_at = now();
 
 -- name: release_dead_blockers
 -- 0.4.0's chains, named by their blocker's retry.id: blockers that are dead (dead-lettered, and not
 -- pending again after a replay) release their held jobs in order rather than hold them for ever. Asked
 -- for the retry.ids of a batch's dead jobs and the chains its held jobs name. The first test reads only
 -- the small index of held jobs, so a batch of dead jobs nothing waits behind costs one probe each.
-INSERT INTO retry_released_holds (blocker, why, dead_head)
+INSERT INTO retry_released_holds (blocker, why, head)
 SELECT DISTINCT b, 'dead', b FROM unnest(%(blockers)s::text[]) AS b
 WHERE EXISTS (SELECT 1 FROM retry_jobs WHERE held_by = b AND status = 'pending')
   AND EXISTS (SELECT 1 FROM retry_jobs WHERE retry_id = b AND status = 'dead')
@@ -432,7 +510,7 @@ FROM (
 UPDATE retry_jobs AS j SET due_at = clock_timestamp()
 FROM (
     SELECT DISTINCT ON (h.held_by) h.id, h.held_by
-    FROM retry_jobs AS h JOIN retry_released_holds AS r ON r.blocker = h.held_by
+    FROM retry_jobs AS h JOIN retry_released_holds AS r ON r.blocker = h.held_by AND r.why <> 'blocked'
     WHERE h.held_by = ANY(%(blockers)s::text[]) AND h.status = 'pending'
     ORDER BY h.held_by, h.original_partition, h.original_offset, h.id
 ) AS nxt

@@ -214,7 +214,7 @@ class OrderedKeys:
 
     def _member(self, msg: Message, seen: Seen, where: tuple[str, bytes], hold: Hold) -> bool | None:
         """A record of the key's chain, published by the scheduler: handled if its turn has come."""
-        if seen.dead_head is not None and seen.dead_head == hold.head:
+        if hold.head is not None and seen.dead_head in (hold.head, protocol.CHAIN_ANY_HEAD):
             self.counts["dead_heads"] += 1
             log.warning(
                 "retry %s of a held key is dead: the records held behind it are %s in order",

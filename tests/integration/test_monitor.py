@@ -182,6 +182,7 @@ def test_nothing_is_sent_while_every_check_is_under_its_threshold(
         "consumer_lag": (False, 100_000.0),  # no reader given: nothing to judge
         "undelivered_dead": (False, 0.0),  # within the minute they have to reach their DLQ topic
         "failing_deliveries": (False, 0.0),
+        "stuck_chains": (False, 3600.0),  # nothing held
     }
     assert rows["dead_per_hour"]["value"] == 5.0
 

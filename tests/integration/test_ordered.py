@@ -9,28 +9,34 @@ consumer restarted mid-way; each key's records are handled in their original ord
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from retry_scheduler.cli.main import main as cli_main
 from retry_scheduler.cli.service import status_report
 from retry_scheduler.consumer import RetryingConsumer
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.jobs import CopyRow
 from retry_scheduler.core.records import RowBuilder, limits_for
+from retry_scheduler.db.chains import held_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.dev.procs import free_port
 from retry_scheduler.holds import Hold, HoldStore, HoldsUnavailable
 from retry_scheduler.holds import create_topics as create_holds_topics
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
+from retry_scheduler.ops.monitor import Reading, evaluate
+from retry_scheduler.ops.thresholds import Thresholds
 from tests.integration.test_loop import Loop, hdr, new_loop
 from tests.kafkautil import QUICK_JOIN, consume, create_topics, produce
 
@@ -147,9 +153,9 @@ def test_a_chain_waits_for_a_new_head_and_its_records_stay_behind_it(loop: Loop)
     loop.send([head(loop, 2, "id-2", "C", at=str(int(time.time() * 1000) + 1000))])
     loop.ingest(1)
     with Store(loop.settings.database_url) as store:
-        assert store.conn.execute(
-            "SELECT count(*) FROM retry_released_holds WHERE blocker = 'C'"
-        ).fetchone() == (0,)
+        assert store.conn.execute(  # C waits for #2's retry (its head): no longer released
+            "SELECT why, head FROM retry_released_holds WHERE blocker = 'C'"
+        ).fetchall() == [("blocked", "id-2")]
     time.sleep(1.1)
     published = loop.publish(2)  # #3 (let out before), #2's retry; #4 stays held: the chain waits
     assert published.published == 2
@@ -171,7 +177,7 @@ def test_a_release_with_nothing_held_keeps_no_state_and_a_dead_head_keeps_its_ma
     def states() -> list[tuple[str, str, str | None]]:
         with Store(loop.settings.database_url) as store:
             return store.conn.execute(
-                "SELECT blocker, why, dead_head FROM retry_released_holds ORDER BY blocker"
+                "SELECT blocker, why, head FROM retry_released_holds ORDER BY blocker"
             ).fetchall()
 
     loop.send([release(loop, "E")])
@@ -188,6 +194,86 @@ def test_a_release_with_nothing_held_keeps_no_state_and_a_dead_head_keeps_its_ma
     loop.send([release(loop, "F")])  # the dead head replayed and handled: the chain is done
     loop.ingest(1)
     assert states() == []
+
+
+def test_a_stuck_chain_is_seen_alerted_and_released_by_an_operator(
+    loop: Loop, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29, item 4: a chain whose head's retry went out and was never released by its consumer
+    waits for ever, silently, in 0.4.0. Now `status`, `chains list`, the metrics' reading and
+    retry_monitor show it as stuck, and `chains release` lets it go as if its head had died; a chain
+    whose head is still pending here gives that head up (dead, on the DLQ) so it cannot come back."""
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{loop.dest}.billing.redelivery"])
+    future = str(int(time.time() * 1000) + 3_600_000)
+    loop.send([head(loop, 1, "r1", "C"), parked(loop, 2, "C"), parked(loop, 3, "C")])
+    loop.send([head(loop, 11, "r2", "D", key=b"j", at=future), parked(loop, 12, "D", key=b"j")])
+    loop.ingest(5)
+    assert publish_round(loop) == 1  # C's head goes out; its consumer never releases C
+    with Store(loop.settings.database_url) as store:
+        chains = {c.chain: c for c in held_chains(store)}
+        assert store.status_of_holds()["stuck"] == 1
+        raw = store.monitor_reading(300)
+    assert (chains["C"].state, chains["C"].head, chains["C"].head_pending, chains["C"].stuck) == (
+        "blocked", "r1", False, True
+    )  # fmt: skip
+    assert (chains["C"].held, chains["C"].key, chains["C"].destination) == (2, b"k", loop.dest)
+    assert (chains["D"].head_pending, chains["D"].stuck) == (True, False)  # waits for r2, due in an hour
+    report = status_report(loop.settings, None, 300)
+    assert (report["held"], report["held_chains"], report["stuck_chains"]) == (3, 2, 1)
+    reading = Reading.from_store(raw, 300)
+    assert (reading.stuck_chains, reading.stuck_chain_ids) == (1, ("C",))
+    [alert] = [o for o in evaluate(reading, Thresholds(stuck_chain_s=0), {}) if o.check == "stuck_chains"]
+    assert alert.transition == "new" and alert.alert is not None and "C" in alert.alert.text
+
+    url = loop.settings.database_url
+    assert cli_main(["--database-url", url, "chains", "list", "--stuck", "--json"]) == 0
+    assert [c["chain"] for c in json.loads(capsys.readouterr().out)] == ["C"]
+    assert cli_main(["--database-url", url, "chains", "release", "C", "D", "gone"]) == 2  # not confirmed
+    assert cli_main(["--database-url", url, "chains", "release", "C", "D", "gone", "--yes", "--json",
+                     "--why", "INC-42"]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"released": ["C", "D"], "heads_dead": ["r2"], "not_held": ["gone"]}
+    [r2] = loop.rows("retry_id = 'r2'")
+    assert (r2["status"], r2["dead_reason"]) == ("dead", "requested")
+    assert r2["reason"].startswith("its chain was released by an operator (INC-42)")
+    published = loop.publish(3)
+    assert published.published == 3 and published.dead_published == 1  # C #2, #3, D #12; r2 to the DLQ
+    seen = consume(loop.bootstrap, [loop.dest], expected=4)
+    assert [(m.value, m.header(p.CHAIN_STATE)) for m in seen if m.key == b"k"] == [
+        (b"v1", None), (b"v2", "dead:r1"), (b"v3", "dead:r1")
+    ]  # fmt: skip
+    assert [(m.value, m.header(p.CHAIN_STATE)) for m in seen if m.key == b"j"] == [(b"v12", "dead:r2")]
+    with Store(url) as store:
+        assert held_chains(store) == [] and store.status_of_holds()["stuck"] == 0
+        audit = store.conn.execute("SELECT action, actor, matched, skipped FROM retry_dlq_audit").fetchall()
+    assert [(a, m, s) for a, _, m, s in audit] == [("release_chains", 2, {"not_held": 1})]
+    assert audit[0][1].startswith("cli:")
+
+
+def test_held_records_past_their_policys_max_age_release_their_chain(loop: Loop, tmp_path: Path) -> None:
+    """The policy's max_age applies to held records: a chain whose oldest held record was first seen
+    longer ago than it allows is released, by the publish loop, as if its head had expired."""
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{loop.dest}.billing.redelivery"])
+    future = str(int(time.time() * 1000) + 3_600_000)
+    old = parked(loop, 2, "E")
+    old["headers"] = [(k, v) for k, v in old["headers"] if k != p.ORIGINAL_TIMESTAMP]
+    old["headers"] += hdr(original_timestamp=str(int(time.time() * 1000) - 7_200_000))  # two hours ago
+    loop.send([head(loop, 1, "r5", "E", at=future), old, head(loop, 21, "r6", "F", key=b"j", at=future),
+               parked(loop, 22, "F", key=b"j")])  # fmt: skip
+    loop.ingest(4)
+    policies = tmp_path / "retry_policies.py"
+    policies.write_text(
+        "from retry_scheduler.core.policy import Policy\n"
+        'POLICIES = [Policy("default", delays=["1s"], max_attempts=2, max_age="1h")]\n'
+    )
+    published = loop.publish(3, policies_path=str(policies))
+    assert (published.published, published.dead_published) == (1, 1)  # E's #2; its head r5, expired
+    [r5] = loop.rows("retry_id = 'r5'")
+    assert (r5["status"], r5["dead_reason"]) == ("dead", "expired")
+    [seen] = [m for m in consume(loop.bootstrap, [loop.dest], expected=1)]
+    assert (seen.value, seen.header(p.CHAIN_STATE)) == (b"v2", "dead:r5")
+    with Store(loop.settings.database_url) as store:
+        assert [c.chain for c in held_chains(store)] == ["F"]  # one hour old at most: it waits
 
 
 def test_one_due_job_per_chain_is_a_rule_the_database_enforces(loop: Loop) -> None:

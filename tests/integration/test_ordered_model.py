@@ -40,6 +40,7 @@ import pytest
 from confluent_kafka import Message, TopicPartition
 
 from retry_scheduler.consumer import RetryingConsumer
+from retry_scheduler.db.chains import release_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
@@ -344,7 +345,7 @@ def test_every_key_keeps_its_order_under_random_faults(
                 "SELECT msg_key, msg_value, status, held_by, due_at < '9999-01-01', attempt, dead_reason "
                 "FROM retry_jobs ORDER BY id"
             ).fetchall()
-            chains = store.conn.execute("SELECT blocker, why, dead_head FROM retry_released_holds").fetchall()
+            chains = store.conn.execute("SELECT blocker, why, head FROM retry_released_holds").fetchall()
         owned = {m.name: owned_holds(m) for m in members}
         return f"rows {rows}\nreleased {chains}\nowned holds {owned}\ncounts {[(m.name, m.helper.ordered.counts) for m in members + gone if m.helper.ordered]}"
 
@@ -464,4 +465,46 @@ def test_a_head_handled_with_nothing_parked_releases_what_a_dead_member_parked(
             if member is not None:
                 with contextlib.suppress(Exception):
                     member.helper.close()
+        scheduler.close()
+
+
+def test_a_chain_released_by_an_operator_goes_on_at_the_helper_whatever_its_head(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """`chains release` on a chain the scheduler knows no head of (its state lost: a 0.4.0 chain, or
+    one forgotten) publishes its records with ``retry.chain-state: dead:*``; the helper takes that for
+    the death of the head it waits for and goes on (``after_dead``), in order."""
+    loop, config, holds_topic = new_world(database_url, bootstrap_servers, topic_prefix)
+    app = App({(b"k0", 0): 1})
+    scheduler = Scheduler(loop)
+    member = Member("m0", config, loop, app, holds_topic)
+    where = (loop.dest, b"k0")
+    try:
+        produce(loop.bootstrap, loop.dest, [{"key": b"k0", "value": b"0"}, {"key": b"k0", "value": b"1"}])
+        deadline = time.monotonic() + 60
+        while not (where in member.helper.holds and member.helper.holds[where].parked):
+            assert time.monotonic() < deadline, "#0 failed and #1 parked: not in 60 s"
+            member.helper.poll(0.1)
+        chain = member.helper.holds[where].chain
+        with Store(loop.settings.database_url) as store:
+            while store.conn.execute(
+                "SELECT count(*) FROM retry_jobs WHERE held_by = %s", [chain]
+            ).fetchone() != (1,):
+                assert time.monotonic() < deadline, "#1 held: not in 60 s"
+                scheduler.ingest(kill=False)
+            store.conn.execute("DELETE FROM retry_released_holds WHERE blocker = %s", [chain])  # state lost
+            store.conn.commit()
+            assert release_chains(store, [chain], why="test").chains == [chain]
+            [head] = store.conn.execute(
+                "SELECT status, dead_reason FROM retry_jobs WHERE held_by IS NULL"
+            ).fetchall()
+        assert head == ("pending", None)  # no head known: none given up (its retry comes back, a copy)
+        while app.handled[b"k0"] != [1]:
+            assert time.monotonic() < deadline + 60, f"#1 handled: not in time ({dict(app.handled)})"
+            scheduler.publish(kill=False)
+            member.helper.poll(0.1)
+        assert member.helper.ordered is not None and member.helper.ordered.counts["dead_heads"] == 1
+        assert where not in member.helper.holds and member.helper.ordered.holds[where].finished
+    finally:
+        member.helper.close()
         scheduler.close()

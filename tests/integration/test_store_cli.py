@@ -56,6 +56,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (15, "0015_destination_lanes"),
         (16, "0016_reevaluate_audit"),
         (17, "0017_chain_rules"),
+        (18, "0018_chain_heads"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(

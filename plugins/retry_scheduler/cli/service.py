@@ -32,8 +32,9 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def status_report(settings: Settings, destination: str | None, window_s: int) -> dict[str, Any]:
     """The figures of ``status --json``: one key per job status (``held``: the pending ones held in
-    ordered mode, in ``held_chains`` chains, the oldest stored ``oldest_held_s`` ago), plus dead
-    reasons and lateness."""
+    ordered mode, in ``held_chains`` chains, the oldest stored ``oldest_held_s`` ago; ``stuck_chains``
+    of them wait for a head the scheduler does not hold, the oldest record for ``oldest_stuck_s``),
+    plus dead reasons and lateness."""
     from retry_scheduler.db.store import Store
 
     with Store(settings.database_url) as store:
@@ -43,6 +44,8 @@ def status_report(settings: Settings, destination: str | None, window_s: int) ->
     report["held"] = raw["held"]
     report["held_chains"] = raw["held_chains"]
     report["oldest_held_s"] = raw["oldest_held_s"]
+    report["stuck_chains"] = raw["stuck_chains"]
+    report["oldest_stuck_s"] = raw["oldest_stuck_s"]
     report["dead_by_reason"] = raw["dead_by_reason"]
     report["oldest_overdue"] = raw["oldest_overdue"]
     report["lateness"] = {
@@ -76,6 +79,11 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 f"  ({report['held']} held behind an earlier record of their key, in "
                 f"{report['held_chains']} chain(s), the oldest for {_fmt_s(report['oldest_held_s'])})"
             )
+            if report["stuck_chains"]:
+                line += (
+                    f"\n{'':<24}({report['stuck_chains']} chain(s) wait for a head the scheduler does not "
+                    f"hold, the oldest for {_fmt_s(report['oldest_stuck_s'])}: `retry-scheduler chains list`)"
+                )
         if status is Status.DEAD and report["dead_by_reason"]:
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(report["dead_by_reason"].items()))
             line += f"  ({reasons})"

@@ -36,6 +36,23 @@ METRICS: dict[str, tuple[str, str]] = {
         "timer",
         "99th percentile publish lateness of the last 10 s, ms",
     ),
+    "retry_scheduler.chains.held": (
+        "gauge",
+        "ordered mode: records held behind an earlier record of their key",
+    ),
+    "retry_scheduler.chains.held_chains": ("gauge", "ordered mode: chains with records held"),
+    "retry_scheduler.chains.oldest_held_s": (
+        "gauge",
+        "ordered mode: seconds the oldest held record has waited",
+    ),
+    "retry_scheduler.chains.stuck": (
+        "gauge",
+        "ordered mode: held chains whose head the scheduler does not hold",
+    ),
+    "retry_scheduler.chains.oldest_stuck_s": (
+        "gauge",
+        "ordered mode: seconds the oldest record of a stuck chain has waited (0: none)",
+    ),
 }
 
 #: How often (seconds) the publish loop reads the backlog and lateness gauges.

@@ -39,6 +39,9 @@ BLOCKS: Final = "retry.blocks"
 CHAIN_STATE: Final = "retry.chain-state"
 CHAIN_RELEASED: Final = "released"
 CHAIN_DEAD: Final = "dead"
+#: ``dead:*``: a chain released by the scheduler (an operator's ``chains release``, a policy's max_age)
+#: whatever head the consumer waits for.
+CHAIN_ANY_HEAD: Final = "*"
 
 PREFIX: Final = "retry."
 

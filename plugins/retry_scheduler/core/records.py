@@ -144,7 +144,7 @@ class RowBuilder:
         self.untrusted_timestamps = 0
         #: Ordered mode: what the records read so far say of their chains, in their order (taken by
         #: :meth:`take_chain_events`): ``(chain, CHAIN_RELEASED | CHAIN_BLOCKED | CHAIN_DEAD, the
-        #: retry.id of the head that died or None)``.
+        #: retry.id of the head it waits for or that died; None when released)``.
         self.chain_events: list[ChainEvent] = []
 
     def take_chain_events(self) -> list[ChainEvent]:
@@ -223,7 +223,7 @@ class RowBuilder:
                     self.chain_events.append(
                         (parsed.blocks, protocol.CHAIN_DEAD, retry_id)
                         if dead
-                        else (parsed.blocks, CHAIN_BLOCKED, None)
+                        else (parsed.blocks, CHAIN_BLOCKED, retry_id)
                     )
             # Positional (the hot path, a third faster than keywords), in CopyRow's field order.
             return CopyRow(

@@ -25,7 +25,7 @@ from retry_scheduler.db.schema import q
 log = logging.getLogger(__name__)
 
 #: The due time of a held job, as PostgreSQL is sent it.
-_HELD_DUE = datetime.fromtimestamp(HELD_DUE_MS / 1000, UTC)
+HELD_DUE_AT = datetime.fromtimestamp(HELD_DUE_MS / 1000, UTC)
 #: A job that died in any of these ways may be a blocker whose held jobs must now go (an adopted one never is).
 _BLOCKER_DEATHS = frozenset(protocol.DEAD_REASONS) - {protocol.DEAD_ADOPTED}
 
@@ -293,7 +293,8 @@ class Store:
     def _set_chain_states(
         self, cur: psycopg.Cursor[Any], states: Mapping[str, tuple[str, str | None]]
     ) -> None:
-        """Set each chain's state: ``(released | blocked | dead, the retry.id of the head that died)``."""
+        """Set each chain's state: ``(released | blocked | dead, the retry.id of the head it waits for or
+        that died)``."""
         if states:
             chains = sorted(states)
             cur.execute(
@@ -335,7 +336,7 @@ class Store:
             cur.execute(q("release_dead_blockers"), {"blockers": sorted(maybe_dead)})
         ordered = sorted(blockers)
         cur.execute(q("lock_chains"), {"blockers": ordered})
-        cur.execute(q("advance_holds"), {"blockers": ordered, "held_due": _HELD_DUE})
+        cur.execute(q("advance_holds"), {"blockers": ordered, "held_due": HELD_DUE_AT})
         return cur.rowcount
 
     def forget_released_holds(self, keep_s: float) -> int:
@@ -549,7 +550,7 @@ class Store:
         with self.conn.transaction():
             counts = dict(self.conn.execute(q("status_counts"), params).fetchall())
             dead = dict(self.conn.execute(q("dead_by_reason"), params).fetchall())
-            held = self.conn.execute(q("held_count"), {**params, "held_due": _HELD_DUE}).fetchone()
+            held = self.conn.execute(q("held_count"), {**params, "held_due": HELD_DUE_AT}).fetchone()
             overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
             late = self.lateness(window_s, destination)
             vacuum = self.conn.execute(q("vacuum_state")).fetchone()
@@ -565,6 +566,8 @@ class Store:
             "held": 0 if held is None else int(held[0]),
             "held_chains": 0 if held is None else int(held[1]),
             "oldest_held_s": None if held is None or held[2] is None else float(held[2]),
+            "stuck_chains": 0 if held is None else int(held[3]),
+            "oldest_stuck_s": None if held is None or held[4] is None else float(held[4]),
             "dead_by_reason": dead,
             "oldest_overdue": None
             if overdue is None
@@ -576,6 +579,17 @@ class Store:
             },
             "lateness": late,
         }
+
+    def status_of_holds(self) -> dict[str, float]:
+        """Ordered mode's gauges: records ``held``, in ``held_chains`` chains, the oldest for
+        ``oldest_held_s``; ``stuck`` chains (their head not here), the oldest record for ``oldest_stuck_s``."""
+        with self.conn.transaction():
+            row = self.conn.execute(
+                q("held_count"), {"destination": None, "held_due": HELD_DUE_AT}
+            ).fetchone()
+        assert row is not None
+        return {"held": int(row[0]), "held_chains": int(row[1]), "oldest_held_s": float(row[2] or 0.0),
+                "stuck": int(row[3]), "oldest_stuck_s": float(row[4] or 0.0)}  # fmt: skip
 
     def lateness(self, window_s: int, destination: str | None = None) -> Lateness:
         """Publish lateness of the jobs published in the last ``window_s`` seconds (read through the
@@ -638,7 +652,15 @@ class Store:
             deliveries = self.conn.execute(
                 q("monitor_deliveries"), {"grace_s": dlq_grace_s, "failures": repeated_failures}
             ).fetchall()
-        assert now is not None
+            held = self.conn.execute(
+                q("held_count"), {"destination": None, "held_due": HELD_DUE_AT}
+            ).fetchone()
+            stuck_ids = (
+                self.conn.execute(q("stuck_chain_ids"), {"held_due": HELD_DUE_AT, "limit": 5}).fetchall()
+                if held is not None and held[3]
+                else []
+            )
+        assert now is not None and held is not None
         return {
             "now": now[0],
             "oldest_overdue": None
@@ -650,6 +672,11 @@ class Store:
                 {"topic": row[0], "undelivered_dead": int(row[1]), "failing": int(row[2]), "error": row[3]}
                 for row in deliveries
             ],
+            "held": int(held[0]),
+            "held_chains": int(held[1]),
+            "stuck_chains": int(held[3]),
+            "oldest_stuck_s": float(held[4] or 0.0),
+            "stuck_chain_ids": [row[0] for row in stuck_ids],
             "stuck_delivery": None
             if stuck is None
             else {

@@ -24,6 +24,7 @@ from retry_scheduler.core.jobs import OutgoingRow, chain_headed, destination_hea
 from retry_scheduler.core.metrics import SNAPSHOT_EVERY_S, Metrics, NoMetrics
 from retry_scheduler.core.policy import load_policies
 from retry_scheduler.core.records import destinations_for
+from retry_scheduler.db.chains import expire_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.db.vacuum import SelfVacuum
 from retry_scheduler.loops.handover import ALIVE_S, LoopTenure, new_worker_id
@@ -156,6 +157,7 @@ class Publisher:
         self._lane_floors: dict[str, datetime | None] = {}
         self._lanes_read_at = float("-inf")  # monotonic: when it last read retry_destinations
         self._chains_forgotten_at = float("-inf")  # monotonic: when it last forgot released chains
+        self._policy_max_ages: dict[str, int | None] | None = None
         #: Vacuums retry_jobs where the server does not (run by the loop's own publisher, not its helpers).
         self.vacuum = SelfVacuum(settings.database_url) if settings.self_vacuum else None
 
@@ -277,8 +279,10 @@ class Publisher:
             self.store.advance_holds(held, dead_chains=dead_chains, dead_ids=dead_ids)
 
     def _forget_released_chains(self) -> None:
-        """Every :data:`FORGET_CHAINS_EVERY_S`: forget the released chains (ordered mode) nothing has
-        waited in for :data:`RELEASED_CHAIN_KEEP_S`, so their table does not grow for ever."""
+        """Every :data:`FORGET_CHAINS_EVERY_S`, ordered mode's upkeep: forget the released chains
+        nothing has waited in for :data:`RELEASED_CHAIN_KEEP_S`, so their table does not grow for ever;
+        release the chains whose oldest held record is past its policy's ``max_age``
+        (:func:`~retry_scheduler.db.chains.expire_chains`); report the held chains' gauges."""
         now = time.monotonic()
         if now - self._chains_forgotten_at < FORGET_CHAINS_EVERY_S:
             return
@@ -286,6 +290,31 @@ class Publisher:
         forgotten = self.store.forget_released_holds(RELEASED_CHAIN_KEEP_S)
         if forgotten:
             log.info("forgot %s released chain(s) nothing has waited in for 7 days", forgotten)
+        max_ages = self._max_ages()
+        if max_ages:
+            expired = expire_chains(self.store, max_ages, int(self.clock() * 1000))
+            if expired.chains:
+                log.warning(
+                    "%s held chain(s) past their policy's max_age released as if their heads had expired "
+                    "(%s pending head(s) dead): %s",
+                    len(expired.chains), len(expired.heads_dead), expired.chains[:10],
+                )  # fmt: skip
+        if not isinstance(self.metrics, NoMetrics):
+            held = self.store.status_of_holds()
+            for name, value in held.items():
+                self.metrics.gauge(f"retry_scheduler.chains.{name}", value)
+
+    def _max_ages(self) -> dict[str, int | None]:
+        """Each policy's ``max_age`` in ms (read once; an unreadable policies module: none applied)."""
+        if self._policy_max_ages is None:
+            try:
+                registry = load_policies(self.settings.policies_file)
+            except Exception as exc:
+                log.warning("held records' max_age not applied: the policies could not be read: %s", exc)
+                self._policy_max_ages = {}
+            else:
+                self._policy_max_ages = {name: p.max_age_ms for name, p in registry.policies.items()}
+        return self._policy_max_ages
 
     def _lacks_partition(self, exc: KafkaException, topic: str, partition: int) -> bool:
         """Whether ``exc`` says the partition is unknown and fresh metadata confirms ``topic`` lacks it."""

@@ -1,6 +1,6 @@
 """retry_monitor: backlog, lateness, DLQ-growth and delivery checks that alert once per incident.
 
-Seven checks, each against a threshold (:class:`~retry_scheduler.ops.thresholds.Thresholds`, overridden by the Airflow Variable
+Eight checks, each against a threshold (:class:`~retry_scheduler.ops.thresholds.Thresholds`, overridden by the Airflow Variable
 ``retry_monitor_thresholds``; ``null`` turns a check off):
 
 * ``oldest_overdue``: how long the oldest pending job has been past its due time, in seconds
@@ -18,7 +18,11 @@ Seven checks, each against a threshold (:class:`~retry_scheduler.ops.thresholds.
 * ``failing_deliveries``: pending jobs whose last ``REPEATED_FAILURES`` deliveries (or more) to
   their destination all failed.
 
-The last two tell early (a minute, half a minute) that a DLQ topic or a destination refuses records;
+* ``stuck_chains``: how long the oldest record held in a *stuck* chain has waited, in seconds (ordered
+  mode: a chain waiting for a head the scheduler does not hold: its retry published and not released
+  by its consumer, or lost); the alert names the chains and how to release them.
+
+The ``undelivered_dead`` and ``failing_deliveries`` checks tell early (a minute, half a minute) that a DLQ topic or a destination refuses records;
 ``stuck_delivery`` is the escalation that names the job still waiting after ten minutes.
 
 A check is crossed when its value is above its threshold. Its incident state lives in
@@ -60,6 +64,7 @@ CHECKS = (
     "consumer_lag",
     "undelivered_dead",
     "failing_deliveries",
+    "stuck_chains",
 )
 _DEAD_WINDOW_S = 3600
 #: A dead job is sent to its DLQ topic in the publish loop's next round: one still off it a minute
@@ -98,6 +103,13 @@ class Reading:
     lag_error: str | None = None
     #: Per topic: dead jobs off their DLQ topic past the grace, jobs failing repeatedly, the last error.
     deliveries: Sequence[Mapping[str, Any]] = ()
+    #: Ordered mode: records held, in how many chains; the chains stuck (their head not at the
+    #: scheduler), the oldest of their records' wait (0 when none), and the longest waiting of them.
+    held: int = 0
+    held_chains: int = 0
+    stuck_chains: int = 0
+    oldest_stuck_s: float = 0.0
+    stuck_chain_ids: Sequence[str] = ()
 
     @property
     def undelivered_dead(self) -> int:
@@ -135,6 +147,11 @@ class Reading:
             lag_by_topic={} if lag is None else dict(lag.by_topic),
             lag_error=lag_error,
             deliveries=tuple(raw.get("deliveries") or ()),
+            held=int(raw.get("held") or 0),
+            held_chains=int(raw.get("held_chains") or 0),
+            stuck_chains=int(raw.get("stuck_chains") or 0),
+            oldest_stuck_s=float(raw.get("oldest_stuck_s") or 0.0),
+            stuck_chain_ids=tuple(raw.get("stuck_chain_ids") or ()),
         )
 
     def value(self, check: str) -> float | None:
@@ -146,6 +163,7 @@ class Reading:
             "consumer_lag": None if self.consumer_lag is None else float(self.consumer_lag),
             "undelivered_dead": float(self.undelivered_dead),
             "failing_deliveries": float(self.failing_deliveries),
+            "stuck_chains": self.oldest_stuck_s,
         }[check]
 
     def as_dict(self) -> dict[str, Any]:
@@ -170,6 +188,11 @@ class Reading:
             "undelivered_dead": self.undelivered_dead,
             "failing_deliveries": self.failing_deliveries,
             "deliveries": [dict(d) for d in self.deliveries],
+            "held": self.held,
+            "held_chains": self.held_chains,
+            "stuck_chains": self.stuck_chains,
+            "oldest_stuck_s": round(self.oldest_stuck_s, 3),
+            "stuck_chain_ids": list(self.stuck_chain_ids),
         }
 
 
@@ -316,6 +339,21 @@ def _describe(check: str, reading: Reading, threshold: float | None) -> tuple[st
             else "Every delivery goes through."
         )
         extra = {"by_topic": {d["topic"]: d[key] for d in rows}}
+    elif check == "stuck_chains":
+        head = (
+            f"{reading.stuck_chains} held chain(s) wait for a head the scheduler does not hold, the oldest "
+            f"record for {_secs(reading.oldest_stuck_s)} ({limit})"
+        )
+        detail = (
+            "Ordered mode: records of these keys wait behind a failed record whose retry was published and "
+            "not released by its consumer group (is it running, reading that topic?), or whose head is lost. "
+            f"The longest waiting: {', '.join(reading.stuck_chain_ids[:5])}. See them with "
+            "`retry-scheduler chains list --stuck`; `retry-scheduler chains release CHAIN --yes` lets one go "
+            "as if its head had died."
+            if reading.stuck_chains
+            else "No held chain is stuck."
+        )
+        extra = {"chains": list(reading.stuck_chain_ids[:5]), "held": reading.held}
     else:
         top = sorted(reading.dead_by_destination.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
         head = f"{reading.dead_last_hour} jobs went dead in the last hour ({limit})"

@@ -28,6 +28,9 @@ class Thresholds:
     undelivered_dead: float | None = 0.0
     #: Pending jobs whose last five deliveries to their destination failed (0: any).
     failing_deliveries: float | None = 0.0
+    #: Seconds the oldest record held in a stuck chain (ordered mode: its head is not at the
+    #: scheduler) has waited.
+    stuck_chain_s: float | None = 3600.0
     #: The lateness window, in seconds: jobs published in the last ``interval_s``.
     interval_s: int = 300
 
@@ -84,4 +87,5 @@ class Thresholds:
             "consumer_lag": self.consumer_lag,
             "undelivered_dead": self.undelivered_dead,
             "failing_deliveries": self.failing_deliveries,
+            "stuck_chains": self.stuck_chain_s,
         }[check]

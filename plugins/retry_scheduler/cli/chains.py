@@ -1,0 +1,100 @@
+"""``retry-scheduler chains``: list ordered mode's held chains, and release the stuck ones."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from typing import Any
+
+from retry_scheduler.core.config import Settings
+
+
+def _cmd_list(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.db.chains import held_chains
+    from retry_scheduler.db.store import Store
+
+    with Store(settings.database_url) as store:
+        chains = held_chains(store, limit=args.limit)
+    if args.stuck:
+        chains = [c for c in chains if c.stuck]
+    if args.json:
+        print(json.dumps([c.as_dict() for c in chains], indent=2))
+        return 0
+    if not chains:
+        print("no chain holds records" if not args.stuck else "no chain is stuck")
+        return 0
+    print(f"{'chain':<36}  {'held':>6}  {'waited':>9}  {'state':<8}  head pending  destination / key / group")
+    for c in chains:
+        key = "-" if c.key is None else c.key.decode("utf-8", "backslashreplace")[:40]
+        print(
+            f"{c.chain[:36]:<36}  {c.held:>6}  {c.waited_s:>8.0f}s  {c.state or '-':<8}  "
+            f"{'yes' if c.head_pending else 'NO (stuck)' if c.stuck else 'no':<12}  "
+            f"{c.destination} / {key} / {c.group or '-'}"
+        )
+    if any(c.stuck for c in chains):
+        print(
+            "\nA stuck chain waits for a head the scheduler does not hold: its retry was published and the "
+            "consumer group has not released it (is it running, reading that topic?), or the head is lost. "
+            "`retry-scheduler chains release CHAIN` lets it go as if the head had died."
+        )
+    return 0
+
+
+def _cmd_release(args: argparse.Namespace, settings: Settings) -> int:
+    from retry_scheduler.db.chains import release_chains
+    from retry_scheduler.db.store import Store
+
+    if not args.yes:
+        print(
+            "retry-scheduler: not confirmed: add --yes to release these chains (their heads' pending "
+            "retries go dead, their records are published in order as if their heads had died)",
+            file=sys.stderr,
+        )
+        return 2
+    with Store(settings.database_url) as store:
+        done = release_chains(
+            store,
+            args.chains,
+            why="its chain was released by an operator" + (f" ({args.why})" if args.why else ""),
+            actor=f"cli:{getpass.getuser()}",
+        )
+    out: dict[str, Any] = {"released": done.chains, "heads_dead": done.heads_dead, "not_held": done.unknown}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"released {len(done.chains)} chain(s); {len(done.heads_dead)} pending head(s) made dead")
+        for chain in done.unknown:
+            print(f"  {chain}: holds nothing (finished, released already, or never was)")
+    return 0 if done.chains or not done.unknown else 1
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``chains list`` and ``chains release``."""
+    chains = sub.add_parser(
+        "chains",
+        help="ordered mode's held chains: list them, release the stuck ones",
+        description="A chain holds the records of one key that wait behind a failed record (its head) in "
+        "ordered mode. See docs/operations/runbook.md, 'Held chains'.",
+    )
+    chains_sub = chains.add_subparsers(dest="chains_command", required=True, metavar="ACTION")
+    listing = chains_sub.add_parser("list", help="the held chains, the longest waiting first")
+    listing.add_argument(
+        "--stuck", action="store_true", help="only the chains whose head the scheduler does not hold"
+    )
+    listing.add_argument("--limit", type=int, default=100, metavar="N", help="chains at most (100)")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.set_defaults(func=_cmd_list)
+    release = chains_sub.add_parser(
+        "release",
+        help="let chains go as if their heads had died",
+        description="The head's retry, if still pending, goes dead (to its DLQ topic, replayable); the "
+        "chain's records are published in their order with retry.chain-state: dead:<head>, and the "
+        "consumer helper handles or dead-letters them (its after_dead). Audited (dlq audit).",
+    )
+    release.add_argument("chains", nargs="+", metavar="CHAIN", help="chain ids (chains list)")
+    release.add_argument("--why", metavar="TEXT", help="a note kept in the dead heads' reason")
+    release.add_argument("--yes", action="store_true", help="do it (required)")
+    release.add_argument("--json", action="store_true", help="machine-readable output")
+    release.set_defaults(func=_cmd_release)
