@@ -85,7 +85,8 @@ SELECT id, destination, destination_partition, msg_key, msg_value, headers, atte
        policy, reason, error_class, consumer_group, retry_id, original_topic,
        original_partition, original_offset, (extract(epoch FROM first_seen_at) * 1000)::bigint,
        dead_reason, dlq_topic, held_by, due_at,
-       CASE WHEN held_by IS NOT NULL THEN (SELECT why || coalesce(':' || head, '') FROM retry_released_holds WHERE blocker = held_by AND why <> 'blocked') END
+       CASE WHEN held_by IS NOT NULL THEN (SELECT why || coalesce(':' || head, '') FROM retry_released_holds WHERE blocker = held_by AND why <> 'blocked')
+            WHEN dead_at IS NOT NULL THEN 'replayed' END
 FROM retry_jobs
 WHERE status = 'pending'
   AND due_at >= %(floor)s::timestamptz
@@ -108,7 +109,8 @@ CROSS JOIN LATERAL (
            original_partition, original_offset, (extract(epoch FROM first_seen_at) * 1000)::bigint,
            dead_reason, dlq_topic, held_by, due_at,
            CASE WHEN held_by IS NOT NULL
-                THEN (SELECT why || coalesce(':' || head, '') FROM retry_released_holds WHERE blocker = held_by AND why <> 'blocked') END
+                THEN (SELECT why || coalesce(':' || head, '') FROM retry_released_holds WHERE blocker = held_by AND why <> 'blocked')
+                WHEN dead_at IS NOT NULL THEN 'replayed' END
     FROM retry_jobs
     WHERE status = 'pending'
       AND destination = d.destination

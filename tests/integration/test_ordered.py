@@ -276,6 +276,25 @@ def test_held_records_past_their_policys_max_age_release_their_chain(loop: Loop,
         assert [c.chain for c in held_chains(store)] == ["F"]  # one hour old at most: it waits
 
 
+def test_a_replayed_dead_head_goes_back_as_a_new_record_of_its_key(
+    loop: Loop, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A head that died let its chain go on; replayed from the DLQ it must not come back as that
+    chain's head (the helper would skip it as a copy of a head already handled): it goes back without
+    its retry.blocks, and the helper handles it as a new record of its key."""
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{loop.dest}.billing.redelivery"])
+    loop.send([head(loop, 1, "r7", "G", attempt="2", reason="payment service down")])  # its last attempt
+    assert dict(loop.ingest(1).dead) == {"exhausted": 1}
+    assert loop.publish(2).dead_published == 1
+    [dead] = loop.rows("retry_id = 'r7'")
+    url = loop.settings.database_url
+    assert cli_main(["--database-url", url, "dlq", "replay", "--ids", str(dead["id"]), "--yes"]) == 0
+    capsys.readouterr()
+    assert loop.publish(2).published == 1
+    [seen] = consume(loop.bootstrap, [loop.dest], expected=1)
+    assert (seen.value, seen.header(p.ID), seen.header(p.BLOCKS)) == (b"v1", "r7", None)
+
+
 def test_one_due_job_per_chain_is_a_rule_the_database_enforces(loop: Loop) -> None:
     """Found 2 (issue 29): two transactions advancing one chain at once (a publisher marking one of
     its jobs, the ingest storing a record parked in it) each made a different job due, the later offset

@@ -316,6 +316,21 @@ def test_a_row_becomes_the_record_the_publish_loop_would_send() -> None:
     assert (protocol.ATTEMPT, b"1") in msg.headers  # attempt 0 + 1
 
 
+def test_a_dead_head_of_a_chain_goes_back_without_its_chain_but_a_pending_one_keeps_it() -> None:
+    """Ordered mode: a dead head's chain went on without it; bulk-retried, it is a new record of its
+    key (as `dlq replay` sends it). A pending job keeps its retry.blocks: it is still its chain's head."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    dead = make_job(9, "orders")
+    dead = dataclasses.replace(dead, headers=[*dead.headers, (protocol.BLOCKS, b"chain-1")])
+    pending = dataclasses.replace(dead, status=Status.PENDING, dead_reason=None)
+    rows = [as_row(1, dead), as_row(2, pending)]
+    sent = [bulk_retry.to_message(o) for o in bulk_retry.outgoing_rows(pa.RecordBatch.from_pylist(rows))]
+    assert [[v for k, v in m.headers if k == protocol.BLOCKS] for m in sent] == [[], [b"chain-1"]]
+
+
 class Tally:
     """Stands in for the Spark accumulator of failed deliveries (the one boundary not run here)."""
 

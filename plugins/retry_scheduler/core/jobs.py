@@ -230,8 +230,15 @@ class OutgoingRow(NamedTuple):
     held_by: str | None = None
     #: When it fell due (claimed due jobs only): where the publisher's next claim may start.
     due_at: datetime | None = None
-    #: A held job's chain: ``released`` or ``dead`` (how it was released), as ``retry.chain-state``.
+    #: A held job's chain: ``released`` or ``dead`` (how it was released), as ``retry.chain-state``;
+    #: :data:`REPLAYED` for a job that was dead and is replayed.
     chain_state: str | None = None
+
+
+#: :attr:`OutgoingRow.chain_state` of a job that was dead and is replayed (``dlq replay``, a bulk retry
+#: of dead jobs): a head of a chain (ordered mode) whose chain went on without it, so it goes back
+#: without its ``retry.blocks``; the consumer helper takes it for a new record of its key.
+REPLAYED = "replayed"
 
 
 def destination_headers(row: OutgoingRow) -> list[Header]:
@@ -239,7 +246,8 @@ def destination_headers(row: OutgoingRow) -> list[Header]:
 
     A released held job (ordered mode) did not fail: its attempt stays, ``retry.hold`` names the chain
     it waited in, which tells the consumer helper it is one of that chain, and ``retry.chain-state``
-    how the chain was released (``dead``: its head died)."""
+    how the chain was released (``dead``: its head died). A replayed head (:data:`REPLAYED`) goes back
+    without its ``retry.blocks``."""
     if row.held_by is not None:
         held = [
             *decode_headers(row.headers),
@@ -250,11 +258,10 @@ def destination_headers(row: OutgoingRow) -> list[Header]:
         if row.chain_state is not None:
             held.append((protocol.CHAIN_STATE, row.chain_state.encode()))
         return held
-    return [
-        *decode_headers(row.headers),
-        (protocol.ATTEMPT, str(row.attempt + 1).encode()),
-        *_common(row),
-    ]
+    passthrough: Sequence[Header] = decode_headers(row.headers)
+    if row.chain_state == REPLAYED:
+        passthrough = [(name, value) for name, value in passthrough if name != protocol.BLOCKS]
+    return [*passthrough, (protocol.ATTEMPT, str(row.attempt + 1).encode()), *_common(row)]
 
 
 def chain_headed(row: OutgoingRow) -> str | None:

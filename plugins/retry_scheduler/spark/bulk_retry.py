@@ -35,7 +35,7 @@ from pyspark.sql import SparkSession
 from retry_scheduler.core import faults
 from retry_scheduler.core.config import ConfigError
 from retry_scheduler.core.headers import Header
-from retry_scheduler.core.jobs import OutgoingRow, destination_headers
+from retry_scheduler.core.jobs import REPLAYED, OutgoingRow, destination_headers
 from retry_scheduler.db.connection import StoreError, connect
 from retry_scheduler.db.schema import queries
 from retry_scheduler.db.store import like_pattern
@@ -120,6 +120,8 @@ def to_message(job: OutgoingRow) -> OutgoingMessage:
     """The record to produce for a job of the selection, exactly as the publish loop would send it."""
     if not job.destination:
         raise ValueError("job has no destination")
+    if job.dead_reason is not None:  # a dead job replayed: as `dlq replay` sends it
+        job = job._replace(chain_state=REPLAYED)
     return OutgoingMessage(
         job.id, job.destination, job.destination_partition, job.key, job.value, destination_headers(job)
     )
