@@ -120,11 +120,9 @@ def to_message(job: OutgoingRow) -> OutgoingMessage:
     """The record to produce for a job of the selection, exactly as the publish loop would send it."""
     if not job.destination:
         raise ValueError("job has no destination")
-    if job.dead_reason is not None:  # a dead job replayed: as `dlq replay` sends it
-        job = job._replace(chain_state=REPLAYED)
-    return OutgoingMessage(
-        job.id, job.destination, job.destination_partition, job.key, job.value, destination_headers(job)
-    )
+    # A dead job replayed: sent as `dlq replay` sends it.
+    headers = destination_headers(job._replace(chain_state=REPLAYED) if job.dead_reason is not None else job)
+    return OutgoingMessage(job.id, job.destination, job.destination_partition, job.key, job.value, headers)
 
 
 def publish_partition(
