@@ -773,3 +773,49 @@ def test_two_hundred_concurrent_searches_use_a_few_connections_and_the_loops_kee
     keys = sorted(s.key for s in consume(bootstrap_servers, [dest], 6))
     assert keys == sorted([b"key", *(r["key"] for r in failures)])
     assert job_rows(retry_db, [due])[due]["status"] == "published"
+
+
+# --- held chains (ordered mode) ------------------------------------------------------------------------
+
+
+def test_held_chains_are_listed_and_an_operator_releases_a_stuck_one(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    chain = f"chain-{uuid.uuid4().hex[:8]}"
+    held_due = datetime(9999, 12, 31, tzinfo=UTC)
+    first = insert_dead(retry_db, dest, status="pending", dead_reason=None, dead_at=None, dlq_published_at=None,
+                        held_by=chain, due_at=held_due, original_partition=0, original_offset=2)  # fmt: skip
+    insert_dead(retry_db, dest, status="pending", dead_reason=None, dead_at=None, dlq_published_at=None,
+                held_by=chain, due_at=held_due, original_partition=0, original_offset=3)  # fmt: skip
+    with psycopg.connect(retry_db) as conn:  # its head's retry went out and was never released
+        conn.execute(
+            "INSERT INTO retry_released_holds (blocker, why, head) VALUES (%s, 'blocked', 'gone')", [chain]
+        )
+    with client(airflow_server, tokens["viewer"]) as viewer:
+        [listed] = [
+            c for c in viewer.get("/api/chains", params={"stuck": True}).json() if c["chain"] == chain
+        ]
+        assert (listed["held"], listed["key"], listed["destination"], listed["head"], listed["stuck"]) == (
+            2, "key", dest, "gone", True
+        )  # fmt: skip
+        refused = viewer.post("/api/chains/release", json={"chains": [chain]})
+        assert refused.status_code == 403
+    with client(airflow_server, tokens["admin"]) as admin:
+        assert admin.post("/api/chains/release", json={"chains": []}).status_code == 422
+        assert admin.post("/api/chains/release", json={"chains": [chain], "dryrun": True}).status_code == 422
+        done = admin.post("/api/chains/release", json={"chains": [chain, "nope"], "why": "INC-7"}).json()
+        assert done == {"released": [chain], "heads_dead": [], "not_held": ["nope"]}
+        [after] = [c for c in admin.get("/api/chains").json() if c["chain"] == chain]
+        assert (after["held"], after["state"], after["stuck"]) == (
+            1,
+            "dead",
+            False,
+        )  # going out, one at a time
+        [audit] = [a for a in admin.get("/api/audit").json() if a["action"] == "release_chains"][:1]
+    assert (audit["actor"], audit["source"], audit["filter"]["chains"]) == ("admin", "ui", [chain, "nope"])
+    assert job_rows(retry_db, [first])[first]["due_at"] < held_due  # the first held record falls due
+    with psycopg.connect(retry_db) as conn:
+        state = conn.execute(
+            "SELECT why, head FROM retry_released_holds WHERE blocker = %s", [chain]
+        ).fetchone()
+    assert state == ("dead", "gone")

@@ -416,3 +416,37 @@ def test_a_viewer_browses_without_replay_or_purge(
         expect(page.locator("#detail-actions")).to_be_hidden()
     finally:
         context.close()
+
+
+def test_an_operator_releases_a_stuck_chain_from_the_page(
+    airflow_server: AirflowServer, browser: Browser, jobs: dict[str, Any], retry_db: str
+) -> None:
+    """Ordered mode's held chains show on the page; a stuck one is released with a note, audited."""
+    chain = "chain-browser-1"
+    held_due = datetime(9999, 12, 31, tzinfo=UTC)
+    api.insert_dead(retry_db, "orders", status="pending", dead_reason=None, dead_at=None, dlq_published_at=None,
+                    held_by=chain, due_at=held_due, original_partition=0, original_offset=5)  # fmt: skip
+    with psycopg.connect(retry_db) as conn:
+        conn.execute(
+            "INSERT INTO retry_released_holds (blocker, why, head) VALUES (%s, 'blocked', 'lost')", [chain]
+        )
+    context = browser.new_context(base_url=airflow_server.base_url)
+    try:
+        page = context.new_page()
+        page.goto("/retry-scheduler/")
+        login(page, "admin", "admin")
+        row = page.locator(f'#chains tbody tr[data-chain="{chain}"]')
+        expect(row).to_contain_text("stuck")
+        page.once("dialog", lambda dialog: dialog.accept("INC-9"))
+        row.get_by_role("button", name="Release").click()
+        expect(page.locator("#message")).to_contain_text("Released 1 chain(s)")
+        audit = page.locator("#audit tbody tr").first
+        expect(audit).to_contain_text("release_chains")
+        expect(audit).to_contain_text(f"why: its chain was released by an operator (INC-9), chain {chain}")
+        expect(row).to_have_count(0)  # its one record fell due: nothing is held in it any more
+    finally:
+        context.close()
+    with psycopg.connect(retry_db) as conn:
+        assert conn.execute(
+            "SELECT why FROM retry_released_holds WHERE blocker = %s", [chain]
+        ).fetchone() == ("dead",)

@@ -475,6 +475,48 @@ def hand_to_dag(
     }
 
 
+class ChainsBody(BaseModel):
+    """A release of held chains (ordered mode): their ids (``GET /api/chains``) and a note."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chains: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=200)]], Field(min_length=1, max_length=100)
+    ]
+    why: Annotated[str, Field(max_length=500)] = ""
+
+
+@app.get("/api/chains")
+def chains(
+    user: Annotated[Any, Depends(reader)],
+    stuck: bool = False,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> list[dict[str, Any]]:
+    """Ordered mode's held chains, the longest waiting first (``stuck``: only those whose head the
+    scheduler does not hold)."""
+    from retry_scheduler.db.chains import held_chains
+    from retry_scheduler.db.store import Store
+
+    with Store(database_url()) as store:
+        found = held_chains(store, limit=limit)
+    return [c.as_dict() for c in found if c.stuck or not stuck]
+
+
+@app.post("/api/chains/release")
+def release_chains(
+    request: Request, body: ChainsBody, user: Annotated[Any, Depends(operator)]
+) -> dict[str, Any]:
+    """Let held chains go as if their heads had died (``retry-scheduler chains release``); audited."""
+    from retry_scheduler.db.chains import release_chains as release
+    from retry_scheduler.db.store import Store
+
+    why = "its chain was released by an operator" + (f" ({body.why.strip()})" if body.why.strip() else "")
+    with Store(database_url()) as store:
+        done = release(store, body.chains, why=why, actor=str(user.get_name()), source="ui")
+    log.info("dead letters page, %s released chains %s", user.get_name(), done.chains)
+    return {"released": done.chains, "heads_dead": done.heads_dead, "not_held": done.unknown}
+
+
 @app.post("/api/reevaluate")
 def reevaluate(request: Request, body: ActionBody, user: Annotated[Any, Depends(operator)]) -> dict[str, Any]:
     """Read the selected dead ``invalid`` jobs again against the current policies (a dry run unless

@@ -111,6 +111,8 @@
     until: (v) => `dead before ${fmtTime(v)}`,
     ids: (v) => (v.length <= 5 ? `job${v.length === 1 ? "" : "s"} ${v.join(", ")}` : `${fmtInt(v.length)} jobs by id`),
     limit: (v) => `at most ${fmtInt(v)}`,
+    chains: (v) => (v.length <= 3 ? `chain${v.length === 1 ? "" : "s"} ${v.join(", ")}` : `${fmtInt(v.length)} chains`),
+    why: (v) => `why: ${v}`,
   };
 
   function describeFilter(filter) {
@@ -460,6 +462,37 @@
     $("#audit-empty").hidden = rows.length > 0;
   }
 
+  // --- held chains (ordered mode) -----------------------------------------------------------------
+
+  const fmtWait = (s) => (s < 120 ? `${Math.round(s)} s` : s < 7200 ? `${Math.round(s / 60)} min` : `${(s / 3600).toFixed(1)} h`);
+
+  async function loadChains() {
+    const rows = await api("api/chains?limit=50");
+    $("#chains-section").hidden = rows.length === 0;
+    $("#chains tbody").replaceChildren(...rows.map((c) => el("tr", { "data-chain": c.chain },
+      el("td", { class: "selection" }, c.chain),
+      el("td", {}, c.key === null ? "—" : c.key),
+      el("td", {}, c.destination || "—"),
+      el("td", {}, c.group || "—"),
+      el("td", { class: "num" }, fmtInt(c.held)),
+      el("td", {}, fmtWait(c.waited_s)),
+      el("td", {}, c.stuck ? el("span", { class: "badge fatal" }, "stuck") : c.head_pending ? "pending" : (c.state || "—")),
+      el("td", {}, state.me.can_operate && c.stuck
+        ? el("button", { type: "button", "data-release": c.chain }, "Release") : ""))));
+  }
+
+  async function releaseChain(event) {
+    const button = event.target.closest("button[data-release]");
+    if (!button) return;
+    const chain = button.dataset.release;
+    const why = window.prompt(
+      `Release chain ${chain} as if its head had died? Its pending head goes dead; its records are handled or dead-lettered by the consumer.\n\nA note for the audit (optional):`, "");
+    if (why === null) return;
+    const done = await api("api/chains/release", { body: { chains: [chain], why } });
+    showMessage("ok", `Released ${fmtInt(done.released.length)} chain(s); ${fmtInt(done.heads_dead.length)} pending head(s) made dead.`);
+    await Promise.all([loadChains(), loadAudit()]);
+  }
+
   // --- wiring -------------------------------------------------------------------------------------
 
   async function init() {
@@ -504,13 +537,14 @@
     $("#detail-replay").addEventListener("click", guard(() => startAction("replay", "selected", [state.openId])));
     $("#detail-purge").addEventListener("click", guard(() => startAction("purge", "selected", [state.openId])));
     $("#detail-reevaluate").addEventListener("click", guard(() => startAction("reevaluate", "selected", [state.openId])));
+    $("#chains").addEventListener("click", guard(releaseChain));
     $("#dialog-cancel").addEventListener("click", closeDialog);
     $("#dialog-confirm").addEventListener("click", guard(confirmAction));
     document.addEventListener("keydown", (event) => {
       if (event.key === "Escape" && state.dialog) closeDialog();
     });
 
-    await Promise.all([loadFacets(), loadPage(), loadAudit()]);
+    await Promise.all([loadFacets(), loadPage(), loadAudit(), loadChains()]);
     const linked = /^#job=(\d+)$/.exec(location.hash);
     if (linked) await openDetail(Number(linked[1]));
   }
