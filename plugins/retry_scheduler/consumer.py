@@ -65,7 +65,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from retry_scheduler.client import RetryClient
+from retry_scheduler.client import RetryClient, header_text
 from retry_scheduler.core import protocol
 from retry_scheduler.holds import (
     DEFAULT_HOLDS_TOPIC,
@@ -85,20 +85,11 @@ METADATA_REFRESH_MS = 10_000
 _NOT_THERE_YET = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
 
-def _header(msg: Message, wanted: str) -> str | None:
-    headers: Any = msg.headers() or ()
-    for name, value in headers:
-        if name == wanted and isinstance(value, bytes):
-            try:
-                return value.decode("utf-8")
-            except UnicodeDecodeError:
-                return None
-    return None
-
-
 def original_topic(msg: Message) -> str | None:
-    """The topic a record was first consumed from: its ``retry.original-topic``, else its own topic."""
-    return _header(msg, protocol.ORIGINAL_TOPIC) or msg.topic()
+    """The topic a record was first consumed from: its ``retry.original-topic`` (the last, as everywhere
+    else), else its own topic."""
+    headers: Any = msg.headers()
+    return header_text(headers, protocol.ORIGINAL_TOPIC) or msg.topic()
 
 
 @dataclass

@@ -123,3 +123,18 @@ def test_group_scope_asks_for_the_group_s_redelivery_topic() -> None:
         RetryClient({"bootstrap.servers": "127.0.0.1:1"}, scope="group")
     with pytest.raises(ValueError, match="scope must be 'topic' or 'group'"):
         build_retry_headers(FakeRecord([]), PaymentDown("x"), group="billing", scope="everyone")
+
+
+def test_the_helper_keys_a_record_by_its_last_original_topic_as_the_scheduler_reads_it() -> None:
+    """A repeated retry.original-topic counts by its last occurrence everywhere (the scheduler, Java's
+    Headers.lastHeader, the client): the consumer helper's key for ordered mode too."""
+    from confluent_kafka import Message
+
+    from retry_scheduler.consumer import original_topic
+
+    repeated = Message(
+        topic="orders.redelivery", headers=[("retry.original-topic", b"a"), ("retry.original-topic", b"b")]
+    )
+    assert original_topic(repeated) == "b"
+    assert original_topic(Message(topic="orders", headers=[("retry.original-topic", b"\xff")])) == "orders"
+    assert original_topic(Message(topic="orders")) == "orders"
