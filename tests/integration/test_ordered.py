@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -776,3 +776,40 @@ def test_two_groups_in_ordered_mode_on_one_topic_never_release_each_others_chain
         got = app.handled[b"k0"]
         assert [n for i, n in enumerate(got) if i == 0 or got[i - 1] != n] == list(range(PER_KEY)), got
     assert shipping_app.calls == billing_app.calls + 1  # its first record failed once more
+
+
+def test_a_chain_of_1200_records_behind_one_head_comes_back_whole_and_in_order(
+    loop: Loop, topic_prefix: str, record_property: Callable[[str, object], None]
+) -> None:
+    """Issue 29: chains of 1 000+ records. One key's first record fails once; the 1 199 after it are
+    parked behind it, then handled in their order once its retry succeeds, each once; a second failure
+    in the middle (#600) makes the rest wait for it again. The time the chain took is recorded."""
+    group = f"{topic_prefix}-billing"
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{topic_prefix}-dlq"])
+    create_topics(loop.bootstrap, [f"{loop.dest}.{group}.redelivery"])
+    count = 1200
+    app = App({(b"k0", 0): 1, (b"k0", 600): 1})
+    config = {"bootstrap.servers": loop.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+              "topic.metadata.refresh.interval.ms": 1000, **QUICK_JOIN}  # fmt: skip
+    consumer = RetryingConsumer(
+        config, [loop.dest], app.handle, ordered=True, holds_topic=f"{topic_prefix}-holds"
+    )
+    consumer.retries.retry_topic = loop.settings.retry_topic
+    service = Service(loop)
+    began = time.monotonic()
+    try:
+        produce(loop.bootstrap, loop.dest, [{"key": b"k0", "value": str(n).encode()} for n in range(count)])
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and (len(app.handled[b"k0"]) < count or consumer.holds):
+            consumer.poll(0.05)
+    finally:
+        consumer.close()
+        service.close()
+    took = time.monotonic() - began
+    record_property("chain_1200_s", round(took, 1))
+    logging.getLogger(__name__).warning("a chain of %s records behind one head: %.1f s", count, took)
+    assert app.handled[b"k0"] == list(range(count))
+    assert app.calls == count + 2  # each once, the two failures twice
+    assert not loop.rows("status = 'pending'")
+    parked = loop.rows("held_by IS NOT NULL")
+    assert len(parked) >= count - 1 and {r["status"] for r in parked} == {"published"}
