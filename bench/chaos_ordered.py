@@ -1,6 +1,7 @@
 """Sums up ``make chaos-ordered``: the model-based test of ordered mode over many seeds
 (``tests/integration/test_ordered_model.py``), one JSON line per run, into ``ordered_violations``
-over the keys, records and faults of all runs.
+over the keys, records and faults of all runs; written to SUMMARY.json and, as its ``ordered`` entry,
+into ``chaos.json`` beside it (``make chaos`` keeps that entry).
 
 Usage: ``python -m bench.chaos_ordered RUNS.jsonl SUMMARY.json``
 """
@@ -38,6 +39,13 @@ def main(argv: list[str]) -> int:
     )
     summary = summarize(lines)
     out.write_text(json.dumps(summary, indent=2) + "\n")
+    chaos = out.parent / "chaos.json"
+    try:
+        report = json.loads(chaos.read_text()) if chaos.exists() else {}
+    except ValueError:
+        report = {}
+    report["ordered"] = {k: v for k, v in summary.items() if k != "violations"} | {"seeds": summary["seeds"]}
+    chaos.write_text(json.dumps(report, indent=2) + "\n")
     print(
         f"ordered mode: {summary['ordered_violations']} violations over {summary['runs']} runs, "
         f"{summary['keys']} keys, {summary['records']} records, {summary['faults']} faults "

@@ -111,7 +111,11 @@ def run_chaos(
     report["machine"] = {**machine(), "postgresql": pg_version}
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
+        previous = out_dir / "chaos.json"
+        # Ordered mode's entry, written by make chaos-ordered, is kept.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            report.setdefault("ordered", json.loads(previous.read_text()).get("ordered"))
+        previous.write_text(json.dumps(report, indent=2) + "\n")
         say(f"chaos: wrote {out_dir / 'chaos.json'}")
     return report
 
