@@ -43,6 +43,7 @@ MEASUREMENTS = (
     "held_snapshot",
     "burst",
     "soak",
+    "ordered",
 )
 #: Partitions of every benchmark topic: a multiple of the ingest worker processes (2), as a deployment
 #: would choose, so that each worker has an equal share.
@@ -124,6 +125,11 @@ class Sizes:
     #: The soak: half the capacity target for half an hour.
     soak_rate: int = 5_000
     soak_seconds: int = 1_800
+    #: Ordered mode (bench.ordered): records through the helper with and without it, over this many
+    #: keys; then a chain of ordered_chain records behind each key's first (failing) record.
+    ordered_records: int = 20_000
+    ordered_keys: int = 20
+    ordered_chain: int = 200
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -153,6 +159,9 @@ class Sizes:
             burst_baseline_s=8,
             soak_rate=50,
             soak_seconds=20,
+            ordered_records=1_000,
+            ordered_keys=5,
+            ordered_chain=20,
         )
 
 

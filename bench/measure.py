@@ -441,6 +441,7 @@ def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
     from bench.burst import measure_burst
     from bench.capacity import measure_capacity
     from bench.held import measure_held_snapshot
+    from bench.ordered import measure_ordered
     from bench.slow import measure_lateness, measure_spark
     from bench.soak import measure_soak
 
@@ -454,6 +455,7 @@ def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
         "held_snapshot": measure_held_snapshot,
         "burst": measure_burst,
         "soak": measure_soak,
+        "ordered": measure_ordered,
     }
 
 

@@ -414,6 +414,17 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "memory every 30 s (`details.rss_timeline`), with each kind's growth from a third of the way in "
         "to the end (`details.rss_growth_mb`).",
     ),
+    "ordered": (
+        "Ordered mode's cost",
+        "Per-key ordering through the consumer helper (`RetryingConsumer(ordered=True)`), the loops, the "
+        "broker and PostgreSQL (`bench/ordered.py`): records/s through the helper without and with ordered "
+        "mode while nothing fails (`plain_records_per_s`, `ordered_records_per_s`, `ordered_vs_plain`); "
+        "then a chain behind each key's first record, which fails once: the helper's acknowledged writes "
+        "per parked record (`round_trips_per_parked_record`), parks sent per second, and once a head's "
+        "retry was handled, the time from one record of its chain handled to the next "
+        "(`held_step_p50_s`, `held_step_p99_s`: a chain goes out one record at a time) and to its last "
+        "(`held_chain_drain_s`, the median over chains).",
+    ),
     "spark": (
         "PySpark bulk retry and compaction",
         "`include/spark/bulk_retry.py` re-publishing dead jobs and `include/spark/compact.py` archiving "

@@ -29,7 +29,7 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory, bootstrap_servers: str)
     options = BenchOptions(
         out=out,
         quick=True,
-        only=("ingest", "publish", "claim"),
+        only=("ingest", "publish", "claim", "ordered"),
         sizes=SIZES,
         db_name=DB_NAME,
         bootstrap=bootstrap_servers,
@@ -38,7 +38,13 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory, bootstrap_servers: str)
     run_bench(
         Settings(database_url=ADMIN_URL), options, say=lambda _m: None, progress=lambda *s: steps.append(s)
     )
-    assert steps == [(0, 3), (1, 3), (2, 3), (3, 3)]  # the command's progress: one step per measurement
+    assert steps == [
+        (0, 4),
+        (1, 4),
+        (2, 4),
+        (3, 4),
+        (4, 4),
+    ]  # the command's progress: one step per measurement
     return out
 
 
@@ -68,6 +74,18 @@ def test_every_key_is_reported(report: dict) -> None:
     assert abs(sum(machine["cpu_during_run"].values()) - 100) <= 0.2
     for name in ("ingest", "publish", "claim"):
         assert set(report["measurements"][name]["details"]["cpu"]) == {"busy_pct", "idle_pct", "steal_pct"}
+
+
+def test_ordered_modes_cost_is_measured(report: dict, report_dir: Path) -> None:
+    """bench.ordered: the helper with and without ordered mode, and chains behind failed heads."""
+    figures = report["measurements"]["ordered"]["figures"]
+    assert report["measurements"]["ordered"]["skipped"] is None
+    for key in ("plain_records_per_s", "ordered_records_per_s", "ordered_vs_plain", "parking_records_per_s",
+                "held_step_p50_s", "held_step_p99_s", "held_chain_drain_s"):  # fmt: skip
+        assert isinstance(figures[key], int | float) and figures[key] > 0, (key, figures[key])
+    # Each parked record: its park and the hold recording it, and the hold after it was handled.
+    assert figures["round_trips_per_parked_record"] >= 3
+    assert "## Ordered mode's cost" in (report_dir / "report.md").read_text()
 
 
 def test_measured_figures_are_positive(report: dict) -> None:
