@@ -233,6 +233,9 @@ def test_a_stuck_chain_is_seen_alerted_and_released_by_an_operator(
                      "--why", "INC-42"]) == 0  # fmt: skip
     out = json.loads(capsys.readouterr().out)
     assert out == {"released": ["C", "D"], "heads_dead": ["r2"], "not_held": ["gone"]}
+    # a chain going out already is left as it is
+    assert cli_main(["--database-url", url, "chains", "release", "C", "--yes", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out) == {"released": [], "heads_dead": [], "not_held": ["C"]}
     [r2] = loop.rows("retry_id = 'r2'")
     assert (r2["status"], r2["dead_reason"]) == ("dead", "requested")
     assert r2["reason"].startswith("its chain was released by an operator (INC-42)")
@@ -245,8 +248,12 @@ def test_a_stuck_chain_is_seen_alerted_and_released_by_an_operator(
     assert [(m.value, m.header(p.CHAIN_STATE)) for m in seen if m.key == b"j"] == [(b"v12", "dead:r2")]
     with Store(url) as store:
         assert held_chains(store) == [] and store.status_of_holds()["stuck"] == 0
-        audit = store.conn.execute("SELECT action, actor, matched, skipped FROM retry_dlq_audit").fetchall()
-    assert [(a, m, s) for a, _, m, s in audit] == [("release_chains", 2, {"not_held": 1})]
+        audit = store.conn.execute(
+            "SELECT action, actor, matched, skipped FROM retry_dlq_audit ORDER BY id"
+        ).fetchall()
+    assert [(a, m, s) for a, _, m, s in audit] == [
+        ("release_chains", 2, {"not_held": 1}), ("release_chains", 0, {"not_held": 1})
+    ]  # fmt: skip
     assert audit[0][1].startswith("cli:")
 
 

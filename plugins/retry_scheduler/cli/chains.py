@@ -66,7 +66,7 @@ def _cmd_release(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print(f"released {len(done.chains)} chain(s); {len(done.heads_dead)} pending head(s) made dead")
         for chain in done.unknown:
-            print(f"  {chain}: holds nothing (finished, released already, or never was)")
+            print(f"  {chain}: holds nothing waiting (finished, going out already, or never was)")
     return 0 if done.chains or not done.unknown else 1
 
 

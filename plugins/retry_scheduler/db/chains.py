@@ -86,7 +86,7 @@ class Released:
 
     chains: list[str]
     heads_dead: list[str]
-    #: Chains asked for that hold nothing (finished, or never were).
+    #: Chains asked for that hold nothing waiting (finished, going out already, or never were).
     unknown: list[str]
 
 
@@ -101,10 +101,15 @@ def release_chains(
 ) -> Released:
     """Release ``chains`` as if their heads had died (see the module), in one transaction: the heads'
     pending retries dead (``dead_reason``, ``why`` before their own reason), the chains' states dead
-    with their heads (``*`` where unknown), their first held records due. With an ``actor`` (an
+    with their heads (``*`` where unknown), their first held records due. Only waiting chains are
+    released: one already going out (released, or its head dead) is left alone. With an ``actor`` (an
     operator's release) the transaction writes an audit row (``retry_dlq_audit``, ``release_chains``)."""
     wanted = sorted(set(chains))
-    found = {c.chain: c for c in held_chains(store, wanted, limit=max(len(wanted), 1))}
+    found = {
+        c.chain: c
+        for c in held_chains(store, wanted, limit=max(len(wanted), 1))
+        if c.state in (None, "blocked")  # one going out already is left as it is
+    }
     heads = {
         chain: (c.head if c.state == "blocked" and c.head else protocol.CHAIN_ANY_HEAD)
         for chain, c in found.items()
