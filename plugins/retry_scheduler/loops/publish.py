@@ -300,7 +300,11 @@ class Publisher:
                     len(expired.chains), len(expired.heads_dead), expired.chains[:10],
                 )  # fmt: skip
         if not isinstance(self.metrics, NoMetrics):
-            held = self.store.status_of_holds()
+            try:
+                held = self.store.status_of_holds()
+            except Exception as exc:  # metrics never stop the loop
+                log.warning("held chains' gauges skipped: %s: %s", type(exc).__name__, exc)
+                return
             for name, value in held.items():
                 self.metrics.gauge(f"retry_scheduler.chains.{name}", value)
 
