@@ -76,7 +76,7 @@ def test_policies_module_is_not_parsed_as_a_dag(dagbag) -> None:
 
 def test_spark_tasks_submit_like_the_cli(dagbag) -> None:
     # Both PySpark DAGs submit with what `retry-scheduler bulk-retry|compact` passes: the job file,
-    # the JDBC driver and the class archive's --conf of this machine.
+    # the JDBC driver and the class archive's --conf of this machine (added when the task runs).
     from retry_scheduler.spark.jdbc import jdbc_jars
     from retry_scheduler.spark.submit import BULK_RETRY_APP, COMPACT_APP, spark_conf
 
@@ -88,6 +88,9 @@ def test_spark_tasks_submit_like_the_cli(dagbag) -> None:
         assert (task.application, task.name) == (str(app), dag_id)
         # a backfill's runs compact one day at a time (one run holds the lock; the others would fail)
         assert task.max_active_tis_per_dag == (1 if dag_id == "retry_compaction" else None)
+        # nothing of the machine's is looked up while the file is parsed: at run time, then as the CLI
+        assert (task.jars, task.conf, task.packages) == (None, None, None)
+        task.add_job_defaults()
         assert task.jars == jdbc_jars() and task.jars
         assert task.conf == spark_conf()
 

@@ -72,6 +72,9 @@ class App:
 
     plan: dict[tuple[bytes, int], Any]
     calls: Counter[tuple[bytes, int]] = field(default_factory=Counter)
+    #: Keys sent one more record (number PER_KEY) at the end: their last head died with nothing
+    #: parked, which the helper learns only from the key's next record (see ``finished``).
+    probed: set[bytes] = field(default_factory=set)
     handled: dict[bytes, list[int]] = field(default_factory=lambda: defaultdict(list))
 
     def handle(self, msg: Message) -> None:
@@ -238,7 +241,7 @@ def violations(app: App, run: Run) -> list[str]:
         got = app.handled[key]
         distinct = [n for i, n in enumerate(got) if i == 0 or got[i - 1] != n]
         repeats += len(got) - len(distinct)
-        want = [n for n in range(PER_KEY) if (key, n) not in dead]
+        want = [n for n in range(PER_KEY) if (key, n) not in dead] + ([PER_KEY] if key in app.probed else [])
         if distinct != want:
             found.append(f"key {key!r} handled {got}, want {want}")
     kills = sum(n for fault, n in run.faults.items() if fault.startswith("member killed"))
@@ -247,12 +250,13 @@ def violations(app: App, run: Run) -> list[str]:
     return found
 
 
-def report(run: Run, found: list[str], finished: bool) -> None:
+def report(run: Run, found: list[str], finished: bool, probed: int = 0) -> None:
     """With ``RETRY_MODEL_REPORT`` set (``make chaos-ordered``): one JSON line per run appended there."""
     path = os.environ.get("RETRY_MODEL_REPORT")
     if path:
         line = {"seed": run.seed, "keys": KEYS, "records": KEYS * PER_KEY, "steps": run.steps,
-                "finished": finished, "violations": found, "faults": dict(run.faults)}  # fmt: skip
+                "finished": finished, "violations": found, "faults": dict(run.faults),
+                "keys_probed": probed}  # fmt: skip
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
 
@@ -326,13 +330,28 @@ def test_every_key_keeps_its_order_under_random_faults(
     def finished() -> bool:
         dead = app.dead()
         want = {(f"k{k}".encode(), n) for k in range(KEYS) for n in range(PER_KEY)} - dead
+        want |= {(key, PER_KEY) for key in app.probed}
         if not want <= {(key, n) for key, ns in app.handled.items() for n in ns}:
             return False
         with Store(loop.settings.database_url) as store:
             pending = store.conn.execute(
                 "SELECT count(*) FROM retry_jobs WHERE status = 'pending'"
             ).fetchone()
-        return pending == (0,) and not any(owned_holds(m) for m in members)
+            dead_ids = {
+                row[0] for row in store.conn.execute("SELECT retry_id FROM retry_jobs WHERE status = 'dead'")
+            }
+        held = {where: hold for m in members for where, hold in owned_holds(m).items()}
+        # A key whose last head died with nothing parked behind it stays held at the helper, which
+        # cannot know of the death until the key's next record: that one is parked, released at once
+        # as behind a dead head, and handled. Such keys get one more record, whose handling (and the
+        # key's hold finished) shows the key is not stuck.
+        silent = {where[1] for where, hold in held.items() if not hold.parked and hold.head in dead_ids}
+        if pending == (0,) and silent and not silent <= app.probed:
+            for key in sorted(silent - app.probed):
+                app.probed.add(key)
+                produce(loop.bootstrap, loop.dest, [{"key": key, "value": str(PER_KEY).encode()}])
+            return False
+        return pending == (0,) and not held
 
     def owned_holds(member: Member) -> dict[tuple[str, bytes], Any]:
         """The member's held keys of the partitions it reads (its copies of others' may be old)."""
@@ -375,7 +394,7 @@ def test_every_key_keeps_its_order_under_random_faults(
                 step(faults=False)
             done = finished()
             if not done:
-                report(run, violations(app, run), finished=False)
+                report(run, violations(app, run), finished=False, probed=len(app.probed))
             assert done, (
                 f"seed {seed}: not finished in time ({run.faults}, handled {dict(app.handled)}, members "
                 f"{[m.name for m in members]})\n{diagnosis()}\nthe log ends:\n{caplog.text[-20000:]}"
@@ -385,7 +404,7 @@ def test_every_key_keeps_its_order_under_random_faults(
             member.helper.close()
         scheduler.close()
     found = violations(app, run)
-    report(run, found, finished=True)
+    report(run, found, finished=True, probed=len(app.probed))
     assert not found, f"seed {seed}: {found} ({dict(run.faults)})"
     logging.getLogger(__name__).warning("seed %s: %s steps, faults %s", seed, run.steps, dict(run.faults))
     assert sum(run.faults.values()) > 0

@@ -31,11 +31,21 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
         super().__init__(**kwargs)
         self.retry_hook = retry_hook or RetrySchedulerHook()
 
+    def add_job_defaults(self) -> None:
+        """What every job submission takes, as ``retry-scheduler bulk-retry|compact`` adds it: the JDBC
+        driver (``jdbc_jars``) or ``RETRY_SPARK_PACKAGES``, and the class archive's ``--conf``
+        (``spark_conf``). At run time: looking for ``java``, the archive and pyspark's version has no
+        place in a DAG file's parse. What the task was given is kept."""
+        self.jars = self.jars or jdbc_jars()
+        self.packages = self.packages or spark_packages()
+        self.conf = {**spark_conf(), **(self.conf or {})}
+
     def execute(self, context: Any) -> None:
         from retry_scheduler.core.config import dev_home
         from retry_scheduler.core.connection_file import CONNECTION_FILE_OPTION, connection_file
         from retry_scheduler.spark.executor_env import cluster_submit
 
+        self.add_job_defaults()
         if self._get_hook()._connection["deploy_mode"] == "cluster":
             raise ValueError(
                 f"{self._conn_id}: the retry-scheduler jobs run their driver beside the task "
@@ -81,7 +91,8 @@ def spark_submit_operator(
 
     The ``spark_default`` connection says where to submit; the JDBC driver (``jdbc_jars``) or
     ``RETRY_SPARK_PACKAGES``, and the class archive of ``make spark-deps`` (``spark_conf``), are
-    added as ``retry-scheduler bulk-retry|compact`` adds them. ``application_args`` may be an
+    added when the task runs, as ``retry-scheduler bulk-retry|compact`` adds them
+    (:meth:`RetrySparkSubmitOperator.add_job_defaults`). ``application_args`` may be an
     XComArg, resolved at run time; it holds no connection (:class:`RetrySparkSubmitOperator`).
     ``task_options`` are the operator's own (``max_active_tis_per_dag``, ...); ``hook``: the
     connections and settings the job is given (a DAG factory's options).
@@ -90,9 +101,6 @@ def spark_submit_operator(
         task_id=task_id,
         application=str(application),
         conn_id="spark_default",
-        jars=jdbc_jars(),
-        conf=spark_conf(),
-        packages=spark_packages(),
         name=name,
         application_args=application_args,
         retry_hook=hook,
