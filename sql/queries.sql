@@ -527,6 +527,8 @@ RETURNING j.held_by;
 -- A released chain nothing waits in any more is forgotten after %(keep_s)s seconds: the helper's parks
 -- behind a chain that flows say so themselves (retry.chain-state), and a chain whose head died keeps
 -- its row that long for the records its key still sends behind it.
+-- A chain still waiting for a pending head (a long backoff) keeps its row whatever its age.
 DELETE FROM retry_released_holds AS r
 WHERE r.released_at < now() - %(keep_s)s * interval '1 second'
-  AND NOT EXISTS (SELECT 1 FROM retry_jobs WHERE held_by = r.blocker AND status = 'pending');
+  AND NOT EXISTS (SELECT 1 FROM retry_jobs WHERE held_by = r.blocker AND status = 'pending')
+  AND NOT (r.why = 'blocked' AND EXISTS (SELECT 1 FROM retry_jobs WHERE retry_id = r.head AND status = 'pending'));

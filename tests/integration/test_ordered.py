@@ -302,6 +302,27 @@ def test_a_replayed_dead_head_goes_back_as_a_new_record_of_its_key(
     assert (seen.value, seen.header(p.ID), seen.header(p.BLOCKS)) == (b"v1", "r7", None)
 
 
+def test_chains_are_forgotten_a_week_after_nothing_waits_in_them(loop: Loop) -> None:
+    """retry_released_holds does not grow for ever: a chain's row goes a week after nothing is held in
+    it, unless it still waits for a pending head (a long backoff)."""
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic])
+    future = str(int(time.time() * 1000) + 3_600_000)
+    loop.send([head(loop, 1, "r8", "P", at=future), parked(loop, 5, "Q", key=b"q")])  # P waits for r8
+    loop.ingest(2)
+    with Store(loop.settings.database_url) as store:
+        store.conn.execute(
+            "INSERT INTO retry_released_holds (blocker, why, head) VALUES ('old', 'released', NULL), "
+            "('gone', 'blocked', 'nobody'), ('Q', 'released', NULL), ('new', 'dead', 'x')"
+        )
+        store.conn.execute(
+            "UPDATE retry_released_holds SET released_at = now() - interval '8 days' WHERE blocker <> 'new'"
+        )
+        store.conn.commit()
+        assert store.forget_released_holds(7 * 86400) == 2
+        left = sorted(row[0] for row in store.conn.execute("SELECT blocker FROM retry_released_holds"))
+    assert left == ["P", "Q", "new"]  # P: its head pending; Q: a record held in it; new: a day old
+
+
 def test_one_due_job_per_chain_is_a_rule_the_database_enforces(loop: Loop) -> None:
     """Found 2 (issue 29): two transactions advancing one chain at once (a publisher marking one of
     its jobs, the ingest storing a record parked in it) each made a different job due, the later offset
