@@ -19,7 +19,10 @@ others is a scenario for a real Kafka cluster, not this one.
 The oracle, after every run: for every key, the handler's successful calls are the key's records in
 their original order, all but those that died, none lost; a record handled twice in a row is allowed
 only where a member was killed after handling it and before committing it (Kafka's at-least-once), so
-there are never more such repeats than kills. ``RETRY_MODEL_SEEDS`` (comma-separated) picks the
+there are never more such repeats than kills. At the end no job may be pending and no member may
+hold a key, but for a key whose last head died with nothing parked (the helper cannot know of that
+death before the key's next record): such a key is sent one more record, which must be handled and
+free the key. ``RETRY_MODEL_SEEDS`` (comma-separated) picks the
 seeds; ``make chaos`` runs many more.
 """
 
