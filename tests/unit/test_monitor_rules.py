@@ -316,3 +316,20 @@ def test_a_run_s_failure_context_becomes_an_alert_naming_dag_run_and_reason() ->
     ti = SimpleNamespace(dag_id="retry_monitor", task_id="check", run_id="manual__1", try_number=1)
     alert = alert_from_context({"ti": ti, "reason": "task_failure"})
     assert alert.text == "Run manual__1 of DAG retry_monitor failed: a task failed (check)"
+
+
+def test_every_threshold_has_its_check_and_every_check_reads_and_describes_its_figure() -> None:
+    """One registry of checks: each names its Thresholds field, reads its figure from a reading and
+    describes it; the Variable's keys are exactly the checks' thresholds and the window."""
+    import dataclasses
+
+    from retry_scheduler.ops.monitor import REGISTRY
+
+    assert {c.threshold for c in REGISTRY} | {"interval_s"} == {
+        f.name for f in dataclasses.fields(Thresholds)
+    }
+    assert tuple(c.name for c in REGISTRY) == CHECKS and len(set(CHECKS)) == len(CHECKS)
+    for check in REGISTRY:
+        head, detail, fields = check.describe(QUIET, "threshold 1")
+        assert head.endswith("(threshold 1)") and detail and isinstance(fields, dict), check.name
+        assert QUIET.value(check.name) == check.value(QUIET)

@@ -56,16 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHECKS = (
-    "oldest_overdue",
-    "lateness_p99",
-    "dead_per_hour",
-    "stuck_delivery",
-    "consumer_lag",
-    "undelivered_dead",
-    "failing_deliveries",
-    "stuck_chains",
-)
 _DEAD_WINDOW_S = 3600
 #: A dead job is sent to its DLQ topic in the publish loop's next round: one still off it a minute
 #: after it died is one the topic refuses (``undelivered_dead``).
@@ -155,16 +145,8 @@ class Reading:
         )
 
     def value(self, check: str) -> float | None:
-        return {
-            "oldest_overdue": self.oldest_overdue_s,
-            "lateness_p99": self.lateness_p99_s,
-            "dead_per_hour": float(self.dead_last_hour),
-            "stuck_delivery": self.stuck_delivery_s,
-            "consumer_lag": None if self.consumer_lag is None else float(self.consumer_lag),
-            "undelivered_dead": float(self.undelivered_dead),
-            "failing_deliveries": float(self.failing_deliveries),
-            "stuck_chains": self.oldest_stuck_s,
-        }[check]
+        """The figure of ``check`` (a name of :data:`CHECKS`) in this reading."""
+        return _BY_NAME[check].value(self)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -261,113 +243,187 @@ def _num(value: float) -> str:
     return f"{value:g}"
 
 
-def _describe(check: str, reading: Reading, threshold: float | None) -> tuple[str, str, dict[str, Any]]:
-    """A headline (the figure and its threshold), a sentence of detail, and the structured fields."""
-    unit = "" if check in _COUNTS else " s"  # the others are in seconds
-    limit = "check off" if threshold is None else f"threshold {_num(threshold)}{unit}"
-    if check == "oldest_overdue":
-        head = f"oldest overdue job is {_secs(reading.oldest_overdue_s)} late ({limit})"
-        detail = (
-            f"Job {reading.oldest_overdue_job} for {reading.oldest_overdue_destination} is "
-            f"{_secs(reading.oldest_overdue_s)} past its due time: publishing is stalled or behind; "
-            "check the retry_scheduler DAG's publish task."
-            if reading.oldest_overdue_job is not None
-            else "No pending job is overdue."
-        )
-        extra: dict[str, Any] = {
-            "job_id": reading.oldest_overdue_job,
-            "destination": reading.oldest_overdue_destination,
-        }
-    elif check == "lateness_p99":
-        p99 = "n/a" if reading.lateness_p99_s is None else _secs(reading.lateness_p99_s)
-        head = f"publish lateness p99 is {p99} over the last {reading.interval_s} s ({limit})"
-        detail = (
-            f"{reading.published} jobs were published in the last {reading.interval_s} s; the slowest 1% "
-            f"reached their destination {p99} or more after their due time."
-        )
-        extra = {"interval_s": reading.interval_s, "published": reading.published}
-    elif check == "stuck_delivery":
-        head = f"a delivery has been waiting {_secs(reading.stuck_delivery_s)} ({limit})"
-        if reading.stuck_job is None:
-            detail = "Every delivery goes through."
-        else:
-            error = (reading.stuck_error or "no error recorded yet: is the publish loop running?")[:300]
-            detail = (
-                f"Job {reading.stuck_job} has not reached {reading.stuck_topic} after "
-                f"{reading.stuck_failures} failed attempts; the last error: {error}. Fix the topic "
-                "(its existence, max.message.bytes, the service's rights) or the record, then watch it "
-                "go out with `retry-scheduler dlq show`."
-            )
-        extra = {
-            "job_id": reading.stuck_job,
-            "topic": reading.stuck_topic,
-            "failures": reading.stuck_failures,
-            "error": reading.stuck_error,
-        }
-    elif check == "consumer_lag":
-        lag = "an unknown number of" if reading.consumer_lag is None else str(reading.consumer_lag)
-        head = f"{lag} records on the retry topics are not ingested yet ({limit})"
-        top = sorted(reading.lag_by_topic.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
-        if reading.consumer_lag is None:
-            detail = f"The broker could not be asked: {(reading.lag_error or 'no reader')[:300]}."
-        else:
-            detail = (
-                "Behind, by topic: "
-                + ", ".join(f"{t} {n}" for t, n in top)
-                + ". Is the retry_scheduler DAG's "
-                "ingest task running, and keeping up (its log's per-batch figures)?"
-                if reading.consumer_lag
-                else "Ingestion is up to date."
-            )
-        extra = {"by_topic": dict(top), "error": reading.lag_error}
-    elif check in ("undelivered_dead", "failing_deliveries"):
-        key = "undelivered_dead" if check == "undelivered_dead" else "failing"
-        rows = [d for d in reading.deliveries if d[key]][:5]
-        count = reading.undelivered_dead if check == "undelivered_dead" else reading.failing_deliveries
-        if check == "undelivered_dead":
-            head = f"{count} dead jobs are not on their DLQ topic {DLQ_GRACE_S} s after they died ({limit})"
-        else:
-            head = f"{count} jobs failed {REPEATED_FAILURES} or more deliveries to their destination in a row ({limit})"
-        detail = (
-            "By topic: "
-            + "; ".join(
-                f"{d['topic']} {d[key]} (last error: {(d['error'] or 'none recorded')[:200]})" for d in rows
-            )
-            + ". Fix the topic (its existence, max.message.bytes, the service's rights) or the records; "
-            "the publish loop keeps trying, and `retry-scheduler dlq show` shows a job's last error."
-            if rows
-            else "Every delivery goes through."
-        )
-        extra = {"by_topic": {d["topic"]: d[key] for d in rows}}
-    elif check == "stuck_chains":
-        head = (
-            f"{reading.stuck_chains} held chain(s) wait for a head the scheduler does not hold, the oldest "
-            f"record for {_secs(reading.oldest_stuck_s)} ({limit})"
-        )
-        detail = (
-            "Ordered mode: records of these keys wait behind a failed record whose retry was published and "
-            "not released by its consumer group (is it running, reading that topic?), or whose head is lost. "
-            f"The longest waiting: {', '.join(reading.stuck_chain_ids[:5])}. See them with "
-            "`retry-scheduler chains list --stuck`; `retry-scheduler chains release CHAIN --yes` lets one go "
-            "as if its head had died."
-            if reading.stuck_chains
-            else "No held chain is stuck."
-        )
-        extra = {"chains": list(reading.stuck_chain_ids[:5]), "held": reading.held}
+#: What a check's description returns: a headline (the figure and its threshold), a sentence of
+#: detail, and the structured fields of its alert.
+Described = tuple[str, str, dict[str, Any]]
+
+
+def _oldest_overdue(reading: Reading, limit: str) -> Described:
+    head = f"oldest overdue job is {_secs(reading.oldest_overdue_s)} late ({limit})"
+    detail = (
+        f"Job {reading.oldest_overdue_job} for {reading.oldest_overdue_destination} is "
+        f"{_secs(reading.oldest_overdue_s)} past its due time: publishing is stalled or behind; "
+        "check the retry_scheduler DAG's publish task."
+        if reading.oldest_overdue_job is not None
+        else "No pending job is overdue."
+    )
+    return (
+        head,
+        detail,
+        {"job_id": reading.oldest_overdue_job, "destination": reading.oldest_overdue_destination},
+    )
+
+
+def _lateness_p99(reading: Reading, limit: str) -> Described:
+    p99 = "n/a" if reading.lateness_p99_s is None else _secs(reading.lateness_p99_s)
+    head = f"publish lateness p99 is {p99} over the last {reading.interval_s} s ({limit})"
+    detail = (
+        f"{reading.published} jobs were published in the last {reading.interval_s} s; the slowest 1% "
+        f"reached their destination {p99} or more after their due time."
+    )
+    return head, detail, {"interval_s": reading.interval_s, "published": reading.published}
+
+
+def _dead_per_hour(reading: Reading, limit: str) -> Described:
+    top = sorted(reading.dead_by_destination.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    head = f"{reading.dead_last_hour} jobs went dead in the last hour ({limit})"
+    detail = (
+        "Dead jobs by destination: " + ", ".join(f"{d} {n}" for d, n in top) + "."
+        if top
+        else "No job went dead in the last hour."
+    ) + " Browse them with `retry-scheduler dlq list`."
+    return head, detail, {"by_destination": dict(top)}
+
+
+def _stuck_delivery(reading: Reading, limit: str) -> Described:
+    head = f"a delivery has been waiting {_secs(reading.stuck_delivery_s)} ({limit})"
+    if reading.stuck_job is None:
+        detail = "Every delivery goes through."
     else:
-        top = sorted(reading.dead_by_destination.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
-        head = f"{reading.dead_last_hour} jobs went dead in the last hour ({limit})"
+        error = (reading.stuck_error or "no error recorded yet: is the publish loop running?")[:300]
         detail = (
-            "Dead jobs by destination: " + ", ".join(f"{d} {n}" for d, n in top) + "."
-            if top
-            else "No job went dead in the last hour."
-        ) + " Browse them with `retry-scheduler dlq list`."
-        extra = {"by_destination": dict(top)}
+            f"Job {reading.stuck_job} has not reached {reading.stuck_topic} after "
+            f"{reading.stuck_failures} failed attempts; the last error: {error}. Fix the topic "
+            "(its existence, max.message.bytes, the service's rights) or the record, then watch it "
+            "go out with `retry-scheduler dlq show`."
+        )
+    extra = {
+        "job_id": reading.stuck_job,
+        "topic": reading.stuck_topic,
+        "failures": reading.stuck_failures,
+        "error": reading.stuck_error,
+    }
     return head, detail, extra
 
 
-#: The checks that count things (the others are durations in seconds).
-_COUNTS = frozenset({"dead_per_hour", "consumer_lag", "undelivered_dead", "failing_deliveries"})
+def _consumer_lag(reading: Reading, limit: str) -> Described:
+    lag = "an unknown number of" if reading.consumer_lag is None else str(reading.consumer_lag)
+    head = f"{lag} records on the retry topics are not ingested yet ({limit})"
+    top = sorted(reading.lag_by_topic.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    if reading.consumer_lag is None:
+        detail = f"The broker could not be asked: {(reading.lag_error or 'no reader')[:300]}."
+    else:
+        detail = (
+            "Behind, by topic: " + ", ".join(f"{t} {n}" for t, n in top) + ". Is the retry_scheduler DAG's "
+            "ingest task running, and keeping up (its log's per-batch figures)?"
+            if reading.consumer_lag
+            else "Ingestion is up to date."
+        )
+    return head, detail, {"by_topic": dict(top), "error": reading.lag_error}
+
+
+def _deliveries(key: str, head: str, reading: Reading) -> Described:
+    """``undelivered_dead`` and ``failing_deliveries``: the topics with some, and their last errors."""
+    rows = [d for d in reading.deliveries if d[key]][:5]
+    detail = (
+        "By topic: "
+        + "; ".join(
+            f"{d['topic']} {d[key]} (last error: {(d['error'] or 'none recorded')[:200]})" for d in rows
+        )
+        + ". Fix the topic (its existence, max.message.bytes, the service's rights) or the records; "
+        "the publish loop keeps trying, and `retry-scheduler dlq show` shows a job's last error."
+        if rows
+        else "Every delivery goes through."
+    )
+    return head, detail, {"by_topic": {d["topic"]: d[key] for d in rows}}
+
+
+def _undelivered_dead(reading: Reading, limit: str) -> Described:
+    head = f"{reading.undelivered_dead} dead jobs are not on their DLQ topic {DLQ_GRACE_S} s after they died ({limit})"
+    return _deliveries("undelivered_dead", head, reading)
+
+
+def _failing_deliveries(reading: Reading, limit: str) -> Described:
+    head = (
+        f"{reading.failing_deliveries} jobs failed {REPEATED_FAILURES} or more deliveries to their "
+        f"destination in a row ({limit})"
+    )
+    return _deliveries("failing", head, reading)
+
+
+def _stuck_chains(reading: Reading, limit: str) -> Described:
+    head = (
+        f"{reading.stuck_chains} held chain(s) wait for a head the scheduler does not hold, the oldest "
+        f"record for {_secs(reading.oldest_stuck_s)} ({limit})"
+    )
+    detail = (
+        "Ordered mode: records of these keys wait behind a failed record whose retry was published and "
+        "not released by its consumer group (is it running, reading that topic?), or whose head is lost. "
+        f"The longest waiting: {', '.join(reading.stuck_chain_ids[:5])}. See them with "
+        "`retry-scheduler chains list --stuck`; `retry-scheduler chains release CHAIN --yes` lets one go "
+        "as if its head had died."
+        if reading.stuck_chains
+        else "No held chain is stuck."
+    )
+    return head, detail, {"chains": list(reading.stuck_chain_ids[:5]), "held": reading.held}
+
+
+def _maybe(value: int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of retry_monitor: its figure in a reading, its threshold (a field of
+    :class:`~retry_scheduler.ops.thresholds.Thresholds`), and how its alert reads."""
+
+    name: str
+    #: The :class:`Thresholds` field that holds when it fires (above).
+    threshold: str
+    value: Callable[[Reading], float | None]
+    describe: Callable[[Reading, str], Described]
+    #: Whether the figure counts things (else it is a duration in seconds).
+    counts: bool = False
+
+
+#: Every check, in the order they are evaluated and reported.
+REGISTRY: tuple[Check, ...] = (
+    Check("oldest_overdue", "oldest_overdue_s", lambda r: r.oldest_overdue_s, _oldest_overdue),
+    Check("lateness_p99", "lateness_p99_s", lambda r: r.lateness_p99_s, _lateness_p99),
+    Check("dead_per_hour", "dead_per_hour", lambda r: float(r.dead_last_hour), _dead_per_hour, counts=True),
+    Check("stuck_delivery", "stuck_delivery_s", lambda r: r.stuck_delivery_s, _stuck_delivery),
+    Check(
+        "consumer_lag",
+        "consumer_lag",
+        lambda r: _maybe(r.consumer_lag),
+        _consumer_lag,
+        counts=True,
+    ),
+    Check(
+        "undelivered_dead",
+        "undelivered_dead",
+        lambda r: float(r.undelivered_dead),
+        _undelivered_dead,
+        counts=True,
+    ),
+    Check(
+        "failing_deliveries",
+        "failing_deliveries",
+        lambda r: float(r.failing_deliveries),
+        _failing_deliveries,
+        counts=True,
+    ),
+    Check("stuck_chains", "stuck_chain_s", lambda r: r.oldest_stuck_s, _stuck_chains),
+)
+_BY_NAME = {check.name: check for check in REGISTRY}
+CHECKS = tuple(check.name for check in REGISTRY)
+
+
+def _describe(check: str, reading: Reading, threshold: float | None) -> Described:
+    """A headline (the figure and its threshold), a sentence of detail, and the structured fields."""
+    unit = "" if _BY_NAME[check].counts else " s"
+    limit = "check off" if threshold is None else f"threshold {_num(threshold)}{unit}"
+    return _BY_NAME[check].describe(reading, limit)
 
 
 def evaluate(reading: Reading, thresholds: Thresholds, incidents: Mapping[str, Incident]) -> list[Outcome]:
@@ -378,7 +434,7 @@ def evaluate(reading: Reading, thresholds: Thresholds, incidents: Mapping[str, I
     """
     outcomes = []
     for check in CHECKS:
-        threshold = thresholds.limit(check)
+        threshold = getattr(thresholds, _BY_NAME[check].threshold)
         value = reading.value(check)
         state = incidents.get(check, Incident())
         crossed = threshold is not None and value is not None and value > threshold

@@ -77,15 +77,3 @@ class Thresholds:
             else:
                 values[key] = float(value)
         return cls(**values)
-
-    def limit(self, check: str) -> float | None:
-        return {
-            "oldest_overdue": self.oldest_overdue_s,
-            "lateness_p99": self.lateness_p99_s,
-            "dead_per_hour": self.dead_per_hour,
-            "stuck_delivery": self.stuck_delivery_s,
-            "consumer_lag": self.consumer_lag,
-            "undelivered_dead": self.undelivered_dead,
-            "failing_deliveries": self.failing_deliveries,
-            "stuck_chains": self.stuck_chain_s,
-        }[check]
