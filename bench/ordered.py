@@ -11,8 +11,9 @@ Three runs of the helper, each on a topic of its own with ``PARTITIONS`` partiti
 3. A chain per key: each key's first record fails once, so the ``ordered_chain`` records after it are
    parked behind it; the scheduler's ingest and publish loops run beside the helper (threads, as the
    DAG runs them). ``round_trips_per_parked_record``: the helper's acknowledged writes (retry-topic
-   sends and hold writes, each waited for) per record parked; ``parking_records_per_s``: records parked
-   per second; and, once each head's retry was handled and its release sent, the lateness of its
+   sends and hold writes, each waited for) per record parked, beyond the :data:`CHAIN_WRITES` every
+   chain costs; ``parking_records_per_s``: parks sent per second, from the first to the last; and,
+   once each head's retry was handled and its release sent, the lateness of its
    chain's records: ``held_step_p50_s`` / ``held_step_p99_s`` (from one record of a chain handled to
    the next: one publish round and one poll, since a chain goes out one record at a time) and
    ``held_chain_drain_s`` (the median, over chains, of the time from the release to the chain's last
