@@ -210,7 +210,7 @@ def test_a_stuck_chain_is_seen_alerted_and_released_by_an_operator(
     loop.ingest(5)
     assert publish_round(loop) == 1  # C's head goes out; its consumer never releases C
     with Store(loop.settings.database_url) as store:
-        chains = {c.chain: c for c in held_chains(store)}
+        chains = {c.chain: c for c in held_chains(store.conn)}
         assert store.status_of_holds()["stuck"] == 1
         raw = store.monitor_reading(300)
     assert (chains["C"].state, chains["C"].head, chains["C"].head_pending, chains["C"].stuck) == (
@@ -247,7 +247,7 @@ def test_a_stuck_chain_is_seen_alerted_and_released_by_an_operator(
     ]  # fmt: skip
     assert [(m.value, m.header(p.CHAIN_STATE)) for m in seen if m.key == b"j"] == [(b"v12", "dead:r2")]
     with Store(url) as store:
-        assert held_chains(store) == [] and store.status_of_holds()["stuck"] == 0
+        assert held_chains(store.conn) == [] and store.status_of_holds()["stuck"] == 0
         audit = store.conn.execute(
             "SELECT action, actor, matched, skipped FROM retry_dlq_audit ORDER BY id"
         ).fetchall()
@@ -280,7 +280,7 @@ def test_held_records_past_their_policys_max_age_release_their_chain(loop: Loop,
     [seen] = [m for m in consume(loop.bootstrap, [loop.dest], expected=1)]
     assert (seen.value, seen.header(p.CHAIN_STATE)) == (b"v2", "dead:r5")
     with Store(loop.settings.database_url) as store:
-        assert [c.chain for c in held_chains(store)] == ["F"]  # one hour old at most: it waits
+        assert [c.chain for c in held_chains(store.conn)] == ["F"]  # one hour old at most: it waits
 
 
 def test_a_replayed_dead_head_goes_back_as_a_new_record_of_its_key(

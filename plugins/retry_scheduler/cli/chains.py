@@ -16,7 +16,7 @@ def _cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.db.store import Store
 
     with Store(settings.database_url) as store:
-        chains = held_chains(store, limit=args.limit)
+        chains = held_chains(store.conn, limit=args.limit)
     if args.stuck:
         chains = [c for c in chains if c.stuck]
     if args.json:

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from retry_scheduler.core import protocol
@@ -62,10 +63,13 @@ class HeldChain:
         return out
 
 
-def held_chains(store: Store, chains: Sequence[str] | None = None, limit: int = 100) -> list[HeldChain]:
-    """The held chains (``chains``, or all), the longest waiting first, at most ``limit``."""
-    with store.conn.transaction():
-        rows = store.conn.execute(
+def held_chains(
+    conn: psycopg.Connection[Any], chains: Sequence[str] | None = None, limit: int = 100
+) -> list[HeldChain]:
+    """The held chains (``chains``, or all), the longest waiting first, at most ``limit``; read on
+    ``conn`` (a store's, or a pool's: the Dead letters page)."""
+    with conn.transaction():
+        rows = conn.execute(
             q("held_chains"),
             {"held_due": HELD_DUE_AT, "chains": None if chains is None else list(chains), "limit": limit},
         ).fetchall()
@@ -107,7 +111,7 @@ def release_chains(
     wanted = sorted(set(chains))
     found = {
         c.chain: c
-        for c in held_chains(store, wanted, limit=max(len(wanted), 1))
+        for c in held_chains(store.conn, wanted, limit=max(len(wanted), 1))
         if c.state in (None, "blocked")  # one going out already is left as it is
     }
     heads = {
@@ -143,7 +147,7 @@ def expire_chains(
     released as if its head had expired (its pending retry dead as ``expired``)."""
     old = [
         c.chain
-        for c in held_chains(store, limit=limit)
+        for c in held_chains(store.conn, limit=limit)
         if c.state in (None, "blocked")
         and (limit_ms := max_age_ms.get(c.policy or "")) is not None
         and now_ms - c.first_seen_ms > limit_ms

@@ -495,10 +495,9 @@ def chains(
     """Ordered mode's held chains, the longest waiting first (``stuck``: only those whose head the
     scheduler does not hold)."""
     from retry_scheduler.db.chains import held_chains
-    from retry_scheduler.db.store import Store
 
-    with Store(database_url()) as store:
-        found = held_chains(store, limit=limit)
+    with dlq.connection(database()) as conn:  # the page's pool: a few connections whatever the load
+        found = held_chains(conn, limit=limit)
     return [c.as_dict() for c in found if c.stuck or not stuck]
 
 
