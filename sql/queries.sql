@@ -276,31 +276,14 @@ SELECT coalesce(sum(held), 0), count(*), extract(epoch FROM clock_timestamp() - 
        extract(epoch FROM clock_timestamp() - min(since) FILTER (WHERE stuck))::float8
 FROM s;
 
--- name: stuck_chain_ids
--- The stuck chains (see held_chains), the longest waiting first: for retry_monitor's alert.
-WITH c AS (
-    SELECT held_by AS chain, min(created_at) AS since
-    FROM retry_jobs
-    WHERE held_by IS NOT NULL AND status = 'pending' AND due_at = %(held_due)s
-    GROUP BY held_by
-)
-SELECT c.chain
-FROM c LEFT JOIN retry_released_holds AS r ON r.blocker = c.chain
-WHERE (r.why IS NULL OR r.why = 'blocked') AND NOT EXISTS (
-    SELECT 1 FROM retry_jobs AS h
-    WHERE h.retry_id = coalesce(r.head, c.chain) AND h.status = 'pending' AND h.held_by IS NULL
-)
-ORDER BY c.since, c.chain
-LIMIT %(limit)s;
-
 -- name: held_chains
--- Ordered mode's held chains (%(chains)s, or all), the longest waiting first: the chain; its key, the
--- destination and the consumer group (of its first held job); how many jobs wait in it, since when
--- (seconds), the oldest first-seen time (epoch ms) and the policy of its first held job; its state
--- (blocked: waiting for its head; released or dead: going out; none: no state, waiting) and head; and
--- whether that head's retry is pending here. A chain waiting whose head is not pending is stuck as far
--- as the scheduler can tell: the head was published and its consumer has not released it yet (not
--- running, or not handling that topic), or the head is lost.
+-- Ordered mode's held chains (%(chains)s, or all; only the stuck ones with %(stuck)s), the longest
+-- waiting first: the chain; its key, the destination and the consumer group (of its first held job);
+-- how many jobs wait in it, since when (seconds), the oldest first-seen time (epoch ms) and the policy
+-- of its first held job; its state (blocked: waiting for its head; released or dead: going out; none:
+-- no state, waiting) and head; and whether that head's retry is pending here. A chain waiting whose
+-- head is not pending is stuck as far as the scheduler can tell: the head was published and its
+-- consumer has not released it yet (not running, or not handling that topic), or the head is lost.
 WITH c AS (
     SELECT held_by AS chain, count(*) AS held, min(created_at) AS since,
            min(first_seen_at) AS first_seen,
@@ -310,16 +293,18 @@ WITH c AS (
     WHERE held_by IS NOT NULL AND status = 'pending' AND due_at = %(held_due)s
       AND (%(chains)s::text[] IS NULL OR held_by = ANY(%(chains)s::text[]))
     GROUP BY held_by
+), s AS (
+    SELECT c.*, r.why, r.head, EXISTS (
+        SELECT 1 FROM retry_jobs AS h
+        WHERE h.retry_id = coalesce(r.head, c.chain) AND h.status = 'pending' AND h.held_by IS NULL
+    ) AS head_pending
+    FROM c LEFT JOIN retry_released_holds AS r ON r.blocker = c.chain
 )
-SELECT c.chain, c.about[1][1], c.msg_key, c.about[1][2], c.held,
-       extract(epoch FROM clock_timestamp() - c.since)::float8,
-       (extract(epoch FROM c.first_seen) * 1000)::bigint, c.about[1][3], r.why, r.head,
-       EXISTS (
-           SELECT 1 FROM retry_jobs AS h
-           WHERE h.retry_id = coalesce(r.head, c.chain) AND h.status = 'pending' AND h.held_by IS NULL
-       )
-FROM c LEFT JOIN retry_released_holds AS r ON r.blocker = c.chain
-ORDER BY c.since, c.chain
+SELECT chain, about[1][1], msg_key, about[1][2], held, extract(epoch FROM clock_timestamp() - since)::float8,
+       (extract(epoch FROM first_seen) * 1000)::bigint, about[1][3], why, head, head_pending
+FROM s
+WHERE NOT %(stuck)s OR ((why IS NULL OR why = 'blocked') AND NOT head_pending)
+ORDER BY since, chain
 LIMIT %(limit)s;
 
 -- name: give_up_heads

@@ -16,9 +16,7 @@ def _cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.db.store import Store
 
     with Store(settings.database_url) as store:
-        chains = held_chains(store.conn, limit=args.limit)
-    if args.stuck:
-        chains = [c for c in chains if c.stuck]
+        chains = held_chains(store.conn, limit=args.limit, stuck=args.stuck)
     if args.json:
         print(json.dumps([c.as_dict() for c in chains], indent=2))
         return 0

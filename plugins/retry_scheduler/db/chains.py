@@ -64,15 +64,17 @@ class HeldChain:
 
 
 def held_chains(
-    conn: psycopg.Connection[Any], chains: Sequence[str] | None = None, limit: int = 100
+    conn: psycopg.Connection[Any],
+    chains: Sequence[str] | None = None,
+    limit: int = 100,
+    *,
+    stuck: bool = False,
 ) -> list[HeldChain]:
-    """The held chains (``chains``, or all), the longest waiting first, at most ``limit``; read on
-    ``conn`` (a store's, or a pool's: the Dead letters page)."""
+    """The held chains (``chains``, or all; only the stuck ones with ``stuck``), the longest waiting
+    first, at most ``limit``; read on ``conn`` (a store's, or a pool's: the Dead letters page)."""
+    params = {"held_due": HELD_DUE_AT, "chains": None if chains is None else list(chains), "stuck": stuck}
     with conn.transaction():
-        rows = conn.execute(
-            q("held_chains"),
-            {"held_due": HELD_DUE_AT, "chains": None if chains is None else list(chains), "limit": limit},
-        ).fetchall()
+        rows = conn.execute(q("held_chains"), {**params, "limit": limit}).fetchall()
     return [_held_chain(row) for row in rows]
 
 

@@ -655,8 +655,10 @@ class Store:
             held = self.conn.execute(
                 q("held_count"), {"destination": None, "held_due": HELD_DUE_AT}
             ).fetchone()
-            stuck_ids = (
-                self.conn.execute(q("stuck_chain_ids"), {"held_due": HELD_DUE_AT, "limit": 5}).fetchall()
+            stuck_ids = (  # the longest waiting, as `chains list --stuck` shows them
+                self.conn.execute(
+                    q("held_chains"), {"held_due": HELD_DUE_AT, "chains": None, "stuck": True, "limit": 5}
+                ).fetchall()
                 if held is not None and held[3]
                 else []
             )

@@ -497,8 +497,8 @@ def chains(
     from retry_scheduler.db.chains import held_chains
 
     with dlq.connection(database()) as conn:  # the page's pool: a few connections whatever the load
-        found = held_chains(conn, limit=limit)
-    return [c.as_dict() for c in found if c.stuck or not stuck]
+        found = held_chains(conn, limit=limit, stuck=stuck)
+    return [c.as_dict() for c in found]
 
 
 @app.post("/api/chains/release")
