@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 import logging
 import statistics
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -33,13 +32,10 @@ from typing import Any
 
 from confluent_kafka import Message, Producer
 
-from bench.env import PARTITIONS, BenchEnv, BenchError, Result, Sizes
+from bench.env import PARTITIONS, BenchEnv, BenchError, LoopThreads, Result, Sizes
 from retry_scheduler.consumer import RetryingConsumer
 from retry_scheduler.core import protocol
 from retry_scheduler.core.policy import Policy, PolicyRegistry
-from retry_scheduler.db.store import Store
-from retry_scheduler.loops.ingest import Ingestor
-from retry_scheduler.loops.publish import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -67,41 +63,6 @@ class _Counted:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
-
-
-class _Loops:
-    """The scheduler's ingest and publish loops in threads, until closed."""
-
-    def __init__(self, env: BenchEnv, settings: Any) -> None:
-        self.stop = threading.Event()
-        self.settings = settings
-        self.threads = [
-            threading.Thread(target=self._ingest, daemon=True),
-            threading.Thread(target=self._publish, daemon=True),
-        ]
-        for thread in self.threads:
-            thread.start()
-
-    def _ingest(self) -> None:
-        with Store(self.settings.database_url) as store:
-            ingestor = Ingestor(self.settings, POLICIES, store)
-            try:
-                ingestor.run(3600, self.stop.is_set)
-            finally:
-                ingestor.close()
-
-    def _publish(self) -> None:
-        with Store(self.settings.database_url) as store:
-            publisher = Publisher(self.settings, store)
-            try:
-                publisher.run(3600, self.stop.is_set)
-            finally:
-                publisher.close()
-
-    def close(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
 
 
 def _consumer(
@@ -185,7 +146,7 @@ def measure_ordered(env: BenchEnv, sizes: Sizes) -> Result:
 
     consumer.retries.release = release  # type: ignore[method-assign,assignment]
     _send(env, topic, records)
-    loops = _Loops(env, settings)
+    loops = LoopThreads(settings, POLICIES)
     deadline = time.monotonic() + 900
     try:
         while sum(len(v) for v in handled.values()) < len(records) or consumer.holds:

@@ -22,6 +22,7 @@ import pytest
 from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench.env import LoopThreads
 from retry_scheduler.cli.main import main as cli_main
 from retry_scheduler.cli.service import status_report
 from retry_scheduler.consumer import RetryingConsumer
@@ -33,7 +34,6 @@ from retry_scheduler.db.store import Store
 from retry_scheduler.dev.procs import free_port
 from retry_scheduler.holds import Hold, HoldStore, HoldsUnavailable
 from retry_scheduler.holds import create_topics as create_holds_topics
-from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
 from retry_scheduler.ops.monitor import Reading, evaluate
 from retry_scheduler.ops.thresholds import Thresholds
@@ -499,39 +499,16 @@ KEYS = 6
 PER_KEY = 8
 
 
-class Service:
+class Service(LoopThreads):
     """The scheduler's ingest and publish loops, running in threads as the Airflow DAG runs them."""
 
     def __init__(self, loop: Loop) -> None:
-        self.loop = loop
-        self.stop = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._ingest, daemon=True),
-            threading.Thread(target=self._publish, daemon=True),
-        ]
-        for thread in self.threads:
-            thread.start()
-
-    def _ingest(self) -> None:
-        with Store(self.loop.settings.database_url) as store:
-            ingestor = Ingestor(self.loop.settings, self.loop.registry, store)
-            try:
-                ingestor.run(300, self.stop.is_set)
-            finally:
-                ingestor.close()
-
-    def _publish(self) -> None:
-        with Store(self.loop.settings.database_url) as store:
-            publisher = Publisher(self.loop.settings.with_overrides(poll_interval_ms=100), store)
-            try:
-                publisher.run(300, self.stop.is_set)
-            finally:
-                publisher.close()
-
-    def close(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
+        super().__init__(
+            loop.settings,
+            loop.registry,
+            300,
+            publish_settings=loop.settings.with_overrides(poll_interval_ms=100),
+        )
 
 
 class App:
