@@ -129,9 +129,15 @@ class Publisher:
         self.settings = settings
         self.metrics: Metrics = metrics or NoMetrics()
         self._snapshot_at = 0.0
+        #: Each policy's max_age in ms, for held records (read with the policies, or at first use).
+        self._policy_max_ages: dict[str, int | None] | None = None
+        if destinations is None:
+            registry = load_policies(settings.policies_file)
+            destinations = destinations_for(settings, registry)
+            self._policy_max_ages = {name: p.max_age_ms for name, p in registry.policies.items()}
         # Checked again before every publish: a destination taken off the list after its jobs were
         # stored is not published to (the job goes dead, invalid, with the reason).
-        self.destinations = destinations or destinations_for(settings, load_policies(settings.policies_file))
+        self.destinations = destinations
         self.store = store
         self.store_factory = store_factory
         self.producer = producer or make_producer(settings)
@@ -157,7 +163,6 @@ class Publisher:
         self._lane_floors: dict[str, datetime | None] = {}
         self._lanes_read_at = float("-inf")  # monotonic: when it last read retry_destinations
         self._chains_forgotten_at = float("-inf")  # monotonic: when it last forgot released chains
-        self._policy_max_ages: dict[str, int | None] | None = None
         #: Vacuums retry_jobs where the server does not (run by the loop's own publisher, not its helpers).
         self.vacuum = SelfVacuum(settings.database_url) if settings.self_vacuum else None
 
@@ -309,7 +314,8 @@ class Publisher:
                 self.metrics.gauge(f"retry_scheduler.chains.{name}", value)
 
     def _max_ages(self) -> dict[str, int | None]:
-        """Each policy's ``max_age`` in ms (read once; an unreadable policies module: none applied)."""
+        """Each policy's ``max_age`` in ms (read once, with the destinations when the publisher read the
+        policies for them; an unreadable policies module: none applied)."""
         if self._policy_max_ages is None:
             try:
                 registry = load_policies(self.settings.policies_file)
