@@ -144,12 +144,15 @@ def test_spring_and_connect_dead_letters_become_dead_jobs_replayed_to_their_orig
 def test_a_retry_topic_cannot_be_adopted(database_url: str) -> None:
     with pytest.raises(ConfigError, match="RETRY_ADOPT_TOPICS names retry, a retry topic of this service"):
         Settings(database_url=database_url, adopt_topics={"retry": "spring"})
-    with pytest.raises(ConfigError, match="must look like TOPIC=FORMAT with FORMAT one of spring, connect"):
-        Settings.from_env({"RETRY_ADOPT_TOPICS": "orders.DLT=camel"})
-    assert Settings.from_env({"RETRY_ADOPT_TOPICS": "orders.DLT=spring, c.dlq=connect"}).adopt_topics == {
-        "orders.DLT": "spring",
-        "c.dlq": "connect",
-    }
+    for wrong in ("orders.DLT=camel", "orders.DLT=share:later", "orders.DLT=:retry"):
+        with pytest.raises(
+            ConfigError,
+            match="must look like TOPIC=FORMAT or TOPIC=FORMAT:retry with FORMAT one of spring, connect, streams, share",
+        ):
+            Settings.from_env({"RETRY_ADOPT_TOPICS": wrong})
+    assert Settings.from_env(
+        {"RETRY_ADOPT_TOPICS": "orders.DLT=spring, c.dlq=connect,s.dlq=streams, w.dlq = share : retry"}
+    ).adopt_topics == {"orders.DLT": "spring", "c.dlq": "connect", "s.dlq": "streams", "w.dlq": "share:retry"}
 
 
 def test_a_long_exception_message_is_cut_saying_so() -> None:
@@ -163,3 +166,188 @@ def test_a_long_exception_message_is_cut_saying_so() -> None:
 
     assert found.reason is not None and len(found.reason) == 2000
     assert found.reason.startswith("xxx") and not found.reason.endswith("xxx")  # the cut is marked
+
+
+# -- Kafka Streams' and share groups' dead letters ----------------------------------------------------
+
+
+def streams(
+    prefix: str, key: bytes, message: bytes | None = b"Size of data received by IntegerDeserializer is not 4"
+) -> dict:
+    """A record as Kafka Streams 4.2 writes it to ``errors.deadletterqueue.topic.name``
+    (``ExceptionHandlerUtils.buildDeadLetterQueueRecord``, KIP-1034): the failed record's key, value and
+    own headers, then six headers, each a ``StringSerializer`` value (UTF-8; null for a null message)
+    and the partition and offset as ``String.valueOf``. This record failed in Streams once before: its
+    own headers carry an older letter's ``__streams.errors.*``, which the newer ones (last) override."""
+    headers: list[tuple[str, bytes | None]] = [
+        ("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        ("__streams.errors.exception", b"java.lang.IllegalStateException"),
+        ("__streams.errors.topic", f"{prefix}-old".encode()),
+        ("__streams.errors.exception", b"org.apache.kafka.common.errors.SerializationException"),
+        ("__streams.errors.message", message),
+        ("__streams.errors.stacktrace", STACKTRACE),
+        ("__streams.errors.topic", f"{prefix}-clicks".encode()),
+        ("__streams.errors.partition", b"1"),
+        ("__streams.errors.offset", b"73"),
+    ]
+    return {"key": key, "value": b"\x00\x00\x01", "headers": headers}
+
+
+def share(
+    prefix: str, topic: str, partition: int, offset: int, *, copied: dict | None = None, count: int = 5
+) -> dict:
+    """A record as the broker writes it to a share group's dead-letter topic (KIP-1191, Kafka 4.4): six
+    headers, each ``String.getBytes(UTF_8)`` (partition ``Integer.toString``, offset ``Long.toString``,
+    delivery count ``Short.toString``), none of the source record's headers, and its key and value only
+    with ``errors.deadletterqueue.copy.record.enable`` (``copied``); else no key and no value."""
+    headers = [
+        ("__dlq.errors.topic", topic.encode()),
+        ("__dlq.errors.partition", str(partition).encode()),
+        ("__dlq.errors.offset", str(offset).encode()),
+        ("__dlq.errors.group", f"{prefix}-workers".encode()),
+        ("__dlq.errors.delivery.count", str(count).encode()),
+        ("__dlq.errors.message", b"Offset delivery count exceeded the threshold."),
+    ]
+    return {"key": (copied or {}).get("key"), "value": (copied or {}).get("value"), "headers": headers}
+
+
+def test_streams_and_share_group_letters_become_dead_jobs_and_pointers_are_read_from_their_source(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    clicks_dlq, work_dlq = f"{topic_prefix}-clicks.dlq", f"{topic_prefix}-work.dlq"
+    loop = new_loop(
+        database_url, bootstrap_servers, topic_prefix, adopt_topics={clicks_dlq: "streams", work_dlq: "share"}
+    )
+    clicks, work, gone, dlq = (f"{topic_prefix}-{t}" for t in ("clicks", "work", "gone", "dlq"))
+    create_topics(loop.bootstrap, [clicks_dlq, work_dlq, clicks, work, gone, dlq], partitions=3)
+    # The source records of the share group's letters.
+    loop.send(
+        [{"key": f"w-{i}".encode(), "value": f'{{"job": {i}}}'.encode(),
+          "headers": [("tenant", b"acme"), ("attempt-note", None)]} for i in range(5)],
+        topic=work,
+    )  # fmt: skip
+    seen = consume(loop.bootstrap, [work], expected=5)
+    where = {s.key: (s.partition, s.offset) for s in seen}
+    w1_partition, w1_offset = where[b"w-1"]
+    w3_partition, w3_offset = where[b"w-3"]
+    loop.send(
+        [streams(topic_prefix, b"c-1"), streams(topic_prefix, b"c-null", message=None)], topic=clicks_dlq
+    )
+    loop.send(
+        [
+            share(topic_prefix, work, w1_partition, w1_offset),  # pointer only: read back from work
+            share(topic_prefix, work, w3_partition, w3_offset, copied={"key": b"w-3", "value": b"copied"}),
+            share(topic_prefix, gone, 0, 12),  # its topic deleted since
+            share(topic_prefix, work, w1_partition, w1_offset + 1000),  # past the partition's end
+            # hostile: an offset that is no offset, and no key or value to send instead
+            {
+                **share(topic_prefix, work, 0, 0),
+                "headers": [*share(topic_prefix, work, 0, 0)["headers"], ("__dlq.errors.offset", b"-1")],
+            },
+        ],
+        topic=work_dlq,
+    )
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": loop.bootstrap})
+    admin.delete_topics([gone])[gone].result(timeout=15)
+
+    counts = loop.ingest(7)
+    loop.publish(3)
+
+    assert counts.consumed == 7
+    rows = loop.rows(f"source_topic IN ('{clicks_dlq}', '{work_dlq}')")
+    assert len(rows) == 7
+    by_key = {bytes(r["msg_key"]): r for r in rows if r["msg_key"] is not None}
+    c1, c_null = by_key[b"c-1"], by_key[b"c-null"]
+    assert (c1["status"], c1["dead_reason"], c1["destination"], c1["destination_partition"]) == (
+        "dead", "adopted", clicks, 1,
+    )  # fmt: skip
+    assert (c1["original_topic"], c1["original_partition"], c1["original_offset"]) == (clicks, 1, 73)
+    assert c1["error_class"] == "org.apache.kafka.common.errors.SerializationException"  # the last one
+    assert c1["reason"] == "Size of data received by IntegerDeserializer is not 4"
+    assert (c1["consumer_group"], c1["attempt"]) == (None, 0)
+    assert c_null["dead_reason"] == "adopted" and c_null["reason"] is None
+
+    pointer = by_key[b"w-1"]  # completed from the source record
+    assert (pointer["status"], pointer["dead_reason"], pointer["destination"]) == ("dead", "adopted", work)
+    assert bytes(pointer["msg_value"]) == b'{"job": 1}'
+    assert (pointer["original_partition"], pointer["original_offset"]) == (w1_partition, w1_offset)
+    assert (pointer["consumer_group"], pointer["attempt"]) == (f"{topic_prefix}-workers", 4)  # 5 deliveries
+    assert pointer["reason"] == "Offset delivery count exceeded the threshold."
+    copied = by_key[b"w-3"]
+    assert bytes(copied["msg_value"]) == b"copied"  # the letter's copy is used, nothing read
+    lost = [r for r in rows if r["msg_key"] is None]
+    assert len(lost) == 3
+    for row in lost:  # kept, dead, with no destination: nothing to replay in its place
+        assert (row["status"], row["dead_reason"], row["destination"]) == ("dead", "adopted", None)
+        assert "cannot be read" in row["reason"] and "holds no key, value or headers" in row["reason"]
+    assert sum("names no valid partition and offset" in r["reason"] for r in lost) == 1
+    deleted = next(r for r in lost if r["original_topic"] == gone)
+    assert f"topic {gone} has no partition 0: deleted" in deleted["reason"]
+    past_end = next(r for r in lost if r["original_topic"] == work and r["original_offset"] is not None)
+    assert "no record at that offset" in past_end["reason"]
+    assert all(r["dlq_published_at"] is not None for r in rows)
+    assert consume(loop.bootstrap, [dlq], expected=0, timeout_s=3) == []
+
+    destinations = Destinations.of([clicks, work, gone], own_topics=[loop.settings.retry_topic, dlq])
+    replayed = run_action(
+        loop.settings.database_url, "replay", DlqFilter(dead_reason="adopted"), actor="ann", source="cli",
+        dry_run=False, destinations=destinations,
+    )  # fmt: skip
+    loop.publish(3)
+
+    assert replayed.affected == 4  # the two letters whose record is lost stay dead
+    back = {s.key: s for s in consume(loop.bootstrap, [clicks], expected=2)}
+    assert sorted(back) == [b"c-1", b"c-null"] and back[b"c-1"].partition == 1
+    assert back[b"c-1"].header("traceparent") is not None
+    again = [s for s in consume(loop.bootstrap, [work], expected=7) if s.key in (b"w-1", b"w-3")]
+    replayed_w1 = [
+        s for s in again if s.key == b"w-1" and s.headers and any(k == p.ATTEMPT for k, _ in s.headers)
+    ]
+    assert len(replayed_w1) == 1
+    w1 = replayed_w1[0]
+    assert w1.value == b'{"job": 1}' and w1.partition == w1_partition
+    assert w1.header("tenant") == "acme"  # the source record's own headers, then the letter's
+    assert w1.header("__dlq.errors.group") == f"{topic_prefix}-workers"
+    assert w1.header(p.ATTEMPT) == "5"
+
+
+def test_share_group_letters_adopted_for_retry_come_back_to_their_topic_when_due(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    work_dlq = f"{topic_prefix}-work.dlq"
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix, adopt_topics={work_dlq: "share:retry"})
+    work, dlq = f"{topic_prefix}-work", f"{topic_prefix}-dlq"
+    create_topics(loop.bootstrap, [work_dlq, work, dlq], partitions=3)
+    loop.send([{"key": b"r-1", "value": b"first try", "headers": [("tenant", b"acme")]}], topic=work)
+    (source,) = consume(loop.bootstrap, [work], expected=1)
+    sent = time.time()
+    loop.send(
+        [
+            share(topic_prefix, work, source.partition, source.offset, count=1),  # pointer: retried
+            # copied, delivered three times: 2 retries made, the policy's 2 attempts exhausted
+            share(topic_prefix, work, 0, 5, copied={"key": b"r-2", "value": b"again"}, count=3),
+        ],
+        topic=work_dlq,
+    )
+
+    counts = loop.ingest(2)
+    rows = {bytes(r["msg_key"]): r for r in loop.rows(f"source_topic = '{work_dlq}'")}
+    retried, exhausted = rows[b"r-1"], rows[b"r-2"]
+    # the test's default policy: one retry after 1 s, two attempts
+    assert (retried["status"], retried["attempt"], retried["destination"]) == ("pending", 0, work)
+    assert (exhausted["status"], exhausted["dead_reason"], exhausted["attempt"]) == ("dead", "exhausted", 2)
+    assert exhausted["dlq_topic"] == work_dlq  # it stays where it is, on its dead-letter topic
+    loop.publish(4)
+
+    assert counts.consumed == 2
+    back = [s for s in consume(loop.bootstrap, [work], expected=2) if s.header(p.ATTEMPT) is not None]
+    assert len(back) == 1 and back[0].key == b"r-1" and back[0].value == b"first try"
+    assert back[0].partition == source.partition and back[0].header("tenant") == "acme"
+    assert back[0].header(p.ATTEMPT) == "1"
+    published = loop.rows(f"source_topic = '{work_dlq}' AND status = 'published'")
+    assert len(published) == 1
+    assert published[0]["published_at"].timestamp() >= published[0]["due_at"].timestamp()  # never early
+    assert published[0]["due_at"].timestamp() >= sent + 1.0 - 0.5  # 1 s after it was read, not at once
+    assert consume(loop.bootstrap, [dlq], expected=0, timeout_s=3) == []  # the exhausted one is not resent

@@ -1,24 +1,38 @@
-"""Dead-letter topics written by other tools, read as dead jobs: Spring Kafka's and Kafka Connect's.
+"""Dead-letter topics written by other tools, read as dead jobs: Spring Kafka's, Kafka Connect's, Kafka
+Streams' and the broker's for share groups.
 
 A deployment names such topics and their format (``RETRY_ADOPT_TOPICS=orders.DLT=spring,
-connect.dlq=connect``); the ingest loop reads them beside the retry topics and stores each record
-as a dead job (reason ``adopted``) that is browsed, replayed and purged like the service's own:
+connect.dlq=connect,clicks.dlq=streams,work.dlq=share``); the ingest loop reads them beside the retry
+topics and stores each record as a dead job (reason ``adopted``) that is browsed, replayed and purged
+like the service's own:
 
-* the record's original topic (``kafka_dlt-original-topic``, ``__connect.errors.topic``) is the
-  job's destination, where a replay publishes it;
+* the record's original topic (``kafka_dlt-original-topic``, ``__connect.errors.topic``,
+  ``__streams.errors.topic``, ``__dlq.errors.topic``) is the job's destination, where a replay
+  publishes it;
 * the exception (class and message) is the job's error class and reason;
-* the original partition, offset and timestamp, and the consumer group (Spring) or connector
-  (Connect), are kept as the job's ``original_*`` fields and group.
+* the original partition, offset and timestamp, and the consumer group (Spring, share groups) or
+  connector (Connect), are kept as the job's ``original_*`` fields and group; a share group's
+  deliveries less the first are the job's attempt (retries already made).
 
 The record is already on a dead-letter topic: it is not published to one again. Its key, value and
-headers are kept byte for byte, the tool's headers included.
+headers are kept byte for byte, the tool's headers included. With ``TOPIC=FORMAT:retry`` the letters
+are not kept dead but retried: scheduled by their destination's policy (attempt: the delivery count
+less one for a share group, else 0) and published back to their original topic when due.
 
 Spring Kafka (``DeadLetterPublishingRecoverer``) writes the partition as a 4-byte and the offset and
 timestamp as 8-byte big-endian integers, and the texts in UTF-8. Kafka Connect
-(``DeadLetterQueueReporter``, ``errors.deadletterqueue.context.headers.enable=true``) writes every
-value as a UTF-8 string. A header missing or malformed is left out (the job still is adopted), but a
-record that names no valid original topic cannot be replayed anywhere: it is stored as invalid, with
-the reason.
+(``DeadLetterQueueReporter``, ``errors.deadletterqueue.context.headers.enable=true``), Kafka Streams
+(``ExceptionHandlerUtils.buildDeadLetterQueueRecord``, KIP-1034, 4.2) and the broker's share-group
+dead-letter queue (``ShareGroupDLQ``, KIP-1191) write every value as a UTF-8 string. A header missing
+or malformed is left out (the job still is adopted), but a record that names no valid original topic
+cannot be replayed anywhere: it is stored as invalid, with the reason.
+
+Streams copies the failed record's own headers ahead of its ``__streams.errors.*`` ones, so a record
+that failed in Streams before carries older ones first: the last of each name counts for Streams and
+share groups (the first, as before, for Spring and Connect). A share group's letter holds the source
+record's key and value only with ``errors.deadletterqueue.copy.record.enable``; without, it is a
+pointer (no key, no value, no headers of the source) that the ingest loop completes from the source
+topic (:mod:`retry_scheduler.loops.sources`).
 """
 
 from __future__ import annotations
@@ -33,7 +47,11 @@ from retry_scheduler.core.headers import truncate_reason
 
 SPRING: Final = "spring"
 CONNECT: Final = "connect"
-FORMATS: Final = (SPRING, CONNECT)
+STREAMS: Final = "streams"
+SHARE: Final = "share"
+FORMATS: Final = (SPRING, CONNECT, STREAMS, SHARE)
+#: ``TOPIC=FORMAT:retry``: the letters are retried by their destination's policy instead of kept dead.
+RETRY: Final = "retry"
 
 
 class AdoptError(ValueError):
@@ -50,8 +68,10 @@ class Adopted:
     original_timestamp_ms: int | None
     error_class: str | None
     reason: str | None
-    #: The consumer group (Spring) or the connector's name (Connect).
+    #: The consumer group (Spring, share groups) or the connector's name (Connect).
     group: str | None
+    #: How many times a share group delivered the record (``__dlq.errors.delivery.count``).
+    delivery_count: int | None = None
 
 
 _SPRING = {
@@ -72,8 +92,40 @@ _CONNECT = {
     "reason": "__connect.errors.exception.message",
     "group": "__connect.errors.connector.name",
 }
+# Kafka Streams 4.2+: org.apache.kafka.streams.errors.internals.ExceptionHandlerUtils (KIP-1034).
+_STREAMS = {
+    "topic": "__streams.errors.topic",
+    "partition": "__streams.errors.partition",
+    "offset": "__streams.errors.offset",
+    "error_class": "__streams.errors.exception",
+    "reason": "__streams.errors.message",
+}
+# The broker, for a share group with errors.deadletterqueue.topic.name (KIP-1191): ShareGroupDLQ's headers.
+_SHARE = {
+    "topic": "__dlq.errors.topic",
+    "partition": "__dlq.errors.partition",
+    "offset": "__dlq.errors.offset",
+    "group": "__dlq.errors.group",
+    "delivery_count": "__dlq.errors.delivery.count",
+    "reason": "__dlq.errors.message",
+}
 #: The headers each format is read from (the header protocol reference lists them).
-HEADERS: Final[Mapping[str, Mapping[str, str]]] = {SPRING: _SPRING, CONNECT: _CONNECT}
+HEADERS: Final[Mapping[str, Mapping[str, str]]] = {
+    SPRING: _SPRING,
+    CONNECT: _CONNECT,
+    STREAMS: _STREAMS,
+    SHARE: _SHARE,
+}
+
+
+def source_format(spec: str) -> str:
+    """The format of an adopted topic's spec (``share`` of ``share:retry``)."""
+    return spec.partition(":")[0]
+
+
+def retried(spec: str) -> bool:
+    """Whether an adopted topic's letters are retried by policy (``FORMAT:retry``) rather than kept dead."""
+    return spec.partition(":")[2] == RETRY
 
 
 def _first(headers: Sequence[tuple[str, bytes | None]], name: str) -> bytes | None:
@@ -81,6 +133,14 @@ def _first(headers: Sequence[tuple[str, bytes | None]], name: str) -> bytes | No
         if key == name:
             return value
     return None
+
+
+def _last(headers: Sequence[tuple[str, bytes | None]], name: str) -> bytes | None:
+    found = None
+    for key, value in headers:
+        if key == name:
+            found = value
+    return found
 
 
 def _text(raw: bytes | None, max_chars: int) -> str | None:
@@ -112,32 +172,37 @@ def _reason(text: str | None, max_chars: int) -> str | None:
     return None if text is None else truncate_reason(text, max_chars)
 
 
-def adopt(fmt: str, headers: Sequence[tuple[str, bytes | None]], max_reason_chars: int) -> Adopted:
-    """Read a foreign dead letter's headers (``fmt``: ``spring`` or ``connect``).
+def adopt(spec: str, headers: Sequence[tuple[str, bytes | None]], max_reason_chars: int) -> Adopted:
+    """Read a foreign dead letter's headers (``spec``: a format of :data:`FORMATS`, ``:retry`` or not).
 
     Raises :class:`AdoptError` when the original topic is missing or not a topic name.
     """
+    fmt = source_format(spec)
     names = HEADERS[fmt]
-    topic = _text(_first(headers, names["topic"]), 300)
+    header = _first if fmt in (SPRING, CONNECT) else _last
+    topic = _text(header(headers, names["topic"]), 300)
     if topic is None or not protocol.TOPIC_NAME.fullmatch(topic):
         raise AdoptError(
             f"a {fmt} dead letter must name its original topic in header {names['topic']}"
             + ("" if topic is None else f" (got {topic[:100]!r}, not a topic name)")
         )
+    timestamp = delivery_count = None
     if fmt == SPRING:
-        partition = _binary_int(_first(headers, names["partition"]), 4, 0)
-        offset = _binary_int(_first(headers, names["offset"]), 8, 0)
-        timestamp = _binary_int(_first(headers, names["timestamp"]), 8, 0)
+        partition = _binary_int(header(headers, names["partition"]), 4, 0)
+        offset = _binary_int(header(headers, names["offset"]), 8, 0)
+        timestamp = _binary_int(header(headers, names["timestamp"]), 8, 0)
     else:
-        partition = _text_int(_first(headers, names["partition"]), 0)
+        partition = _text_int(header(headers, names["partition"]), 0)
         partition = partition if partition is not None and partition < 2**31 else None
-        offset = _text_int(_first(headers, names["offset"]), 0)
-        timestamp = None
-    wrapper = _text(_first(headers, names["error_class"]), 300)
+        offset = _text_int(header(headers, names["offset"]), 0)
+    if "delivery_count" in names:
+        delivery_count = _text_int(header(headers, names["delivery_count"]), 0)
+        delivery_count = delivery_count if delivery_count is not None and delivery_count < 2**15 else None
+    wrapper = _text(header(headers, names["error_class"]), 300) if "error_class" in names else None
     # Spring wraps the listener's exception (ListenerExecutionFailedException says nothing): the cause
     # is the error class; the wrapper is kept in the reason (and, as every header, in the record).
-    cause = _text(_first(headers, names["cause_class"]), 300) if "cause_class" in names else None
-    reason = _text(_first(headers, names["reason"]), max_reason_chars + 1)
+    cause = _text(header(headers, names["cause_class"]), 300) if "cause_class" in names else None
+    reason = _text(header(headers, names["reason"]), max_reason_chars + 1)
     if cause is not None and wrapper is not None and cause != wrapper:
         reason = f"{reason or ''} (in {wrapper})".lstrip()
     return Adopted(
@@ -147,19 +212,26 @@ def adopt(fmt: str, headers: Sequence[tuple[str, bytes | None]], max_reason_char
         original_timestamp_ms=timestamp,
         error_class=cause or wrapper,
         reason=_reason(reason, max_reason_chars),
-        group=_text(_first(headers, names["group"]), 300),
+        group=_text(header(headers, names["group"]), 300) if "group" in names else None,
+        delivery_count=delivery_count,
     )
 
 
 def parse_adopt_topics(raw: str) -> dict[str, str]:
-    """``orders.DLT=spring,connect.dlq=connect`` into ``{"orders.DLT": "spring", ...}``."""
+    """``orders.DLT=spring,work.dlq=share:retry`` into ``{"orders.DLT": "spring", "work.dlq": "share:retry"}``."""
     topics: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in raw.split(","))):
-        name, sep, fmt = (x.strip() for x in item.partition("="))
-        if not sep or not protocol.TOPIC_NAME.fullmatch(name) or fmt not in FORMATS:
+        name, sep, spec = (x.strip() for x in item.partition("="))
+        fmt, colon, mode = (x.strip() for x in spec.partition(":"))
+        if (
+            not sep
+            or not protocol.TOPIC_NAME.fullmatch(name)
+            or fmt not in FORMATS
+            or (colon and mode != RETRY)
+        ):
             raise ValueError(
-                f"RETRY_ADOPT_TOPICS entry {item!r} must look like TOPIC=FORMAT with FORMAT one of "
-                f"{', '.join(FORMATS)}, e.g. orders.DLT=spring"
+                f"RETRY_ADOPT_TOPICS entry {item!r} must look like TOPIC=FORMAT or TOPIC=FORMAT:retry with "
+                f"FORMAT one of {', '.join(FORMATS)}, e.g. orders.DLT=spring or work.dlq=share:retry"
             )
-        topics[name] = fmt
+        topics[name] = f"{fmt}:{RETRY}" if colon else fmt
     return topics

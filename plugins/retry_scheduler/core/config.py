@@ -227,13 +227,15 @@ class Settings:
             "per-delay topics, e.g. `retry.5m=5m,retry.1h=1h`, the delay counted from the record timestamp",
         ),
     )
-    #: Other tools' dead-letter topics read as dead jobs: topic -> format (``spring``, ``connect``).
+    #: Other tools' dead-letter topics read as dead jobs: topic -> format (``spring``, ``connect``,
+    #: ``streams``, ``share``), with ``:retry`` when they are retried by policy instead.
     adopt_topics: dict[str, str] = field(
         default_factory=dict,
         metadata=env(
             "RETRY_ADOPT_TOPICS",
-            "other tools' dead-letter topics read as dead jobs, `TOPIC=FORMAT` "
-            "with `spring` or `connect`, e.g. `orders.DLT=spring,connect.dlq=connect`",
+            "other tools' dead-letter topics read as dead jobs, `TOPIC=FORMAT` with `spring`, `connect`, "
+            "`streams` (Kafka Streams) or `share` (a share group's), or `TOPIC=FORMAT:retry` to retry "
+            "their letters by policy, e.g. `orders.DLT=spring,work.dlq=share:retry`",
         ),
     )
     #: The consumer helpers' holds topics (ordered mode): never destinations. ``retry.holds`` always.

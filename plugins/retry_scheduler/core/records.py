@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from retry_scheduler.core import protocol
-from retry_scheduler.core.adopt import AdoptError, adopt
+from retry_scheduler.core.adopt import AdoptError, adopt, retried
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.durations import format_duration_ms
@@ -254,20 +254,43 @@ class RowBuilder:
     ) -> CopyRow:
         """The dead (``adopted``) row of a record of another tool's dead-letter topic
         (:mod:`retry_scheduler.core.adopt`): its original topic is the destination, its exception the
-        error class and reason; kept byte for byte. One that names no valid original topic is invalid."""
+        error class and reason; kept byte for byte. One that names no valid original topic is invalid.
+        From a topic adopted with ``:retry``, a pending row instead, scheduled by the destination's
+        policy (its attempt: a share group's delivery count less one, else 0), or dead as that policy says."""
         try:
-            found = adopt(self.adopt_topics[topic], headers or (), self.limits.max_reason_chars)
+            spec = self.adopt_topics[topic]
+            found = adopt(spec, headers or (), self.limits.max_reason_chars)
             policy = self.registry.resolve(None, found.original_topic)
             first_seen = found.original_timestamp_ms
             if first_seen is None or not MIN_TRUSTED_MS <= first_seen <= now_ms + self.max_skew_ms:
                 first_seen = self._seen_ms(timestamp_ms, now_ms)
-            now = pg_time(now_ms)
+            # A share group's deliveries less the first are retries already made, as retry.attempt counts.
+            now, attempt = pg_time(now_ms), max((found.delivery_count or 1) - 1, 0)
+            retry_id = _raw_retry_id(headers or ()) or new_retry_id()
+            dead: str | None = protocol.DEAD_ADOPTED
+            due, why = now, found.reason
+            if retried(spec):
+                refusal = self.limits.destinations.refusal(found.original_topic)
+                if refusal is None:
+                    # The delay counts from when the letter is read: a tool's letter may carry the
+                    # failed record's own timestamp (Streams, Spring), long before it failed.
+                    decision = policy.decide(
+                        attempt=attempt, first_seen_ms=first_seen, base_ms=now_ms, now_ms=now_ms,
+                        retry_id=retry_id, error_class=found.error_class,
+                    )  # fmt: skip
+                    # Dead by the policy (exhausted, fatal), it stays where it is: on its dead-letter topic.
+                    dead, due = decision.dead_reason, pg_time(decision.due_ms)
+                else:  # kept, dead, as without :retry; a replay is refused the same way
+                    why = truncate_reason(
+                        f"{found.reason or 'no reason given'}; not retried: {refusal}",
+                        self.limits.max_reason_chars,
+                    )
             return CopyRow(
                 topic, partition, offset, _int8(timestamp_ms), found.original_topic, found.original_partition,
-                key, value, encode_headers(headers or ()), 0, policy.name,
-                found.reason, found.error_class, found.group, _raw_retry_id(headers or ()) or new_retry_id(),
-                found.original_topic, found.original_partition, found.original_offset, pg_time(first_seen), now,
-                _DEAD, protocol.DEAD_ADOPTED, topic, now,
+                key, value, encode_headers(headers or ()), attempt, policy.name,
+                why, found.error_class, found.group, retry_id,
+                found.original_topic, found.original_partition, found.original_offset, pg_time(first_seen), due,
+                _DEAD if dead else _PENDING, dead, topic, due if dead else None,
             )  # fmt: skip
         except AdoptError as exc:
             reason = str(exc)

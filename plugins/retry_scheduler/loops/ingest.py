@@ -26,6 +26,7 @@ from typing import Any, cast
 from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
 
 from retry_scheduler.core import faults, protocol
+from retry_scheduler.core.adopt import SHARE, source_format
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.durations import format_duration_ms
 from retry_scheduler.core.headers import Header
@@ -44,6 +45,7 @@ from retry_scheduler.loops.ingest_worker import (
 )
 from retry_scheduler.loops.kafka import TopicManager, make_consumer
 from retry_scheduler.loops.offsets import same_partition, start_offset
+from retry_scheduler.loops.sources import SourceReader
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +170,9 @@ class Ingestor:
                 )
             consumer = make_consumer(settings)
         self.consumer = consumer
+        share_letters = [t for t, spec in settings.adopt_topics.items() if source_format(spec) == SHARE]
+        #: Completes a share group's pointer-only dead letters from their source topics.
+        self.sources = SourceReader(settings, share_letters) if share_letters else None
         self.totals = IngestCounts()
         self.metrics: Metrics = metrics or NoMetrics()
         self._control: Store | None = None
@@ -251,6 +256,8 @@ class Ingestor:
     def close(self) -> None:
         # Offsets are committed after every batch; releasing the lock hands over to the next loop.
         self.consumer.close()
+        if self.sources is not None:
+            self.sources.close()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -293,6 +300,8 @@ class Ingestor:
                 else:  # a release record: its event is taken below
                     released += 1
             offsets[(topic, partition)] = offset + 1  # a partition's records come in order
+        if self.sources is not None:
+            rows = self.sources.complete(rows, now_ms, self.settings.max_reason_chars)
         untrusted = self.rows.untrusted_timestamps - untrusted_before
         events = self.rows.take_chain_events()
         return Batch(rows, offsets, untrusted, events, released, messages) if offsets else None
@@ -598,4 +607,4 @@ def worker_main() -> None:
         try:
             ingestor.pipeline(lambda: not stop.is_set(), report)
         finally:
-            ingestor.consumer.close()
+            ingestor.close()

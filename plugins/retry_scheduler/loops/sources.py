@@ -1,0 +1,245 @@
+"""The source records of pointer-only dead letters, read back from their topics at ingest.
+
+The broker's dead-letter queue for a share group (KIP-1191) copies the failed record's key and value
+only with ``errors.deadletterqueue.copy.record.enable``; without it (the default) a letter is a
+pointer: ``__dlq.errors.topic``, ``.partition`` and ``.offset``, no key, no value, none of the
+record's headers. The ingest loop reads such a record from its topic while it still exists
+(:class:`SourceReader`), and the job holds its key, value, headers (the record's own, then the
+letter's) and timestamp, as a copied letter would.
+
+A record that no longer exists (its topic deleted, its offset below the partition's start: removed by
+retention, or above its end: the topic made again) cannot be completed: the job is kept dead
+(``adopted``, a letter from a ``:retry`` topic too) with no destination, so that no replay publishes
+an empty record in its place, and its reason says what was lost and, where the broker tells, the
+topic's ``retention.ms``. A record that cannot be read for another reason (no right to read the topic,
+the broker not answering in time) is kept the same way, its reason naming the error: ingestion never
+stops for a letter.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import ConfigResource
+
+from retry_scheduler.core import protocol
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.headers import Header, truncate_reason
+from retry_scheduler.core.jobs import CopyRow, encode_headers, pg_time
+from retry_scheduler.core.records import MIN_TRUSTED_MS
+from retry_scheduler.loops.kafka import admin_client, consumer_config
+
+log = logging.getLogger(__name__)
+
+#: How long a read of one partition's letters may take before they are kept without their bytes.
+READ_TIMEOUT_S = 10.0
+#: How long a read goes on after the partition's end was reported, for a record still to come.
+END_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class Source:
+    """A source record as read back from its topic."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    timestamp_ms: int | None
+
+
+def pointer_only(row: CopyRow) -> bool:
+    """Whether a letter's row holds no record to send (no key, no value) for a destination."""
+    return row.msg_key is None and row.msg_value is None and row.destination is not None
+
+
+class SourceReader:
+    """Completes pointer-only letters of the adopted topics ``topics`` from their source topics, with a
+    consumer of its own (assigned, never subscribed: it joins no group and commits nothing)."""
+
+    def __init__(self, settings: Settings, topics: Sequence[str]) -> None:
+        self.settings = settings
+        self.topics = frozenset(topics)
+        self._consumer: Consumer | None = None
+        self._retention: dict[str, str | None] = {}
+        #: Letters completed and kept without their record so far.
+        self.completed = self.lost = 0
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def complete(self, rows: list[CopyRow], now_ms: int, max_reason_chars: int) -> list[CopyRow]:
+        """``rows`` with each pointer-only letter of :attr:`topics` completed from its source record, or
+        kept dead without a destination when that record cannot be read (the reason says why)."""
+        wanted: dict[tuple[str, int], list[int]] = defaultdict(list)
+        pointless: list[int] = []
+        for i, row in enumerate(rows):
+            if row.source_topic in self.topics and pointer_only(row):
+                if row.original_partition is None or row.original_offset is None:
+                    pointless.append(i)
+                else:
+                    wanted[(row.destination or "", row.original_partition)].append(i)
+        if not wanted and not pointless:
+            return rows
+        rows = list(rows)
+        for i in pointless:
+            why = "the letter names no valid partition and offset to read it from"
+            rows[i] = self._lost(rows[i], why, now_ms, max_reason_chars)
+            self.lost += 1
+        for (topic, partition), indexes in wanted.items():
+            offsets = {rows[i].original_offset or 0 for i in indexes}
+            found, missing = self._read(topic, partition, offsets)
+            for i in indexes:
+                row = rows[i]
+                source = found.get(row.original_offset or 0)
+                if source is not None:
+                    rows[i] = self._completed(row, source, now_ms)
+                    self.completed += 1
+                else:
+                    why = missing.get(row.original_offset or 0, "it was not found")
+                    rows[i] = self._lost(row, why, now_ms, max_reason_chars)
+                    self.lost += 1
+                    log.warning(
+                        "the dead letter %s[%s]@%s points to %s[%s]@%s, which cannot be read (%s): kept "
+                        "without its record", row.source_topic, row.source_partition, row.source_offset,
+                        topic, partition, row.original_offset, why,
+                    )  # fmt: skip
+        return rows
+
+    def _completed(self, row: CopyRow, source: Source, now_ms: int) -> CopyRow:
+        first_seen = row.first_seen_at
+        if source.timestamp_ms is not None and MIN_TRUSTED_MS <= source.timestamp_ms <= now_ms:
+            first_seen = pg_time(source.timestamp_ms)
+        return row._replace(
+            msg_key=source.key,
+            msg_value=source.value,
+            # the record's own headers, then the letter's (as Kafka Streams orders them)
+            headers=encode_headers(source.headers) + row.headers,
+            first_seen_at=first_seen,
+        )
+
+    def _lost(self, row: CopyRow, why: str, now_ms: int, max_reason_chars: int) -> CopyRow:
+        now = pg_time(now_ms)
+        reason = (
+            f"{row.reason or 'dead letter'}; its record {row.destination}[{row.original_partition}]@"
+            f"{row.original_offset} cannot be read ({why}): the letter holds no key, value or headers of it "
+            "and is kept without a destination"
+        )
+        return row._replace(
+            destination=None,
+            destination_partition=None,
+            reason=truncate_reason(reason, max_reason_chars),
+            status="dead",
+            dead_reason=protocol.DEAD_ADOPTED,
+            dlq_topic=row.source_topic,
+            due_at=row.due_at if row.dead_at is not None else now,
+            dead_at=row.dead_at if row.dead_at is not None else now,
+        )
+
+    def _read(
+        self, topic: str, partition: int, offsets: set[int]
+    ) -> tuple[dict[int, Source], dict[int, str]]:
+        """The records at ``offsets`` of one partition, and why each one not found is missing."""
+        consumer = self._consumer_for_reads()
+        tp = TopicPartition(topic, partition)
+        try:
+            low, _high = consumer.get_watermark_offsets(tp, timeout=READ_TIMEOUT_S)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            code = error.code() if isinstance(error, KafkaError) else None
+            if code in (
+                KafkaError._UNKNOWN_PARTITION,
+                KafkaError._UNKNOWN_TOPIC,
+                KafkaError.UNKNOWN_TOPIC_OR_PART,
+            ):
+                return {}, dict.fromkeys(offsets, f"topic {topic} has no partition {partition}: deleted")
+            return {}, dict.fromkeys(offsets, f"{error}")
+        missing: dict[int, str] = {}
+        for offset in offsets:
+            if offset < low:
+                retention = self._retention_of(topic)
+                missing[offset] = f"the partition starts at offset {low}: removed by retention" + (
+                    f" (retention.ms={retention})" if retention else ""
+                )
+        readable = sorted(offsets - set(missing))
+        if not readable:
+            return {}, missing
+        found = self._fetch(consumer, topic, partition, readable)
+        for offset in readable:
+            if offset not in found:
+                missing[offset] = "no record at that offset (compacted away, or the topic was made again)"
+        return found, missing
+
+    def _fetch(self, consumer: Consumer, topic: str, partition: int, offsets: list[int]) -> dict[int, Source]:
+        """Read one partition from the lowest of ``offsets`` until past the highest (or the end)."""
+        wanted, last = set(offsets), offsets[-1]
+        found: dict[int, Source] = {}
+        consumer.assign([TopicPartition(topic, partition, offsets[0])])
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        end_seen_at: float | None = None
+        try:
+            while time.monotonic() < deadline:
+                done = False
+                for msg in consumer.consume(500, 0.2):
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._AUTO_OFFSET_RESET:  # out of the partition's range
+                            done = True
+                        elif error.code() == KafkaError._PARTITION_EOF and end_seen_at is None:
+                            end_seen_at = time.monotonic()
+                        continue
+                    end_seen_at = None
+                    offset = msg.offset() or 0
+                    if offset in wanted:
+                        ts_type, ts = msg.timestamp()
+                        try:
+                            headers = cast(list[Header], list(msg.headers() or ()))
+                        except Exception:  # a header name that is not UTF-8: the record without them
+                            headers = []
+                        found[offset] = Source(
+                            msg.key(), msg.value(), headers, ts if ts_type and ts > 0 else None
+                        )
+                    if offset >= last:
+                        done = True
+                # The end of the partition, and nothing more for a while: some brokers report their
+                # end (high watermark) late, so the end alone does not prove a record missing.
+                ended = end_seen_at is not None and time.monotonic() - end_seen_at > END_GRACE_S
+                if done or ended or len(found) == len(wanted):
+                    break
+        finally:
+            consumer.unassign()
+        return found
+
+    def _consumer_for_reads(self) -> Consumer:
+        if self._consumer is None:
+            config: dict[str, Any] = {
+                **consumer_config(self.settings),
+                # a group of its own that it never joins nor commits to: librdkafka wants one named
+                "group.id": f"{self.settings.consumer_group}.sources.{uuid.uuid4().hex[:8]}",
+                "enable.partition.eof": True,
+                "auto.offset.reset": "error",
+            }
+            self._consumer = Consumer(config)
+        return self._consumer
+
+    def _retention_of(self, topic: str) -> str | None:
+        """The topic's ``retention.ms`` as the broker tells it; None when it does not."""
+        if topic not in self._retention:
+            value = None
+            try:
+                resource = ConfigResource("topic", topic)
+                configs = admin_client(self.settings).describe_configs([resource])[resource].result(timeout=5)
+                entry = configs.get("retention.ms")
+                value = entry.value if entry is not None else None
+            except Exception:  # the broker may not answer (the embedded one does not keep configs)
+                value = None
+            self._retention[topic] = value
+        return self._retention[topic]
