@@ -256,6 +256,10 @@ def test_streams_and_share_group_letters_become_dead_jobs_and_pointers_are_read_
     loop.publish(3)
 
     assert counts.consumed == 7
+    assert (counts.adopted, counts.letters_unreadable) == (
+        {"streams": 2, "share": 5},
+        3,
+    )  # the metrics' counts
     rows = loop.rows(f"source_topic IN ('{clicks_dlq}', '{work_dlq}')")
     assert len(rows) == 7
     by_key = {bytes(r["msg_key"]): r for r in rows if r["msg_key"] is not None}

@@ -19,6 +19,23 @@ METRICS: dict[str, tuple[str, str]] = {
     "retry_scheduler.ingest.invalid": ("counter", "records stored dead as invalid (bad headers or input)"),
     "retry_scheduler.ingest.dead": ("counter", "records dead at ingest (invalid, fatal, expired, requested)"),
     "retry_scheduler.ingest.batch_size": ("gauge", "records in the last stored batch"),
+    "retry_scheduler.ingest.adopted.spring": (
+        "counter",
+        "letters read from Spring Kafka's dead-letter topics",
+    ),
+    "retry_scheduler.ingest.adopted.connect": (
+        "counter",
+        "letters read from Kafka Connect's dead-letter topics",
+    ),
+    "retry_scheduler.ingest.adopted.streams": (
+        "counter",
+        "letters read from Kafka Streams' dead-letter topics",
+    ),
+    "retry_scheduler.ingest.adopted.share": ("counter", "letters read from share groups' dead-letter topics"),
+    "retry_scheduler.ingest.letters_unreadable": (
+        "counter",
+        "pointer-only letters whose source record could not be read (kept without a destination)",
+    ),
     "retry_scheduler.publish.published": ("counter", "due jobs acknowledged by the broker and marked"),
     "retry_scheduler.publish.dead_published": ("counter", "dead jobs published to their DLQ topic"),
     "retry_scheduler.publish.delivery_failures": (

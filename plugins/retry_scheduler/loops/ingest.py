@@ -65,6 +65,10 @@ class IngestCounts:
     #: The batch that took longest to store: its seconds and records.
     slowest_batch_s: float = 0.0
     slowest_batch_records: int = 0
+    #: Letters read from other tools' dead-letter topics, by format (``core/adopt.py``).
+    adopted: Counter[str] = field(default_factory=Counter)
+    #: Pointer-only letters whose source record could not be read (``loops/sources.py``).
+    letters_unreadable: int = 0
 
     def add(self, other: IngestCounts) -> None:
         self.consumed += other.consumed
@@ -74,6 +78,8 @@ class IngestCounts:
         self.dead.update(other.dead)
         self.batches += other.batches
         self.untrusted_timestamps += other.untrusted_timestamps
+        self.adopted.update(other.adopted)
+        self.letters_unreadable += other.letters_unreadable
         if other.slowest_batch_s > self.slowest_batch_s:
             self.slowest_batch_s, self.slowest_batch_records = (
                 other.slowest_batch_s,
@@ -86,6 +92,7 @@ class IngestCounts:
         return cls(
             d["consumed"], d["stored"], d["duplicates"], d["pending"], Counter(d["dead"]), d["batches"],
             d.get("untrusted_timestamps", 0), d.get("slowest_batch_s", 0.0), d.get("slowest_batch_records", 0),
+            Counter(d.get("adopted", {})), d.get("letters_unreadable", 0),
         )  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
@@ -98,6 +105,8 @@ class IngestCounts:
             "batches": self.batches,
             "untrusted_timestamps": self.untrusted_timestamps,
             "slowest_batch_s": round(self.slowest_batch_s, 3),
+            "adopted": dict(self.adopted),
+            "letters_unreadable": self.letters_unreadable,
             "slowest_batch_records": self.slowest_batch_records,
         }
 
@@ -332,6 +341,12 @@ class Ingestor:
         counts.duplicates = len(batch.rows) - counts.stored
         counts.pending = stored.count(None)
         counts.dead.update(reason for reason in stored if reason)
+        if adopt_topics := self.settings.adopt_topics:
+            for row in batch.rows:
+                if row.source_topic in adopt_topics:
+                    counts.adopted[source_format(adopt_topics[row.source_topic])] += 1
+                    # an adopted letter has its original topic as destination, unless its record is lost
+                    counts.letters_unreadable += row.destination is None and row.original_topic is not None
         for row in batch.rows:
             if row.dead_reason == protocol.DEAD_INVALID:
                 log.warning(
@@ -546,6 +561,10 @@ class Ingestor:
         m.incr("retry_scheduler.ingest.duplicates", counts.duplicates)
         m.incr("retry_scheduler.ingest.invalid", counts.dead.get("invalid", 0))
         m.incr("retry_scheduler.ingest.dead", sum(counts.dead.values()))
+        for fmt, letters in counts.adopted.items():
+            m.incr(f"retry_scheduler.ingest.adopted.{fmt}", letters)
+        if counts.letters_unreadable:
+            m.incr("retry_scheduler.ingest.letters_unreadable", counts.letters_unreadable)
         if counts.consumed:
             m.gauge("retry_scheduler.ingest.batch_size", counts.consumed)
 
