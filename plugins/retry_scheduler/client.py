@@ -18,6 +18,9 @@ The record goes to the ``retry`` topic with the header protocol filled in: the a
 ``retry.id`` are copied from the record that failed (so a retried record keeps its identity),
 the ``retry.original-*`` headers point at where it was first consumed, and an exception that
 is classified fatal is sent straight to the DLQ (``retry.send-to=dlq``).
+
+A share consumer (``confluent_kafka.ShareConsumer``, explicit acknowledgement) hands a record over
+with ``retries.retry_shared(consumer, msg, exc)``: sent to the retry topic, then acknowledged.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol, cast
 
+import confluent_kafka
 from confluent_kafka import KafkaError, Producer
 
 from retry_scheduler.core import protocol
@@ -98,6 +102,7 @@ def build_retry_headers(
     blocks: str | None = None,
     chain_flows: bool = False,
     retry_id: str | None = None,
+    redeliveries: int = 0,
 ) -> list[Header]:
     """Headers for the retry topic: the record's own headers plus the ``retry.*`` protocol.
 
@@ -106,7 +111,8 @@ def build_retry_headers(
     ``hold`` parks the record in its key's chain (``retry.hold``; with ``chain_flows``, a chain whose
     head was handled: ``retry.chain-state: released``); ``blocks`` makes this failed record the head of
     its key's chain (``retry.blocks``). ``retry_id``: the ``retry.id`` to give a record that carries
-    none (a new one otherwise).
+    none (a new one otherwise). ``redeliveries``: retries made by others than the scheduler (a share
+    group's redeliveries), added to the ``retry.attempt`` the record carries.
 
     A ``retry.attempt`` or ``retry.original-*`` number the record carries that is not a whole number
     is replaced by the record's own (the attempt by 0): a retry the scheduler would refuse as invalid
@@ -140,7 +146,7 @@ def build_retry_headers(
         protocol.ORIGINAL_TIMESTAMP,
         carried(protocol.ORIGINAL_TIMESTAMP, ts if ts_type != 0 and ts > 0 else now_ms),
     )
-    put(protocol.ATTEMPT, carried(protocol.ATTEMPT, 0))
+    put(protocol.ATTEMPT, str(int(carried(protocol.ATTEMPT, 0) or 0) + max(redeliveries, 0)))
     put(protocol.ID, carried(protocol.ID, None) or retry_id or str(uuid.uuid4()))
     put(protocol.DESTINATION, destination)
     put(protocol.POLICY, policy)
@@ -224,6 +230,7 @@ class RetryClient:
         blocks: str | None = None,
         chain_flows: bool = False,
         retry_id: str | None = None,
+        redeliveries: int = 0,
     ) -> str:
         """Send ``record`` to the retry topic; returns its ``retry.id`` (kept from the record, or new).
 
@@ -252,6 +259,7 @@ class RetryClient:
             blocks=blocks,
             chain_flows=chain_flows,
             retry_id=retry_id,
+            redeliveries=redeliveries,
         )
         self._produce(record.key(), record.value(), headers, wait)
         return next(v for k, v in headers if k == protocol.ID and v is not None).decode()
@@ -276,6 +284,36 @@ class RetryClient:
         if wait:
             self.flush()
 
+    def retry_shared(
+        self, consumer: Any, record: FailedRecord, error: BaseException | None = None, **kwargs: Any
+    ) -> str:
+        """Hand a record a share consumer could not handle to the retry topic, then acknowledge it.
+
+        For ``confluent_kafka.ShareConsumer`` with ``share.acknowledgement.mode=explicit`` (Kafka 4.2+
+        share groups): a share group redelivers a released record at once, with no delay, at most its
+        delivery limit times; handed here, the record comes back to its topic when the policy says,
+        where the group reads it again. Its ``retry.attempt`` counts the group's redeliveries too (its
+        ``delivery_count()`` less one, added to the attempt it carries). Once the retry topic
+        acknowledged the record it is acknowledged ``ACCEPT``: handed over, not failed (a ``REJECT``
+        would also write it to the group's dead-letter topic, a second copy). If the retry cannot be
+        sent, it is acknowledged ``RELEASE`` (the group delivers it again) and the error raised.
+        ``kwargs`` are :meth:`retry`'s. Commit the acknowledgements as usual (``commit_sync``, or the
+        next ``poll``). Only on a confluent-kafka with share consumers (2.16+); absent otherwise.
+        Returns the ``retry.id``.
+        """
+        from confluent_kafka import AcknowledgeType
+
+        count = getattr(record, "delivery_count", None)
+        delivered = count() if callable(count) else None
+        redeliveries = delivered - 1 if isinstance(delivered, int) and delivered > 1 else 0
+        try:
+            retry_id = self.retry(record, error, redeliveries=redeliveries, **{**kwargs, "wait": True})
+        except BaseException:
+            consumer.acknowledge(record, AcknowledgeType.RELEASE)
+            raise
+        consumer.acknowledge(record, AcknowledgeType.ACCEPT)
+        return retry_id
+
     def dead_letter(self, record: FailedRecord, error: BaseException | None = None, **kwargs: Any) -> str:
         """Send ``record`` straight to the DLQ (``retry.send-to=dlq``), keeping it in PostgreSQL."""
         return self.retry(record, error, dead=True, **kwargs)
@@ -289,3 +327,10 @@ class RetryClient:
             raise RetryDeliveryError(f"{count} retry records not acknowledged: {first.str()}")
         if remaining:
             raise RetryDeliveryError(f"{remaining} retry records still unacknowledged after flush")
+
+
+#: Whether the installed confluent-kafka has share consumers (2.16+): :meth:`RetryClient.retry_shared`
+#: exists only then.
+SHARE_CONSUMERS = hasattr(confluent_kafka, "AcknowledgeType") and hasattr(confluent_kafka, "ShareConsumer")
+if not SHARE_CONSUMERS:
+    del RetryClient.retry_shared
