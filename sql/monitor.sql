@@ -78,3 +78,20 @@ SET firing = %(firing)s,
     resolved_at = CASE WHEN %(resolved)s THEN clock_timestamp() ELSE resolved_at END,
     updated_at = clock_timestamp()
 WHERE check_name = %(check)s;
+
+-- name: monitor_share_letters
+-- Letters of share groups' dead-letter topics (%(topics)s) stored in the last window, per source
+-- topic (the letter's original topic): the largest age their source record had when it was read
+-- (the store time less the record's own time: a copied letter's is its own, near 0) and the letters
+-- kept without their record because it could not be read. The topics' rows come by their unique
+-- key's leading column.
+SELECT original_topic,
+       coalesce(max(extract(epoch FROM created_at - first_seen_at)::float8)
+                FILTER (WHERE destination IS NOT NULL), 0),
+       count(*) FILTER (WHERE destination IS NULL AND dead_reason = 'adopted')::bigint
+FROM retry_jobs_all
+WHERE source_topic = ANY(%(topics)s::text[])
+  AND created_at >= clock_timestamp() - %(window_s)s * interval '1 second'
+  AND original_topic IS NOT NULL
+GROUP BY original_topic
+ORDER BY original_topic;

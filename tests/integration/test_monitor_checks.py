@@ -32,6 +32,9 @@ ONLY = Thresholds(
     consumer_lag=None,
     undelivered_dead=None,
     failing_deliveries=None,
+    stuck_chain_s=None,
+    letters_unreadable=None,
+    letter_retention_share=None,
 )
 
 
@@ -154,3 +157,59 @@ def test_deliveries_failing_five_times_in_a_row_alert_per_destination(
     [fired] = webhook.delivered()
     assert "By topic: payments 1 (last error: delivery failed: Broker: Unknown topic)" in fired["text"]
     assert fired["alert"]["fields"]["by_topic"] == {"payments": 1}  # orders' job failed 4 times only
+
+
+def test_share_group_letters_read_late_or_without_their_record_alert(
+    database_url: str, bootstrap_servers: str, topic_prefix: str, webhook: WebhookReceiver
+) -> None:
+    """A pointer-only letter whose record was 45 s old when read, from a topic keeping records 60 s
+    (75 % of its retention), and one whose topic is gone: both checks fire; a higher share does not."""
+    import time
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from retry_scheduler.loops.sources import read_letters
+    from tests.integration.test_adopt import share
+    from tests.integration.test_loop import new_loop
+
+    work_dlq, work, gone = (f"{topic_prefix}-{t}" for t in ("work.dlq", "work", "gone"))
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix, adopt_topics={work_dlq: "share"})
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    made = admin.create_topics([NewTopic(work, 1, 1, config={"retention.ms": "60000"})])
+    made[work].result(timeout=15)
+    create_topics(bootstrap_servers, [work_dlq, gone])
+    produce(bootstrap_servers, work, [{"key": b"w", "value": b"v"}], partition=0,
+            config={"message.timeout.ms": 10000})  # fmt: skip
+    from confluent_kafka import Producer
+
+    old = Producer({"bootstrap.servers": bootstrap_servers})
+    old.produce(work, key=b"old", value=b"v", partition=0, timestamp=int(time.time() * 1000) - 45_000)
+    assert old.flush(15) == 0
+    loop.send([share(topic_prefix, work, 0, 1), share(topic_prefix, gone, 0, 3)], topic=work_dlq)
+    admin.delete_topics([gone])[gone].result(timeout=15)
+    loop.ingest(2)
+    check = replace(ONLY, letters_unreadable=0, letter_retention_share=0.5)
+
+    fired = run_monitor(
+        database_url, check, alert_notifiers(), letters=lambda store: read_letters(loop.settings, store)
+    )
+    calm = run_monitor(
+        database_url, replace(check, letters_unreadable=5, letter_retention_share=0.9), alert_notifiers(),
+        letters=lambda store: read_letters(loop.settings, store),
+    )  # fmt: skip
+
+    reading = fired["reading"]
+    assert reading["letters_unreadable"] == 1
+    assert (reading["letter_topic"], reading["letter_retention_ms"]) == (work, 60_000)
+    assert 0.70 <= reading["letter_retention_share"] < 0.95  # 45 s, and the seconds the test took
+    assert fired["firing"] == ["letters_near_retention", "letters_unreadable"]
+    texts = [post["text"] for post in webhook.delivered()]
+    assert any(
+        t.startswith(
+            "[FIRING] retry_monitor: 1 share-group dead letter(s) of the last hour kept without their record"
+        )
+        for t in texts
+    )
+    near = next(t for t in texts if "of its topic's retention old when read" in t)
+    assert f"pointing to {work}" in near and "errors.deadletterqueue.copy.record.enable=true" in near
+    assert calm["firing"] == []

@@ -633,6 +633,17 @@ class Store:
             "lateness_p99_s": late.p99_s,
         }
 
+    def share_letters(self, topics: Sequence[str], window_s: int) -> list[tuple[str, float, int]]:
+        """Per source topic, the letters of share groups' dead-letter ``topics`` stored in the last
+        ``window_s``: the largest age (s) their source record had when read, and how many were kept
+        without it (retry_monitor's ``letters_near_retention`` and ``letters_unreadable``)."""
+        if not topics:
+            return []
+        rows = self.conn.execute(
+            q("monitor_share_letters"), {"topics": list(topics), "window_s": window_s}
+        ).fetchall()
+        return [(str(topic), float(age), int(lost)) for topic, age, lost in rows]
+
     def monitor_reading(
         self, window_s: int, dead_window_s: int = 3600, *, dlq_grace_s: int = 60, repeated_failures: int = 5
     ) -> dict[str, Any]:

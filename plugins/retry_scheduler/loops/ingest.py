@@ -26,7 +26,7 @@ from typing import Any, cast
 from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
 
 from retry_scheduler.core import faults, protocol
-from retry_scheduler.core.adopt import SHARE, source_format
+from retry_scheduler.core.adopt import source_format
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.durations import format_duration_ms
 from retry_scheduler.core.headers import Header
@@ -45,7 +45,7 @@ from retry_scheduler.loops.ingest_worker import (
 )
 from retry_scheduler.loops.kafka import TopicManager, make_consumer
 from retry_scheduler.loops.offsets import same_partition, start_offset
-from retry_scheduler.loops.sources import SourceReader
+from retry_scheduler.loops.sources import SourceReader, share_topics
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class Ingestor:
                 )
             consumer = make_consumer(settings)
         self.consumer = consumer
-        share_letters = [t for t, spec in settings.adopt_topics.items() if source_format(spec) == SHARE]
+        share_letters = share_topics(settings)
         #: Completes a share group's pointer-only dead letters from their source topics.
         self.sources = SourceReader(settings, share_letters) if share_letters else None
         self.totals = IngestCounts()

@@ -30,6 +30,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource
 
 from retry_scheduler.core import protocol
+from retry_scheduler.core.adopt import SHARE, source_format
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.headers import Header, truncate_reason
 from retry_scheduler.core.jobs import CopyRow, encode_headers, pg_time
@@ -67,7 +68,7 @@ class SourceReader:
         self.settings = settings
         self.topics = frozenset(topics)
         self._consumer: Consumer | None = None
-        self._retention: dict[str, str | None] = {}
+        self._retention: dict[str, int | None] = {}
         #: Letters completed and kept without their record so far.
         self.completed = self.lost = 0
 
@@ -230,16 +231,64 @@ class SourceReader:
             self._consumer = Consumer(config)
         return self._consumer
 
-    def _retention_of(self, topic: str) -> str | None:
-        """The topic's ``retention.ms`` as the broker tells it; None when it does not."""
+    def _retention_of(self, topic: str) -> int | None:
+        """The topic's ``retention.ms`` as the broker tells it; None when it does not, or for ever."""
         if topic not in self._retention:
-            value = None
-            try:
-                resource = ConfigResource("topic", topic)
-                configs = admin_client(self.settings).describe_configs([resource])[resource].result(timeout=5)
-                entry = configs.get("retention.ms")
-                value = entry.value if entry is not None else None
-            except Exception:  # the broker may not answer (the embedded one does not keep configs)
-                value = None
-            self._retention[topic] = value
+            self._retention.update(topic_retention(self.settings, [topic]))
         return self._retention[topic]
+
+
+def topic_retention(settings: Settings, topics: Sequence[str]) -> dict[str, int | None]:
+    """Each topic's ``retention.ms`` as the broker tells it: None when it does not (no such topic, no
+    right to describe it, no answer in 5 s) or keeps records for ever (-1)."""
+    found: dict[str, int | None] = dict.fromkeys(topics)
+    if not topics:
+        return found
+    try:
+        resources = {topic: ConfigResource("topic", topic) for topic in topics}
+        admin = admin_client(settings)  # kept until the answers came: a client destroyed cancels them
+        futures = admin.describe_configs(list(resources.values()))
+    except Exception:
+        return found
+    for topic, resource in resources.items():
+        try:
+            entry = futures[resource].result(timeout=5).get("retention.ms")
+            value = int(entry.value) if entry is not None and entry.value is not None else None
+        except Exception:
+            value = None
+        found[topic] = value if value is not None and value > 0 else None
+    return found
+
+
+def share_topics(settings: Settings) -> list[str]:
+    """The adopted topics a share group's broker writes its letters to (``FORMAT`` ``share``)."""
+    return sorted(t for t, spec in settings.adopt_topics.items() if source_format(spec) == SHARE)
+
+
+@dataclass(frozen=True)
+class LetterReading:
+    """Share groups' letters of the last window, as ``retry_monitor`` judges them."""
+
+    #: Letters kept without their source record (it could not be read).
+    unreadable: int = 0
+    #: The largest share of its topic's ``retention.ms`` a letter's source record had used when it was
+    #: read (1.0: as old as the retention); None when no letter was read or no retention is known.
+    retention_share: float | None = None
+    #: The source topic of that letter, its record's age then, and the topic's retention.
+    topic: str | None = None
+    age_s: float = 0.0
+    retention_ms: int | None = None
+
+
+def read_letters(settings: Settings, store: Any, window_s: int = 3600) -> LetterReading:
+    """The share groups' letters stored in the last ``window_s`` (``store``: a ``db.store.Store``)."""
+    rows = store.share_letters(share_topics(settings), window_s)
+    if not rows:
+        return LetterReading()
+    retention = topic_retention(settings, [topic for topic, _age, _lost in rows])
+    nearest = LetterReading(unreadable=sum(lost for _topic, _age, lost in rows))
+    for topic, age_s, _lost in rows:
+        kept_ms = retention.get(topic)
+        if kept_ms and (nearest.retention_share is None or age_s * 1000 / kept_ms > nearest.retention_share):
+            nearest = LetterReading(nearest.unreadable, age_s * 1000 / kept_ms, topic, age_s, kept_ms)
+    return nearest

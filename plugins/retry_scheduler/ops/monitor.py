@@ -1,6 +1,6 @@
 """retry_monitor: backlog, lateness, DLQ-growth and delivery checks that alert once per incident.
 
-Eight checks, each against a threshold (:class:`~retry_scheduler.ops.thresholds.Thresholds`, overridden by the Airflow Variable
+Ten checks, each against a threshold (:class:`~retry_scheduler.ops.thresholds.Thresholds`, overridden by the Airflow Variable
 ``retry_monitor_thresholds``; ``null`` turns a check off):
 
 * ``oldest_overdue``: how long the oldest pending job has been past its due time, in seconds
@@ -21,6 +21,12 @@ Eight checks, each against a threshold (:class:`~retry_scheduler.ops.thresholds.
 * ``stuck_chains``: how long the oldest record held in a *stuck* chain has waited, in seconds (ordered
   mode: a chain waiting for a head the scheduler does not hold: its retry published and not released
   by its consumer, or lost); the alert names the chains and how to release them.
+* ``letters_unreadable``: letters of share groups' dead-letter topics stored in the last hour without
+  their record, which could not be read from its topic (gone by retention, say);
+* ``letters_near_retention``: the largest share of its topic's ``retention.ms`` the source record of a
+  share group's letter had used when it was read, over the last hour: a pointer-only letter read
+  late is read before its record is deleted only by luck (the broker out of reach, or telling no
+  retention: nothing to judge).
 
 The ``undelivered_dead`` and ``failing_deliveries`` checks tell early (a minute, half a minute) that a DLQ topic or a destination refuses records;
 ``stuck_delivery`` is the escalation that names the job still waiting after ten minutes.
@@ -47,6 +53,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from retry_scheduler.db.store import Store
+from retry_scheduler.loops.sources import LetterReading
 from retry_scheduler.ops.alerts import Alert
 from retry_scheduler.ops.thresholds import VARIABLE, Thresholds, ThresholdsError
 
@@ -100,6 +107,9 @@ class Reading:
     stuck_chains: int = 0
     oldest_stuck_s: float = 0.0
     stuck_chain_ids: Sequence[str] = ()
+    #: Share groups' letters of the last hour (:class:`~retry_scheduler.loops.sources.LetterReading`).
+    letters: LetterReading = field(default_factory=lambda: LetterReading())
+    letters_error: str | None = None
 
     @property
     def undelivered_dead(self) -> int:
@@ -120,6 +130,8 @@ class Reading:
         interval_s: int,
         lag: IngestLag | None = None,
         lag_error: str | None = None,
+        letters: LetterReading | None = None,
+        letters_error: str | None = None,
     ) -> Reading:
         overdue = raw["oldest_overdue"] or {}
         late = raw["lateness"]
@@ -142,6 +154,8 @@ class Reading:
             stuck_chains=int(raw.get("stuck_chains") or 0),
             oldest_stuck_s=float(raw.get("oldest_stuck_s") or 0.0),
             stuck_chain_ids=tuple(raw.get("stuck_chain_ids") or ()),
+            letters=letters or LetterReading(),
+            letters_error=letters_error,
         )
 
     def value(self, check: str) -> float | None:
@@ -175,6 +189,14 @@ class Reading:
             "stuck_chains": self.stuck_chains,
             "oldest_stuck_s": round(self.oldest_stuck_s, 3),
             "stuck_chain_ids": list(self.stuck_chain_ids),
+            "letters_unreadable": self.letters.unreadable,
+            "letter_retention_share": None
+            if self.letters.retention_share is None
+            else round(self.letters.retention_share, 4),
+            "letter_topic": self.letters.topic,
+            "letter_age_s": round(self.letters.age_s, 3),
+            "letter_retention_ms": self.letters.retention_ms,
+            "letters_error": self.letters_error,
         }
 
 
@@ -368,6 +390,44 @@ def _stuck_chains(reading: Reading, limit: str) -> Described:
     return head, detail, {"chains": list(reading.stuck_chain_ids[:5]), "held": reading.held}
 
 
+def _letters_unreadable(reading: Reading, limit: str) -> Described:
+    lost = reading.letters.unreadable
+    head = f"{lost} share-group dead letter(s) of the last hour kept without their record ({limit})"
+    detail = (
+        "These letters only pointed at their record (the share group has no "
+        "errors.deadletterqueue.copy.record.enable) and it could no longer be read from its topic: "
+        "each is kept dead without a destination, its reason saying why (`retry-scheduler dlq list "
+        "--dead-reason adopted`). Set errors.deadletterqueue.copy.record.enable=true on the group, or "
+        "keep the source topic's records longer."
+        if lost
+        else "Every share-group letter of the last hour holds its record."
+    )
+    return head, detail, {"unreadable": lost}
+
+
+def _letters_near_retention(reading: Reading, limit: str) -> Described:
+    letters = reading.letters
+    if letters.retention_share is None:
+        why = reading.letters_error or "no pointer-only share-group letter read, or no retention known"
+        return f"no share-group letter's record age to judge ({limit})", why, {}
+    head = (
+        f"a share-group letter's record was {letters.retention_share:.0%} of its topic's retention old "
+        f"when read ({limit})"
+    )
+    detail = (
+        f"The record of a letter pointing to {letters.topic} was {_secs(letters.age_s)} old when the "
+        f"ingest read it, and {letters.topic} keeps records for {_secs((letters.retention_ms or 0) / 1000)} "
+        "(retention.ms). A letter read later than that keeps no record. Set "
+        "errors.deadletterqueue.copy.record.enable=true on the share group, keep the topic's records "
+        "longer, or look for what delays the ingest of its dead-letter topic (consumer_lag)."
+    )
+    return (
+        head,
+        detail,
+        {"topic": letters.topic, "age_s": round(letters.age_s, 3), "retention_ms": letters.retention_ms},
+    )
+
+
 def _maybe(value: int | None) -> float | None:
     return None if value is None else float(value)
 
@@ -414,6 +474,20 @@ REGISTRY: tuple[Check, ...] = (
         counts=True,
     ),
     Check("stuck_chains", "stuck_chain_s", lambda r: r.oldest_stuck_s, _stuck_chains),
+    Check(
+        "letters_unreadable",
+        "letters_unreadable",
+        lambda r: float(r.letters.unreadable),
+        _letters_unreadable,
+        counts=True,
+    ),
+    Check(
+        "letters_near_retention",
+        "letter_retention_share",
+        lambda r: r.letters.retention_share,
+        _letters_near_retention,
+        counts=True,
+    ),
 )
 _BY_NAME = {check.name: check for check in REGISTRY}
 CHECKS = tuple(check.name for check in REGISTRY)
@@ -484,15 +558,18 @@ def run_monitor(
     thresholds: Thresholds,
     notifiers: Sequence[AlertNotifier],
     lag: Callable[[Store], IngestLag] | None = None,
+    letters: Callable[[Store], LetterReading] | None = None,
 ) -> dict[str, Any]:
     """One monitor run: lock, read, evaluate, send, record, commit. Returns the reading and alerts sent.
 
     ``lag`` asks the broker how far ingestion is behind (``loops.offsets.ingest_lag``); without it, or
-    when it fails (logged), ``consumer_lag`` has nothing to judge.
+    when it fails (logged), ``consumer_lag`` has nothing to judge. ``letters`` reads the share groups'
+    letters of the last hour (``loops.sources.read_letters``); without it they are not judged.
     """
     sent: list[dict[str, Any]] = []
     with Store(database_url) as store:
         behind, lag_error = _read_lag(lag, store)
+        shared, letters_error = _read_letters(letters, store)
         with store.conn.transaction():  # one connection: the broker is asked before the rows are locked
             locked = store.lock_alerts(CHECKS)
             incidents = {
@@ -505,7 +582,7 @@ def run_monitor(
                 dlq_grace_s=DLQ_GRACE_S,
                 repeated_failures=REPEATED_FAILURES,
             )
-            reading = Reading.from_store(raw, thresholds.interval_s, behind, lag_error)
+            reading = Reading.from_store(raw, thresholds.interval_s, behind, lag_error, shared, letters_error)
             outcomes = evaluate(reading, thresholds, incidents)
             states = []
             for outcome in outcomes:
@@ -542,6 +619,20 @@ def run_monitor(
         ", ".join(f"{a['check']} {a['severity']}" for a in sent) or "none",
     )
     return {"reading": reading.as_dict(), "thresholds": asdict(thresholds), "firing": firing, "alerts": sent}
+
+
+def _read_letters(
+    letters: Callable[[Store], LetterReading] | None, store: Store
+) -> tuple[LetterReading | None, str | None]:
+    """The share groups' letters, before the alert rows are locked (the broker is asked their topics'
+    retention)."""
+    if letters is None:
+        return None, None
+    try:
+        return letters(store), None
+    except Exception as exc:  # the broker out of reach: the other checks still run
+        log.warning("cannot read the share groups' dead letters: %s: %s", type(exc).__name__, exc)
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def _read_lag(lag: Callable[[Store], IngestLag] | None, store: Store) -> tuple[IngestLag | None, str | None]:

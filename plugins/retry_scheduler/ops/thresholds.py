@@ -31,6 +31,10 @@ class Thresholds:
     #: Seconds the oldest record held in a stuck chain (ordered mode: its head is not at the
     #: scheduler) has waited.
     stuck_chain_s: float | None = 3600.0
+    #: Share groups' letters of the last hour kept without their record (0: any).
+    letters_unreadable: float | None = 0.0
+    #: The largest share of its topic's retention a share group's letter's record had used when read.
+    letter_retention_share: float | None = 0.5
     #: The lateness window, in seconds: jobs published in the last ``interval_s``.
     interval_s: int = 300
 
