@@ -5,7 +5,7 @@
 -- name: dlq_page
 -- Newest first; keyset pagination on (dead_at, id) so page 1 000 costs what page 1 costs.
 SELECT id, dead_at, destination, dead_reason, error_class, left(reason, 300), attempt, policy, retry_id,
-       dlq_topic, dlq_published_at, first_seen_at, octet_length(msg_value)
+       dlq_topic, dlq_published_at, first_seen_at, octet_length(msg_value), source_topic
 FROM retry_jobs
 WHERE {where}
   AND (%(after_at)s::timestamptz IS NULL OR (dead_at, id) < (%(after_at)s::timestamptz, %(after_id)s::bigint))

@@ -76,6 +76,7 @@ def airflow_server(
     (home / "simple_auth_manager_passwords.json").write_text(json.dumps(USERS))
     # The plugin must find the database through the retry_postgres connection, not this.
     env["RETRY_DATABASE_URL"] = _db_url("retry_webui_no_such_database")
+    env["RETRY_ADOPT_TOPICS"] = "webui.work.dlq=share,webui.clicks.dlq=streams:retry"
     assert env["AIRFLOW_CONN_RETRY_POSTGRES"].endswith(retry_db.rpartition("/")[2])
     log_path = home / "api-server.log"
     proc = spawn([airflow_bin(), "api-server", "--port", str(port)], log_path, env)
@@ -496,6 +497,47 @@ def test_purge_deletes_only_jobs_already_on_the_dlq_topic(
 
 
 # --- browsing ------------------------------------------------------------------------------------------
+
+
+def test_each_letter_says_who_wrote_it_and_the_list_and_a_replay_filter_on_it(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    ours = insert_dead(retry_db, dest)
+    shared = insert_dead(retry_db, dest, source_topic="webui.work.dlq", dead_reason="adopted")
+    streamed = insert_dead(retry_db, dest, source_topic="webui.clicks.dlq", dead_reason="exhausted")
+    gone = insert_dead(retry_db, dest, source_topic="no.longer.adopted", dead_reason="adopted")
+    with client(airflow_server, tokens["viewer"]) as viewer:
+        writers = viewer.get("/api/writers").json()
+        listed = viewer.get("/api/dead-letters", params={"destination": dest}).json()["jobs"]
+        share_only = viewer.get(
+            "/api/dead-letters", params={"destination": dest, "written_by": "share"}
+        ).json()
+        by_us = viewer.get(
+            "/api/dead-letters", params={"destination": dest, "written_by": "retry-scheduler"}
+        ).json()
+        spring = viewer.get("/api/dead-letters", params={"written_by": "spring"})
+        nobody = viewer.get("/api/dead-letters", params={"written_by": "camel"})
+    with client(airflow_server, tokens["admin"]) as admin:
+        dry = admin.post(
+            "/api/replay", json={"destination": dest, "written_by": "streams", "dry_run": True}
+        ).json()
+
+    assert writers == ["retry-scheduler", "streams", "share"]  # this service, and the adopted formats
+    assert {j["id"]: (j["written_by"], j["source_topic"]) for j in listed} == {
+        ours: ("retry-scheduler", "retry"),
+        shared: ("share", "webui.work.dlq"),
+        streamed: ("streams", "webui.clicks.dlq"),  # adopted with :retry, then dead by its policy
+        gone: (None, "no.longer.adopted"),  # a topic the deployment no longer names: not known
+    }
+    assert [j["id"] for j in share_only["jobs"]] == [shared]
+    assert [j["id"] for j in by_us["jobs"]] == [ours]
+    assert spring.status_code == 422 and "no topic of RETRY_ADOPT_TOPICS has the format spring" in spring.text
+    assert nobody.status_code == 422 and "written by must be one of retry-scheduler, spring" in nobody.text
+    assert (dry["matched"], dry["would_affect"]) == (1, 1)
+    assert audit_row(retry_db, dry["audit_id"])["filter"] == {
+        "destination": dest,
+        "source_topics": ["webui.clicks.dlq"],
+    }
 
 
 def test_filters_search_and_keyset_pages(

@@ -239,6 +239,9 @@ def test_a_user_filters_inspects_replays_and_purges(
         expect(ui.locator("#total")).to_have_text(f"{n_payments} dead jobs match")
         expect(rows(ui)).to_have_count(n_payments)
         assert set(ui.locator("#jobs tbody td:nth-child(3)").all_inner_texts()) == {"payments"}
+        # who wrote each letter: all of these came from the service's own retry topic
+        assert set(ui.locator("#jobs tbody td:nth-child(5)").all_inner_texts()) == {"retry-scheduler"}
+        assert ui.locator("#f-written-by option").all_inner_texts()[:2] == ["Anyone", "retry-scheduler"]
         # ... and search the reason text (any case).
         ui.locator("#f-search").fill("GATEWAY")
         ui.locator("#f-search").press("Enter")

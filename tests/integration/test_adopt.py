@@ -14,7 +14,7 @@ import pytest
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import ConfigError, Settings
 from retry_scheduler.core.destinations import Destinations
-from retry_scheduler.ops.dlq import DlqFilter, run_action
+from retry_scheduler.ops.dlq import DlqError, DlqFilter, list_dead, run_action, writer_topics
 from tests.integration.test_loop import Loop, new_loop
 from tests.kafkautil import consume, create_topics
 
@@ -293,6 +293,14 @@ def test_streams_and_share_group_letters_become_dead_jobs_and_pointers_are_read_
     assert "no record at that offset" in past_end["reason"]
     assert all(r["dlq_published_at"] is not None for r in rows)
     assert consume(loop.bootstrap, [dlq], expected=0, timeout_s=3) == []
+
+    # who wrote each letter, in the list and as its filter (as `dlq list --written-by` does)
+    page = list_dead(loop.settings.database_url, DlqFilter(), settings=loop.settings)
+    assert {j.written_by for j in page.jobs} == {"streams", "share"}
+    streams_only = DlqFilter(source_topics=writer_topics("streams", loop.settings))
+    assert {j.source_topic for j in list_dead(loop.settings.database_url, streams_only).jobs} == {clicks_dlq}
+    with pytest.raises(DlqError, match="no topic of RETRY_ADOPT_TOPICS has the format connect"):
+        writer_topics("connect", loop.settings)
 
     destinations = Destinations.of([clicks, work, gone], own_topics=[loop.settings.retry_topic, dlq])
     replayed = run_action(

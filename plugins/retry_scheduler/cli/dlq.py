@@ -13,9 +13,10 @@ from retry_scheduler.cli.progress import progress
 from retry_scheduler.core.config import Settings
 
 
-def _dlq_filter(args: argparse.Namespace) -> Any:
-    from retry_scheduler.ops.dlq import DlqFilter
+def _dlq_filter(args: argparse.Namespace, settings: Settings) -> Any:
+    from retry_scheduler.ops.dlq import DlqFilter, writer_topics
 
+    written_by = getattr(args, "written_by", None)
     return DlqFilter.from_params(
         {
             "destination": args.destination,
@@ -26,6 +27,7 @@ def _dlq_filter(args: argparse.Namespace) -> Any:
             "until": args.until,
             "ids": getattr(args, "ids", None),
             "limit": getattr(args, "limit", None),
+            "source_topics": writer_topics(written_by, settings) if written_by else None,
         }
     )
 
@@ -33,7 +35,10 @@ def _dlq_filter(args: argparse.Namespace) -> Any:
 def _cmd_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.ops.dlq import list_dead, to_json
 
-    page = list_dead(settings.database_url, _dlq_filter(args), page_size=args.page_size, cursor=args.cursor)
+    page = list_dead(
+        settings.database_url, _dlq_filter(args, settings), page_size=args.page_size, cursor=args.cursor,
+        settings=settings,
+    )  # fmt: skip
     if args.json:
         print(to_json(page.as_json()))
         return 0
@@ -41,12 +46,14 @@ def _cmd_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
     print(f"{total} dead job(s) match; newest first")
     if page.jobs:
         print(
-            f"{'id':>10}  {'dead at (UTC)':<19}  {'destination':<24} {'reason':<9} {'error class':<28} reason"
+            f"{'id':>10}  {'dead at (UTC)':<19}  {'destination':<24} {'reason':<9} {'from':<15} "
+            f"{'error class':<28} reason"
         )
     for job in page.jobs:
         print(
             f"{job.id:>10}  {job.dead_at.strftime('%Y-%m-%d %H:%M:%S'):<19}  {job.destination or '-':<24} "
-            f"{job.dead_reason:<9} {(job.error_class or '-')[:28]:<28} {(job.reason or '')[:60]!r}"
+            f"{job.dead_reason:<9} {job.written_by or '?':<15} {(job.error_class or '-')[:28]:<28} "
+            f"{(job.reason or '')[:60]!r}"
         )
     if page.next_cursor:
         print(f"more: retry-scheduler dlq list ... --cursor {page.next_cursor}")
@@ -86,7 +93,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.core.records import deployment_destinations
     from retry_scheduler.ops.dlq import run_action, to_json
 
-    flt = _dlq_filter(args)
+    flt = _dlq_filter(args, settings)
     if getattr(args, "reevaluate", False):
         return _reevaluate(args, settings, flt)
     if not args.dry_run and not args.all and not flt.as_dict():
@@ -221,6 +228,12 @@ def _add_dlq_filters(parser: argparse.ArgumentParser, *, for_action: bool) -> No
     parser.add_argument("--dead-reason", choices=protocol.DEAD_REASONS, help="only this dead reason")
     parser.add_argument("--error-class", metavar="GLOB", help="glob on the error class, e.g. '*Timeout*'")
     parser.add_argument("--search", metavar="TEXT", help="text in the reason or error class (any case)")
+    parser.add_argument(
+        "--written-by",
+        choices=("retry-scheduler", "spring", "connect", "streams", "share"),
+        help="only letters this service wrote (read from its retry topics) or read from the dead-letter "
+        "topics of that tool (RETRY_ADOPT_TOPICS)",
+    )
     parser.add_argument(
         "--since", type=moment, metavar="TIME", help=f"went dead at or after this: {TIME_HELP}"
     )

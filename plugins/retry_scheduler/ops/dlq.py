@@ -24,7 +24,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, LiteralString
 
@@ -34,6 +34,8 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from retry_scheduler.core import faults, protocol
+from retry_scheduler.core.adopt import FORMATS, source_format
+from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.durations import parse_duration_ms
 from retry_scheduler.core.jobs import decode_headers
@@ -70,6 +72,7 @@ _FRAGMENTS: dict[str, LiteralString] = {
     "since": "dead_at >= %(since)s",
     "until": "dead_at < %(until)s",
     "ids": "id = ANY(%(ids)s)",
+    "source_topics": "source_topic = ANY(%(source_topics)s::text[])",
 }
 
 
@@ -126,6 +129,45 @@ def _ids(value: Any) -> tuple[int, ...]:
     return ids
 
 
+def _topics(value: Any) -> tuple[str, ...]:
+    """Topic names from a list or a comma-separated string; empty means unset."""
+    if value is None or value == "":
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        raise DlqError("source topics must be a list of topic names or a comma-separated string")
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
+#: The most topics a filter names (the letters' writers: the retry topics, the adopted ones).
+MAX_SOURCE_TOPICS = 1000
+#: Who wrote a dead letter: this service (read from its retry topics), or the tool whose dead-letter
+#: topic it was read from (``RETRY_ADOPT_TOPICS``' format).
+SERVICE = "retry-scheduler"
+WRITERS = (SERVICE, *FORMATS)
+
+
+def written_by(source_topic: str, settings: Settings) -> str | None:
+    """Who wrote the letter read from ``source_topic``, by the deployment's topics; None when that is
+    no topic of it any more (adopted before, say)."""
+    if source_topic in settings.adopt_topics:
+        return source_format(settings.adopt_topics[source_topic])
+    return SERVICE if source_topic == settings.retry_topic or source_topic in settings.delay_topics else None
+
+
+def writer_topics(writer: str, settings: Settings) -> tuple[str, ...]:
+    """The topics the letters ``writer`` (a name of :data:`WRITERS`) wrote are read from: the filter of
+    ``--written-by``. Raises :class:`DlqError` for another name, or one no topic is adopted for."""
+    if writer not in WRITERS:
+        raise DlqError(f"written by must be one of {', '.join(WRITERS)}, not {writer[:40]!r}")
+    if writer == SERVICE:
+        return (settings.retry_topic, *sorted(settings.delay_topics))
+    topics = tuple(t for t, spec in sorted(settings.adopt_topics.items()) if source_format(spec) == writer)
+    if not topics:
+        raise DlqError(f"no topic of RETRY_ADOPT_TOPICS has the format {writer}: no letter is written by it")
+    return topics
+
+
 @dataclass(frozen=True)
 class DlqFilter:
     """Which dead jobs an operation is about. Empty fields do not filter."""
@@ -138,6 +180,8 @@ class DlqFilter:
     until: datetime | None = None  # went dead before
     ids: tuple[int, ...] = ()
     limit: int | None = None  # replay/purge: at most this many, oldest first
+    #: read from these topics: who wrote the letters (:func:`writer_topics`)
+    source_topics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.destination is not None and not TOPIC_NAME.fullmatch(self.destination):
@@ -158,6 +202,10 @@ class DlqFilter:
             raise DlqError(f"limit must be a whole number from 1 to {MAX_LIMIT:,} (or empty for no limit)")
         if len(self.ids) > MAX_IDS:
             raise DlqError(f"at most {MAX_IDS:,} ids at once: use a filter for more")
+        if len(self.source_topics) > MAX_SOURCE_TOPICS or not all(
+            TOPIC_NAME.fullmatch(topic) for topic in self.source_topics
+        ):
+            raise DlqError(f"source topics must be at most {MAX_SOURCE_TOPICS} topic names")
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> DlqFilter:
@@ -181,6 +229,7 @@ class DlqFilter:
             until=_time("until", params.get("until")),
             ids=_ids(params.get("ids")),
             limit=limit_n,
+            source_topics=_topics(params.get("source_topics")),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -190,7 +239,11 @@ class DlqFilter:
             if value in (None, ()):
                 continue
             out[key] = (
-                value.isoformat() if isinstance(value, datetime) else list(value) if key == "ids" else value
+                value.isoformat()
+                if isinstance(value, datetime)
+                else list(value)
+                if key in ("ids", "source_topics")
+                else value
             )
         return out
 
@@ -206,6 +259,7 @@ class DlqFilter:
             "since": self.since,
             "until": self.until,
             "ids": list(self.ids) or None,
+            "source_topics": list(self.source_topics) or None,
         }
         for name, value in values.items():
             if value is not None:
@@ -259,6 +313,10 @@ class DeadJob:
     dlq_published_at: datetime | None
     first_seen_at: datetime
     value_size: int | None
+    #: The topic the letter was read from: a retry topic, or another tool's dead-letter topic.
+    source_topic: str = ""
+    #: Who wrote it (:func:`written_by`), when the lister knows the deployment.
+    written_by: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(self).items()}
@@ -297,9 +355,15 @@ def _parse_cursor(cursor: str | None) -> tuple[datetime | None, int | None]:
 
 
 def list_dead(
-    database_url: Database, flt: DlqFilter, page_size: int = 50, cursor: str | None = None, count: bool = True
+    database_url: Database,
+    flt: DlqFilter,
+    page_size: int = 50,
+    cursor: str | None = None,
+    count: bool = True,
+    settings: Settings | None = None,
 ) -> Page:
-    """A page of dead jobs matching ``flt``, newest first; ``cursor`` is the previous page's ``next_cursor``."""
+    """A page of dead jobs matching ``flt``, newest first; ``cursor`` is the previous page's ``next_cursor``.
+    With the deployment's ``settings`` each says who wrote it (:func:`written_by`)."""
     if not 1 <= page_size <= MAX_PAGE:
         raise DlqError(f"page size must be 1-{MAX_PAGE}")
     after_at, after_id = _parse_cursor(cursor)
@@ -314,6 +378,8 @@ def list_dead(
             counted = conn.execute(dlq_query("dlq_count", where), {**params, "cap": COUNT_CAP + 1}).fetchone()
             total = int(counted[0]) if counted else 0
     jobs = [DeadJob(*row) for row in rows[:page_size]]
+    if settings is not None:
+        jobs = [replace(job, written_by=written_by(job.source_topic, settings)) for job in jobs]
     more = len(rows) > page_size
     return Page(
         jobs=jobs,

@@ -191,6 +191,8 @@ class ActionBody(BaseModel):
     search: str | None = None
     since: str | None = None
     until: str | None = None
+    #: who wrote the letters: ``retry-scheduler`` or an adopted topic's format (``ops.dlq.WRITERS``)
+    written_by: str | None = None
     ids: Annotated[list[int], Field(max_length=dlq.MAX_IDS)] = []
     limit: Annotated[int | None, Field(ge=1, le=dlq.MAX_LIMIT)] = None
     reset_attempts: bool = False
@@ -307,14 +309,18 @@ def dead_letters(
     search: str | None = None,
     since: str | None = None,
     until: str | None = None,
+    written_by: str | None = None,
     cursor: str | None = None,
     page_size: Annotated[int, Query(ge=1, le=dlq.MAX_PAGE)] = 50,
     count: bool = True,
 ) -> dict[str, Any]:
     """Dead jobs newest first, a page at a time: pass the previous page's ``next_cursor`` for the next.
 
-    ``total`` is capped (``total_capped``); ``count=false`` skips it (-1) when paging one filter.
+    ``total`` is capped (``total_capped``); ``count=false`` skips it (-1) when paging one filter. Each
+    job says who wrote it (``written_by``: this service, or the tool of the dead-letter topic it was
+    read from), and ``written_by`` filters on it.
     """
+    settings = Settings.from_env()
     flt = dlq.DlqFilter.from_params(
         {
             "destination": destination,
@@ -323,9 +329,20 @@ def dead_letters(
             "search": search,
             "since": since,
             "until": until,
+            "source_topics": dlq.writer_topics(written_by, settings) if written_by else None,
         }
     )
-    return dlq.list_dead(database(), flt, page_size=page_size, cursor=cursor, count=count).as_json()
+    page = dlq.list_dead(database(), flt, page_size=page_size, cursor=cursor, count=count, settings=settings)
+    return page.as_json()
+
+
+@app.get("/api/writers")
+def writers(user: Annotated[Any, Depends(reader)]) -> list[str]:
+    """Who may have written a dead letter here: this service and the tools whose dead-letter topics are
+    adopted (the page's "Written by" menu)."""
+    settings = Settings.from_env()
+    adopted = {dlq.source_format(spec) for spec in settings.adopt_topics.values()}
+    return [writer for writer in dlq.WRITERS if writer == dlq.SERVICE or writer in adopted]
 
 
 @app.get("/api/dead-letters/{job_id}")
@@ -377,9 +394,11 @@ def audit(
 def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> dict[str, Any]:
     if action == "purge" and body.reset_attempts:
         raise dlq.DlqError("reset_attempts applies to replay only")
-    params = body.model_dump(exclude={"reset_attempts", "dry_run"})
-    flt = dlq.DlqFilter.from_params(params)
+    params = body.model_dump(exclude={"reset_attempts", "dry_run", "written_by"})
     settings = with_airflow_policies(Settings.from_env())
+    if body.written_by:
+        params["source_topics"] = dlq.writer_topics(body.written_by, settings)
+    flt = dlq.DlqFilter.from_params(params)
     common: dict[str, Any] = {
         "actor": str(user.get_name()),
         "source": "ui",

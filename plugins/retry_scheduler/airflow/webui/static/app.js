@@ -105,6 +105,7 @@
   const FILTER_TEXT = {
     destination: (v) => `destination ${v}`,
     dead_reason: (v) => `dead reason ${v}`,
+    written_by: (v) => `written by ${v}`,
     error_class: (v) => `error class like ${v}`,
     search: (v) => `reason text contains “${v}”`,
     since: (v) => `dead since ${fmtTime(v)}`,
@@ -130,6 +131,7 @@
     const fields = {
       destination: text("#f-destination"),
       dead_reason: text("#f-dead-reason"),
+      written_by: text("#f-written-by"),
       error_class: text("#f-error-class"),
       search: text("#f-search"),
       since: localToIso(text("#f-since")),
@@ -161,6 +163,11 @@
     }
     fillSelect($("#f-destination"), destinations, "All destinations");
     fillSelect($("#f-dead-reason"), reasons, "All reasons");
+    const writers = await api("api/writers");
+    const select = $("#f-written-by");
+    const current = select.value;
+    select.replaceChildren(el("option", { value: "" }, "Anyone"), ...writers.map((w) => el("option", { value: w }, w)));
+    select.value = current;
   }
 
   async function applyFilter() {
@@ -216,6 +223,7 @@
         el("td", { class: "when", title: job.dead_at }, fmtTime(job.dead_at)),
         el("td", {}, job.destination || el("span", { class: "muted" }, "(none)")),
         el("td", {}, el("span", { class: `badge ${job.dead_reason}` }, job.dead_reason)),
+        el("td", { title: job.source_topic }, job.written_by || el("span", { class: "muted" }, "?")),
         el("td", { class: "mono" }, job.error_class || ""),
         el("td", { class: "num" }, job.attempt),
         el("td", { class: "reason", title: job.reason || "" }, job.reason || ""));
