@@ -95,3 +95,12 @@ WHERE source_topic = ANY(%(topics)s::text[])
   AND original_topic IS NOT NULL
 GROUP BY original_topic
 ORDER BY original_topic;
+
+-- name: monitor_adopted_recent
+-- Letters read from other tools' dead-letter topics (%(topics)s) in the last window, per topic.
+SELECT source_topic, count(*)::bigint
+FROM retry_jobs_all
+WHERE source_topic = ANY(%(topics)s::text[])
+  AND created_at >= clock_timestamp() - %(window_s)s * interval '1 second'
+GROUP BY source_topic
+ORDER BY source_topic;

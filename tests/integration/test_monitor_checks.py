@@ -200,6 +200,7 @@ def test_share_group_letters_read_late_or_without_their_record_alert(
 
     reading = fired["reading"]
     assert reading["letters_unreadable"] == 1
+    assert reading["letters_by_writer"] == {"share": 2}  # letters read per writing tool, the last hour
     assert (reading["letter_topic"], reading["letter_retention_ms"]) == (work, 60_000)
     assert 0.70 <= reading["letter_retention_share"] < 0.95  # 45 s, and the seconds the test took
     assert fired["firing"] == ["letters_near_retention", "letters_unreadable"]

@@ -266,7 +266,7 @@ def run_monitor_task(settings: Settings | None = None) -> dict[str, Any]:
 
     from retry_scheduler.airflow.notifiers import alert_notifiers
     from retry_scheduler.loops.offsets import ingest_lag
-    from retry_scheduler.loops.sources import read_letters, share_topics
+    from retry_scheduler.loops.sources import read_letters
     from retry_scheduler.ops.monitor import VARIABLE, Thresholds, run_monitor
 
     raw = Variable.get(VARIABLE, default=None)
@@ -278,5 +278,5 @@ def run_monitor_task(settings: Settings | None = None) -> dict[str, Any]:
         thresholds,
         channels,
         lag=lambda store: ingest_lag(settings, store.ingest_offsets(settings.consumer_group)),
-        letters=(lambda store: read_letters(settings, store)) if share_topics(settings) else None,
+        letters=(lambda store: read_letters(settings, store)) if settings.adopt_topics else None,
     )

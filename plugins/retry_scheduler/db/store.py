@@ -644,6 +644,15 @@ class Store:
         ).fetchall()
         return [(str(topic), float(age), int(lost)) for topic, age, lost in rows]
 
+    def adopted_recent(self, topics: Sequence[str], window_s: int) -> dict[str, int]:
+        """Letters read from the adopted ``topics`` in the last ``window_s``, per topic."""
+        if not topics:
+            return {}
+        rows = self.conn.execute(
+            q("monitor_adopted_recent"), {"topics": list(topics), "window_s": window_s}
+        ).fetchall()
+        return {str(topic): int(count) for topic, count in rows}
+
     def monitor_reading(
         self, window_s: int, dead_window_s: int = 3600, *, dlq_grace_s: int = 60, repeated_failures: int = 5
     ) -> dict[str, Any]:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -278,17 +278,27 @@ class LetterReading:
     topic: str | None = None
     age_s: float = 0.0
     retention_ms: int | None = None
+    #: Letters read from every adopted topic in the window, by the format of its topic (the writer).
+    by_writer: Mapping[str, int] = field(default_factory=dict)
 
 
 def read_letters(settings: Settings, store: Any, window_s: int = 3600) -> LetterReading:
-    """The share groups' letters stored in the last ``window_s`` (``store``: a ``db.store.Store``)."""
+    """The letters read from adopted topics in the last ``window_s``, and the share groups' ones judged
+    (``store``: a ``db.store.Store``)."""
+    by_writer: Counter[str] = Counter()
+    for topic, count in store.adopted_recent(sorted(settings.adopt_topics), window_s).items():
+        by_writer[source_format(settings.adopt_topics[topic])] += count
     rows = store.share_letters(share_topics(settings), window_s)
-    if not rows:
-        return LetterReading()
-    retention = topic_retention(settings, [topic for topic, _age, _lost in rows])
-    nearest = LetterReading(unreadable=sum(lost for _topic, _age, lost in rows))
+    nearest = LetterReading(unreadable=sum(lost for _topic, _age, lost in rows), by_writer=dict(by_writer))
+    retention = topic_retention(settings, [topic for topic, _age, _lost in rows]) if rows else {}
     for topic, age_s, _lost in rows:
         kept_ms = retention.get(topic)
         if kept_ms and (nearest.retention_share is None or age_s * 1000 / kept_ms > nearest.retention_share):
-            nearest = LetterReading(nearest.unreadable, age_s * 1000 / kept_ms, topic, age_s, kept_ms)
+            nearest = replace(
+                nearest,
+                retention_share=age_s * 1000 / kept_ms,
+                topic=topic,
+                age_s=age_s,
+                retention_ms=kept_ms,
+            )
     return nearest

@@ -197,6 +197,7 @@ class Reading:
             "letter_age_s": round(self.letters.age_s, 3),
             "letter_retention_ms": self.letters.retention_ms,
             "letters_error": self.letters_error,
+            "letters_by_writer": dict(self.letters.by_writer),
         }
 
 
