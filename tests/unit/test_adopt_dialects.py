@@ -4,6 +4,8 @@ might: what each header means, and what a malformed one leaves out (never an exc
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from retry_scheduler.core.adopt import AdoptError, adopt, parse_adopt_topics, retried, source_format
@@ -55,7 +57,8 @@ def test_a_malformed_header_is_left_out_or_made_safe(override: dict, field: str,
 @pytest.mark.parametrize("topic", [None, b"", b"work topic", b"\xffwork", b"x" * 300])
 def test_a_letter_naming_no_topic_to_replay_to_is_refused_with_the_header_named(topic: bytes | None) -> None:
     with pytest.raises(
-        AdoptError, match="a share dead letter must name its original topic in header __dlq.errors.topic"
+        AdoptError,
+        match=re.escape("a share dead letter must name its original topic in header __dlq.errors.topic"),
     ):
         adopt("share", share_letter(**{"__dlq.errors.topic": topic}), max_reason_chars=2000)
 
