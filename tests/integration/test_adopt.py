@@ -244,6 +244,9 @@ def test_streams_and_share_group_letters_become_dead_jobs_and_pointers_are_read_
                 **share(topic_prefix, work, 0, 0),
                 "headers": [*share(topic_prefix, work, 0, 0)["headers"], ("__dlq.errors.offset", b"-1")],
             },
+            # hostile: pointing at a topic no record may go to (the service's own retry topic): never read,
+            # or whoever may write the dead-letter topic could copy any topic the service can read
+            share(topic_prefix, loop.settings.retry_topic, 0, 0),
         ],
         topic=work_dlq,
     )
@@ -252,16 +255,16 @@ def test_streams_and_share_group_letters_become_dead_jobs_and_pointers_are_read_
     admin = AdminClient({"bootstrap.servers": loop.bootstrap})
     admin.delete_topics([gone])[gone].result(timeout=15)
 
-    counts = loop.ingest(7)
+    counts = loop.ingest(8)
     loop.publish(3)
 
-    assert counts.consumed == 7
+    assert counts.consumed == 8
     assert (counts.adopted, counts.letters_unreadable) == (
-        {"streams": 2, "share": 5},
-        3,
+        {"streams": 2, "share": 6},
+        4,
     )  # the metrics' counts
     rows = loop.rows(f"source_topic IN ('{clicks_dlq}', '{work_dlq}')")
-    assert len(rows) == 7
+    assert len(rows) == 8
     by_key = {bytes(r["msg_key"]): r for r in rows if r["msg_key"] is not None}
     c1, c_null = by_key[b"c-1"], by_key[b"c-null"]
     assert (c1["status"], c1["dead_reason"], c1["destination"], c1["destination_partition"]) == (
@@ -282,11 +285,13 @@ def test_streams_and_share_group_letters_become_dead_jobs_and_pointers_are_read_
     copied = by_key[b"w-3"]
     assert bytes(copied["msg_value"]) == b"copied"  # the letter's copy is used, nothing read
     lost = [r for r in rows if r["msg_key"] is None]
-    assert len(lost) == 3
+    assert len(lost) == 4
     for row in lost:  # kept, dead, with no destination: nothing to replay in its place
         assert (row["status"], row["dead_reason"], row["destination"]) == ("dead", "adopted", None)
         assert "cannot be read" in row["reason"] and "holds no key, value or headers" in row["reason"]
     assert sum("names no valid partition and offset" in r["reason"] for r in lost) == 1
+    [own] = [r for r in lost if r["original_topic"] == loop.settings.retry_topic]
+    assert "not read: " in own["reason"] and "service" in own["reason"]
     deleted = next(r for r in lost if r["original_topic"] == gone)
     assert f"topic {gone} has no partition 0: deleted" in deleted["reason"]
     past_end = next(r for r in lost if r["original_topic"] == work and r["original_offset"] is not None)

@@ -181,7 +181,9 @@ class Ingestor:
         self.consumer = consumer
         share_letters = share_topics(settings)
         #: Completes a share group's pointer-only dead letters from their source topics.
-        self.sources = SourceReader(settings, share_letters) if share_letters else None
+        self.sources = (
+            SourceReader(settings, share_letters, self.limits.destinations.refusal) if share_letters else None
+        )
         self.totals = IngestCounts()
         self.metrics: Metrics = metrics or NoMetrics()
         self._control: Store | None = None

@@ -22,7 +22,7 @@ import logging
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT_S = 10.0
 #: How long a read goes on after the partition's end was reported, for a record still to come.
 END_GRACE_S = 1.0
+#: A read that hears nothing at all for this long is past the partition's end: Kafka answers such a
+#: fetch with an error (offset out of range), some brokers (the embedded Tansu) with nothing.
+SILENT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,16 @@ class SourceReader:
     """Completes pointer-only letters of the adopted topics ``topics`` from their source topics, with a
     consumer of its own (assigned, never subscribed: it joins no group and commits nothing)."""
 
-    def __init__(self, settings: Settings, topics: Sequence[str]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        topics: Sequence[str],
+        refusal: Callable[[str], str | None] = lambda _t: None,
+    ) -> None:
         self.settings = settings
         self.topics = frozenset(topics)
+        #: Why a topic may not be read for a letter (the deployment's destination rules), or None.
+        self.refusal = refusal
         self._consumer: Consumer | None = None
         self._retention: dict[str, int | None] = {}
         #: Letters completed and kept without their record so far.
@@ -97,7 +107,14 @@ class SourceReader:
             self.lost += 1
         for (topic, partition), indexes in wanted.items():
             offsets = {rows[i].original_offset or 0 for i in indexes}
-            found, missing = self._read(topic, partition, offsets)
+            # A letter's pointer is the writer's word: only a topic records may be replayed to is read,
+            # or whoever may write to the dead-letter topic could copy any topic the service reads.
+            refused = self.refusal(topic)
+            found: dict[int, Source] = {}
+            if refused is not None:
+                missing = dict.fromkeys(offsets, f"not read: {refused}")
+            else:
+                found, missing = self._read(topic, partition, offsets)
             for i in indexes:
                 row = rows[i]
                 source = found.get(row.original_offset or 0)
@@ -173,51 +190,64 @@ class SourceReader:
         readable = sorted(offsets - set(missing))
         if not readable:
             return {}, missing
-        found = self._fetch(consumer, topic, partition, readable)
+        found, looked = self._fetch(consumer, topic, partition, readable)
         for offset in readable:
             if offset not in found:
-                missing[offset] = "no record at that offset (compacted away, or the topic was made again)"
+                missing[offset] = (
+                    "no record at that offset (compacted away, or the topic was made again)"
+                    if looked
+                    else f"not read within {READ_TIMEOUT_S:.0f} s"
+                )
         return found, missing
 
-    def _fetch(self, consumer: Consumer, topic: str, partition: int, offsets: list[int]) -> dict[int, Source]:
-        """Read one partition from the lowest of ``offsets`` until past the highest (or the end)."""
-        wanted, last = set(offsets), offsets[-1]
+    def _fetch(
+        self, consumer: Consumer, topic: str, partition: int, offsets: list[int]
+    ) -> tuple[dict[int, Source], bool]:
+        """The records at ``offsets`` (ascending) of one partition: each read from its own offset (no
+        scan between letters far apart), with those met on the way. Also whether every offset was
+        looked for within :data:`READ_TIMEOUT_S`."""
+        wanted = set(offsets)
         found: dict[int, Source] = {}
-        consumer.assign([TopicPartition(topic, partition, offsets[0])])
         deadline = time.monotonic() + READ_TIMEOUT_S
-        end_seen_at: float | None = None
         try:
-            while time.monotonic() < deadline:
-                done = False
-                for msg in consumer.consume(500, 0.2):
-                    error = msg.error()
-                    if error is not None:
-                        if error.code() == KafkaError._AUTO_OFFSET_RESET:  # out of the partition's range
-                            done = True
-                        elif error.code() == KafkaError._PARTITION_EOF and end_seen_at is None:
-                            end_seen_at = time.monotonic()
-                        continue
-                    end_seen_at = None
-                    offset = msg.offset() or 0
-                    if offset in wanted:
-                        ts_type, ts = msg.timestamp()
-                        try:
-                            headers = cast(list[Header], list(msg.headers() or ()))
-                        except Exception:  # a header name that is not UTF-8: the record without them
-                            headers = []
-                        found[offset] = Source(
-                            msg.key(), msg.value(), headers, ts if ts_type and ts > 0 else None
-                        )
-                    if offset >= last:
-                        done = True
-                # The end of the partition, and nothing more for a while: some brokers report their
-                # end (high watermark) late, so the end alone does not prove a record missing.
-                ended = end_seen_at is not None and time.monotonic() - end_seen_at > END_GRACE_S
-                if done or ended or len(found) == len(wanted):
-                    break
+            for target in offsets:
+                if target in found:
+                    continue
+                if time.monotonic() >= deadline:
+                    return found, False
+                consumer.assign([TopicPartition(topic, partition, target)])
+                end_seen_at: float | None = None
+                heard_at = time.monotonic()
+                while time.monotonic() < deadline:
+                    reached = False
+                    messages = consumer.consume(500, 0.2)
+                    if messages:
+                        heard_at = time.monotonic()
+                    elif time.monotonic() - heard_at > SILENT_S:
+                        break  # past the partition's end on a broker that says nothing there
+                    for msg in messages:
+                        error = msg.error()
+                        if error is not None:
+                            if error.code() == KafkaError._AUTO_OFFSET_RESET:  # out of the partition's range
+                                reached = True
+                            elif error.code() == KafkaError._PARTITION_EOF and end_seen_at is None:
+                                end_seen_at = time.monotonic()
+                            continue
+                        end_seen_at = None
+                        offset = msg.offset() or 0
+                        if offset in wanted:
+                            found[offset] = _source(msg)
+                        reached = reached or offset >= target
+                    # The end of the partition, and nothing more for a while: some brokers report
+                    # their end (high watermark) late, so the end alone does not prove a record missing.
+                    ended = end_seen_at is not None and time.monotonic() - end_seen_at > END_GRACE_S
+                    if reached or ended:
+                        break
+                else:
+                    return found, False
         finally:
             consumer.unassign()
-        return found
+        return found, True
 
     def _consumer_for_reads(self) -> Consumer:
         if self._consumer is None:
@@ -236,6 +266,15 @@ class SourceReader:
         if topic not in self._retention:
             self._retention.update(topic_retention(self.settings, [topic]))
         return self._retention[topic]
+
+
+def _source(msg: Any) -> Source:
+    ts_type, ts = msg.timestamp()
+    try:
+        headers = cast(list[Header], list(msg.headers() or ()))
+    except Exception:  # a header name that is not UTF-8: the record without them
+        headers = []
+    return Source(msg.key(), msg.value(), headers, ts if ts_type and ts > 0 else None)
 
 
 def topic_retention(settings: Settings, topics: Sequence[str]) -> dict[str, int | None]:
