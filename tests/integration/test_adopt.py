@@ -368,3 +368,54 @@ def test_share_group_letters_adopted_for_retry_come_back_to_their_topic_when_due
     assert published[0]["published_at"].timestamp() >= published[0]["due_at"].timestamp()  # never early
     assert published[0]["due_at"].timestamp() >= sent + 1.0 - 0.5  # 1 s after it was read, not at once
     assert consume(loop.bootstrap, [dlq], expected=0, timeout_s=3) == []  # the exhausted one is not resent
+
+
+def test_a_pointer_to_a_record_removed_by_retention_is_kept_saying_so_with_the_topic_s_retention(
+    bootstrap_servers: str, database_url: str, topic_prefix: str
+) -> None:
+    """The embedded broker keeps every record (no retention, no DeleteRecords): the consumer is the one
+    boundary replaced, answering the watermarks Kafka answers once retention removed offsets 0-99;
+    the topic and its retention.ms are real."""
+    import time
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from retry_scheduler.core.policy import load_policies
+    from retry_scheduler.core.records import RowBuilder, limits_for
+    from retry_scheduler.loops.sources import SourceReader
+
+    work_dlq, work = f"{topic_prefix}-work.dlq", f"{topic_prefix}-work"
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix, adopt_topics={work_dlq: "share"})
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin.create_topics([NewTopic(work, 1, 1, config={"retention.ms": "604800000"})])[work].result(timeout=15)
+
+    class RetentionPassed:  # Kafka's answer for a partition whose first 100 records retention removed
+        def get_watermark_offsets(self, tp, timeout=None):
+            return (100, 250)
+
+        def close(self) -> None:
+            pass
+
+    settings = loop.settings
+    limits = limits_for(settings, load_policies(settings.policies_file))
+    now_ms = int(time.time() * 1000)
+    row = RowBuilder(settings, loop.registry, limits).row(
+        work_dlq, 0, 7, now_ms, None, None, share(topic_prefix, work, 0, 41)["headers"], now_ms
+    )
+    reader = SourceReader(settings, [work_dlq], limits.destinations.refusal)
+    reader._consumer = RetentionPassed()  # type: ignore[assignment]
+
+    [kept] = reader.complete([row], now_ms, 2000)
+
+    assert (kept.status, kept.dead_reason, kept.destination, kept.msg_value) == (
+        "dead",
+        "adopted",
+        None,
+        None,
+    )
+    assert (kept.original_topic, kept.original_offset) == (work, 41)
+    assert (
+        f"its record {work}[0]@41 cannot be read (the partition starts at offset 100: removed by retention "
+        "(retention.ms=604800000))"
+    ) in kept.reason
+    assert reader.lost == 1
