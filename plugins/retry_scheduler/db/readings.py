@@ -1,0 +1,211 @@
+"""The readings of the job store: ``status``, the publish loop's gauges, ``retry_monitor``'s figures
+and its incident rows. A mixin of :class:`retry_scheduler.db.store.Store` (one connection); reads
+only, but for the incident rows. Its SQL is the named queries of ``sql/queries.sql`` and
+``sql/monitor.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from retry_scheduler.core.jobs import HELD_DUE_MS
+from retry_scheduler.db.connection import StoreError
+from retry_scheduler.db.schema import q
+
+#: The due time of a held job, as PostgreSQL is sent it.
+HELD_DUE_AT = datetime.fromtimestamp(HELD_DUE_MS / 1000, UTC)
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """Publish lateness over a window, in seconds."""
+
+    count: int
+    p50_s: float | None
+    p99_s: float | None
+    max_s: float | None
+    early: int
+
+
+class Readings:
+    """Status, gauges and monitor figures read through the store's connection ``conn``."""
+
+    conn: psycopg.Connection[Any]
+
+    def status(self, destination: str | None = None, window_s: int = 300) -> dict[str, Any]:
+        """Counts by status, the pending jobs held (ordered mode), dead jobs by reason, the oldest overdue
+        job and recent lateness."""
+        params = {"destination": destination, "window_s": window_s}
+        with self.conn.transaction():
+            counts = dict(self.conn.execute(q("status_counts"), params).fetchall())
+            dead = dict(self.conn.execute(q("dead_by_reason"), params).fetchall())
+            held = self.conn.execute(q("held_count"), {**params, "held_due": HELD_DUE_AT}).fetchone()
+            overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
+            late = self.lateness(window_s, destination)
+            vacuum = self.conn.execute(q("vacuum_state")).fetchone()
+        assert vacuum is not None
+        return {
+            "vacuum": {
+                "autovacuum": bool(vacuum[0]),
+                "dead_rows": int(vacuum[1]),
+                "live_rows": int(vacuum[2]),
+                "last_vacuum": vacuum[3].isoformat() if vacuum[3] else None,
+            },
+            "counts": counts,
+            "held": 0 if held is None else int(held[0]),
+            "held_chains": 0 if held is None else int(held[1]),
+            "oldest_held_s": None if held is None or held[2] is None else float(held[2]),
+            "stuck_chains": 0 if held is None else int(held[3]),
+            "oldest_stuck_s": None if held is None or held[4] is None else float(held[4]),
+            "dead_by_reason": dead,
+            "oldest_overdue": None
+            if overdue is None
+            else {
+                "id": overdue[0],
+                "destination": overdue[1],
+                "due_at": overdue[2].isoformat(),
+                "overdue_s": round(overdue[3], 3),
+            },
+            "lateness": late,
+        }
+
+    def status_of_holds(self) -> dict[str, float]:
+        """Ordered mode's gauges: records ``held``, in ``held_chains`` chains, the oldest for
+        ``oldest_held_s``; ``stuck`` chains (their head not here), the oldest record for ``oldest_stuck_s``."""
+        with self.conn.transaction():
+            row = self.conn.execute(
+                q("held_count"), {"destination": None, "held_due": HELD_DUE_AT}
+            ).fetchone()
+        assert row is not None
+        return {"held": int(row[0]), "held_chains": int(row[1]), "oldest_held_s": float(row[2] or 0.0),
+                "stuck": int(row[3]), "oldest_stuck_s": float(row[4] or 0.0)}  # fmt: skip
+
+    def lateness(self, window_s: int, destination: str | None = None) -> Lateness:
+        """Publish lateness of the jobs published in the last ``window_s`` seconds (read through the
+        ``published_at`` BRIN index, without parallel workers, whatever the table's statistics)."""
+        with self.conn.transaction():
+            plan = self.conn.execute(q("lateness_plan")).fetchone()
+            assert plan is not None
+            late = self.conn.execute(
+                q("lateness"), {"destination": destination, "window_s": window_s}
+            ).fetchone()
+            self.conn.execute(q("lateness_plan_reset"), {"seqscan": plan[0], "workers": plan[1]})
+        assert late is not None
+        return Lateness(int(late[0]), late[1], late[2], late[3], int(late[4]))
+
+    def metrics_reading(self, window_s: int = 10) -> dict[str, Any]:
+        """The publish loop's gauges: due backlog (to 100 000), the oldest due job's wait, and the
+        lateness p50/p99 (seconds; None when nothing was published) over the last ``window_s``."""
+        params = {"destination": None, "window_s": window_s}
+        with self.conn.transaction():
+            backlog = self.conn.execute(q("backlog_due")).fetchone()
+            overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
+            late = self.lateness(window_s)
+        assert backlog is not None
+        return {
+            "backlog_due": int(backlog[0]),
+            "oldest_overdue_s": 0.0 if overdue is None else max(0.0, float(overdue[3])),
+            "lateness_p50_s": late.p50_s,
+            "lateness_p99_s": late.p99_s,
+        }
+
+    def share_letters(self, topics: Sequence[str], window_s: int) -> list[tuple[str, float, int]]:
+        """Per source topic, the letters of share groups' dead-letter ``topics`` stored in the last
+        ``window_s``: the largest age (s) their source record had when read, and how many were kept
+        without it (retry_monitor's ``letters_near_retention`` and ``letters_unreadable``)."""
+        if not topics:
+            return []
+        rows = self.conn.execute(
+            q("monitor_share_letters"), {"topics": list(topics), "window_s": window_s}
+        ).fetchall()
+        return [(str(topic), float(age), int(lost)) for topic, age, lost in rows]
+
+    def adopted_recent(self, topics: Sequence[str], window_s: int) -> dict[str, int]:
+        """Letters read from the adopted ``topics`` in the last ``window_s``, per topic."""
+        if not topics:
+            return {}
+        rows = self.conn.execute(
+            q("monitor_adopted_recent"), {"topics": list(topics), "window_s": window_s}
+        ).fetchall()
+        return {str(topic): int(count) for topic, count in rows}
+
+    def monitor_reading(
+        self, window_s: int, dead_window_s: int = 3600, *, dlq_grace_s: int = 60, repeated_failures: int = 5
+    ) -> dict[str, Any]:
+        """What retry_monitor checks: the oldest overdue job, lateness over ``window_s``, recent dead jobs,
+        and the deliveries that do not go through (dead jobs off their DLQ topic ``dlq_grace_s`` after
+        they died, jobs whose last ``repeated_failures`` deliveries failed), per topic.
+
+        Unlike ``status`` it counts nothing over the whole table: each figure comes from a partial index.
+        """
+        params = {"destination": None, "window_s": window_s}
+        with self.conn.transaction():
+            now = self.conn.execute(q("monitor_now")).fetchone()
+            overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
+            late = self.lateness(window_s)
+            dead = self.conn.execute(q("monitor_dead_recent"), {"window_s": dead_window_s}).fetchall()
+            stuck = self.conn.execute(q("monitor_stuck_delivery")).fetchone()
+            deliveries = self.conn.execute(
+                q("monitor_deliveries"), {"grace_s": dlq_grace_s, "failures": repeated_failures}
+            ).fetchall()
+            held = self.conn.execute(
+                q("held_count"), {"destination": None, "held_due": HELD_DUE_AT}
+            ).fetchone()
+            stuck_ids = (  # the longest waiting, as `chains list --stuck` shows them
+                self.conn.execute(
+                    q("held_chains"), {"held_due": HELD_DUE_AT, "chains": None, "stuck": True, "limit": 5}
+                ).fetchall()
+                if held is not None and held[3]
+                else []
+            )
+        assert now is not None and held is not None
+        return {
+            "now": now[0],
+            "oldest_overdue": None
+            if overdue is None
+            else {"id": overdue[0], "destination": overdue[1], "due_at": overdue[2], "overdue_s": overdue[3]},
+            "lateness": late,
+            "dead_by_destination": {row[0]: int(row[1]) for row in dead},
+            "deliveries": [
+                {"topic": row[0], "undelivered_dead": int(row[1]), "failing": int(row[2]), "error": row[3]}
+                for row in deliveries
+            ],
+            "held": int(held[0]),
+            "held_chains": int(held[1]),
+            "stuck_chains": int(held[3]),
+            "oldest_stuck_s": float(held[4] or 0.0),
+            "stuck_chain_ids": [row[0] for row in stuck_ids],
+            "stuck_delivery": None
+            if stuck is None
+            else {
+                "id": stuck[0],
+                "target": stuck[1],
+                "failures": stuck[2],
+                "error": stuck[3],
+                "waited_s": stuck[4],
+            },
+        }
+
+    def lock_alerts(self, checks: Sequence[str]) -> dict[str, tuple[bool, datetime | None, bool]]:
+        """Lock the incident rows of ``checks`` (created on first use) until the caller's transaction ends.
+
+        Returns ``check -> (firing, since, announced)``. The caller holds the transaction
+        (``with store.conn.transaction():``): the row locks are what keep overlapping monitor runs from
+        announcing one incident twice.
+        """
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            raise StoreError("lock_alerts must be called inside a transaction, or its locks end at once")
+        with self.conn.transaction():
+            self.conn.execute(q("alert_ensure"), {"checks": list(checks)})
+            rows = self.conn.execute(q("alert_lock"), {"checks": list(checks)}).fetchall()
+        return {row[0]: (bool(row[1]), row[2], bool(row[3])) for row in rows}
+
+    def save_alerts(self, states: Sequence[dict[str, Any]]) -> None:
+        """Record each check's state: the parameters of the ``alert_update`` query, one dict per check."""
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            cur.executemany(q("alert_update"), states)
