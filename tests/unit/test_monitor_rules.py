@@ -323,7 +323,7 @@ def test_every_threshold_has_its_check_and_every_check_reads_and_describes_its_f
     describes it; the Variable's keys are exactly the checks' thresholds and the window."""
     import dataclasses
 
-    from retry_scheduler.ops.monitor import REGISTRY
+    from retry_scheduler.ops.checks import REGISTRY
 
     assert {c.threshold for c in REGISTRY} | {"interval_s"} == {
         f.name for f in dataclasses.fields(Thresholds)
