@@ -14,7 +14,8 @@ import pytest
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import ConfigError, Settings
 from retry_scheduler.core.destinations import Destinations
-from retry_scheduler.ops.dlq import DlqError, DlqFilter, list_dead, run_action, writer_topics
+from retry_scheduler.ops.browse import list_dead
+from retry_scheduler.ops.dlq import DlqError, DlqFilter, run_action, writer_topics
 from tests.integration.test_loop import Loop, new_loop
 from tests.kafkautil import consume, create_topics
 

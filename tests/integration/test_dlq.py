@@ -18,7 +18,7 @@ from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Job, Status
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher
-from retry_scheduler.ops import dlq
+from retry_scheduler.ops import browse
 from retry_scheduler.ops.dlq import DlqError, DlqFilter, run_action
 from tests.conftest import TEST_DESTINATIONS
 from tests.kafkautil import consume, create_topics
@@ -67,7 +67,7 @@ def mark_on_dlq(database_url: str, *ids: int) -> None:
     sql(database_url, "UPDATE retry_jobs SET dlq_published_at = now() WHERE id = ANY(%s)", list(ids))
 
 
-def ids(page: dlq.Page) -> list[int]:
+def ids(page: browse.Page) -> list[int]:
     return [j.id for j in page.jobs]
 
 
@@ -86,7 +86,7 @@ def test_list_is_newest_first_and_pages_cover_every_job_once(database_url: str) 
     cursor = None
     pages = 0
     while True:
-        page = dlq.list_dead(database_url, DlqFilter(), page_size=5, cursor=cursor)
+        page = browse.list_dead(database_url, DlqFilter(), page_size=5, cursor=cursor)
         seen += ids(page)
         pages += 1
         assert page.total == 12 and not page.total_capped
@@ -112,7 +112,7 @@ def test_filters_select_what_their_names_say(database_url: str) -> None:
     set_dead_at(database_url, {1: old})
 
     def listed(**params: Any) -> list[int]:
-        return sorted(ids(dlq.list_dead(database_url, DlqFilter.from_params(params))))
+        return sorted(ids(browse.list_dead(database_url, DlqFilter.from_params(params))))
 
     assert listed(destination="payments") == [2, 3, 4]
     assert listed(dead_reason="fatal") == [4]
@@ -136,8 +136,8 @@ def test_the_count_is_capped_so_a_page_never_counts_a_million_rows(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     insert(database_url, [dead_job(i) for i in range(1, 9)])
-    monkeypatch.setattr(dlq, "COUNT_CAP", 5)
-    page = dlq.list_dead(database_url, DlqFilter(), page_size=3)
+    monkeypatch.setattr(browse, "COUNT_CAP", 5)
+    page = browse.list_dead(database_url, DlqFilter(), page_size=3)
     assert (page.total, page.total_capped, len(page.jobs)) == (5, True, 3)
 
 
@@ -161,21 +161,21 @@ def test_bad_filters_say_what_is_wrong(params: dict[str, Any], message: str) -> 
 def test_show_renders_text_as_text_binary_as_hex_and_cuts_long_values(database_url: str) -> None:
     job = dataclasses.replace(dead_job(1), key=b"\xff\x00k", value=b"<script>alert(1)</script>" * 400)
     insert(database_url, [job])
-    shown = dlq.show(database_url, 1)
+    shown = browse.show(database_url, 1)
     assert shown["key"] == {"encoding": "hex", "text": "ff 00 6b", "size": 3, "truncated": False}
     assert shown["value"]["encoding"] == "utf-8"
     assert shown["value"]["text"].startswith("<script>alert(1)</script>")  # data; the page escapes it
     assert (shown["value"]["size"], shown["value"]["truncated"], len(shown["value"]["text"])) == (
         10_000,
         True,
-        dlq.SHOW_BYTES,
+        browse.SHOW_BYTES,
     )
     assert shown["headers"] == [
         {"name": "trace", "value": {"encoding": "hex", "text": "00 01", "size": 2, "truncated": False}}
     ]
     assert (shown["dead_reason"], shown["retry_id"], shown["attempt"]) == ("exhausted", "rid-1", 3)
     with pytest.raises(DlqError, match="there is no job 99"):
-        dlq.show(database_url, 99)
+        browse.show(database_url, 99)
 
 
 # --- replay and purge ---------------------------------------------------------------------------

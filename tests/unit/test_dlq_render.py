@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retry_scheduler.ops.dlq import render_bytes
+from retry_scheduler.ops.browse import render_bytes
 
 
 def test_utf8_text_is_shown_as_text() -> None:

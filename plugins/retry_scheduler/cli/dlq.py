@@ -33,7 +33,8 @@ def _dlq_filter(args: argparse.Namespace, settings: Settings) -> Any:
 
 
 def _cmd_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
-    from retry_scheduler.ops.dlq import list_dead, to_json
+    from retry_scheduler.ops.browse import list_dead
+    from retry_scheduler.ops.dlq import to_json
 
     page = list_dead(
         settings.database_url, _dlq_filter(args, settings), page_size=args.page_size, cursor=args.cursor,
@@ -61,7 +62,8 @@ def _cmd_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_dlq_show(args: argparse.Namespace, settings: Settings) -> int:
-    from retry_scheduler.ops.dlq import show, to_json
+    from retry_scheduler.ops.browse import show
+    from retry_scheduler.ops.dlq import to_json
 
     job = show(settings.database_url, args.id, limit=args.bytes)
     if args.json:

@@ -1,4 +1,5 @@
-"""Dead-letter operations: browse, show, replay and purge dead jobs, each change audited.
+"""Dead-letter operations: the filter, replay and purge of dead jobs, each change audited (browsing
+them is :mod:`retry_scheduler.ops.browse`).
 
 One implementation behind the three ways in: the ``dlq_replay`` DAG, the Dead letters page of
 the Airflow UI (``retry_scheduler.airflow.webui.app``) and ``retry-scheduler dlq``. They share
@@ -13,9 +14,6 @@ the Airflow UI (``retry_scheduler.airflow.webui.app``) and ``retry-scheduler dlq
   neither holds a million row locks nor loses its progress; the audit row of the operation is
   updated in the same transaction as each batch, so its count is exact even after a crash.
 - A dry run computes the same selection and writes an audit row, changing nothing.
-
-Listing is newest first with keyset pagination on ``(dead_at, id)`` and a capped count, so a
-page stays fast with millions of dead jobs.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, LiteralString
 
@@ -38,7 +36,6 @@ from retry_scheduler.core.adopt import FORMATS, source_format
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.durations import parse_duration_ms
-from retry_scheduler.core.jobs import decode_headers
 from retry_scheduler.core.protocol import TOPIC_NAME
 from retry_scheduler.core.records import deployment_destinations
 from retry_scheduler.db.connection import connect, require_migrated
@@ -47,11 +44,6 @@ from retry_scheduler.db.store import like_pattern
 
 #: Jobs changed per transaction by replay and purge.
 BATCH = 10_000
-#: ``count`` stops here: the page shows "10 000+" rather than counting a million rows.
-COUNT_CAP = 10_000
-#: Longest key, value or header value shown in full; longer ones are cut (the size is shown).
-SHOW_BYTES = 4096
-MAX_PAGE = 500
 #: Bounds of a replay or purge's ``limit`` and ``ids``.
 MAX_LIMIT = 10_000_000
 MAX_IDS = 10_000
@@ -294,151 +286,6 @@ def connection(database: Database) -> Iterator[psycopg.Connection[Any]]:
         yield conn
     finally:
         conn.close()
-
-
-@dataclass(frozen=True)
-class DeadJob:
-    """A row of the dead-letter list."""
-
-    id: int
-    dead_at: datetime
-    destination: str | None
-    dead_reason: str
-    error_class: str | None
-    reason: str | None  # first 300 characters
-    attempt: int
-    policy: str
-    retry_id: str
-    dlq_topic: str
-    dlq_published_at: datetime | None
-    first_seen_at: datetime
-    value_size: int | None
-    #: The topic the letter was read from: a retry topic, or another tool's dead-letter topic.
-    source_topic: str = ""
-    #: Who wrote it (:func:`written_by`), when the lister knows the deployment.
-    written_by: str | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(self).items()}
-
-
-@dataclass(frozen=True)
-class Page:
-    """One page of dead jobs, newest first, and how to get the next one."""
-
-    jobs: list[DeadJob]
-    total: int  # capped at COUNT_CAP
-    total_capped: bool
-    next_cursor: str | None
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "jobs": [j.as_json() for j in self.jobs],
-            "total": self.total,
-            "total_capped": self.total_capped,
-            "next_cursor": self.next_cursor,
-        }
-
-
-def _cursor(job: DeadJob) -> str:
-    return f"{job.dead_at.isoformat()}_{job.id}"
-
-
-def _parse_cursor(cursor: str | None) -> tuple[datetime | None, int | None]:
-    if not cursor:
-        return None, None
-    at, _, job_id = cursor.rpartition("_")
-    try:
-        return datetime.fromisoformat(at), int(job_id)
-    except ValueError:
-        raise DlqError(f"cursor {cursor!r} is not one this service handed out") from None
-
-
-def list_dead(
-    database_url: Database,
-    flt: DlqFilter,
-    page_size: int = 50,
-    cursor: str | None = None,
-    count: bool = True,
-    settings: Settings | None = None,
-) -> Page:
-    """A page of dead jobs matching ``flt``, newest first; ``cursor`` is the previous page's ``next_cursor``.
-    With the deployment's ``settings`` each says who wrote it (:func:`written_by`)."""
-    if not 1 <= page_size <= MAX_PAGE:
-        raise DlqError(f"page size must be 1-{MAX_PAGE}")
-    after_at, after_id = _parse_cursor(cursor)
-    where, params = flt.where()
-    with connection(database_url) as conn:
-        rows = conn.execute(
-            dlq_query("dlq_page", where),
-            {**params, "after_at": after_at, "after_id": after_id, "page_size": page_size + 1},
-        ).fetchall()
-        total = -1
-        if count:
-            counted = conn.execute(dlq_query("dlq_count", where), {**params, "cap": COUNT_CAP + 1}).fetchone()
-            total = int(counted[0]) if counted else 0
-    jobs = [DeadJob(*row) for row in rows[:page_size]]
-    if settings is not None:
-        jobs = [replace(job, written_by=written_by(job.source_topic, settings)) for job in jobs]
-    more = len(rows) > page_size
-    return Page(
-        jobs=jobs,
-        total=min(total, COUNT_CAP),
-        total_capped=total > COUNT_CAP,
-        next_cursor=_cursor(jobs[-1]) if more and jobs else None,
-    )
-
-
-def facets(database_url: Database) -> list[dict[str, Any]]:
-    """Dead jobs per destination and dead reason, for the filter menus."""
-    with connection(database_url) as conn:
-        rows = conn.execute(sql.SQL(queries()["dlq_facets"])).fetchall()
-    return [{"destination": r[0] or None, "dead_reason": r[1], "count": int(r[2])} for r in rows]
-
-
-def render_bytes(data: bytes | memoryview | None, limit: int = SHOW_BYTES) -> dict[str, Any] | None:
-    """How to show a key, value or header value: UTF-8 text as text, anything else as hex; cut at ``limit``.
-
-    The text is returned as data (never as markup): the page escapes it.
-    """
-    if data is None:
-        return None
-    raw = bytes(data)
-    shown = raw[:limit]
-    try:
-        text = shown.decode("utf-8")
-        # Control characters (other than whitespace) mean binary, not text.
-        encoding = "utf-8" if all(c.isprintable() or c in "\t\n\r" for c in text) else "hex"
-    except UnicodeDecodeError as exc:
-        # A multi-byte character cut at the limit is still text.
-        if len(raw) > limit and exc.start >= len(shown) - 3:
-            text, encoding = shown[: exc.start].decode("utf-8"), "utf-8"
-            encoding = encoding if all(c.isprintable() or c in "\t\n\r" for c in text) else "hex"
-        else:
-            encoding = "hex"
-    if encoding == "hex":
-        text = shown.hex(" ")
-    return {"encoding": encoding, "text": text, "size": len(raw), "truncated": len(raw) > limit}
-
-
-def show(database_url: Database, job_id: int, limit: int = SHOW_BYTES) -> dict[str, Any]:
-    """Every field of one job, with key, value and headers rendered by :func:`render_bytes`."""
-    with connection(database_url) as conn:
-        cur = conn.execute(sql.SQL(queries()["dlq_job"]), {"id": job_id})
-        row = cur.fetchone()
-        names = [d.name for d in cur.description or []]
-    if row is None:
-        raise DlqError(f"there is no job {job_id} (purged or compacted, or never stored)")
-    job = dict(zip(names, row, strict=True))
-    out: dict[str, Any] = {
-        k: v.isoformat() if isinstance(v, datetime) else v
-        for k, v in job.items()
-        if k not in ("msg_key", "msg_value", "headers")
-    }
-    out["key"] = render_bytes(job["msg_key"], limit)
-    out["value"] = render_bytes(job["msg_value"], limit)
-    out["headers"] = [{"name": n, "value": render_bytes(v, limit)} for n, v in decode_headers(job["headers"])]
-    return out
 
 
 @dataclass

@@ -45,7 +45,7 @@ from retry_scheduler.core.config import DEFAULT_DATABASE_URL, ConfigError, Setti
 from retry_scheduler.core.policy import PolicyError
 from retry_scheduler.core.records import deployment_destinations
 from retry_scheduler.db.connection import StoreError, connect, limit_statements, require_migrated
-from retry_scheduler.ops import dlq
+from retry_scheduler.ops import browse, dlq
 
 log = logging.getLogger(__name__)
 
@@ -294,9 +294,9 @@ def me(request: Request, user: Annotated[Any, Depends(reader)]) -> dict[str, Any
         "user": user.get_name(),
         "can_operate": may(request, user, "POST"),
         "dag_id": DAG_ID,
-        "count_cap": dlq.COUNT_CAP,
-        "show_bytes": dlq.SHOW_BYTES,
-        "max_page": dlq.MAX_PAGE,
+        "count_cap": browse.COUNT_CAP,
+        "show_bytes": browse.SHOW_BYTES,
+        "max_page": browse.MAX_PAGE,
     }
 
 
@@ -311,7 +311,7 @@ def dead_letters(
     until: str | None = None,
     written_by: str | None = None,
     cursor: str | None = None,
-    page_size: Annotated[int, Query(ge=1, le=dlq.MAX_PAGE)] = 50,
+    page_size: Annotated[int, Query(ge=1, le=browse.MAX_PAGE)] = 50,
     count: bool = True,
 ) -> dict[str, Any]:
     """Dead jobs newest first, a page at a time: pass the previous page's ``next_cursor`` for the next.
@@ -332,7 +332,9 @@ def dead_letters(
             "source_topics": dlq.writer_topics(written_by, settings) if written_by else None,
         }
     )
-    page = dlq.list_dead(database(), flt, page_size=page_size, cursor=cursor, count=count, settings=settings)
+    page = browse.list_dead(
+        database(), flt, page_size=page_size, cursor=cursor, count=count, settings=settings
+    )
     return page.as_json()
 
 
@@ -356,7 +358,7 @@ def dead_letter(request: Request, job_id: int, user: Annotated[Any, Depends(read
     sizes of what is hidden.
     """
     try:
-        job = dlq.show(database(), job_id)
+        job = browse.show(database(), job_id)
     except dlq.DlqError as exc:  # the only one show() raises: no such job
         raise HTTPException(404, str(exc)) from None
     if job.get("status") != "dead":
@@ -380,7 +382,7 @@ def _hidden(rendered: dict[str, Any] | None) -> dict[str, Any] | None:
 @app.get("/api/facets")
 def facets(user: Annotated[Any, Depends(reader)]) -> list[dict[str, Any]]:
     """Dead jobs per destination and dead reason (the filter menus)."""
-    return dlq.facets(database())
+    return browse.facets(database())
 
 
 @app.get("/api/audit")
