@@ -379,14 +379,17 @@ def test_a_replay_too_large_for_one_request_becomes_a_dlq_replay_run_that_does_i
 ) -> None:
     first = insert_dead(retry_db, dest)
     copies(retry_db, first, 10_000)  # 10 000 more like it: one over the bound
+    # a letter of another writer: the replay asks for the service's own only, and the run keeps to it
+    theirs = insert_dead(retry_db, dest, source_topic="webui.work.dlq", dead_reason="adopted")
     airflow = [airflow_bin()]
     # The page triggers runs of the dlq_replay DAG: Airflow must know it (a dag processor would parse it).
     subprocess.run([*airflow, "dags", "reserialize"], env=airflow_server.env, check=True, capture_output=True)
     audits = audit_count(retry_db)
     with client(airflow_server, tokens["admin"]) as admin:
-        dry = admin.post("/api/replay", json={"destination": dest, "dry_run": True}).json()
+        ours = {"destination": dest, "written_by": "retry-scheduler"}
+        dry = admin.post("/api/replay", json={**ours, "dry_run": True}).json()
         assert (dry["would_affect"], dry["page_limit"]) == (10_001, 10_000)
-        handed = admin.post("/api/replay", json={"destination": dest, "dry_run": False})
+        handed = admin.post("/api/replay", json={**ours, "dry_run": False})
     assert handed.status_code == 200, handed.text
     result = handed.json()
     run_id = result["dag_run_id"]
@@ -401,11 +404,14 @@ def test_a_replay_too_large_for_one_request_becomes_a_dlq_replay_run_that_does_i
         dead = conn.execute(
             "SELECT count(*) FROM retry_jobs_all WHERE destination = %s AND status = 'dead'", (dest,)
         )
-        assert dead.fetchone() == (10_001,)
+        assert dead.fetchone() == (10_002,)
 
     auth = {"Authorization": f"Bearer {tokens['admin']}"}
     run = httpx.get(f"{airflow_server.base_url}/api/v2/dags/dlq_replay/dagRuns/{run_id}", headers=auth).json()
-    assert run["conf"] == {"destination": dest, "action": "replay", "reset_attempts": False, "dry_run": False}
+    assert run["conf"] == {
+        "destination": dest, "written_by": "retry-scheduler", "action": "replay", "reset_attempts": False,
+        "dry_run": False,
+    }  # fmt: skip
     assert run["triggering_user_name"] == "admin"
     dag = httpx.get(f"{airflow_server.base_url}/api/v2/dags/dlq_replay", headers=auth).json()
     assert result["dag_paused"] == dag["is_paused"]
@@ -425,7 +431,8 @@ def test_a_replay_too_large_for_one_request_becomes_a_dlq_replay_run_that_does_i
             (dest,),
         ).fetchall()
         audit = conn.execute("SELECT * FROM retry_dlq_audit ORDER BY id DESC LIMIT 1").fetchone()
-    assert rows == [{"status": "pending", "n": 10_001}]
+    assert {r["status"]: r["n"] for r in rows} == {"dead": 1, "pending": 10_001}
+    assert job_rows(retry_db, [theirs])[theirs]["status"] == "dead"  # exactly what was asked, no more
     assert audit is not None
     assert (audit["actor"], audit["source"], audit["run_id"], audit["affected"]) == (
         "admin",

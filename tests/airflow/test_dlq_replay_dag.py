@@ -116,3 +116,27 @@ def test_the_form_refuses_what_it_cannot_do(trigger) -> None:
     for conf in ({"action": "explode"}, {"dead_reason": "tired"}, {"ids": "1; DROP TABLE"}, {"limit": -1}):
         with pytest.raises(ParamValidationError):
             trigger(conf)
+
+
+def test_the_form_narrows_to_the_letters_one_tool_wrote(
+    trigger, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``written_by`` picks the letters read from that tool's adopted topics (RETRY_ADOPT_TOPICS), as
+    the page's hand-over passes it; a run's own list of topics is never taken."""
+    from dataclasses import replace
+
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    monkeypatch.setenv("RETRY_ADOPT_TOPICS", "orders.DLT=spring")
+    with Store(database_url) as store:
+        store.insert_jobs([dead_job(1), replace(dead_job(2), source_topic="orders.DLT")])
+
+    spring = trigger({"written_by": "spring"})
+    ours = trigger({"written_by": "retry-scheduler"})
+    sneaked = trigger({"source_topics": ["orders.DLT"]})  # not a field of the form: no filter
+
+    assert (outcome(spring)["matched"], outcome(ours)["matched"], outcome(sneaked)["matched"]) == (1, 1, 2)
+    audit = rows(database_url, "SELECT filter FROM retry_dlq_audit ORDER BY id")
+    assert audit[0] == ({"source_topics": ["orders.DLT"]},)
+    with pytest.raises(ParamValidationError):
+        trigger({"written_by": "camel"})

@@ -148,10 +148,13 @@ def run_dlq_operation(
     ``settings``: the deployment's (default: from the service's connections).
     """
     from retry_scheduler.core.records import deployment_destinations
-    from retry_scheduler.ops.dlq import DlqFilter, run_action
+    from retry_scheduler.ops.dlq import DlqFilter, run_action, writer_topics
 
     settings = settings or settings_from_connections()
-    flt = DlqFilter.from_params(params)
+    # Who wrote the letters, as the deployment's topics tell (the form's written_by); never a run's own list.
+    written_by = params.get("written_by")
+    topics = writer_topics(str(written_by), settings) if written_by else None
+    flt = DlqFilter.from_params({**params, "source_topics": topics})
     action = params.get("action", "replay")
     dry_run = bool(params.get("dry_run", True))
 
@@ -204,7 +207,7 @@ def _reevaluate(
 
 
 #: The form fields of ``dlq_window_replay`` that narrow its window; any other key of a run's conf is ignored.
-WINDOW_FILTER = ("destination", "dead_reason", "error_class")
+WINDOW_FILTER = ("destination", "dead_reason", "error_class", "written_by")
 
 
 def run_window_replay(

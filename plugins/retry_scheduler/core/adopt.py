@@ -52,6 +52,10 @@ SHARE: Final = "share"
 FORMATS: Final = (SPRING, CONNECT, STREAMS, SHARE)
 #: ``TOPIC=FORMAT:retry``: the letters are retried by their destination's policy instead of kept dead.
 RETRY: Final = "retry"
+#: Who wrote a dead letter: this service (read from its retry topics), or the tool whose dead-letter
+#: topic it was read from (its format).
+SERVICE: Final = "retry-scheduler"
+WRITERS: Final = (SERVICE, *FORMATS)
 
 
 class AdoptError(ValueError):

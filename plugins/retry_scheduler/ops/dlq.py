@@ -32,7 +32,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from retry_scheduler.core import faults, protocol
-from retry_scheduler.core.adopt import FORMATS, source_format
+from retry_scheduler.core.adopt import SERVICE, WRITERS, source_format
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.durations import parse_duration_ms
@@ -133,10 +133,6 @@ def _topics(value: Any) -> tuple[str, ...]:
 
 #: The most topics a filter names (the letters' writers: the retry topics, the adopted ones).
 MAX_SOURCE_TOPICS = 1000
-#: Who wrote a dead letter: this service (read from its retry topics), or the tool whose dead-letter
-#: topic it was read from (``RETRY_ADOPT_TOPICS``' format).
-SERVICE = "retry-scheduler"
-WRITERS = (SERVICE, *FORMATS)
 
 
 def written_by(source_topic: str, settings: Settings) -> str | None:

@@ -31,6 +31,7 @@ from airflow.sdk import DAG, Param, get_current_context, task
 
 from retry_scheduler.airflow.dags import build_dag, default_args, in_dag_file, run_failure_callbacks
 from retry_scheduler.airflow.hook import RetrySchedulerHook
+from retry_scheduler.core.adopt import WRITERS
 from retry_scheduler.core.protocol import DEAD_REASONS, TOPIC_PATTERN
 
 
@@ -45,6 +46,14 @@ def dead_job_filter_params() -> dict[str, Param]:
             description="Only dead jobs for this destination (empty: every destination).",
         ),
         "dead_reason": Param(None, type=["null", "string"], enum=[None, *DEAD_REASONS], title="Dead reason"),
+        "written_by": Param(
+            None,
+            type=["null", "string"],
+            enum=[None, *WRITERS],
+            title="Written by",
+            description="Only letters this service wrote (read from its retry topics), or read from that "
+            "tool's dead-letter topics (RETRY_ADOPT_TOPICS).",
+        ),
         "error_class": Param(
             None,
             type=["null", "string"],

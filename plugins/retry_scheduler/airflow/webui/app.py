@@ -420,7 +420,9 @@ def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> d
                 database(), action, flt, destinations=deployment_destinations(settings), **common
             )
     except dlq.TooManyForOneRequest as too_many:
-        return hand_to_dag(request, action, flt, body.reset_attempts, user, too_many.would_affect)
+        return hand_to_dag(
+            request, action, flt, body.reset_attempts, user, too_many.would_affect, body.written_by
+        )
     log.info("dead letters page, %s: %s", user.get_name(), outcome.summary())
     # page_limit: the most this page changes in one request; more are handed to a dlq_replay run.
     return {**outcome.as_json(), "summary": outcome.summary(), "page_limit": dlq.MAX_PAGE_ACTION}
@@ -433,6 +435,7 @@ def hand_to_dag(
     reset_attempts: bool,
     user: Any,
     would_affect: int,
+    written_by: str | None = None,
 ) -> dict[str, Any]:
     """Trigger a ``dlq_replay`` run for an operation too large for one request; its id and link.
 
@@ -448,8 +451,10 @@ def hand_to_dag(
     from airflow.models.dag import DagModel
     from airflow.utils.types import DagRunTriggeredByType
 
+    # The run's form takes who wrote the letters, not topics: it finds them as this page did.
     conf: dict[str, Any] = {
-        **flt.as_dict(),
+        **{k: v for k, v in flt.as_dict().items() if k != "source_topics"},
+        **({"written_by": written_by} if written_by else {}),
         "action": action,
         "reset_attempts": reset_attempts,
         "dry_run": False,
