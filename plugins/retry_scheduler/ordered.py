@@ -136,6 +136,13 @@ class OrderedKeys:
         if hold is not None and hold.finished:
             if hold.chain in (seen.chain, seen.heads):
                 return self._duplicate(msg, f"its key's chain {hold.chain} is finished")
+            if (seen.chain is not None or seen.heads is not None) and not hold.legacy:
+                # A chain opens only once the key's last one finished, every record parked in it
+                # handled: a record of another chain than the last is a copy of an older one's (the
+                # publisher sent it twice, a member parked it twice), handled already.
+                return self._duplicate(
+                    msg, f"its chain {seen.chain or seen.heads} is older than its key's last ({hold.chain})"
+                )
             hold = None
         if hold is None:
             return self._free(msg, seen, where)
