@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import pytest
 
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
-from retry_scheduler.core.headers import InvalidRecordError, Limits, parse_headers, truncate_reason
+from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers, truncate_reason
 from retry_scheduler.core.jobs import (
+    Job,
     OutgoingRow,
     Status,
     decode_headers,
@@ -15,7 +19,33 @@ from retry_scheduler.core.jobs import (
     encode_headers,
 )
 from retry_scheduler.core.policy import Policy, PolicyRegistry
-from retry_scheduler.core.records import Record, job_from_record, limits_for
+from retry_scheduler.core.records import RowBuilder, limits_for
+
+
+@dataclass(frozen=True)
+class Record:
+    """The parts of a consumed Kafka record the scheduler uses (what the ingest loop reads of one)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[Header] = ()
+
+
+def job_from_record(
+    record: Record, *, settings: Settings, registry: PolicyRegistry, limits: Limits, now_ms: int
+) -> Job:
+    """The job the ingest loop's row builder makes of one record (a release record makes none)."""
+    row = RowBuilder(settings, registry, limits).row(
+        record.topic, record.partition, record.offset, record.timestamp_ms, record.key, record.value,
+        record.headers, now_ms,
+    )  # fmt: skip
+    assert row is not None, "a release record stores no job"
+    return Job.from_copy_row(row)
+
 
 # What a deployment allowing everything but the never-allowed topics has.
 LIMITS = Limits(Destinations.of([], r".*", {"retry", "retry.dlq"}))

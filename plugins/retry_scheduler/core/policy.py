@@ -95,10 +95,6 @@ class Decision:
     due_ms: int
     dead_reason: str | None = None
 
-    @property
-    def is_dead(self) -> bool:
-        return self.dead_reason is not None
-
 
 @dataclass(frozen=True)
 class Policy:

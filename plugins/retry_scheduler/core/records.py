@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.adopt import AdoptError, adopt, retried
@@ -23,25 +22,12 @@ from retry_scheduler.core.headers import (
     parse_headers,
     truncate_reason,
 )
-from retry_scheduler.core.jobs import HELD_DUE, CopyRow, Job, Status, encode_headers, pg_time
+from retry_scheduler.core.jobs import HELD_DUE, CopyRow, Status, encode_headers, pg_time
 from retry_scheduler.core.policy import PolicyRegistry, UnknownPolicyError, load_policies
 
 #: A chain event (:attr:`RowBuilder.chain_events`): its head's retry is pending, so the chain waits.
 CHAIN_BLOCKED = "blocked"
 ChainEvent = tuple[str, str, str | None]
-
-
-@dataclass(frozen=True)
-class Record:
-    """The parts of a consumed Kafka record the scheduler uses."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int | None
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[Header] = ()
 
 
 def destinations_for(settings: Settings, registry: PolicyRegistry) -> Destinations:
@@ -360,23 +346,3 @@ def _int8(value: int | None) -> int:
 
 
 _DEAD, _PENDING = Status.DEAD.value, Status.PENDING.value
-
-
-def job_from_record(
-    record: Record,
-    *,
-    settings: Settings,
-    registry: PolicyRegistry,
-    limits: Limits,
-    now_ms: int,
-) -> Job:
-    """Turn one consumed record into a job: pending with a due time, or dead with a reason.
-
-    Raises ``ValueError`` for a release record (``retry.release``): it stores no job."""
-    row = RowBuilder(settings, registry, limits).row(
-        record.topic, record.partition, record.offset, record.timestamp_ms, record.key, record.value,
-        record.headers, now_ms,
-    )  # fmt: skip
-    if row is None:
-        raise ValueError(f"a record with {protocol.RELEASE} is a release, not a job")
-    return Job.from_copy_row(row)
