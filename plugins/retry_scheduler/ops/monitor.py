@@ -50,7 +50,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.sources import LetterReading
@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from retry_scheduler.loops.offsets import IngestLag
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _DEAD_WINDOW_S = 3600
 
@@ -180,8 +181,8 @@ def run_monitor(
     """
     sent: list[dict[str, Any]] = []
     with Store(database_url) as store:
-        behind, lag_error = _read_lag(lag, store)
-        shared, letters_error = _read_letters(letters, store)
+        behind, lag_error = _ask(lag, store, "the retry topics' lag")
+        shared, letters_error = _ask(letters, store, "the share groups' dead letters")
         with store.conn.transaction():  # one connection: the broker is asked before the rows are locked
             locked = store.lock_alerts(CHECKS)
             incidents = {
@@ -233,28 +234,15 @@ def run_monitor(
     return {"reading": reading.as_dict(), "thresholds": asdict(thresholds), "firing": firing, "alerts": sent}
 
 
-def _read_letters(
-    letters: Callable[[Store], LetterReading] | None, store: Store
-) -> tuple[LetterReading | None, str | None]:
-    """The share groups' letters, before the alert rows are locked (the broker is asked their topics'
-    retention)."""
-    if letters is None:
+def _ask(reader: Callable[[Store], T] | None, store: Store, what: str) -> tuple[T | None, str | None]:
+    """What ``reader`` (the retry topics' lag, the share groups' letters) answers, asked before the
+    alert rows are locked (it may take the broker's timeout); the error instead when it fails."""
+    if reader is None:
         return None, None
     try:
-        return letters(store), None
+        return reader(store), None
     except Exception as exc:  # the broker out of reach: the other checks still run
-        log.warning("cannot read the share groups' dead letters: %s: %s", type(exc).__name__, exc)
-        return None, f"{type(exc).__name__}: {exc}"
-
-
-def _read_lag(lag: Callable[[Store], IngestLag] | None, store: Store) -> tuple[IngestLag | None, str | None]:
-    """The broker's answer, before the alert rows are locked (it may take the broker's timeout)."""
-    if lag is None:
-        return None, None
-    try:
-        return lag(store), None
-    except Exception as exc:  # the broker out of reach: the other checks still run
-        log.warning("cannot read the retry topics' lag: %s: %s", type(exc).__name__, exc)
+        log.warning("cannot read %s: %s: %s", what, type(exc).__name__, exc)
         return None, f"{type(exc).__name__}: {exc}"
 
 
