@@ -151,6 +151,7 @@ def test_the_count_is_capped_so_a_page_never_counts_a_million_rows(
         ({"since": "2026-11-21T10:00:00Z", "until": "2026-11-20T10:00:00Z"}, "must be before until"),
         ({"ids": "3,x"}, "ids must be job ids"),
         ({"limit": "-1"}, "limit must be a whole number from 1 to 10,000,000"),
+        ({"written_by": "share"}, "written_by needs the deployment's settings"),
     ],
 )
 def test_bad_filters_say_what_is_wrong(params: dict[str, Any], message: str) -> None:

@@ -148,13 +148,10 @@ def run_dlq_operation(
     ``settings``: the deployment's (default: from the service's connections).
     """
     from retry_scheduler.core.records import deployment_destinations
-    from retry_scheduler.ops.dlq import DlqFilter, run_action, writer_topics
+    from retry_scheduler.ops.dlq import DlqFilter, run_action
 
     settings = settings or settings_from_connections()
-    # Who wrote the letters, as the deployment's topics tell (the form's written_by); never a run's own list.
-    written_by = params.get("written_by")
-    topics = writer_topics(str(written_by), settings) if written_by else None
-    flt = DlqFilter.from_params({**params, "source_topics": topics})
+    flt = DlqFilter.from_params(params, settings)
     action = params.get("action", "replay")
     dry_run = bool(params.get("dry_run", True))
 

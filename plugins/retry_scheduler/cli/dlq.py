@@ -14,9 +14,8 @@ from retry_scheduler.core.config import Settings
 
 
 def _dlq_filter(args: argparse.Namespace, settings: Settings) -> Any:
-    from retry_scheduler.ops.dlq import DlqFilter, writer_topics
+    from retry_scheduler.ops.dlq import DlqFilter
 
-    written_by = getattr(args, "written_by", None)
     return DlqFilter.from_params(
         {
             "destination": args.destination,
@@ -27,8 +26,9 @@ def _dlq_filter(args: argparse.Namespace, settings: Settings) -> Any:
             "until": args.until,
             "ids": getattr(args, "ids", None),
             "limit": getattr(args, "limit", None),
-            "source_topics": writer_topics(written_by, settings) if written_by else None,
-        }
+            "written_by": args.written_by,
+        },
+        settings,
     )
 
 

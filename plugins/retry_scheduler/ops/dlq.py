@@ -121,16 +121,6 @@ def _ids(value: Any) -> tuple[int, ...]:
     return ids
 
 
-def _topics(value: Any) -> tuple[str, ...]:
-    """Topic names from a list or a comma-separated string; empty means unset."""
-    if value is None or value == "":
-        return ()
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list | tuple):
-        raise DlqError("source topics must be a list of topic names or a comma-separated string")
-    return tuple(str(item).strip() for item in items if str(item).strip())
-
-
 #: The most topics a filter names (the letters' writers: the retry topics, the adopted ones).
 MAX_SOURCE_TOPICS = 1000
 
@@ -196,8 +186,12 @@ class DlqFilter:
             raise DlqError(f"source topics must be at most {MAX_SOURCE_TOPICS} topic names")
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> DlqFilter:
-        """Build from a form, query string or DAG params: strings are trimmed, empty means unset."""
+    def from_params(cls, params: Mapping[str, Any], settings: Settings | None = None) -> DlqFilter:
+        """Build from a form, query string or DAG params: strings are trimmed, empty means unset.
+
+        ``written_by`` (a name of :data:`WRITERS`) becomes the topics its letters are read from, by the
+        deployment's ``settings`` (:func:`writer_topics`); a list of topics in ``params`` is never taken.
+        """
 
         def text(name: str) -> str | None:
             value = params.get(name)
@@ -208,6 +202,9 @@ class DlqFilter:
             limit_n = None if limit in (None, "", 0, "0") else int(limit)
         except (TypeError, ValueError):
             raise DlqError(f"limit must be a whole number: got {limit!r}") from None
+        written_by = text("written_by")
+        if written_by is not None and settings is None:
+            raise DlqError("written_by needs the deployment's settings to know its topics")
         return cls(
             destination=text("destination"),
             dead_reason=text("dead_reason"),
@@ -217,7 +214,7 @@ class DlqFilter:
             until=_time("until", params.get("until")),
             ids=_ids(params.get("ids")),
             limit=limit_n,
-            source_topics=_topics(params.get("source_topics")),
+            source_topics=writer_topics(written_by, settings) if written_by and settings else (),
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -329,8 +329,9 @@ def dead_letters(
             "search": search,
             "since": since,
             "until": until,
-            "source_topics": dlq.writer_topics(written_by, settings) if written_by else None,
-        }
+            "written_by": written_by,
+        },
+        settings,
     )
     page = browse.list_dead(
         database(), flt, page_size=page_size, cursor=cursor, count=count, settings=settings
@@ -396,11 +397,9 @@ def audit(
 def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> dict[str, Any]:
     if action == "purge" and body.reset_attempts:
         raise dlq.DlqError("reset_attempts applies to replay only")
-    params = body.model_dump(exclude={"reset_attempts", "dry_run", "written_by"})
+    params = body.model_dump(exclude={"reset_attempts", "dry_run"})
     settings = with_airflow_policies(Settings.from_env())
-    if body.written_by:
-        params["source_topics"] = dlq.writer_topics(body.written_by, settings)
-    flt = dlq.DlqFilter.from_params(params)
+    flt = dlq.DlqFilter.from_params(params, settings)
     common: dict[str, Any] = {
         "actor": str(user.get_name()),
         "source": "ui",
