@@ -127,6 +127,11 @@ def source_format(spec: str) -> str:
     return spec.partition(":")[0]
 
 
+def topics_of(fmt: str, adopt_topics: Mapping[str, str]) -> list[str]:
+    """The adopted topics (``RETRY_ADOPT_TOPICS``: topic -> spec) of format ``fmt``, sorted."""
+    return sorted(topic for topic, spec in adopt_topics.items() if source_format(spec) == fmt)
+
+
 def retried(spec: str) -> bool:
     """Whether an adopted topic's letters are retried by policy (``FORMAT:retry``) rather than kept dead."""
     return spec.partition(":")[2] == RETRY

@@ -30,7 +30,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource
 
 from retry_scheduler.core import protocol
-from retry_scheduler.core.adopt import SHARE, source_format
+from retry_scheduler.core.adopt import SHARE, source_format, topics_of
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.headers import Header, truncate_reason
 from retry_scheduler.core.jobs import CopyRow, encode_headers, pg_time
@@ -301,7 +301,7 @@ def topic_retention(settings: Settings, topics: Sequence[str]) -> dict[str, int 
 
 def share_topics(settings: Settings) -> list[str]:
     """The adopted topics a share group's broker writes its letters to (``FORMAT`` ``share``)."""
-    return sorted(t for t, spec in settings.adopt_topics.items() if source_format(spec) == SHARE)
+    return topics_of(SHARE, settings.adopt_topics)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from retry_scheduler.core import faults, protocol
-from retry_scheduler.core.adopt import SERVICE, WRITERS, source_format
+from retry_scheduler.core.adopt import SERVICE, WRITERS, source_format, topics_of
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.durations import parse_duration_ms
@@ -140,7 +140,7 @@ def writer_topics(writer: str, settings: Settings) -> tuple[str, ...]:
         raise DlqError(f"written by must be one of {', '.join(WRITERS)}, not {writer[:40]!r}")
     if writer == SERVICE:
         return (settings.retry_topic, *sorted(settings.delay_topics))
-    topics = tuple(t for t, spec in sorted(settings.adopt_topics.items()) if source_format(spec) == writer)
+    topics = tuple(topics_of(writer, settings.adopt_topics))
     if not topics:
         raise DlqError(f"no topic of RETRY_ADOPT_TOPICS has the format {writer}: no letter is written by it")
     return topics
