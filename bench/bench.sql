@@ -248,6 +248,16 @@ SELECT count(*), count(*) FILTER (WHERE status = 'published'),
        max(extract(epoch FROM published_at - due_at))::float8
 FROM retry_jobs_all WHERE destination = %(destination)s;
 
+-- name: bench_topic_stored
+-- Records the service's ingest stored from %(topic)s so far: its next offsets summed (saved in the
+-- transaction of the rows). O(partitions): the burst polls it while it is measured, and a count of
+-- the stored rows would scan them all (a million) every half second on the two cores it measures.
+SELECT coalesce(sum(next_offset), 0) FROM retry_ingest_offsets WHERE topic = %(topic)s;
+
+-- name: bench_destination_waiting
+-- Whether any job of a destination is still pending (one descent of the destination's due index).
+SELECT EXISTS (SELECT 1 FROM retry_jobs WHERE destination = %(destination)s AND status = 'pending');
+
 -- name: bench_lateness_between
 -- A destination's published jobs due from %(since)s to %(until)s (epoch s): how many, their p99 and
 -- worst lateness, how many were early.
