@@ -2,7 +2,7 @@
 
 A team whose downstream service goes down sends its consumer's failures to be retried as fast as it
 reads them. ``burst_ingest_msgs_per_s``: ``burst_records`` records are sent as fast as one producer
-(a process of its own) can to a delay topic (``BURST_TOPIC``, ``RETRY_DELAY_TOPICS``), each due
+(a process of its own) can to a delay topic of its run (``burst_topic``, ``RETRY_DELAY_TOPICS``), each due
 ``burst_due_s`` after it was sent, and counted from the first send to the start of the ingest
 transaction that stored the last one. ``burst_publish_late_s``: the worst lateness of the burst's
 records (target: published within 60 s of their due time).
@@ -32,12 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.capacity import (
-    BURST_TOPIC,
     DUE_IN_MS,
+    burst_topic,
     cpu_budget,
     lateness_between,
     lateness_timeline,
     live_stack,
+    stored_from,
 )
 from bench.cpu import ProcessCpu, cpu_shares, cpu_times
 from bench.env import BenchEnv, BenchError, Result, Sizes
@@ -74,15 +75,11 @@ def _wait_published(env: BenchEnv, destination: str, expected: int, deadline_s: 
         time.sleep(1)
 
 
-def _stored_from(env: BenchEnv, topic: str) -> int:
-    return int(env.sql("bench_topic_stored", {"topic": topic}, fetch=True)[0][0])
-
-
 def _wait_stored(env: BenchEnv, topic: str, before: int, expected: int, deadline_s: float) -> None:
     """Wait until the ingest stored ``expected`` records of ``topic`` beyond ``before`` (its next
     offsets: O(partitions), polled each 0.5 s while the store is measured)."""
     deadline = time.monotonic() + deadline_s
-    while _stored_from(env, topic) - before < expected and time.monotonic() < deadline:
+    while stored_from(env, topic) - before < expected and time.monotonic() < deadline:
         time.sleep(0.5)
 
 
@@ -96,7 +93,7 @@ def _store_window(
     return {"core_s": ranked, "machine_cpu": machine}
 
 
-def _send_burst(bootstrap: str, records: int, destination: str) -> float:
+def _send_burst(bootstrap: str, topic: str, records: int, destination: str) -> float:
     """Send the burst from a process of its own (and so a core: "as fast as the producer can", and the
     steady producer's thread is not starved of the GIL meanwhile); returns the seconds it took."""
     code = (
@@ -106,7 +103,7 @@ def _send_burst(bootstrap: str, records: int, destination: str) -> float:
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
-        [sys.executable, "-c", code, bootstrap, BURST_TOPIC, str(records), destination],
+        [sys.executable, "-c", code, bootstrap, topic, str(records), destination],
         capture_output=True, text=True, env=env, timeout=PUBLISH_DEADLINE_S,
     )  # fmt: skip
     if done.returncode:
@@ -145,11 +142,11 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
         cleanup.callback(steady.join)
         cleanup.callback(stop.set)
         time.sleep(sizes.burst_baseline_s)
-        stored_before = _stored_from(env, BURST_TOPIC)  # nothing is sent to it before the burst
+        stored_before = stored_from(env, burst_topic(env))  # nothing is sent to it before the burst
         burst_began, cpu_at_burst, machine_at_burst = time.time(), cpu.running_seconds(), cpu_times()
-        send_s = _send_burst(settings.bootstrap_servers, sizes.burst_records, burst_dest)
+        send_s = _send_burst(settings.bootstrap_servers, burst_topic(env), sizes.burst_records, burst_dest)
         log.info("burst: %s records sent in %.1f s", sizes.burst_records, send_s)
-        _wait_stored(env, BURST_TOPIC, stored_before, sizes.burst_records, PUBLISH_DEADLINE_S)
+        _wait_stored(env, burst_topic(env), stored_before, sizes.burst_records, PUBLISH_DEADLINE_S)
         store_window = _store_window(
             cpu_at_burst, cpu.running_seconds(), cpu_shares(machine_at_burst, cpu_times())
         )
@@ -185,7 +182,7 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
     result.details = {
         "records": sizes.burst_records,
         "due_s": sizes.burst_due_s,
-        "topic": BURST_TOPIC,
+        "topic": burst_topic(env),
         "send_s": round(send_s, 2),
         "sent_per_s": round(sizes.burst_records / send_s, 1) if send_s > 0 else None,
         "ingest_s": round(ingest_s, 2),
@@ -223,7 +220,7 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
     }
     published_in = round(last_ack - float(burst["first_due"]), 1)
     result.notes = [
-        f"{sizes.burst_records:,} records sent by one producer process to the delay topic {BURST_TOPIC} "
+        f"{sizes.burst_records:,} records sent by one producer process to the delay topic {burst_topic(env)} "
         f"(due {sizes.burst_due_s} s after each was sent) in {send_s:.1f} s "
         f"({result.details['sent_per_s']:,.0f}/s), stored by {ingest_s:.1f} s after the first send: "
         f"{result.figures['burst_ingest_msgs_per_s']:,.0f}/s.",

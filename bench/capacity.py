@@ -68,8 +68,11 @@ def _stack(env: BenchEnv, name: str, **options: Any) -> Any:
     return stack
 
 
-#: The delay topic the burst measurement sends to (its delay: ``Sizes.burst_due_s``).
-BURST_TOPIC = "retry.burst"
+def burst_topic(env: BenchEnv) -> str:
+    """The delay topic the burst measurement sends to (its delay: ``Sizes.burst_due_s``): one per run,
+    as every topic a run reads is (a broker kept between runs holds an earlier run's burst, which a new
+    run's consumer group would otherwise read again while the new burst is measured)."""
+    return f"retry.burst-{env.tag}"
 
 
 @contextlib.contextmanager
@@ -96,8 +99,8 @@ def _started(env: BenchEnv, name: str, sizes: Sizes, *, burst: bool) -> Iterator
     stack = _stack(env, name)
     delay = {}
     if burst:
-        env.create_topics([BURST_TOPIC])
-        delay = {"RETRY_DELAY_TOPICS": f"{BURST_TOPIC}={sizes.burst_due_s}s"}
+        env.create_topics([burst_topic(env)])
+        delay = {"RETRY_DELAY_TOPICS": f"{burst_topic(env)}={sizes.burst_due_s}s"}
     # The stack's Airflow processes take their environment as it is when the stack starts.
     with _environ(**delay), env.dropped_afterwards(stack.metadata_db), stack:
         _go_live(stack, stack.settings)
@@ -132,18 +135,14 @@ def _step(
         ),
         name="bench-capacity-producer",
     )  # fmt: skip
+    stored_before = stored_from(env, settings.retry_topic)  # the stack sends it nothing of its own now
     machine_before, began = cpu_times(), time.time()
     with ProcessCpu() as cpu:
         producer.start()
         producer.join()
     machine = cpu_shares(machine_before, cpu_times())
     sent = sent_box[0] if sent_box else 0
-    deadline, published = time.monotonic() + 120, 0
-    while time.monotonic() < deadline:
-        published = int(env.sql("bench_lateness_count", {"destination": destination}, fetch=True)[0][0])
-        if published >= sent:
-            break
-        time.sleep(1)
+    published = wait_published(env, settings.retry_topic, stored_before, sent, destination, 120)
     samples = sorted(float(r[0]) for r in env.sql("bench_lateness", {"destination": destination}, fetch=True))
     p99 = samples[min(len(samples) - 1, int(0.99 * len(samples)))] if samples else None
     early = sum(1 for s in samples if s < 0)
@@ -167,6 +166,34 @@ def _step(
     }
     log.info("capacity: %s", step)
     return step
+
+
+def stored_from(env: BenchEnv, topic: str) -> int:
+    """Records the service's ingest stored from ``topic`` so far (its stored next offsets, summed)."""
+    return int(env.sql("bench_topic_stored", {"topic": topic}, fetch=True)[0][0])
+
+
+def wait_published(
+    env: BenchEnv, topic: str, stored_before: int, sent: int, destination: str, deadline_s: float
+) -> int:
+    """Wait until the ``sent`` records sent to ``topic`` (beyond ``stored_before`` stored) are stored
+    and none of ``destination``'s jobs is pending, then until ``sent`` are published (or the deadline);
+    returns how many are. While a window's last records are still being published, the wait asks
+    only O(partitions) and one-index-descent questions: a count of the window's published jobs (up to
+    millions) every second would take CPU from the very records whose lateness is measured."""
+    deadline = time.monotonic() + deadline_s
+    while stored_from(env, topic) - stored_before < sent and time.monotonic() < deadline:
+        time.sleep(0.5)
+    while (
+        time.monotonic() < deadline
+        and env.sql("bench_destination_waiting", {"destination": destination}, fetch=True)[0][0]
+    ):
+        time.sleep(0.5)
+    while True:
+        published = int(env.sql("bench_lateness_count", {"destination": destination}, fetch=True)[0][0])
+        if published >= sent or time.monotonic() >= deadline:
+            return published
+        time.sleep(1)
 
 
 def lateness_timeline(
@@ -380,12 +407,8 @@ def _publish_run(env: BenchEnv, stack: Any, sizes: Sizes) -> dict[str, Any]:
         settings.database_url, sizes.capacity_publish_rows, f"bench.celery{workers}", destination
     )
     _go_live(stack, settings)
-    deadline, published = time.monotonic() + 600, 0
-    while time.monotonic() < deadline:
-        published = int(env.sql("bench_lateness_count", {"destination": destination}, fetch=True)[0][0])
-        if published >= sizes.capacity_publish_rows:
-            break
-        time.sleep(1)
+    # The jobs were stored beforehand: nothing to wait for but their publishing.
+    published = wait_published(env, settings.retry_topic, 0, 0, destination, 600)
     span = env.sql("bench_published_span", {"destination": destination}, fetch=True)[0]
     if published < sizes.capacity_publish_rows:
         raise BenchError(

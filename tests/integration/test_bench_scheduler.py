@@ -129,7 +129,7 @@ def test_the_burst_is_stored_and_published_from_its_delay_topic_and_the_steady_t
     # delay made them due burst_due_s after they were sent (their due times span the send).
     assert details["burst"]["stored"] == details["burst"]["published"] == 2_000, details["burst"]
     assert details["burst"]["early"] == 0
-    assert details["topic"] == "retry.burst" and details["due_s"] == 8
+    assert details["topic"].startswith("retry.burst-") and details["due_s"] == 8  # one topic per run
     assert 0 <= details["burst"]["due_span_s"] <= details["send_s"] + 1, details
     stored = sum(row[1] for row in details["burst_timeline"])
     published = sum(row[2] for row in details["burst_timeline"])
