@@ -43,7 +43,7 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         from retry_scheduler.core.config import dev_home
         from retry_scheduler.core.connection_file import CONNECTION_FILE_OPTION, connection_file
-        from retry_scheduler.spark.executor_env import cluster_submit
+        from retry_scheduler.spark.executor_env import cluster_submit, yield_cpu_if_local
 
         self.add_job_defaults()
         if self._get_hook()._connection["deploy_mode"] == "cluster":
@@ -52,10 +52,14 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
                 "(deploy-mode client), where it reads its connections from a private file; "
                 "remove deploy-mode=cluster from the connection"
             )
-        archives, cluster_conf = cluster_submit(self._get_hook()._connection["master"], dev_home() / "spark")
+        master = self._get_hook()._connection["master"]
+        archives, cluster_conf = cluster_submit(master, dev_home() / "spark")
         if archives:  # a cluster: its executors get the jobs' Python packages from the submission
             self._archives = ",".join(filter(None, [self._archives, archives]))
             self.conf = {**(self.conf or {}), **cluster_conf}
+        # This task's process only waits for spark-submit: in local mode it and the job it starts
+        # yield the CPU to the retry loops (RETRY_SPARK_LOCAL_NICE).
+        yield_cpu_if_local(master)
         job_args = list(self.application_args or [])
         with connection_file(self.retry_hook.settings()) as path:
             self.application_args = [*job_args, CONNECTION_FILE_OPTION, str(path)]

@@ -25,6 +25,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -47,6 +48,47 @@ PYTHON_ENV = "RETRY_SPARK_EXECUTOR_PYTHON"
 def is_local(master: str) -> bool:
     """Whether ``master`` runs the executors inside the driver (``local``, ``local[4]``, ``local[*]``)."""
     return master == "local" or master.startswith("local[")
+
+
+#: ``RETRY_SPARK_LOCAL_NICE``: the niceness a local-mode job runs at (0: as the caller).
+LOCAL_NICE_ENV = "RETRY_SPARK_LOCAL_NICE"
+LOCAL_NICE_DEFAULT = 10
+
+
+def local_nice() -> int:
+    """How much lower a local-mode job's CPU priority is than its caller's (``RETRY_SPARK_LOCAL_NICE``,
+    default 10, 0 to 19). A local job's driver, executors and Python workers share the machine's cores
+    with the retry loops, whose retries are due to the second; a bulk retry or a compaction has no
+    such deadline, so it takes what the loops leave (Linux gives a process at niceness 10 about a tenth
+    of the CPU of one at 0 when both want it). On a cluster the executors run elsewhere: nothing changes."""
+    text = os.environ.get(LOCAL_NICE_ENV, "").strip()
+    if not text:
+        return LOCAL_NICE_DEFAULT
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{LOCAL_NICE_ENV}={text!r}: give a niceness from 0 to 19 (0: no change)") from None
+    if not 0 <= value <= 19:
+        raise ValueError(f"{LOCAL_NICE_ENV}={value}: give a niceness from 0 to 19 (0: no change)")
+    return value
+
+
+def yield_cpu_if_local(master: str) -> None:
+    """Lower the calling process's CPU priority by :func:`local_nice` when ``master`` is local: for a
+    process that is about to start a job's spark-submit and does nothing else (an Airflow task), whose
+    children inherit it."""
+    if is_local(master) and (step := local_nice()):
+        os.nice(step)
+
+
+def niced_if_local(master: str, argv: list[str]) -> list[str]:
+    """``argv`` (a spark-submit command) run at :func:`local_nice` when ``master`` is local, through
+    ``nice``; as it is on a cluster, with niceness 0, or where there is no ``nice``."""
+    step = local_nice()
+    nice = shutil.which("nice")
+    if not is_local(master) or not step or nice is None:
+        return argv
+    return [nice, "-n", str(step), *argv]
 
 
 def executor_python() -> str:

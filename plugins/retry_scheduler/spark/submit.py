@@ -25,7 +25,7 @@ from retry_scheduler.core.connection_file import CONNECTION_FILE_OPTION, connect
 from retry_scheduler.core.durations import parse_duration_ms
 from retry_scheduler.core.protocol import TOPIC_NAME
 from retry_scheduler.spark.class_archive import archive_complete, class_archive
-from retry_scheduler.spark.executor_env import cluster_submit
+from retry_scheduler.spark.executor_env import cluster_submit, niced_if_local
 from retry_scheduler.spark.jdbc import JobArgumentError, jdbc_jars, spark_packages
 
 JOBS_PACKAGE = "retry_scheduler.spark.jobs"
@@ -220,6 +220,7 @@ def run_spark_submit(
         argv = [*cmd, str(app), *job_args]
         if settings is not None:
             argv += [CONNECTION_FILE_OPTION, str(stack.enter_context(connection_file(settings)))]
+        argv = niced_if_local(master, argv)
         with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True) as proc:
             assert proc.stdout is not None
             for line in proc.stdout:
