@@ -58,7 +58,7 @@ def cpu_text(shares: dict[str, float] | None) -> str | None:
 _AIRFLOW_KINDS = (
     ("retry-scheduler ingest loop", "ingest task"),
     ("retry-scheduler publish loop", "publish task"),
-    ("loops.ingest import worker_main", "ingest workers"),
+    ("loops.ingest_process import worker_main", "ingest workers"),
     ("LocalExecutor: <idle>", "airflow executor"),
     ("LocalExecutor:", "task supervisors"),
     ("airflow supervisor:", "task supervisors"),

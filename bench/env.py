@@ -6,7 +6,6 @@ import contextlib
 import logging
 import shutil
 import tempfile
-import threading
 import time
 import urllib.parse
 import uuid
@@ -30,8 +29,6 @@ from retry_scheduler.db.connection import connect, redact_url
 from retry_scheduler.db.schema import migrate
 from retry_scheduler.db.store import Store
 from retry_scheduler.dev.procs import free_port
-from retry_scheduler.loops.ingest import Ingestor
-from retry_scheduler.loops.publish import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -166,50 +163,6 @@ class Sizes:
             ordered_keys=5,
             ordered_chain=20,
         )
-
-
-class LoopThreads:
-    """The scheduler's ingest and publish loops, each in a thread as the DAG's tasks run them, for
-    ``seconds`` or until :meth:`close` (the benchmarks', and tests that run the loops beside a consumer).
-    ``publish_settings``: the publisher's, when they differ (a shorter poll interval, say)."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        registry: PolicyRegistry,
-        seconds: float = 3600,
-        publish_settings: Settings | None = None,
-    ) -> None:
-        self.stop = threading.Event()
-        self._settings, self._registry, self._seconds = settings, registry, seconds
-        self._publish_settings = publish_settings or settings
-        self.threads = [
-            threading.Thread(target=self._ingest, name="loop-ingest", daemon=True),
-            threading.Thread(target=self._publish, name="loop-publish", daemon=True),
-        ]
-        for thread in self.threads:
-            thread.start()
-
-    def _ingest(self) -> None:
-        with Store(self._settings.database_url) as store:
-            ingestor = Ingestor(self._settings, self._registry, store)
-            try:
-                ingestor.run(self._seconds, self.stop.is_set)
-            finally:
-                ingestor.close()
-
-    def _publish(self) -> None:
-        with Store(self._publish_settings.database_url) as store:
-            publisher = Publisher(self._publish_settings, store)
-            try:
-                publisher.run(self._seconds, self.stop.is_set)
-            finally:
-                publisher.close()
-
-    def close(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
 
 
 # -- environment: a throwaway database and a broker ---------------------------------------------------

@@ -7,7 +7,8 @@ broker (a Tansu started on a free port, memory storage), through the service's o
 :class:`~retry_scheduler.loops.publish.Publisher` on due jobs stored with
 :meth:`~retry_scheduler.db.store.Store.insert_jobs`. Each baseline runs right after its figure, on the
 same server, with the same rows. The report (``report.json``, ``report.md``, PNG plots) is written
-by :mod:`bench.report`; the baselines live in :mod:`bench.baselines`.
+by :mod:`bench.report`; the baselines live in :mod:`bench.baselines`. The ingest measurement is here;
+the others are in their own modules (:mod:`bench.publish`, :mod:`bench.claim`, :mod:`bench.slow`, ...).
 """
 
 from __future__ import annotations
@@ -15,18 +16,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 import sys
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import psycopg
 
 from bench.cpu import ProcessCpu, part_cpu
 from bench.env import (
@@ -37,19 +34,17 @@ from bench.env import (
     BenchError,
     Result,
     Sizes,
-    TimedStore,
-    insert_due_jobs,
     per_second,
     produce_records,
     ratio,
     retry_record,
 )
+from bench.machine import machine_info
 from bench.queries import bq
 from retry_scheduler.core.config import Settings
 from retry_scheduler.db.connection import connect
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import Ingestor
-from retry_scheduler.loops.publish import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -229,200 +224,6 @@ def _ingest_limits(details: dict[str, Any], rows: int, copy: dict[str, Any]) -> 
 # -- publish ------------------------------------------------------------------------------------------
 
 
-def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
-    """Publish due jobs (claim, produce, ack, mark); baselines: PgQueuer and the naive poller."""
-    from bench.baselines import naive_poller, pgqueuer_baseline
-
-    result = Result("publish")
-    settings = env.settings("publish")
-    destination = f"bench.out-{env.tag}"
-    env.sql("bench_truncate")
-    env.create_topics([destination])
-    load_s = insert_due_jobs(settings.database_url, sizes.publish_rows, "bench.publish", destination)
-    # The statistics autovacuum gathers within a minute of a bulk insert: measure that steady state,
-    # not the first minute, when the planner still believes the table empty (see the report).
-    env.sql("bench_analyze")
-    log.info("publish: %s due jobs stored in %.1f s", sizes.publish_rows, load_s)
-
-    stores: list[TimedStore] = []
-
-    def timed_store(url: str) -> Store:
-        stores.append(TimedStore(url))
-        return stores[-1]
-
-    began = time.perf_counter()
-    publisher = Publisher(settings, timed_store(settings.database_url), store_factory=timed_store)
-    try:
-        # Setup: the producer's connection and the destination's metadata.
-        publisher.topics.ensure([destination], create=True)
-        publisher.producer.list_topics(destination, timeout=10)
-        setup_s = time.perf_counter() - began
-        timed_began = time.perf_counter()
-        # The publish task's own loop, with its helper publishers, until every job is out.
-        with ProcessCpu() as cpu:
-            counts = publisher.run(
-                600, should_stop=lambda: publisher.published_so_far() >= sizes.publish_rows, grace_s=0
-            )
-        elapsed = time.perf_counter() - timed_began
-        published = counts.published
-        if counts.failed or published < sizes.publish_rows:
-            raise BenchError(f"publish: {counts.failed} failed deliveries, {published} published")
-    finally:
-        publisher.close()
-        for store in stores:
-            store.close()
-    db_seconds: defaultdict[str, float] = defaultdict(float)
-    for store in stores:
-        for name, seconds in store.seconds.items():
-            db_seconds[name] += seconds
-    on_topic = env.count_records(destination, sizes.publish_rows)
-    if on_topic != sizes.publish_rows:
-        raise BenchError(f"publish: {on_topic} records on {destination}, expected {sizes.publish_rows}")
-    rate = per_second(published, elapsed)
-
-    naive = naive_poller(env, settings, sizes.naive_rows, destination)
-    pgq = pgqueuer_baseline(env.url, sizes.pgqueuer_rows, sizes.pgqueuer_batch_sizes)
-    result.figures = {
-        "publish_rows_per_s": rate,
-        "publish_vs_pgqueuer": ratio(rate, pgq["rows_per_s"]) if pgq.get("rows_per_s") else None,
-        "publish_vs_naive": ratio(rate, naive["rows_per_s"]) if naive["rows_per_s"] else None,
-    }
-    result.details = {
-        "rows": published,
-        "seconds": round(elapsed, 3),
-        "rows_per_s": rate,
-        "publish_batch": settings.publish_batch,
-        "publish_workers": settings.publish_workers,
-        "partitions": PARTITIONS,
-        "records_on_topic": on_topic,
-        "load_s": round(load_s, 3),
-        "setup_s": round(setup_s, 3),
-        "db_seconds": {k: round(v, 3) for k, v in sorted(db_seconds.items())},
-        "baseline_pgqueuer": pgq,
-        "vs_pgqueuer_best_tuned": (
-            ratio(rate, pgq["best_tuned"]["rows_per_s"]) if pgq.get("best_tuned") else None
-        ),
-        "baseline_naive": naive,
-        **part_cpu(cpu.seconds(), published, ("benchmark",)),
-    }
-    result.details["limits"] = _publish_limits(result.details, published)
-    result.notes = [
-        f"{published} due jobs claimed, produced (idempotent, acks=all), acknowledged and marked published "
-        f"in {elapsed:.2f} s by the publish task's loop ({settings.publish_workers} publishers side by side, "
-        f"batches of up to {settings.publish_batch}); all {on_topic} records "
-        f"checked on the destination topic. Setup excluded: {setup_s:.2f} s (producer connection, metadata).",
-        pgq["note"],
-        naive["note"],
-    ]
-    if pgq.get("best_tuned"):
-        best = pgq["best_tuned"]
-        result.notes.append(
-            f"Against PgQueuer at its fastest batch size here ({best['batch_size']}, "
-            f"{best['rows_per_s']:,.0f} jobs/s) the ratio is {result.details['vs_pgqueuer_best_tuned']:.2f}x."
-        )
-    return result
-
-
-def _publish_limits(details: dict[str, Any], rows: int) -> list[str]:
-    db = details["db_seconds"]
-    claim_us = 1e6 * (db.get("claim_due", 0) + db.get("claim_dead", 0)) / rows
-    mark_us = 1e6 * db.get("mark_published", 0) / rows
-    wall_us = 1e6 * details["seconds"] / rows
-    workers = details["publish_workers"]
-    return [
-        f"Per job, added over the {workers} publishers: {claim_us:.1f} us claiming (one `SELECT ... FOR "
-        f"UPDATE SKIP LOCKED`: row locks, nothing written) and {mark_us:.1f} us marking published (one "
-        f"`UPDATE` from `unnest`, in the same transaction); {wall_us:.1f} us of wall time per job in all. "
-        "The rest of each publisher's time is Python building the records' headers and producing them, "
-        "and waiting for the broker's acknowledgements; while one publisher waits, the other works.",
-        "What limits it: the one write per job that the guarantee rests on (`published` only after the "
-        "acknowledgement): a new row version with its primary-key and source-key index entries, and WAL. "
-        "Two cores are shared by PostgreSQL, the broker and the Python publishers.",
-    ]
-
-
-# -- claim cost ---------------------------------------------------------------------------------------
-
-
-def build_claim_table(url: str, total: int, due: int) -> dict[str, Any]:
-    """``retry_jobs`` at ``url`` with ``total`` rows: history from generate_series, then the due backlog.
-
-    Vacuumed and analysed afterwards, as autovacuum leaves a table that grew slowly.
-    """
-    began = time.perf_counter()
-    with connect(url, autocommit=True) as conn:
-        conn.execute(bq("bench_truncate"))
-        history = total - due
-        step = 1_000_000
-        for start in range(0, history, step):
-            conn.execute(bq("bench_fill_history"), {"first": start + 1, "last": min(history, start + step)})
-            log.info("claim: %s of %s history rows", min(history, start + step), history)
-        conn.execute(bq("bench_fill_due"), {"count": due})
-        conn.execute(bq("bench_vacuum_analyze"))
-        row = conn.execute(bq("bench_table_size")).fetchone()
-    assert row is not None
-    return {"rows": int(row[0]), "bytes": int(row[1]), "build_s": round(time.perf_counter() - began, 1)}
-
-
-def measure_claim(env: BenchEnv, sizes: Sizes) -> Result:
-    """Claim 1 000 due jobs with a small and with a large table: the cost must follow the backlog.
-
-    The small table lives in a second throwaway database, so that the claims can alternate between
-    the two: a load that comes and goes on the machine then weighs on both alike.
-    """
-    result = Result("claim")
-    with env.extra_database("small") as small_url:
-        tables = {
-            "small": build_claim_table(small_url, sizes.claim_small, sizes.claim_due),
-            "large": build_claim_table(env.url, sizes.claim_large, sizes.claim_due),
-        }
-        times: dict[str, list[float]] = {"small": [], "large": []}
-        with Store(small_url) as small, Store(env.url) as large:
-            stores = {"small": small, "large": large}
-            for i in range(sizes.claim_repeats + 1):
-                for label, store in stores.items():
-                    with store.conn.transaction():
-                        began = time.perf_counter()
-                        rows = store.claim_due(sizes.claim_limit)
-                        took = time.perf_counter() - began
-                        raise psycopg.Rollback()  # the claim only locks: ending its transaction frees them
-                    if len(rows) != sizes.claim_limit:
-                        raise BenchError(f"claim: {len(rows)} jobs claimed, expected {sizes.claim_limit}")
-                    if i:  # the first claim of each warms the caches
-                        times[label].append(took)
-    runs = {
-        label: {
-            **tables[label],
-            "claim_median_ms": round(statistics.median(times[label]) * 1000, 3),
-            "claim_ms": [round(t * 1000, 3) for t in times[label]],
-        }
-        for label in ("small", "large")
-    }
-    ratio = runs["large"]["claim_median_ms"] / runs["small"]["claim_median_ms"]
-    result.figures = {"claim_cost_ratio_10m_vs_10k": round(ratio, 3)}
-    result.details = {
-        "limit": sizes.claim_limit,
-        "due_backlog": sizes.claim_due,
-        "repeats": sizes.claim_repeats,
-        "small": runs["small"],
-        "large": runs["large"],
-        "sizes_match_target": (sizes.claim_small, sizes.claim_large) == (10_000, 10_000_000),
-    }
-    result.notes = [
-        f"Store.claim_due({sizes.claim_limit}): median of {sizes.claim_repeats} claims each (after one "
-        f"warm-up; each in a transaction rolled back after it; small and large alternating): "
-        f"{runs['small']['claim_median_ms']:.2f} ms with {runs['small']['rows']:,} rows vs "
-        f"{runs['large']['claim_median_ms']:.2f} ms with {runs['large']['rows']:,} rows "
-        f"({runs['large']['bytes'] / 2**30:.1f} GiB with indexes, built in {runs['large']['build_s']:.0f} s); "
-        f"both hold the same backlog of {sizes.claim_due} due jobs, the rest is published and dead history "
-        "and jobs due later.",
-    ]
-    return result
-
-
-# -- the run ------------------------------------------------------------------------------------------
-
-
 @dataclass
 class BenchOptions:
     out: Path
@@ -440,8 +241,10 @@ class BenchOptions:
 def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
     from bench.burst import measure_burst
     from bench.capacity import measure_capacity
+    from bench.claim import measure_claim
     from bench.held import measure_held_snapshot
     from bench.ordered import measure_ordered
+    from bench.publish import measure_publish
     from bench.slow import measure_lateness, measure_spark
     from bench.soak import measure_soak
 
@@ -488,7 +291,7 @@ def run_bench(
     with BenchEnv(
         settings, options.db_name, options.bootstrap, options.keep_db, share_stack=options.share_stack
     ) as env:
-        machine = bench_report.machine_info(env.url)
+        machine = machine_info(env.url)
         run_cpu = bench_cpu.cpu_times()
         for name in MEASUREMENTS:
             if name not in options.only:

@@ -32,7 +32,8 @@ from typing import Any
 
 from confluent_kafka import Message, Producer
 
-from bench.env import PARTITIONS, BenchEnv, BenchError, LoopThreads, Result, Sizes
+from bench.env import PARTITIONS, BenchEnv, BenchError, Result, Sizes
+from bench.loop_threads import LoopThreads
 from retry_scheduler.consumer import RetryingConsumer
 from retry_scheduler.core import protocol
 from retry_scheduler.core.policy import Policy, PolicyRegistry

@@ -75,10 +75,10 @@ def test_the_page_reads_the_connection_with_its_extras(
             }
         ),
     )
-    from retry_scheduler.airflow.webui import app
+    from retry_scheduler.airflow.webui import access
 
-    monkeypatch.setattr(app, "_url_cache", None)
-    url = app.database_url()
+    monkeypatch.setattr(access, "_url_cache", None)
+    url = access.database_url()
     assert url == RetrySchedulerHook().database_url(in_task=False)
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT current_setting('application_name')").fetchone() == ("retry-page-test",)

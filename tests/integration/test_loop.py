@@ -635,8 +635,8 @@ def test_a_new_publish_loop_starts_its_claims_at_the_floor_of_the_loop_it_reliev
     left nothing claimable behind, and sweeps when that loop would have: a job stored an hour late
     is published."""
     # A sweep every 8 s: the first loop's is at its start, the second loop's when it would have been.
-    monkeypatch.setattr("retry_scheduler.loops.publish.SWEEP_COST_SHARE", 1e9)
-    monkeypatch.setattr("retry_scheduler.loops.publish.SWEEP_MAX_EVERY_S", 8.0)
+    monkeypatch.setattr("retry_scheduler.loops.claim_floors.SWEEP_COST_SHARE", 1e9)
+    monkeypatch.setattr("retry_scheduler.loops.claim_floors.SWEEP_MAX_EVERY_S", 8.0)
     ago = str(int(time.time() * 1000) - 10_000)
     loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=ago)}] * 2_000)
     loop.ingest(2_000)
@@ -681,7 +681,7 @@ def test_a_new_publish_loop_starts_its_claims_at_the_floor_of_the_loop_it_reliev
 def test_a_loop_taking_over_sweeps_first_when_its_predecessors_sweep_is_overdue(loop: Loop) -> None:
     """The sweep's schedule comes with the floor: overdue (a predecessor that swept long ago), the
     first claim is a sweep; never further off than SWEEP_MAX_EVERY_S, whatever was recorded."""
-    from retry_scheduler.loops.publish import SWEEP_MAX_EVERY_S
+    from retry_scheduler.loops.claim_floors import SWEEP_MAX_EVERY_S
 
     floor = datetime.now(UTC)
     with loop.store() as store:

@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench.env import LoopThreads
+from bench.loop_threads import LoopThreads
 from retry_scheduler.cli.main import main as cli_main
 from retry_scheduler.cli.service import status_report
 from retry_scheduler.consumer import RetryingConsumer

@@ -101,7 +101,7 @@ def test_airflow_s_processes_are_told_apart_by_their_titles() -> None:
         f"airflow worker -- {ti}": "other tasks",
         f"airflow worker -- {ti} retry-scheduler ingest loop": "ingest task",
         f"airflow worker -- {ti} retry-scheduler publish loop": "publish task",
-        "/venv/bin/python -c from retry_scheduler.loops.ingest import worker_main; worker_main()": "ingest workers",
+        "/venv/bin/python -c from retry_scheduler.loops.ingest_process import worker_main; worker_main()": "ingest workers",
     }
     for cmdline, kind in kinds.items():
         comm = "python3" if cmdline.startswith("/venv") else cmdline[:15]

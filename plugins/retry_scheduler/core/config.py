@@ -7,7 +7,6 @@ the ``retry_postgres`` / ``retry_kafka`` connections, see ``retry_scheduler.airf
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -16,8 +15,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from retry_scheduler.core.durations import parse_duration_ms
-from retry_scheduler.core.protocol import HOLDS_TOPIC, TOPIC_NAME
+from retry_scheduler.core.protocol import HOLDS_TOPIC
+from retry_scheduler.core.setting_values import (
+    ConfigError,
+    env_bool,
+    env_int,
+    kafka_config_from_json,
+    parse_adopt_setting,
+    parse_delay_topics,
+    parse_holds_topics,
+)
 
 #: The policies module's file name, looked up next to the DAGs.
 POLICIES_FILE = "retry_policies.py"
@@ -82,87 +89,6 @@ def libpq_url(url: str) -> str:
     """``postgresql+psycopg2://...`` (SQLAlchemy's form, what Airflow's ``sql_alchemy_conn`` holds) ->
     ``postgresql://...``: the same server, in the form libpq reads (it knows no driver suffix)."""
     return re.sub(r"^postgres(?:ql)?(?:\+\w+)?://", "postgresql://", url)
-
-
-class ConfigError(ValueError):
-    """A setting is missing or malformed; the message names it and says what is expected."""
-
-
-def _parse_delay_topics(raw: str) -> dict[str, int]:
-    """Parse ``retry.5m=5m,retry.1h=1h`` into ``{"retry.5m": 300000, ...}``."""
-    topics: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in raw.split(","))):
-        name, sep, delay = item.partition("=")
-        if not sep or not name.strip():
-            raise ConfigError(
-                f"RETRY_DELAY_TOPICS entry {item!r} must look like TOPIC=DELAY, e.g. retry.5m=5m"
-            )
-        topics[name.strip()] = parse_duration_ms(delay.strip())
-    return topics
-
-
-def _parse_holds_topics(raw: str) -> tuple[str, ...]:
-    """``orders.holds,payments.holds``: the holds topics of the consumer helpers, beside ``retry.holds``."""
-    topics = [HOLDS_TOPIC]
-    for name in filter(None, (part.strip() for part in raw.split(","))):
-        if not TOPIC_NAME.fullmatch(name):
-            raise ConfigError(f"RETRY_HOLDS_TOPICS entry {name!r} is not a topic name ([A-Za-z0-9._-])")
-        if name not in topics:
-            topics.append(name)
-    return tuple(topics)
-
-
-def _parse_adopt_topics(raw: str) -> dict[str, str]:
-    from retry_scheduler.core.adopt import parse_adopt_topics
-
-    try:
-        return parse_adopt_topics(raw)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def kafka_config_from_json(text: str, where: str) -> dict[str, Any]:
-    """librdkafka settings from a JSON object (``RETRY_KAFKA_CONFIG``, a connection file).
-
-    The error names ``where`` the text came from and never repeats the text: it may hold passwords.
-    """
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{where} is not JSON ({exc.msg} at character {exc.pos})") from None
-    return checked_kafka_config(config, where)
-
-
-def checked_kafka_config(config: object, where: str) -> dict[str, Any]:
-    """``config`` if it is an object of librdkafka settings (scalar values); else an error naming ``where``."""
-    if not isinstance(config, dict) or not all(
-        isinstance(v, str | int | float | bool) for v in config.values()
-    ):
-        raise ConfigError(
-            f'{where} must be a JSON object of librdkafka settings, e.g. {{"security.protocol": "SASL_SSL"}}'
-        )
-    return config
-
-
-def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in {"1", "true", "yes", "on"}:
-        return True
-    if raw.lower() in {"0", "false", "no", "off"}:
-        return False
-    raise ConfigError(f"{name}={raw!r} must be true or false")
-
-
-def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} must be an integer") from None
 
 
 def _default_text(value: Any) -> str | None:
@@ -504,33 +430,31 @@ class Settings:
             database_url=env.get("RETRY_DATABASE_URL") or DEFAULT_DATABASE_URL,
             kafka=kafka,
             retry_topic=env.get("RETRY_TOPIC") or defaults.retry_topic,
-            delay_topics=_parse_delay_topics(env.get("RETRY_DELAY_TOPICS", "")),
-            adopt_topics=_parse_adopt_topics(env.get("RETRY_ADOPT_TOPICS", "")),
-            holds_topics=_parse_holds_topics(env.get("RETRY_HOLDS_TOPICS", "")),
+            delay_topics=parse_delay_topics(env.get("RETRY_DELAY_TOPICS", "")),
+            adopt_topics=parse_adopt_setting(env.get("RETRY_ADOPT_TOPICS", "")),
+            holds_topics=parse_holds_topics(env.get("RETRY_HOLDS_TOPICS", "")),
             consumer_group=env.get("RETRY_CONSUMER_GROUP") or defaults.consumer_group,
             destination_allowlist=env.get("RETRY_DESTINATION_ALLOWLIST", ""),
-            create_topics=_env_bool(env, "RETRY_CREATE_TOPICS", defaults.create_topics),
-            topic_replication_factor=_env_int(
+            create_topics=env_bool(env, "RETRY_CREATE_TOPICS", defaults.create_topics),
+            topic_replication_factor=env_int(
                 env, "RETRY_TOPIC_REPLICATION_FACTOR", defaults.topic_replication_factor
             ),
-            topic_min_insync_replicas=_env_int(
+            topic_min_insync_replicas=env_int(
                 env, "RETRY_TOPIC_MIN_INSYNC_REPLICAS", defaults.topic_min_insync_replicas
             ),
-            max_record_bytes=_env_int(env, "RETRY_MAX_RECORD_BYTES", defaults.max_record_bytes),
-            max_header_name_chars=_env_int(
-                env, "RETRY_MAX_HEADER_NAME_CHARS", defaults.max_header_name_chars
-            ),
-            max_clock_skew_ms=_env_int(env, "RETRY_MAX_CLOCK_SKEW_MS", defaults.max_clock_skew_ms),
-            max_retry_ahead_ms=_env_int(env, "RETRY_MAX_RETRY_AHEAD_MS", defaults.max_retry_ahead_ms),
-            ingest_batch=_env_int(env, "RETRY_INGEST_BATCH", defaults.ingest_batch),
-            ingest_workers=_env_int(env, "RETRY_INGEST_WORKERS", defaults.ingest_workers),
-            publish_batch=_env_int(env, "RETRY_PUBLISH_BATCH", defaults.publish_batch),
-            publish_workers=_env_int(env, "RETRY_PUBLISH_WORKERS", defaults.publish_workers),
-            publish_tasks=_env_int(env, "RETRY_PUBLISH_TASKS", defaults.publish_tasks),
-            lease_ms=_env_int(env, "RETRY_LEASE_MS", defaults.lease_ms),
-            delivery_timeout_ms=_env_int(env, "RETRY_DELIVERY_TIMEOUT_MS", defaults.delivery_timeout_ms),
-            poll_interval_ms=_env_int(env, "RETRY_POLL_INTERVAL_MS", defaults.poll_interval_ms),
-            loop_grace_ms=_env_int(env, "RETRY_LOOP_GRACE_MS", defaults.loop_grace_ms),
-            self_vacuum=_env_bool(env, "RETRY_SELF_VACUUM", defaults.self_vacuum),
+            max_record_bytes=env_int(env, "RETRY_MAX_RECORD_BYTES", defaults.max_record_bytes),
+            max_header_name_chars=env_int(env, "RETRY_MAX_HEADER_NAME_CHARS", defaults.max_header_name_chars),
+            max_clock_skew_ms=env_int(env, "RETRY_MAX_CLOCK_SKEW_MS", defaults.max_clock_skew_ms),
+            max_retry_ahead_ms=env_int(env, "RETRY_MAX_RETRY_AHEAD_MS", defaults.max_retry_ahead_ms),
+            ingest_batch=env_int(env, "RETRY_INGEST_BATCH", defaults.ingest_batch),
+            ingest_workers=env_int(env, "RETRY_INGEST_WORKERS", defaults.ingest_workers),
+            publish_batch=env_int(env, "RETRY_PUBLISH_BATCH", defaults.publish_batch),
+            publish_workers=env_int(env, "RETRY_PUBLISH_WORKERS", defaults.publish_workers),
+            publish_tasks=env_int(env, "RETRY_PUBLISH_TASKS", defaults.publish_tasks),
+            lease_ms=env_int(env, "RETRY_LEASE_MS", defaults.lease_ms),
+            delivery_timeout_ms=env_int(env, "RETRY_DELIVERY_TIMEOUT_MS", defaults.delivery_timeout_ms),
+            poll_interval_ms=env_int(env, "RETRY_POLL_INTERVAL_MS", defaults.poll_interval_ms),
+            loop_grace_ms=env_int(env, "RETRY_LOOP_GRACE_MS", defaults.loop_grace_ms),
+            self_vacuum=env_bool(env, "RETRY_SELF_VACUUM", defaults.self_vacuum),
             policies_path=env.get("RETRY_POLICIES") or defaults.policies_path,
         )

@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from retry_scheduler.core.config import ConfigError, Settings, checked_kafka_config
+from retry_scheduler.core.config import Settings
+from retry_scheduler.core.setting_values import ConfigError, checked_kafka_config
 
 #: The job option that names the file.
 CONNECTION_FILE_OPTION = "--connection-file"

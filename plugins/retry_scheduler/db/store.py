@@ -1,5 +1,6 @@
-"""The job store: bulk insert of new jobs, claiming and marking, loop heartbeats (its readings for
-``status``, the metrics and ``retry_monitor`` are :mod:`retry_scheduler.db.readings`).
+"""The job store: bulk insert of new jobs, claiming and marking (its readings for ``status``, the
+metrics and ``retry_monitor`` are :mod:`retry_scheduler.db.readings`, the loops' heartbeats and
+handover state :mod:`retry_scheduler.db.loop_records`).
 
 Its SQL is the named queries of ``sql/queries.sql`` (:mod:`retry_scheduler.db.schema`); this module
 passes parameters and never formats SQL.
@@ -9,10 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 from psycopg.adapt import PyFormat
@@ -20,6 +20,7 @@ from psycopg.adapt import PyFormat
 from retry_scheduler.core import protocol
 from retry_scheduler.core.jobs import COPY_TYPES, CopyRow, Job, OutgoingRow
 from retry_scheduler.db.connection import StoreError, connect, require_migrated
+from retry_scheduler.db.loop_records import LoopRecords
 from retry_scheduler.db.readings import HELD_DUE_AT, Readings
 from retry_scheduler.db.schema import q
 
@@ -67,38 +68,7 @@ def like_pattern(glob: str) -> str:
     return escaped.replace("*", "%")
 
 
-class IngestLock:
-    """A session-level advisory lock making one ingest loop at a time own the retry topics.
-
-    Held on its own connection: if the process dies, PostgreSQL ends the session and frees it.
-    """
-
-    _NAMESPACE = 7311
-
-    def __init__(self, database_url: str, name: str, poll_s: float = 0.05) -> None:
-        self.conn = connect(database_url, autocommit=True)
-        self.name = name
-        self.poll_s = poll_s
-
-    def acquire(self, timeout_s: float, on_wait: Callable[[], None] = lambda: None) -> bool:
-        """Try for ``timeout_s``; ``on_wait`` runs between tries (the waiting loop heartbeats)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            row = self.conn.execute(
-                "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (self._NAMESPACE, self.name)
-            ).fetchone()
-            if row and row[0]:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            on_wait()
-            time.sleep(self.poll_s)
-
-    def release(self) -> None:
-        self.conn.close()  # ends the session, which frees the lock
-
-
-class Store(Readings):
+class Store(Readings, LoopRecords):
     """One connection to the retry database and the operations of the ingest and publish loops."""
 
     def __init__(self, database_url: str) -> None:
@@ -495,41 +465,6 @@ class Store(Readings):
             else:
                 row = self.conn.execute(q("next_due_after"), {"after": after}).fetchone()
         return None if row is None or row[0] is None else row[0].total_seconds()
-
-    def loop_heartbeat(self, worker: str, kind: str) -> datetime:
-        """Record that loop ``worker`` is alive; returns when it started."""
-        with self.conn.transaction():
-            row = self.conn.execute(q("loop_heartbeat"), {"worker": worker, "kind": kind}).fetchone()
-        assert row is not None
-        return cast(datetime, row[0])
-
-    def loop_claim_state(self, worker: str, floor: datetime, sweep_in_s: float) -> None:
-        """Record publish loop ``worker``'s claim floor and the seconds until its next sweep, for the
-        loop that relieves it (:meth:`loop_claim_state_alive`)."""
-        with self.conn.transaction():
-            self.conn.execute(
-                q("loop_claim_state"), {"worker": worker, "floor": floor, "sweep_in_s": sweep_in_s}
-            )
-
-    def loop_claim_state_alive(self, alive_s: float) -> tuple[datetime, float] | None:
-        """The lowest claim floor of the publish loops alive (a heartbeat within ``alive_s``) and the
-        seconds until the soonest of their sweeps (negative: overdue); None when none recorded one."""
-        with self.conn.transaction():
-            row = self.conn.execute(q("loop_claim_state_alive"), {"alive_s": alive_s}).fetchone()
-        if row is None or row[0] is None:
-            return None
-        return cast(datetime, row[0]), float(row[1])
-
-    def loop_relieved(self, worker: str, kind: str, started_at: datetime, alive_s: float) -> bool:
-        """Whether a loop of ``kind`` started after ``started_at`` is alive."""
-        params = {"worker": worker, "kind": kind, "started_at": started_at, "alive_s": alive_s}
-        with self.conn.transaction():
-            row = self.conn.execute(q("loop_relieved"), params).fetchone()
-        return bool(row and row[0])
-
-    def loop_finish(self, worker: str) -> None:
-        with self.conn.transaction():
-            self.conn.execute(q("loop_finish"), {"worker": worker})
 
     def summarize_published(self) -> int | None:
         """Summarize the ``published_at`` BRIN index's new page ranges (see the query); how many, or None

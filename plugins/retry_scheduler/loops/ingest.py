@@ -8,19 +8,14 @@ from its start and the unique source identity skips the records stored already.
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
-import queue
-import signal
 import subprocess
-import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
 from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
@@ -34,13 +29,14 @@ from retry_scheduler.core.jobs import CopyRow
 from retry_scheduler.core.metrics import Metrics, NoMetrics
 from retry_scheduler.core.policy import PolicyRegistry
 from retry_scheduler.core.records import RowBuilder, limits_for, new_retry_id
-from retry_scheduler.db.store import IngestLock, Store
+from retry_scheduler.db.loop_records import IngestLock
+from retry_scheduler.db.store import Store
 from retry_scheduler.loops.handover import LoopTenure
 from retry_scheduler.loops.ingest_worker import (
     SPARES_AFTER_S,
     SPARES_APART_S,
-    IngestWorkerError,
     end_unused,
+    run_workers,
     spawn_worker,
 )
 from retry_scheduler.loops.kafka import TopicManager, make_consumer
@@ -89,26 +85,12 @@ class IngestCounts:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IngestCounts:
         """Inverse of :meth:`as_dict` (counts come back from worker processes as dicts)."""
-        return cls(
-            d["consumed"], d["stored"], d["duplicates"], d["pending"], Counter(d["dead"]), d["batches"],
-            d.get("untrusted_timestamps", 0), d.get("slowest_batch_s", 0.0), d.get("slowest_batch_records", 0),
-            Counter(d.get("adopted", {})), d.get("letters_unreadable", 0),
-        )  # fmt: skip
+        return cls(**{**d, "dead": Counter(d["dead"]), "adopted": Counter(d.get("adopted", {}))})
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "consumed": self.consumed,
-            "stored": self.stored,
-            "duplicates": self.duplicates,
-            "pending": self.pending,
-            "dead": dict(self.dead),
-            "batches": self.batches,
-            "untrusted_timestamps": self.untrusted_timestamps,
-            "slowest_batch_s": round(self.slowest_batch_s, 3),
-            "adopted": dict(self.adopted),
-            "letters_unreadable": self.letters_unreadable,
-            "slowest_batch_records": self.slowest_batch_records,
-        }
+        counts = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**counts, "dead": dict(self.dead), "adopted": dict(self.adopted),
+                "slowest_batch_s": round(self.slowest_batch_s, 3)}  # fmt: skip
 
 
 class IngestBusyError(RuntimeError):
@@ -470,89 +452,17 @@ class Ingestor:
         go_on: Callable[[], bool],
         spares: list[subprocess.Popen[bytes]] | None = None,
     ) -> None:
-        """Ingest ``plan``'s partitions in worker processes until ``go_on()`` says no or the retry
-        topics gain partitions (then the caller plans again). A worker that dies stops them all.
-        ``spares``: processes started ahead (:func:`~retry_scheduler.loops.ingest_worker.spawn_worker`), taken from the list first."""
-        spares = spares if spares is not None else []
-        shares = [plan[i::workers] for i in range(min(workers, len(plan)))]
-        results: queue.Queue[dict[str, Any]] = queue.Queue()
-        procs = [
-            self._start_worker(share, n, results, spares.pop() if spares else None)
-            for n, share in enumerate(shares, start=1)
-        ]
-        end_unused(spares)
-        log.info("ingesting %s partitions in %s worker processes", len(plan), len(procs))
-        planned = {(t, p) for t, p, _ in plan}
-        checked = time.monotonic()
-        try:
-            while go_on():
-                self._collect(results, 0.2)
-                ended = [
-                    (n, proc.returncode) for n, proc in enumerate(procs, start=1) if proc.poll() is not None
-                ]
-                failed = next(((n, code) for n, code in ended if code != 0), None)
-                if failed is not None:
-                    n, code = failed
-                    raise IngestWorkerError(
-                        f"ingest-worker-{n} exited with code {code}: stopping the ingest loop "
-                        "(the next one starts from the offsets stored with the rows)"
-                    )
-                if ended:  # stopped by SIGTERM after the batch in hand: the others stop too, then plan again
-                    log.info(
-                        "ingest-worker-%s was asked to stop (SIGTERM): stopping the workers", ended[0][0]
-                    )
-                    break
-                if time.monotonic() - checked > 10:
-                    checked = time.monotonic()
-                    if set(self.partitions()) != planned:
-                        log.info("the retry topics changed: sharing their partitions again")
-                        break
-        finally:
-            for proc in procs:  # end of input: each worker stops after the batch in hand
-                if proc.stdin is not None:
-                    proc.stdin.close()
-            for proc in procs:
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            self._collect(results, 0)
-
-    def _start_worker(
-        self,
-        share: list[tuple[str, int, int]],
-        n: int,
-        results: queue.Queue[dict[str, Any]],
-        proc: subprocess.Popen[bytes] | None = None,
-    ) -> subprocess.Popen[bytes]:
-        """Give a worker process (``proc``, else a new one) its settings, policies and share, pickled on
-        its stdin; its counts come out as JSON lines."""
-        if proc is None or proc.poll() is not None:  # none started ahead, or it was stopped meanwhile
-            proc = spawn_worker()
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(pickle.dumps((self.settings, self.registry, share, f"ingest-worker-{n}")))
-        proc.stdin.flush()
-        lines = proc.stdout
-
-        def relay() -> None:
-            for line in lines:
-                try:
-                    results.put(json.loads(line))
-                except ValueError:  # something else wrote to the worker's stdout
-                    log.warning("ingest-worker-%s: %s", n, line.decode(errors="replace").rstrip())
-
-        threading.Thread(target=relay, name=f"ingest-worker-{n}-counts", daemon=True).start()
-        return proc
-
-    def _collect(self, results: queue.Queue[dict[str, Any]], wait_s: float) -> None:
-        try:
-            counts = results.get(timeout=wait_s) if wait_s else results.get_nowait()
-            while True:
-                self._count(IngestCounts.from_dict(counts))
-                counts = results.get_nowait()
-        except queue.Empty:
-            pass
+        """Ingest ``plan``'s partitions in worker processes (:func:`~retry_scheduler.loops.ingest_worker.run_workers`),
+        each given this loop's settings, policies and its share, its counts added to this loop's."""
+        run_workers(
+            plan,
+            workers,
+            go_on,
+            spares,
+            work=lambda share, name: pickle.dumps((self.settings, self.registry, share, name)),
+            on_counts=lambda counts: self._count(IngestCounts.from_dict(counts)),
+            partitions=self.partitions,
+        )
 
     def _count(self, counts: IngestCounts) -> None:
         """Add a stored batch's counts to the run's, and report them as metrics."""
@@ -580,52 +490,3 @@ class Ingestor:
             counts.consumed, counts.stored, counts.duplicates, counts.pending, dict(counts.dead),
         )  # fmt: skip
         return counts
-
-
-def quiet_garbage_collector() -> None:
-    """Keep Python's cycle collector off a worker's hot path. A batch holds thousands of records, each
-    a message object with a list of header tuples: with the default thresholds (a collection every 700
-    new containers) the collector ran again and again over the batch being built (a sixth of a
-    worker's time, profiled). The objects a batch makes hold no cycles and are freed by reference
-    counting; the modules loaded at start are set aside for good (``gc.freeze``), and a collection now
-    runs every 50 000 new containers."""
-    import gc
-
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
-
-
-def worker_main() -> None:
-    """An ingest worker process: reads its settings, policies and share of the partitions (pickled) on
-    stdin, ingests them, writes each batch's counts as a JSON line on stdout, and stops after the batch
-    in hand when stdin ends (its loop stopped it, or died)."""
-    try:
-        settings, registry, share, name = pickle.load(sys.stdin.buffer)
-    except EOFError:  # started ahead of a handover that did not come to it: nothing to do
-        return
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    stop = threading.Event()
-
-    def watch_input() -> None:
-        sys.stdin.buffer.read()  # returns at end of input
-        stop.set()
-
-    threading.Thread(target=watch_input, name="stdin", daemon=True).start()
-    # A task ended with SIGTERM signals its whole process group: a worker stops as at end of input.
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
-
-    def report(counts: IngestCounts) -> None:
-        sys.stdout.write(json.dumps(counts.as_dict()) + "\n")
-        sys.stdout.flush()
-
-    quiet_garbage_collector()
-    with Store(settings.database_url) as store:
-        ingestor = Ingestor(settings, registry, store, share=share)
-        try:
-            ingestor.pipeline(lambda: not stop.is_set(), report)
-        finally:
-            ingestor.close()

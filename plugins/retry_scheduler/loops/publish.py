@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -27,6 +26,7 @@ from retry_scheduler.core.records import destinations_for
 from retry_scheduler.db.chains import expire_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.db.vacuum import SelfVacuum
+from retry_scheduler.loops.claim_floors import ClaimFloors
 from retry_scheduler.loops.handover import ALIVE_S, LoopTenure, new_worker_id
 from retry_scheduler.loops.kafka import TopicManager, make_producer, wait_until_ready
 
@@ -35,33 +35,12 @@ log = logging.getLogger(__name__)
 #: How long a starting publish loop waits for its producers' ids before it publishes regardless.
 PRODUCER_READY_S = 15.0
 
-#: A claim's scan of the due index starts this long before where the publisher's previous claim
-#: left nothing behind: jobs stored (or released) with a due time just past while it claimed.
-FLOOR_LAG = timedelta(seconds=1)
 #: How often the publish loop forgets released chains (ordered mode) that nothing waits in, and after
 #: how long: a key's records parked while its chain flows say so themselves, so only a chain whose head
 #: died needs its row, for the records its key may still send behind it (a consumer away longer finds
 #: them held until its chain is released by hand).
 FORGET_CHAINS_EVERY_S = 60.0
 RELEASED_CHAIN_KEEP_S = 7 * 86_400.0
-#: A sweep (a claim of every due job however old) comes at the latest this many times its own
-#: duration after the last one, and never more than SWEEP_MAX_EVERY_S after it.
-SWEEP_COST_SHARE = 20
-SWEEP_MAX_EVERY_S = 60.0
-#: How often a publish loop records its floor and next sweep (``retry_loops``) for the loop that
-#: relieves it, whose publishers start from there instead of sweeping at once.
-SHARE_FLOOR_EVERY_S = 2.0
-
-#: Fair publishing: while the oldest-first claim is behind (full, its newest job due more than
-#: LANE_BEHIND before the claim began), every other destination the publisher knows of gets a lane: a
-#: claim of its own oldest due jobs in the same round (Publisher.claim_lanes), up to an equal share of
-#: the batch (at least LANE_MIN_QUOTA each). A destination with a million due jobs then delays another
-#: destination's jobs by a round, not by the million.
-LANE_BEHIND = timedelta(seconds=0.5)
-LANE_MIN_QUOTA = 10
-#: How often a publisher that is behind reads the destinations jobs were stored for (retry_destinations).
-LANE_REFRESH_S = 5.0
-
 #: Delivery errors after which the producer's idempotence state is broken for good (seen when the broker
 #: fenced its epoch bump after requests timed out in flight): only a new producer can publish again.
 _BROKEN_PRODUCER = frozenset(
@@ -110,7 +89,7 @@ class PublishCounts:
         }
 
 
-class Publisher:
+class Publisher(ClaimFloors):
     """Publishes due jobs and dead jobs; many publishers may run at once (SKIP LOCKED)."""
 
     def __init__(
@@ -150,18 +129,8 @@ class Publisher:
         self.totals = PublishCounts()
         self.helpers: list[Publisher] = []
         self.error: Exception | None = None
-        self._floor: datetime | None = None
-        self._sweep_after = 0.0  # monotonic; 0: the first claim is a sweep
         self._tenure: LoopTenure | None = None  # the loop's, while it runs (not a helper's)
-        #: Held by the publisher of the loop that sweeps (shared with the helpers by ``run``): one
-        #: sweeps at a time, the others claim from their floors meanwhile.
-        self._sweeping = threading.Lock()
-        self._holds_sweep = False
-        self._shared_at = float("-inf")  # monotonic: when it last recorded its floor
-        #: Every destination this publisher knows of, and where its lane's claims start (None: its
-        #: oldest due job); see :meth:`claim_lanes`.
-        self._lane_floors: dict[str, datetime | None] = {}
-        self._lanes_read_at = float("-inf")  # monotonic: when it last read retry_destinations
+        self._init_floors()
         self._chains_forgotten_at = float("-inf")  # monotonic: when it last forgot released chains
         #: Vacuums retry_jobs where the server does not (run by the loop's own publisher, not its helpers).
         self.vacuum = SelfVacuum(settings.database_url) if settings.self_vacuum else None
@@ -335,131 +304,6 @@ class Publisher:
         except KafkaException:
             return False
         return meta is not None and meta.error is None and partition not in meta.partitions
-
-    @property
-    def floor(self) -> datetime | None:
-        """Where this publisher's claims start in the due index between sweeps (None before its first)."""
-        return self._floor
-
-    def claim_floor(self) -> datetime | None:
-        """Where this round's claim starts in the due index; None for a sweep, from its head.
-
-        Every job published since the oldest snapshot any session holds (a long report, a dump, a
-        Spark job reading over JDBC) keeps its entry in the due index, below the jobs still pending,
-        and PostgreSQL can neither remove those entries nor mark them dead until that snapshot ends:
-        a claim from the index's head walks all of them, and at thousands of retries a second claims
-        grow to seconds. So a claim starts where this publisher's previous claim left nothing
-        claimable behind (less :data:`FLOOR_LAG`). What falls due below that mark afterwards (a job
-        whose delivery backoff ended, one a crashed publisher released, a record stored long after
-        its due time) is claimed by the next sweep, which comes after at most
-        :data:`SWEEP_COST_SHARE` times the last sweep's duration (so within milliseconds when the
-        index is clean, and rarely while a snapshot is held: sweeps stay about 5 % of the
-        publisher's time) and never more than :data:`SWEEP_MAX_EVERY_S` apart. One publisher of a
-        loop sweeps at a time (a sweep under a held snapshot takes seconds): one whose sweep is due
-        while another sweeps claims from its floor, and sweeps at its next round.
-        """
-        if self._floor is None:
-            return None
-        if time.monotonic() < self._sweep_after or not self._sweeping.acquire(blocking=False):
-            return self._floor
-        self._holds_sweep = True
-        return None
-
-    def _swept(self) -> None:
-        """After a claim: let another publisher of the loop sweep."""
-        if self._holds_sweep:
-            self._holds_sweep = False
-            self._sweeping.release()
-
-    def take_over(self, floor: datetime, sweep_in_s: float) -> None:
-        """Start from a predecessor's ``floor`` and sweep when it would have, ``sweep_in_s`` from now,
-        instead of sweeping at once (see :meth:`claim_floor`): the predecessor's claims left nothing
-        claimable below its floor, and what fell due there since is the sweep's, as it would have
-        been the predecessor's."""
-        self._floor = floor
-        self._sweep_after = time.monotonic() + max(0.0, min(sweep_in_s, SWEEP_MAX_EVERY_S))
-
-    def _share_floor(self) -> None:
-        """Every :data:`SHARE_FLOOR_EVERY_S`, record the loop's floor (its publishers' lowest) and its
-        soonest sweep, for the loop that relieves it; nothing until each of them has claimed once."""
-        if self._tenure is None or time.monotonic() - self._shared_at < SHARE_FLOOR_EVERY_S:
-            return
-        publishers = (self, *self.helpers)
-        floors = [p._floor for p in publishers if p._floor is not None]
-        if len(floors) < len(publishers):
-            return
-        self._shared_at = time.monotonic()
-        sweep_in_s = min(p._sweep_after for p in publishers) - time.monotonic()
-        self.store.loop_claim_state(self._tenure.worker, min(floors), sweep_in_s)
-
-    def _after_claim(self, floor: datetime | None, rows: list[OutgoingRow], began: float) -> None:
-        """Move the floor to where this claim left nothing claimable behind; time the next sweep."""
-        if floor is None:
-            took = time.monotonic() - began
-            self._sweep_after = time.monotonic() + min(SWEEP_MAX_EVERY_S, SWEEP_COST_SHARE * took)
-        if len(rows) < self.settings.publish_batch:
-            # Every job due by the claim's start was claimed, is another publisher's, or waits out
-            # a backoff.
-            mark = self.store.claimed_up_to
-        else:
-            # Full: every job due before the last one claimed was claimed or is someone else's.
-            mark = max((row.due_at for row in rows if row.due_at is not None), default=None)
-        if mark is not None:
-            new_floor = mark - FLOOR_LAG
-            self._floor = new_floor if floor is None or self._floor is None else max(self._floor, new_floor)
-
-    def claim_lanes(self, claimed: list[OutgoingRow]) -> list[OutgoingRow]:
-        """After the oldest-first claim (``claimed``): when it is behind, each other destination's
-        oldest due jobs, up to an equal share of the batch each (fair publishing).
-
-        The oldest-first claim serves a backlog in due order, so without lanes a destination whose
-        jobs fell due during another's flood would wait for the whole flood. A lane starts at the
-        higher of the publisher's floor and its own (where its last lane claim left nothing
-        claimable of that destination behind, less :data:`FLOOR_LAG`), for the reason the floor
-        exists (see :meth:`claim_floor`); what falls due below it later is the oldest-first claim's.
-        """
-        for row in claimed:
-            if row.destination:
-                self._lane_floors.setdefault(row.destination, None)
-        began = self.store.claimed_up_to
-        if len(claimed) < self.settings.publish_batch or began is None:
-            return []
-        newest = max((row.due_at for row in claimed if row.due_at is not None), default=None)
-        if newest is None or newest > began - LANE_BEHIND:
-            return []
-        if time.monotonic() - self._lanes_read_at >= LANE_REFRESH_S:
-            for destination in self.store.known_destinations():
-                self._lane_floors.setdefault(destination, None)
-            self._lanes_read_at = time.monotonic()
-        served = {row.destination for row in claimed}
-        lanes = {d: self._lane_floor(d) for d in self._lane_floors if d not in served}
-        if not lanes:
-            return []
-        quota = max(LANE_MIN_QUOTA, self.settings.publish_batch // len(lanes))
-        rows, lanes_began = self.store.claim_lanes(lanes, quota)
-        # SKIP LOCKED does not skip the rows of this very transaction: none is claimed twice because
-        # no lane is of a destination that claim served, and this keeps it so.
-        ids = {row.id for row in claimed}
-        rows = [row for row in rows if row.id not in ids]
-        newest_of: dict[str, datetime] = {}
-        count_of: dict[str, int] = {}
-        for row in rows:
-            assert row.destination is not None and row.due_at is not None
-            count_of[row.destination] = count_of.get(row.destination, 0) + 1
-            newest_of[row.destination] = max(newest_of.get(row.destination, row.due_at), row.due_at)
-        for destination, floor in lanes.items():
-            full = count_of.get(destination, 0) >= quota
-            mark = newest_of[destination] if full else lanes_began
-            self._lane_floors[destination] = (
-                mark - FLOOR_LAG if floor is None else max(floor, mark - FLOOR_LAG)
-            )
-        return rows
-
-    def _lane_floor(self, destination: str) -> datetime | None:
-        own, floor = self._lane_floors.get(destination), self._floor
-        if own is None or floor is None:
-            return own if floor is None else floor
-        return max(own, floor)
 
     def publish_once(self) -> PublishCounts:
         """One round: dead jobs to their DLQ topic, then due jobs to their destination.

@@ -4,57 +4,47 @@ Registered by :mod:`retry_scheduler.airflow.plugin`. The page (``static/index.ht
 CSS, no build step, nothing from the internet) talks to the JSON API under ``/retry-scheduler/api/``,
 which is a thin layer over :mod:`retry_scheduler.ops.dlq`.
 
-Security, all of it Airflow's own:
-
-- **Who**: the user comes from Airflow's ``get_user`` (``airflow.api_fastapi.core_api.security``):
-  the ``Authorization: Bearer`` JWT, else the ``_token`` cookie the Airflow UI sets at login. A page
-  request without a login is redirected to the auth manager's login URL with a ``next`` back here;
-  an API request gets 401.
-- **What**: through Airflow's ``requires_access_dag`` for the runs of the ``dlq_replay`` DAG, the
-  DAG that replays and purges dead jobs: reading needs ``GET`` (who may see that DAG's runs may see
-  the jobs it acts on), replay and purge need ``POST``, which is exactly what triggering a run of
-  it needs. The audit actor is the Airflow user name.
-- **CSRF**: the cookie is sent by the browser on its own, so state-changing calls must be
-  ``Content-Type: application/json`` (a cross-site form cannot send that without a CORS preflight,
-  which this app never grants) and must not come from another site (``Sec-Fetch-Site``).
-
-Airflow's security module takes seconds to import and this module is imported by every Airflow
-process that loads plugins, so it is imported on the first request, not here.
+Who may read and act, and the database the page reads: :mod:`retry_scheduler.airflow.webui.access`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 import uuid
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from psycopg_pool import ConnectionPool, PoolTimeout
+from fastapi.security import HTTPAuthorizationCredentials
+from psycopg_pool import PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field
 
-from retry_scheduler.airflow.hook import RetrySchedulerHook, with_airflow_policies
-from retry_scheduler.core.config import DEFAULT_DATABASE_URL, ConfigError, Settings
+from retry_scheduler.airflow.hook import with_airflow_policies
+from retry_scheduler.airflow.webui.access import (
+    DAG_ID,
+    UserDep,
+    bearer_scheme,
+    current_user,
+    database,
+    database_url,
+    may,
+    operator,
+    reader,
+)
+from retry_scheduler.core.config import ConfigError, Settings
 from retry_scheduler.core.policy import PolicyError
 from retry_scheduler.core.records import deployment_destinations
-from retry_scheduler.db.connection import StoreError, connect, limit_statements, require_migrated
+from retry_scheduler.db.connection import StoreError
 from retry_scheduler.ops import browse, dlq
 
 log = logging.getLogger(__name__)
 
-#: The DAG whose permissions guard the page: its runs replay and purge dead jobs too.
-DAG_ID = "dlq_replay"
 #: Where the api-server mounts this app (retry_scheduler.airflow.plugin).
 PREFIX = "/retry-scheduler"
-#: How long the database URL read from the connection is reused.
-URL_TTL_S = 30.0
 #: The page's files, installed with the package.
 STATIC_DIR = Path(str(resources.files("retry_scheduler.airflow.webui").joinpath("static")))
 STATIC_TYPES = {
@@ -73,111 +63,6 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-
-_bearer = HTTPBearer(auto_error=False)
-_url_lock = threading.Lock()
-_url_cache: tuple[float, str] | None = None
-
-
-def database_url() -> str:
-    """The retry database: the ``retry_postgres`` connection when defined, else ``RETRY_DATABASE_URL``.
-
-    Read on the first request and again every :data:`URL_TTL_S` seconds, never at import.
-    """
-    global _url_cache
-    with _url_lock:
-        if _url_cache and time.monotonic() - _url_cache[0] < URL_TTL_S:
-            return _url_cache[1]
-        url = RetrySchedulerHook().database_url(in_task=False)
-        if url is None:
-            url = os.environ.get("RETRY_DATABASE_URL") or DEFAULT_DATABASE_URL
-        _url_cache = (time.monotonic(), url)
-        return url
-
-
-#: The page's connections to the retry database: at most this many, whatever the number of requests
-#: (``RETRY_WEB_POOL_SIZE``); a request waits up to ``POOL_WAIT_S`` for one, then gets 503.
-POOL_SIZE = int(os.environ.get("RETRY_WEB_POOL_SIZE") or 4)
-POOL_WAIT_S = 10.0
-APPLICATION_NAME = "retry-scheduler-dead-letters"
-_pools: dict[str, ConnectionPool] = {}
-_pool_lock = threading.Lock()
-
-
-def database() -> ConnectionPool:
-    """The pool of the retry database (:func:`database_url`), made on first use and checked then.
-
-    Every connection has the service's statement timeout; a URL that changed (the connection was
-    edited) gets a new pool, and the old one is closed.
-    """
-    url = database_url()
-    with _pool_lock:
-        pool = _pools.get(url)
-        if pool is None:
-            with connect(url) as conn:  # says what is wrong, once: no server, no database, no schema
-                require_migrated(conn, url)
-            pool = ConnectionPool(
-                url,
-                min_size=1,
-                max_size=max(1, POOL_SIZE),
-                timeout=POOL_WAIT_S,
-                kwargs={"application_name": APPLICATION_NAME, "connect_timeout": 10},
-                configure=limit_statements,
-                name="retry-scheduler-dead-letters",
-                open=True,
-            )
-            for old in _pools.values():
-                old.close(timeout=0)
-            _pools.clear()
-            _pools[url] = pool
-        return pool
-
-
-async def current_user(
-    request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> Any:
-    """The Airflow user of the request (bearer token, else the UI's cookie); 401/403 when none."""
-    from airflow.api_fastapi.core_api.security import get_user
-
-    return await get_user(request, _oauth_token=None, bearer_credentials=bearer)
-
-
-def authorize(request: Request, user: Any, method: Literal["GET", "POST"]) -> None:
-    """403 unless the auth manager lets ``user`` read (GET) or trigger (POST) ``dlq_replay`` runs."""
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-    from airflow.api_fastapi.core_api.security import requires_access_dag
-
-    check = requires_access_dag(method=method, access_entity=DagAccessEntity.RUN, param_dag_id=DAG_ID)
-    check(request, user)
-
-
-def may(request: Request, user: Any, method: Literal["GET", "POST"]) -> bool:
-    """Whether :func:`authorize` lets ``user`` through (for the page and ``/api/me``)."""
-    try:
-        authorize(request, user, method)
-    except HTTPException:
-        return False
-    return True
-
-
-UserDep = Annotated[Any, Depends(current_user)]
-
-
-def reader(request: Request, user: UserDep) -> Any:
-    """Dependency of every read: a logged-in user who may see ``dlq_replay`` runs."""
-    authorize(request, user, "GET")
-    return user
-
-
-def operator(request: Request, user: UserDep) -> Any:
-    """Dependency of replay and purge: may trigger ``dlq_replay``, and the request is not forgeable."""
-    authorize(request, user, "POST")
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media_type != "application/json":
-        raise HTTPException(415, "send the request as JSON (Content-Type: application/json)")
-    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
-        raise HTTPException(403, "cross-site requests are refused")
-    return user
 
 
 class ActionBody(BaseModel):
@@ -259,7 +144,7 @@ def _forbidden_page(user: Any) -> HTMLResponse:
 
 @app.get("/", include_in_schema=False)
 async def page(
-    request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 ) -> Response:
     """The page; without a login, Airflow's login page with a way back here."""
     try:

@@ -1,0 +1,107 @@
+"""The package's and the harness's shape: no module over 500 lines, no import cycle between modules.
+
+Issue 31's size rule: a module that outgrows 500 lines is two modules (split along the seam its own
+notes name). An import cycle is two modules that cannot be understood, or loaded, one without the other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"retry_scheduler": ROOT / "plugins" / "retry_scheduler", "bench": ROOT / "bench"}
+MAX_LINES = 500
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for name, base in PACKAGES.items():
+        for path in sorted(base.rglob("*.py")):
+            parts = path.relative_to(base).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((name, *parts))] = path
+    return found
+
+
+def _imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``module`` imports when it is loaded (imports inside functions and
+    under TYPE_CHECKING are not cycles: they run later, or never)."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+
+    def add(name: str) -> None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            found.add(name)
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    add(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    add(full if full in known else base)
+            elif isinstance(node, ast.If):
+                test = ast.unparse(node.test)
+                if "TYPE_CHECKING" not in test:
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+
+    visit(tree.body)
+    return found
+
+
+def test_no_module_is_over_500_lines() -> None:
+    long = {
+        name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"modules over {MAX_LINES} lines (split each along its own seam): {long}"
+
+
+def test_no_import_cycles() -> None:
+    modules = _modules()
+    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    # The reader sees imports (a check that it does, so that an empty graph cannot pass):
+    assert "retry_scheduler.db.store" in graph["retry_scheduler.loops.ingest"]
+    assert "retry_scheduler.core.protocol" in graph["retry_scheduler.core.adopt"]
+    # A package imports its own submodules (``from . import x``) and they import names from it: that
+    # is how a package is loaded, not a cycle of two modules.
+    graph = {
+        name: {dep for dep in deps if not (dep.startswith(name + ".") or name.startswith(dep + "."))}
+        for name, deps in graph.items()
+    }
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def walk(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append([*stack[stack.index(dep) :], dep])
+            elif dep not in state:
+                walk(dep)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name)
+    assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
