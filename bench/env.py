@@ -20,10 +20,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
+from bench.jobs import Job, insert_jobs
 from bench.queries import bq
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
-from retry_scheduler.core.jobs import Job, OutgoingRow, Status
+from retry_scheduler.core.jobs import OutgoingRow, Status
 from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.db.connection import connect, redact_url
 from retry_scheduler.db.schema import migrate
@@ -428,11 +429,12 @@ def insert_due_jobs(url: str, count: int, source_topic: str, destination: str) -
     due_ms = int(time.time() * 1000) - 1000
     with Store(url) as store:
         for start in range(0, count, 5000):
-            store.insert_jobs(
+            insert_jobs(
+                store,
                 [
                     due_job(i, source_topic, destination, due_ms)
                     for i in range(start, min(count, start + 5000))
-                ]
+                ],
             )
     return time.perf_counter() - began
 

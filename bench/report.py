@@ -235,7 +235,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "produces them with the idempotent producer (`acks=all`) to their original partition, waits for "
         "every acknowledgement, and marks exactly the acknowledged jobs published, in the transaction that "
         "locked them. The jobs "
-        "were stored beforehand with `Store.insert_jobs`, due one second ago; every record is counted on "
+        "were stored beforehand with the ingest's own `Store.insert_rows` (`bench.jobs.insert_jobs`), due one second ago; every record is counted on "
         "the destination topic afterwards. **Baselines**: PgQueuer (from PyPI), dequeuing and "
         "acknowledging as many jobs enqueued with `execute_after` in the past, set up like its own drain "
         "benchmark (5 queue managers on asyncpg, no-op entrypoint) with its default batch size of 10 for "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from bench.jobs import insert_jobs
 from retry_scheduler.db.store import Store
 from tests.conftest import ROOT
 from tests.integration.test_dlq import dead_job
@@ -41,8 +42,8 @@ def test_dry_run_then_replay_then_purge_each_audited(trigger, database_url: str)
     from airflow.utils.state import DagRunState
 
     with Store(database_url) as store:
-        store.insert_jobs(
-            [dead_job(1, destination="payments"), dead_job(2, destination="payments"), dead_job(3)]
+        insert_jobs(
+            store, [dead_job(1, destination="payments"), dead_job(2, destination="payments"), dead_job(3)]
         )
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("UPDATE retry_jobs SET dlq_published_at = now() WHERE id = 3")
@@ -129,7 +130,7 @@ def test_the_form_narrows_to_the_letters_one_tool_wrote(
 
     monkeypatch.setenv("RETRY_ADOPT_TOPICS", "orders.DLT=spring")
     with Store(database_url) as store:
-        store.insert_jobs([dead_job(1), replace(dead_job(2), source_topic="orders.DLT")])
+        insert_jobs(store, [dead_job(1), replace(dead_job(2), source_topic="orders.DLT")])
 
     spring = trigger({"written_by": "spring"})
     ours = trigger({"written_by": "retry-scheduler"})

@@ -9,6 +9,7 @@ from urllib.parse import quote
 
 import pytest
 
+from bench.jobs import insert_jobs
 from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.store import Store
 from retry_scheduler.dev.procs import free_port
@@ -48,8 +49,8 @@ def test_crossed_threshold_posts_one_alert_across_runs(
         "AIRFLOW_VAR_RETRY_MONITOR_THRESHOLDS", json.dumps({"dead_per_hour": 2, "oldest_overdue_s": 600})
     )
     with Store(database_url) as store:
-        store.insert_jobs([make_job(1, due_s_ago=120)])
-        store.insert_jobs([make_job(10 + n, status=Status.DEAD, destination="payments") for n in range(3)])
+        insert_jobs(store, [make_job(1, due_s_ago=120)])
+        insert_jobs(store, [make_job(10 + n, status=Status.DEAD, destination="payments") for n in range(3)])
 
     dag = monitor_dag()
     runs = [dag.test() for _ in range(2)]

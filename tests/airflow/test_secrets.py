@@ -26,6 +26,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from bench.jobs import insert_jobs
 from retry_scheduler.db.schema import migrate
 from retry_scheduler.db.store import Store
 from retry_scheduler.dev.postgres import ensure_postgres
@@ -160,8 +161,8 @@ def test_no_password_in_argv_xcom_logs_or_output(
     dest = f"{topic_prefix}-payments"
     create_topics(bootstrap_servers, [dest])
     with Store(password_database) as store:
-        store.insert_jobs([dead_job(i, dest) for i in range(20)])
-        store.insert_jobs([replace(dead_job(100 + i, dest), retry_id=f"cli-{i}") for i in range(10)])
+        insert_jobs(store, [dead_job(i, dest) for i in range(20)])
+        insert_jobs(store, [replace(dead_job(100 + i, dest), retry_id=f"cli-{i}") for i in range(10)])
 
     started = datetime.now(UTC)
     with CommandLines() as lines:

@@ -16,9 +16,10 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
+from bench.jobs import Job, insert_jobs
 from retry_scheduler.cli.main import main
 from retry_scheduler.core import protocol as p
-from retry_scheduler.core.jobs import Job, Status
+from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.store import Store
 from tests.conftest import ROOT
 from tests.jobrows import publish
@@ -80,8 +81,8 @@ def test_bulk_replay_dag_dry_run_then_replay(
     dest, other = f"{topic_prefix}-payments", f"{topic_prefix}-orders"
     create_topics(bootstrap_servers, [dest, other])
     with Store(database_url) as store:
-        store.insert_jobs(
-            [dead_job(i, dest) for i in range(30)] + [dead_job(100 + i, other) for i in range(5)]
+        insert_jobs(
+            store, [dead_job(i, dest) for i in range(30)] + [dead_job(100 + i, other) for i in range(5)]
         )
     dag = get_dag("retry_bulk_replay")
 
@@ -124,8 +125,9 @@ def test_compaction_dag_archives_its_logical_day(airflow_db, airflow_env: Path, 
     from airflow.utils.state import DagRunState
 
     with Store(database_url) as store:
-        store.insert_jobs(
-            [replace(dead_job(i, "orders"), status=Status.PENDING, dead_reason=None) for i in range(12)]
+        insert_jobs(
+            store,
+            [replace(dead_job(i, "orders"), status=Status.PENDING, dead_reason=None) for i in range(12)],
         )
     with psycopg.connect(database_url) as conn:
         publish(conn, "id <= 10", at=datetime(2026, 11, 20, 10, tzinfo=UTC))
@@ -171,7 +173,7 @@ def test_cli_bulk_retry_and_compact(
     dest = f"{topic_prefix}-payments"
     create_topics(bootstrap_servers, [dest])
     with Store(database_url) as store:
-        store.insert_jobs([dead_job(i, dest) for i in range(40)])
+        insert_jobs(store, [dead_job(i, dest) for i in range(40)])
 
     assert main(["bulk-retry", "--destination", dest, "--dry-run"]) == 0
     assert capfd.readouterr().out == "dry run: 40 dead jobs would be re-published (nothing changed)\n"
@@ -203,8 +205,9 @@ def test_in_a_terminal_compact_shows_the_job_s_progress_as_a_bar(
     from tests.terminal import run_in_terminal
 
     with Store(database_url) as store:
-        store.insert_jobs(
-            [replace(dead_job(i, "orders"), status=Status.PENDING, dead_reason=None) for i in range(10)]
+        insert_jobs(
+            store,
+            [replace(dead_job(i, "orders"), status=Status.PENDING, dead_reason=None) for i in range(10)],
         )
     with psycopg.connect(database_url) as conn:
         publish(conn, "true", at=datetime.now(UTC) - timedelta(days=1))
@@ -250,7 +253,7 @@ def test_both_dags_run_their_jobs_on_the_cluster_spark_default_names(
     dest = f"{topic_prefix}-payments"
     create_topics(bootstrap_servers, [dest])
     with Store(database_url) as store:
-        store.insert_jobs([dead_job(i, dest) for i in range(30)])
+        insert_jobs(store, [dead_job(i, dest) for i in range(30)])
 
     replay = get_dag("retry_bulk_replay").test(run_conf={"destination": dest, "dry_run": False})
     assert replay.state == DagRunState.SUCCESS

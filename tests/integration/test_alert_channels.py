@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from bench.jobs import insert_jobs
 from retry_scheduler.airflow.notifiers import (
     AlertConfigError,
     NotifierChannel,
@@ -62,7 +63,7 @@ def test_a_slack_notifier_declared_next_to_the_policies_carries_each_alert(
     database_url: str, slack: WebhookReceiver
 ) -> None:
     with Store(database_url) as store:
-        store.insert_jobs([make_job(1, due_s_ago=120, destination="payments")])
+        insert_jobs(store, [make_job(1, due_s_ago=120, destination="payments")])
 
     fired = run_monitor(database_url, Thresholds(), alert_notifiers())
     again = run_monitor(database_url, Thresholds(), alert_notifiers())
@@ -91,7 +92,7 @@ def test_a_failing_declared_channel_is_not_an_announcement_and_is_tried_again(
 ) -> None:
     slack.status = 500
     with Store(database_url) as store:
-        store.insert_jobs([make_job(1, due_s_ago=120)])
+        insert_jobs(store, [make_job(1, due_s_ago=120)])
 
     with caplog.at_level(logging.ERROR, logger="retry_scheduler.airflow.notifiers"):
         refused = run_monitor(database_url, Thresholds(), alert_notifiers())
@@ -130,7 +131,7 @@ def test_the_smtp_provider_s_notifier_renders_the_alert_into_its_mail(
     )
     monkeypatch.setenv("RETRY_POLICIES", str(policies))
     with Store(database_url) as store:
-        store.insert_jobs([make_job(10 + n, status=Status.DEAD, destination="payments") for n in range(3)])
+        insert_jobs(store, [make_job(10 + n, status=Status.DEAD, destination="payments") for n in range(3)])
 
     result = run_monitor(database_url, Thresholds(dead_per_hour=2), alert_notifiers())
 

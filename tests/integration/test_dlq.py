@@ -11,11 +11,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from bench.jobs import Job, insert_jobs
 from retry_scheduler.cli.main import main
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
-from retry_scheduler.core.jobs import Job, Status
+from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher
 from retry_scheduler.ops import browse
@@ -49,7 +50,7 @@ def dead_job(
 
 def insert(database_url: str, jobs: list[Job]) -> None:
     with Store(database_url) as store:
-        store.insert_jobs(jobs)
+        insert_jobs(store, jobs)
 
 
 def sql(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:

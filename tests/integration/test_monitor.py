@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from bench.jobs import Job, insert_jobs
 from retry_scheduler.airflow import notifiers as notify
 from retry_scheduler.airflow.notifiers import (
     Alert,
@@ -26,7 +27,7 @@ from retry_scheduler.airflow.notifiers import (
     WebhookNotifier,
     alert_notifiers,
 )
-from retry_scheduler.core.jobs import Job, Status
+from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.store import Store
 from retry_scheduler.dev.procs import free_port
 from retry_scheduler.ops.monitor import Thresholds, run_monitor
@@ -119,7 +120,7 @@ def test_overdue_backlog_alerts_once_per_incident_then_resolves_once(
     database_url: str, webhook: WebhookReceiver
 ) -> None:
     with Store(database_url) as store:
-        store.insert_jobs([make_job(1, due_s_ago=120)])
+        insert_jobs(store, [make_job(1, due_s_ago=120)])
 
     first = run_monitor(database_url, Thresholds(), alert_notifiers())
     second = run_monitor(database_url, Thresholds(), alert_notifiers())
@@ -159,10 +160,10 @@ def test_nothing_is_sent_while_every_check_is_under_its_threshold(
     database_url: str, webhook: WebhookReceiver
 ) -> None:
     with Store(database_url) as store:
-        store.insert_jobs([make_job(n, due_s_ago=10) for n in range(10)])
+        insert_jobs(store, [make_job(n, due_s_ago=10) for n in range(10)])
         publish_all(store, late_s=0.5)
-        store.insert_jobs([make_job(100, due_s_ago=20)])  # overdue, but not for long
-        store.insert_jobs([make_job(200 + n, status=Status.DEAD) for n in range(5)])
+        insert_jobs(store, [make_job(100, due_s_ago=20)])  # overdue, but not for long
+        insert_jobs(store, [make_job(200 + n, status=Status.DEAD) for n in range(5)])
     thresholds = Thresholds(oldest_overdue_s=30, lateness_p99_s=1.0, dead_per_hour=5)
 
     result = run_monitor(database_url, thresholds, alert_notifiers())
@@ -193,7 +194,7 @@ def test_late_publishing_crosses_the_lateness_p99_threshold(
     database_url: str, webhook: WebhookReceiver
 ) -> None:
     with Store(database_url) as store:
-        store.insert_jobs([make_job(n, due_s_ago=10) for n in range(20)])
+        insert_jobs(store, [make_job(n, due_s_ago=10) for n in range(20)])
         publish_all(store, late_s=5.0)
 
     result = run_monitor(database_url, Thresholds(), alert_notifiers())
@@ -210,8 +211,8 @@ def test_dead_jobs_of_the_last_hour_count_and_older_ones_do_not(
     database_url: str, webhook: WebhookReceiver
 ) -> None:
     with Store(database_url) as store:
-        store.insert_jobs([make_job(n, status=Status.DEAD, destination="payments") for n in range(3)])
-        store.insert_jobs([make_job(10 + n, status=Status.DEAD) for n in range(5)])
+        insert_jobs(store, [make_job(n, status=Status.DEAD, destination="payments") for n in range(3)])
+        insert_jobs(store, [make_job(10 + n, status=Status.DEAD) for n in range(5)])
     with psycopg.connect(database_url) as conn:
         conn.execute(
             "UPDATE retry_jobs SET dead_at = now() - interval '2 hours', dlq_published_at = now() - interval '2 hours'"
@@ -234,7 +235,7 @@ def test_a_delivery_failing_for_long_alerts_with_the_broker_s_error_then_resolve
     database_url: str, webhook: WebhookReceiver
 ) -> None:
     with Store(database_url) as store:
-        store.insert_jobs([make_job(1, status=Status.DEAD), make_job(2, due_s_ago=5)])
+        insert_jobs(store, [make_job(1, status=Status.DEAD), make_job(2, due_s_ago=5)])
     with psycopg.connect(database_url) as conn:  # job 1 cannot reach its DLQ topic: too large for it
         conn.execute(
             "UPDATE retry_jobs SET dead_at = now() - interval '20 minutes', publish_failures = 9,"
@@ -265,7 +266,7 @@ def test_an_alert_the_webhook_refused_is_sent_again_next_run(
     database_url: str, webhook: WebhookReceiver, caplog: pytest.LogCaptureFixture
 ) -> None:
     with Store(database_url) as store:
-        store.insert_jobs([make_job(1, due_s_ago=300)])
+        insert_jobs(store, [make_job(1, due_s_ago=300)])
     webhook.status = 500
 
     with caplog.at_level(logging.ERROR, logger="retry_scheduler.airflow.notifiers"):
@@ -309,7 +310,7 @@ def test_an_overlapping_run_waits_for_the_first_and_does_not_alert_again(
 ) -> None:
     run_monitor(database_url, Thresholds(), [])  # a quiet run: the incident rows exist from now on
     with Store(database_url) as store:
-        store.insert_jobs([make_job(1, due_s_ago=120)])
+        insert_jobs(store, [make_job(1, due_s_ago=120)])
     gate = Gate()
     results: dict[str, dict[str, Any]] = {}
     notifiers: dict[str, list[AlertNotifier]] = {
@@ -385,7 +386,7 @@ def test_email_alert_goes_out_through_airflow_smtp_connection(
         json.dumps({"conn_type": "email", "extra": {"to": ["ops@example.com", "oncall@example.com"]}}),
     )
     with Store(database_url) as store:
-        store.insert_jobs([make_job(1, due_s_ago=120, destination="payments")])
+        insert_jobs(store, [make_job(1, due_s_ago=120, destination="payments")])
 
     result = run_monitor(database_url, Thresholds(), alert_notifiers())
     run_monitor(database_url, Thresholds(), alert_notifiers())
@@ -427,8 +428,8 @@ def test_log_is_the_channel_when_no_connection_is_defined(
 ) -> None:
     monkeypatch.setattr(notify, "_reported_off", set())  # "said once per process": start this test afresh
     with Store(database_url) as store:
-        store.insert_jobs([make_job(1, due_s_ago=120)])
-        store.insert_jobs([make_job(10 + n, status=Status.DEAD) for n in range(3)])
+        insert_jobs(store, [make_job(1, due_s_ago=120)])
+        insert_jobs(store, [make_job(10 + n, status=Status.DEAD) for n in range(3)])
 
     with caplog.at_level(logging.INFO, logger="retry_scheduler.airflow.notifiers"):
         result = run_monitor(database_url, Thresholds(dead_per_hour=1), alert_notifiers())

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from bench.jobs import insert_jobs
 from retry_scheduler.airflow.notifiers import alert_notifiers
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import Status
@@ -89,7 +90,7 @@ def test_a_broker_out_of_reach_leaves_the_lag_unjudged_and_the_other_checks_runn
 ) -> None:
     settings = Settings(database_url=database_url, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
     with Store(database_url) as store:
-        store.insert_jobs([make_job(1, due_s_ago=120)])
+        insert_jobs(store, [make_job(1, due_s_ago=120)])
 
     result = run_monitor(
         database_url,
@@ -109,7 +110,7 @@ def test_dead_jobs_off_their_dlq_topic_after_a_minute_alert_by_topic_with_the_br
     database_url: str, webhook: WebhookReceiver
 ) -> None:
     with Store(database_url) as store:
-        store.insert_jobs([make_job(n, status=Status.DEAD) for n in range(1, 5)])
+        insert_jobs(store, [make_job(n, status=Status.DEAD) for n in range(1, 5)])
     with psycopg.connect(database_url) as conn:
         # jobs 1-3 died two minutes ago and their DLQ topic refuses them; job 4 died just now
         conn.execute(
@@ -139,8 +140,8 @@ def test_deliveries_failing_five_times_in_a_row_alert_per_destination(
     database_url: str, webhook: WebhookReceiver
 ) -> None:
     with Store(database_url) as store:
-        store.insert_jobs([make_job(1, destination="payments"), make_job(2, destination="orders")])
-        store.insert_jobs([make_job(3, destination="orders")])
+        insert_jobs(store, [make_job(1, destination="payments"), make_job(2, destination="orders")])
+        insert_jobs(store, [make_job(3, destination="orders")])
     with psycopg.connect(database_url) as conn:
         conn.execute(
             "UPDATE retry_jobs SET publish_failures = 5, last_error = 'delivery failed: Broker: Unknown topic'"

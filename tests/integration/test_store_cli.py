@@ -11,8 +11,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from bench.jobs import Job, insert_jobs
 from retry_scheduler.cli.main import main
-from retry_scheduler.core.jobs import Job, Status
+from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.connection import StoreError
 from retry_scheduler.db.schema import migrate
 from retry_scheduler.db.store import Store
@@ -71,8 +72,8 @@ def test_migration_0007_marks_what_a_crashed_bulk_retry_had_staged_then_drops_th
     database_url: str,
 ) -> None:
     with Store(database_url) as store:
-        store.insert_jobs(
-            [make_job(1, Status.DEAD, dead="exhausted"), make_job(2, Status.DEAD, dead="fatal")]
+        insert_jobs(
+            store, [make_job(1, Status.DEAD, dead="exhausted"), make_job(2, Status.DEAD, dead="fatal")]
         )
     with psycopg.connect(database_url, autocommit=True) as conn:
         # The database as 0006 left it, with the acknowledgements of a bulk retry that crashed before marking.
@@ -106,8 +107,8 @@ def test_unmigrated_database_says_what_to_run(database_url: str) -> None:
 
 def test_insert_ignores_duplicate_source_offsets(database_url: str) -> None:
     with Store(database_url) as store:
-        assert store.insert_jobs([make_job(1), make_job(2, Status.DEAD, dead="fatal")]) == [None, "fatal"]
-        assert store.insert_jobs([make_job(2, Status.DEAD, dead="fatal"), make_job(3)]) == [None]
+        assert insert_jobs(store, [make_job(1), make_job(2, Status.DEAD, dead="fatal")]) == [None, "fatal"]
+        assert insert_jobs(store, [make_job(2, Status.DEAD, dead="fatal"), make_job(3)]) == [None]
 
 
 def test_a_record_read_again_after_its_job_was_published_is_not_stored_twice(database_url: str) -> None:
@@ -135,14 +136,14 @@ def test_a_record_read_again_after_its_job_was_published_is_not_stored_twice(dat
 
 def test_a_recreated_topic_reusing_offsets_is_not_taken_for_duplicates(database_url: str) -> None:
     with Store(database_url) as store:
-        assert len(store.insert_jobs([make_job(1)])) == 1
+        assert len(insert_jobs(store, [make_job(1)])) == 1
         reborn = dataclasses.replace(make_job(1), source_timestamp_ms=2)  # same offset, a new record
-        assert len(store.insert_jobs([reborn])) == 1
+        assert len(insert_jobs(store, [reborn])) == 1
 
 
 def test_invalid_status_transitions_fail_loudly(database_url: str) -> None:
     with Store(database_url) as store:
-        store.insert_jobs([make_job(1)])
+        insert_jobs(store, [make_job(1)])
         with store.conn.transaction():
             [row] = store.claim_due(10)
             store.mark_published([(row.id, int(time.time() * 1000))])
@@ -152,7 +153,7 @@ def test_invalid_status_transitions_fail_loudly(database_url: str) -> None:
     ):
         conn.execute("UPDATE retry_published_jobs SET status = 'pending'")
     with Store(database_url) as store:
-        store.insert_jobs([make_job(2), make_job(3, Status.DEAD, dead="fatal")])
+        insert_jobs(store, [make_job(2), make_job(3, Status.DEAD, dead="fatal")])
     # A job is published by moving it (mark_published), never in place.
     with (
         psycopg.connect(database_url) as conn,
@@ -164,7 +165,7 @@ def test_invalid_status_transitions_fail_loudly(database_url: str) -> None:
 def test_claims_skip_future_jobs_and_jobs_another_publisher_holds(database_url: str) -> None:
     future = int(time.time() * 1000) + 3_600_000
     with Store(database_url) as a, Store(database_url) as b:
-        a.insert_jobs([make_job(1), make_job(2, due_ms=future)])
+        insert_jobs(a, [make_job(1), make_job(2, due_ms=future)])
         with a.conn.transaction():
             first = a.claim_due(10)
             assert [r.retry_id for r in first] == ["id-1"]
@@ -182,8 +183,8 @@ def test_a_claim_reads_the_due_jobs_only_in_due_order_whatever_the_statistics(da
     real ``Store.claim_due`` call, sent back by PostgreSQL's auto_explain as a notice."""
     now = int(time.time() * 1000)
     with Store(database_url) as store:
-        store.insert_jobs([make_job(i, due_ms=now - 60_000 + i) for i in range(10)])
-        store.insert_jobs([make_job(100 + i, due_ms=now + 3_600_000 + i) for i in range(5_000)])
+        insert_jobs(store, [make_job(i, due_ms=now - 60_000 + i) for i in range(10)])
+        insert_jobs(store, [make_job(100 + i, due_ms=now + 3_600_000 + i) for i in range(5_000)])
         for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
                         "SET auto_explain.log_analyze = on", "SET auto_explain.log_format = json",
                         "SET auto_explain.log_level = notice"):  # fmt: skip
@@ -240,13 +241,13 @@ def test_the_wait_after_a_claim_reads_from_the_claim_on_not_the_published_jobs_b
     # A transaction open meanwhile (a report, a Spark job's JDBC read) keeps the published jobs' old
     # versions visible to it: their index entries cannot be skipped until it ends, however often walked.
     with Store(database_url) as store, psycopg.connect(database_url) as holder:
-        store.insert_jobs([make_job(i, due_ms=now - 60_000 + i) for i in range(3_000)])
+        insert_jobs(store, [make_job(i, due_ms=now - 60_000 + i) for i in range(3_000)])
         holder.execute("SELECT txid_current()")
         with store.conn.transaction():
             claimed = store.claim_due(5_000)
             store.mark_published([(r.id, now) for r in claimed])
         assert len(claimed) == 3_000
-        store.insert_jobs([make_job(10_000, due_ms=now + 3_600_000)])  # due in an hour
+        insert_jobs(store, [make_job(10_000, due_ms=now + 3_600_000)])  # due in an hour
         with store.conn.transaction():
             assert store.claim_due(5_000) == []
         after = store.claimed_up_to
@@ -264,7 +265,7 @@ def test_the_wait_after_a_claim_reads_from_the_claim_on_not_the_published_jobs_b
         assert plain is not None and bounded is not None and 3_500 < bounded <= plain + 1 < 3_602
 
         # A job falling due between the claim and the read is found: the publisher goes round at once.
-        store.insert_jobs([make_job(10_001, due_ms=int(after.timestamp() * 1000) + 1)])
+        insert_jobs(store, [make_job(10_001, due_ms=int(after.timestamp() * 1000) + 1)])
         late = store.seconds_until_next_due(after=after)
         assert late is not None and late < 0
 
@@ -311,14 +312,14 @@ def test_jobs_claimed_and_marked_in_one_transaction_are_not_left_with_multixact_
     subtransaction and updated in another gets a MultiXact as its old version's deleter, which no
     index scan can judge dead, so every later claim walked that job's entry in the due index."""
     with Store(database_url) as store, psycopg.connect(database_url, autocommit=True) as admin:
-        store.insert_jobs([make_job(i) for i in range(50)])
+        insert_jobs(store, [make_job(i) for i in range(50)])
         with store.conn.transaction():  # as Publisher.publish_once does
             claimed = store.claim_due(1_000)
             assert store.mark_published([(r.id, int(time.time() * 1000)) for r in claimed]) == 50
         assert multixact_deleters(admin) == 0
 
         # The check sees them where they are: the same two steps, each in a savepoint of its own.
-        store.insert_jobs([make_job(100 + i) for i in range(50)])
+        insert_jobs(store, [make_job(100 + i) for i in range(50)])
         with store.conn.transaction():
             with store.conn.transaction():
                 ids = [r[0] for r in store.conn.execute(
@@ -333,7 +334,7 @@ def test_jobs_claimed_and_marked_in_one_transaction_are_not_left_with_multixact_
 
 def test_a_publisher_stuck_in_its_transaction_lets_its_jobs_go_after_the_lease(database_url: str) -> None:
     with Store(database_url) as stuck, Store(database_url) as other:
-        stuck.insert_jobs([make_job(1)])
+        insert_jobs(stuck, [make_job(1)])
         stuck.limit_idle_transactions(300)
         stuck.conn.execute("SELECT 'a transaction begins'")
         assert len(stuck.claim_due(10)) == 1
@@ -355,13 +356,14 @@ def test_status_json_counts_by_status(
     database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with Store(database_url) as store:
-        store.insert_jobs(
+        insert_jobs(
+            store,
             [
                 make_job(1),
                 make_job(2),
                 make_job(3, Status.DEAD, dead="exhausted"),
                 make_job(4, Status.DEAD, dead="invalid"),
-            ]
+            ],
         )
     monkeypatch.setenv("RETRY_DATABASE_URL", database_url)
     assert main(["status", "--json"]) == 0

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 import psycopg
 
 from bench.env import due_job
+from bench.jobs import insert_jobs
 from retry_scheduler.db.store import Store
 from tests.jobrows import publish
 
@@ -17,8 +18,8 @@ def _published(database_url: str, count: int) -> None:
     """``count`` jobs published over the last two hours, a tenth of them in the last minute."""
     now_ms = int(time.time() * 1000)
     with Store(database_url) as store:
-        store.insert_jobs(
-            [due_job(i, "reads.retry", "reads.orders", now_ms - 7_200_000) for i in range(count)]
+        insert_jobs(
+            store, [due_job(i, "reads.retry", "reads.orders", now_ms - 7_200_000) for i in range(count)]
         )
     with psycopg.connect(database_url, autocommit=True) as conn:
         publish(conn, "true", at=datetime.now(UTC))

@@ -20,18 +20,12 @@ import pytest
 from psycopg.rows import dict_row
 from pyspark.sql import SparkSession
 
+from bench.jobs import Job, insert_jobs
 from retry_scheduler.cli import main as cli
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.connection_file import connection_file
-from retry_scheduler.core.jobs import (
-    HELD_DUE_MS,
-    Job,
-    OutgoingRow,
-    Status,
-    destination_headers,
-    encode_headers,
-)
+from retry_scheduler.core.jobs import HELD_DUE_MS, OutgoingRow, Status, destination_headers, encode_headers
 from retry_scheduler.db.store import Store
 from retry_scheduler.spark import bulk_options, bulk_retry
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
@@ -181,7 +175,7 @@ def test_a_pending_bulk_retry_leaves_held_jobs_to_their_chain(
     held = replace(make_job(2, orders, status=Status.PENDING), held_by="rid-1", due_ms=HELD_DUE_MS)
     dead_held = replace(make_job(3, orders), held_by="rid-1")
     with Store(database_url) as store:
-        store.insert_jobs([free, held, dead_held])
+        insert_jobs(store, [free, held, dead_held])
     assert run(database_url, bootstrap_servers, "--status", "pending")["published"] == 1
     assert run(database_url, bootstrap_servers)["published"] == 1
     assert published_ids(database_url) == {"rid-1", "rid-3"}
@@ -357,7 +351,7 @@ def test_arrow_batches_are_produced_and_their_acknowledged_jobs_marked_published
     create_topics(bootstrap_servers, [orders])
     jobs = [make_job(i, orders, partition=i % 3) for i in range(5)]
     with Store(database_url) as store:
-        store.insert_jobs(jobs)
+        insert_jobs(store, jobs)
     selected = stored_rows(database_url)
     batches = [pa.RecordBatch.from_pylist(selected[:3]), pa.RecordBatch.from_pylist(selected[3:])]
     failed = Tally()
@@ -400,10 +394,11 @@ def test_dry_run_counts_per_destination_and_changes_nothing(
     orders, payments = f"{topic_prefix}.orders", f"{topic_prefix}.payments"
     create_topics(bootstrap_servers, [orders, payments])
     with Store(database_url) as store:
-        store.insert_jobs(
+        insert_jobs(
+            store,
             [make_job(i, orders) for i in range(12)]
             + [make_job(100 + i, payments) for i in range(5)]
-            + [make_job(200, orders, status=Status.PENDING)]
+            + [make_job(200, orders, status=Status.PENDING)],
         )
     before = rows(database_url)
 
@@ -439,7 +434,7 @@ def test_publishes_exactly_the_selection_like_the_publish_loop_and_marks_it(
         make_job(2000, orders, status=Status.PENDING)
     ]
     with Store(database_url) as store:
-        store.insert_jobs(dead_orders + others)
+        insert_jobs(store, dead_orders + others)
     before = rows(database_url)
 
     result = run(database_url, bootstrap_servers, "--destination", orders)
@@ -474,7 +469,7 @@ def test_large_records_are_read_a_few_rows_per_round_trip_and_published_whole(
     big = bytes(range(256)) * 3500  # 896 000 bytes, near the 1 MiB record limit
     jobs = {j.retry_id: j for j in (replace(make_job(i, orders), value=big) for i in range(4))}
     with Store(database_url) as store:
-        store.insert_jobs(list(jobs.values()))
+        insert_jobs(store, list(jobs.values()))
     largest = max(len(j.key or b"") + len(big) + len(encode_headers(j.headers) or b"") for j in jobs.values())
 
     result = run(database_url, bootstrap_servers)
@@ -495,7 +490,7 @@ def test_missing_destination_topic_counts_failed_and_leaves_jobs_dead(
 ) -> None:
     gone = f"{topic_prefix}.gone"
     with Store(database_url) as store:
-        store.insert_jobs([make_job(i, gone) for i in range(3)])
+        insert_jobs(store, [make_job(i, gone) for i in range(3)])
 
     result = run(database_url, bootstrap_servers)
 
@@ -531,7 +526,7 @@ def test_a_failed_marking_stops_the_run_and_a_rerun_publishes_only_the_unmarked_
     create_topics(bootstrap_servers, [orders])
     dead = {j.retry_id: j for j in (make_job(i, orders) for i in range(50))}
     with Store(database_url) as store:
-        store.insert_jobs(list(dead.values()))
+        insert_jobs(store, list(dead.values()))
     fail_marking_after(database_url, 30)  # three batches of 10 get marked, then the database fails
     one_partition = ("--partitions", "1", "--mark-batch", "10")
 
@@ -586,7 +581,7 @@ def test_filters_error_class_time_window_and_limit(
     ]
     jobs = [make_job(i, orders, error_class=classes[i % len(classes)]) for i in range(36)]
     with Store(database_url) as store:
-        store.insert_jobs(jobs)
+        insert_jobs(store, jobs)
     now = datetime.now(UTC).replace(microsecond=0)
     created = {j.retry_id: now - timedelta(hours=j.source_offset) for j in jobs}  # job i: i hours ago
     with psycopg.connect(database_url) as conn:
@@ -653,8 +648,8 @@ def test_jobs_of_a_destination_no_longer_allowed_are_left_alone(
     orders, legacy = f"{topic_prefix}.orders", f"{topic_prefix}.legacy"
     create_topics(bootstrap_servers, [orders, legacy])
     with Store(database_url) as store:
-        store.insert_jobs(
-            [make_job(i, orders) for i in range(5)] + [make_job(10 + i, legacy) for i in range(3)]
+        insert_jobs(
+            store, [make_job(i, orders) for i in range(5)] + [make_job(10 + i, legacy) for i in range(3)]
         )
 
     # The deployment took the legacy topic off its list after these jobs died.
@@ -688,7 +683,7 @@ def test_one_bulk_replay_at_a_time_each_audited(
     orders = f"{topic_prefix}.orders"
     create_topics(bootstrap_servers, [orders])
     with Store(database_url) as store:
-        store.insert_jobs([make_job(i, orders) for i in range(4)])
+        insert_jobs(store, [make_job(i, orders) for i in range(4)])
 
     with psycopg.connect(database_url, autocommit=True) as other:
         other.execute("SELECT pg_advisory_lock(7311, hashtext('retry_bulk_replay'))")  # a run in progress
@@ -797,7 +792,7 @@ def test_a_connection_with_libpq_options_runs_the_bulk_retry(
     create_topics(bootstrap_servers, [orders])
     jobs = [make_job(i, orders) for i in range(5)]
     with Store(database_url) as store:
-        store.insert_jobs(jobs)
+        insert_jobs(store, jobs)
     url = f"{database_url}?options=-c%20lock_timeout%3D4000&target_session_attrs=read-write&keepalives=1"
 
     result = run(url, bootstrap_servers)

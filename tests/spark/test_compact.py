@@ -22,9 +22,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import BinaryType, LongType, StringType, TimestampType
 from pyspark.testing import assertDataFrameEqual
 
+from bench.jobs import Job, insert_jobs
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.connection_file import connection_file
-from retry_scheduler.core.jobs import Job, Status
+from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.store import Store
 from retry_scheduler.spark import archive_io
 from retry_scheduler.spark import compaction as compact
@@ -209,12 +210,12 @@ def seed(database_url: str, jobs: dict[str, tuple[str, datetime | None, str | No
     """Insert jobs named ``name -> (status, processed time, destination)``; returns their ids."""
     offsets = {name: next(_offsets) for name in jobs}
     with Store(database_url) as store:
-        store.insert_jobs(
-            # published ones are stored pending and then published, as the loop does
+        insert_jobs(
+            store,  # published ones are stored pending and then published, as the loop does
             [
                 make_job(offsets[name], Status.PENDING if status == "published" else Status(status), dest)
                 for name, (status, _, dest) in jobs.items()
-            ]
+            ],
         )
     with psycopg.connect(database_url) as conn:
         by_offset: dict[int, int] = dict(

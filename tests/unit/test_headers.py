@@ -5,12 +5,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from bench.jobs import Job
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers, truncate_reason
 from retry_scheduler.core.jobs import (
-    Job,
     OutgoingRow,
     Status,
     decode_headers,
@@ -261,7 +261,7 @@ def test_dlq_headers_of_invalid_record_replace_only_what_we_set() -> None:
 
 
 def test_the_copy_row_matches_the_copy_statement_and_round_trips() -> None:
-    from retry_scheduler.core.jobs import COPY_COLUMNS, COPY_TYPES, Job
+    from retry_scheduler.core.jobs import COPY_COLUMNS, COPY_TYPES
     from retry_scheduler.db.schema import queries
 
     statement = queries()["copy_jobs"].split("COPY retry_jobs (", 1)[1]

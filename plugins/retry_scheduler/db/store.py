@@ -18,7 +18,7 @@ import psycopg
 from psycopg.adapt import PyFormat
 
 from retry_scheduler.core import protocol
-from retry_scheduler.core.jobs import COPY_TYPES, CopyRow, Job, OutgoingRow
+from retry_scheduler.core.jobs import COPY_TYPES, CopyRow, OutgoingRow
 from retry_scheduler.db.connection import StoreError, connect, require_migrated
 from retry_scheduler.db.loop_records import LoopRecords
 from retry_scheduler.db.readings import HELD_DUE_AT, Readings
@@ -96,10 +96,6 @@ class Store(Readings, LoopRecords):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def insert_jobs(self, jobs: Sequence[Job]) -> list[str | None]:
-        """Store jobs (see :meth:`insert_rows`); duplicates of stored records are ignored."""
-        return self.insert_rows([job.copy_row() for job in jobs])
 
     def insert_rows(
         self,
