@@ -23,17 +23,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from retry_scheduler.core.jobs import Status
-from retry_scheduler.dev.airflow_api import (
-    api_token,
-    dag_details,
-    dag_runs,
-    fail_unfinished_runs,
-    set_paused,
-    unpause_dag,
-    wait_for_backfills,
-)
+from retry_scheduler.dev.airflow_api import api_token, dag_runs, fail_unfinished_runs, set_paused, unpause_dag
 from retry_scheduler.dev.airflow_env import airflow_cli
 from retry_scheduler.dev.stack import DevStack
+from tests.airflow_rest import dag_details, wait_for_backfills
 from tests.conftest import ROOT, empty_service_tables
 from tests.e2e.stacks import new_dev_stack, reparse
 from tests.integration.test_dlq import dead_job, insert, sql

@@ -35,10 +35,10 @@ from retry_scheduler.dev.airflow_api import (
     trigger_dag,
     unpause_dag,
     wait_for_dag_run,
-    xcom_value,
 )
 from retry_scheduler.dev.demo import warm_up
 from retry_scheduler.dev.stack import DevStack
+from tests.airflow_rest import xcom_value
 from tests.conftest import ROOT
 from tests.e2e.stacks import new_dev_stack, reparse
 from tests.integration.test_monitor import WebhookReceiver

@@ -30,7 +30,8 @@ class ApiTimeout(AirflowApiError):
     """The api-server did not answer a request in time."""
 
 
-def _api(method: str, url: str, token: str | None = None, body: Any = None) -> Any:
+def api_call(method: str, url: str, token: str | None = None, body: Any = None) -> Any:
+    """One request to the REST API (JSON in and out, ``Bearer token``); what it answered."""
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     data = None if body is None else json.dumps(body).encode()
     try:
@@ -50,12 +51,12 @@ def _api(method: str, url: str, token: str | None = None, body: Any = None) -> A
     return json.loads(payload) if payload else None
 
 
-def _poll(method: str, url: str, token: str, deadline: float) -> Any:
-    """``_api`` for a loop that polls until ``deadline``: a request the api-server was too busy to
+def poll(method: str, url: str, token: str, deadline: float) -> Any:
+    """``api_call`` for a loop that polls until ``deadline``: a request the api-server was too busy to
     answer in time is asked again (a machine running much else), until the deadline."""
     while True:
         try:
-            return _api(method, url, token)
+            return api_call(method, url, token)
         except ApiTimeout:
             if time.monotonic() > deadline:
                 raise
@@ -64,10 +65,11 @@ def _poll(method: str, url: str, token: str, deadline: float) -> Any:
 def api_token(base_url: str, username: str = "admin", password: str = "admin") -> str:
     """A JWT from the simple auth manager's ``POST /auth/token``, for the API's ``Bearer`` header."""
     body = {"username": username, "password": password}
-    return str(_api("POST", f"{base_url.rstrip('/')}/auth/token", body=body)["access_token"])
+    return str(api_call("POST", f"{base_url.rstrip('/')}/auth/token", body=body)["access_token"])
 
 
-def _dag_url(base_url: str, dag_id: str) -> str:
+def dag_url(base_url: str, dag_id: str) -> str:
+    """The REST API's URL of DAG ``dag_id``."""
     return f"{base_url.rstrip('/')}/api/v2/dags/{urllib.parse.quote(dag_id, safe='')}"
 
 
@@ -81,7 +83,7 @@ def set_paused(base_url: str, token: str, dag_id: str, paused: bool, timeout: fl
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return dict(_api("PATCH", _dag_url(base_url, dag_id), token, {"is_paused": paused}))
+            return dict(api_call("PATCH", dag_url(base_url, dag_id), token, {"is_paused": paused}))
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -93,6 +95,14 @@ def set_paused(base_url: str, token: str, dag_id: str, paused: bool, timeout: fl
         time.sleep(1)
 
 
+def dag_runs(base_url: str, token: str, dag_id: str, run_type: str | None = None) -> list[dict[str, Any]]:
+    """Every run of a DAG (oldest logical date first), or only those of ``run_type`` (``backfill``, ...)."""
+    query = urllib.parse.urlencode(
+        {"limit": 1000, "order_by": "logical_date", **({"run_type": run_type} if run_type else {})}
+    )
+    return list(api_call("GET", f"{dag_url(base_url, dag_id)}/dagRuns?{query}", token)["dag_runs"])
+
+
 def fail_unfinished_runs(base_url: str, token: str, dag_id: str) -> list[str]:
     """Mark every queued or running run of a DAG failed (Airflow then fails its running tasks and
     skips the rest); returns their run ids. Pause the DAG first, or the scheduler starts new ones."""
@@ -100,8 +110,8 @@ def fail_unfinished_runs(base_url: str, token: str, dag_id: str) -> list[str]:
         r["dag_run_id"] for r in dag_runs(base_url, token, dag_id) if r["state"] in {"queued", "running"}
     ]
     for run_id in unfinished:
-        url = f"{_dag_url(base_url, dag_id)}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
-        _api("PATCH", url, token, {"state": "failed"})
+        url = f"{dag_url(base_url, dag_id)}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
+        api_call("PATCH", url, token, {"state": "failed"})
     return unfinished
 
 
@@ -112,68 +122,17 @@ def trigger_dag(
     body: dict[str, Any] = {"logical_date": None, "conf": conf or {}}
     if run_id:
         body["dag_run_id"] = run_id
-    return dict(_api("POST", f"{_dag_url(base_url, dag_id)}/dagRuns", token, body))
+    return dict(api_call("POST", f"{dag_url(base_url, dag_id)}/dagRuns", token, body))
 
 
 def wait_for_dag_run(
     base_url: str, token: str, dag_id: str, run_id: str, timeout: float = 300.0
 ) -> dict[str, Any]:
     """Poll a DAG run until it is ``success`` or ``failed`` and return it; DevStackError on timeout."""
-    url = f"{_dag_url(base_url, dag_id)}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
+    url = f"{dag_url(base_url, dag_id)}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
     deadline = time.monotonic() + timeout
-    while (run := dict(_poll("GET", url, token, deadline))).get("state") not in {"success", "failed"}:
+    while (run := dict(poll("GET", url, token, deadline))).get("state") not in {"success", "failed"}:
         if time.monotonic() > deadline:
             raise AirflowApiError(f"DAG run {dag_id}/{run_id} still {run.get('state')} after {timeout:.0f} s")
         time.sleep(1)
     return run
-
-
-def dag_details(base_url: str, token: str, dag_id: str, timeout: float = 90.0) -> dict[str, Any]:
-    """The DAG as the REST API shows it (``is_paused``, ``next_dagrun_logical_date``, ...), waiting up
-    to ``timeout`` s for the dag processor to have parsed it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return dict(_api("GET", _dag_url(base_url, dag_id), token))
-        except ApiError as exc:
-            if exc.status != 404 or time.monotonic() > deadline:
-                raise
-        time.sleep(1)
-
-
-def dag_runs(base_url: str, token: str, dag_id: str, run_type: str | None = None) -> list[dict[str, Any]]:
-    """Every run of a DAG (oldest logical date first), or only those of ``run_type`` (``backfill``, ...)."""
-    query = urllib.parse.urlencode(
-        {"limit": 1000, "order_by": "logical_date", **({"run_type": run_type} if run_type else {})}
-    )
-    return list(_api("GET", f"{_dag_url(base_url, dag_id)}/dagRuns?{query}", token)["dag_runs"])
-
-
-def wait_for_backfills(
-    base_url: str, token: str, dag_id: str, timeout: float = 600.0
-) -> list[dict[str, Any]]:
-    """Poll until every backfill of a DAG is complete (its runs finished); return them, oldest first."""
-    url = f"{base_url.rstrip('/')}/api/v2/backfills?" + urllib.parse.urlencode(
-        {"dag_id": dag_id, "order_by": "id"}
-    )
-    deadline = time.monotonic() + timeout
-    while True:
-        backfills = list(_poll("GET", url, token, deadline)["backfills"])
-        if backfills and all(b.get("completed_at") for b in backfills):
-            return backfills
-        if time.monotonic() > deadline:
-            raise AirflowApiError(
-                f"the backfills of {dag_id} are not complete after {timeout:.0f} s: {backfills}"
-            )
-        time.sleep(2)
-
-
-def xcom_value(
-    base_url: str, token: str, dag_id: str, run_id: str, task_id: str, key: str = "return_value"
-) -> Any:
-    """What a task instance pushed to XCom (its return value by default), deserialized."""
-    url = (
-        f"{_dag_url(base_url, dag_id)}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/"
-        f"{urllib.parse.quote(task_id, safe='')}/xcomEntries/{urllib.parse.quote(key, safe='')}?deserialize=true"
-    )
-    return _api("GET", url, token)["value"]
