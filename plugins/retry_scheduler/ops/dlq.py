@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, LiteralString
+from typing import Any, Literal, LiteralString, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -311,15 +311,25 @@ class Outcome:
         return head + (f" (left alone: {left})" if left else "") + f" [audit {self.audit_id}]"
 
 
-def _skipped(action: Action, plan: tuple[int, int, int, int, int]) -> dict[str, int]:
-    _matched, invalid, not_on_dlq, in_flight, refused = plan
-    if action == "replay":
-        return {
-            "invalid, no usable destination": invalid,
-            "being sent to the DLQ topic now": in_flight,
-            "destination not allowed": refused,
-        }
-    return {"not yet on the DLQ topic": not_on_dlq}
+class Plan(NamedTuple):
+    """What a replay or purge of a filter would do (``dlq_plan``): the jobs it selects, and of those
+    the ones it would leave alone, by why."""
+
+    matched: int
+    invalid: int  # no usable destination
+    not_on_dlq: int  # not yet published to their DLQ topic
+    in_flight: int  # being sent to their DLQ topic right now (leased)
+    refused: int  # of a destination the rules no longer allow
+
+    def skipped(self, action: Action) -> dict[str, int]:
+        """The jobs ``action`` would leave alone, by why (in the words the outcome and audit use)."""
+        if action == "replay":
+            return {
+                "invalid, no usable destination": self.invalid,
+                "being sent to the DLQ topic now": self.in_flight,
+                "destination not allowed": self.refused,
+            }
+        return {"not yet on the DLQ topic": self.not_on_dlq}
 
 
 def run_action(
@@ -376,14 +386,14 @@ def run_action(
                 dlq_query("dlq_plan", where), {**params, "limit": flt.limit, "refused": refused}
             ).fetchone()
         assert plan_row is not None
-        plan = (int(plan_row[0]), int(plan_row[1]), int(plan_row[2]), int(plan_row[3]), int(plan_row[4]))
-        skipped = _skipped(action, plan)
+        plan = Plan(*(int(n) for n in plan_row))
+        skipped = plan.skipped(action)
         outcome = Outcome(
             action=action,
             dry_run=dry_run,
             filter=flt.as_dict(),
-            matched=plan[0],
-            would_affect=max(0, plan[0] - sum(skipped.values())),
+            matched=plan.matched,
+            would_affect=max(0, plan.matched - sum(skipped.values())),
             affected=0,
             skipped=skipped,
             reset_attempts=reset_attempts,
