@@ -470,6 +470,7 @@ DEFAULTS_ARE_RIGHT = {
     "RETRY_SPARK_PACKAGES": "the JDBC jar is in the image: nothing to download",
     "RETRY_SPARK_CLASS_ARCHIVE": "none is written in the image: jobs start without it",
     "RETRY_SPARK_EXECUTOR_ARCHIVE": "packed on the first submission into RETRY_DEV_HOME",
+    "RETRY_SPARK_LOCAL_NICE": "the jobs run on the Spark cluster: it applies to local mode only",
 }
 #: Read only by the dev tooling and the chaos harness, never by a deployed service.
 DEV_ONLY = {"RETRY_DEV_API_HOST", "RETRY_DEV_METADATA_DB", "RETRY_DEV_REDIS_URL", "RETRY_FAULT"}
