@@ -271,3 +271,30 @@ def test_both_dags_run_their_jobs_on_the_cluster_spark_default_names(
     apps = completed_apps(spark_cluster, 2, since=before)
     assert sorted(apps.values()) == ["retry-compaction", "retry_bulk_retry"], apps
     assert set(apps) <= set(executors_of(spark_cluster))  # executors on the worker, for both
+
+
+@pytest.mark.parametrize(
+    ("connection", "niced"),
+    [
+        ("spark://local%5B2%5D?deploy-mode=client", True),
+        ("spark://spark-master:7077?deploy-mode=client", False),
+    ],
+)
+def test_a_local_job_s_spark_submit_yields_the_cpu_and_a_cluster_s_does_not(
+    monkeypatch: pytest.MonkeyPatch, connection: str, niced: bool
+) -> None:
+    """The operator's spark-submit runs through ``nice`` in local mode (RETRY_SPARK_LOCAL_NICE, default
+    10), the task's own process keeping its priority; on a cluster the command is the provider's."""
+    from retry_scheduler.airflow.operators import RetrySparkSubmitOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", connection)
+    monkeypatch.delenv("RETRY_SPARK_LOCAL_NICE", raising=False)
+    own = os.nice(0)
+    task = RetrySparkSubmitOperator(task_id="job", application="job.py", name="job")
+    command = task._get_hook()._build_spark_submit_command("job.py")
+    assert command[-1] == "job.py" and any(part.endswith("spark-submit") for part in command)
+    if niced:
+        assert Path(command[0]).name == "nice" and command[1:3] == ["-n", "10"]
+    else:
+        assert Path(command[0]).name != "nice" and "nice" not in command
+    assert os.nice(0) == own

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from retry_scheduler.airflow.hook import RetrySchedulerHook
@@ -43,7 +44,7 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         from retry_scheduler.core.config import dev_home
         from retry_scheduler.core.connection_file import CONNECTION_FILE_OPTION, connection_file
-        from retry_scheduler.spark.executor_env import cluster_submit, yield_cpu_if_local
+        from retry_scheduler.spark.executor_env import cluster_submit
 
         self.add_job_defaults()
         if self._get_hook()._connection["deploy_mode"] == "cluster":
@@ -57,9 +58,6 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
         if archives:  # a cluster: its executors get the jobs' Python packages from the submission
             self._archives = ",".join(filter(None, [self._archives, archives]))
             self.conf = {**(self.conf or {}), **cluster_conf}
-        # This task's process only waits for spark-submit: in local mode it and the job it starts
-        # yield the CPU to the retry loops (RETRY_SPARK_LOCAL_NICE).
-        yield_cpu_if_local(master)
         job_args = list(self.application_args or [])
         with connection_file(self.retry_hook.settings()) as path:
             self.application_args = [*job_args, CONNECTION_FILE_OPTION, str(path)]
@@ -69,6 +67,21 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
             finally:
                 self.application_args = job_args
         self._describe_outlets(context, job_args)
+
+    def _get_hook(self) -> SparkSubmitHook:
+        """The provider's hook, whose spark-submit runs at ``RETRY_SPARK_LOCAL_NICE`` in local mode
+        (through ``nice``: a job that shares the machine with the retry loops takes what they leave;
+        the task's own process, which may run other tasks in ``dag.test()``, keeps its priority)."""
+        from retry_scheduler.spark.executor_env import niced_if_local
+
+        hook = super()._get_hook()
+        build = hook._build_spark_submit_command
+
+        def niced(application: str) -> list[str]:
+            return niced_if_local(hook._connection["master"], build(application))
+
+        hook._build_spark_submit_command = niced  # type: ignore[method-assign]
+        return hook
 
     def _describe_outlets(self, context: Any, job_args: list[str]) -> None:
         """Give the task's asset events the job's day and archive (``--day``, ``--archive``), if it has them."""

@@ -35,6 +35,8 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
+from retry_scheduler.core.setting_values import ConfigError
+
 log = logging.getLogger(__name__)
 
 #: The name executors unpack the archive under, in their working directory.
@@ -67,18 +69,10 @@ def local_nice() -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"{LOCAL_NICE_ENV}={text!r}: give a niceness from 0 to 19 (0: no change)") from None
+        raise ConfigError(f"{LOCAL_NICE_ENV}={text!r}: give a niceness from 0 to 19 (0: no change)") from None
     if not 0 <= value <= 19:
-        raise ValueError(f"{LOCAL_NICE_ENV}={value}: give a niceness from 0 to 19 (0: no change)")
+        raise ConfigError(f"{LOCAL_NICE_ENV}={value}: give a niceness from 0 to 19 (0: no change)")
     return value
-
-
-def yield_cpu_if_local(master: str) -> None:
-    """Lower the calling process's CPU priority by :func:`local_nice` when ``master`` is local: for a
-    process that is about to start a job's spark-submit and does nothing else (an Airflow task), whose
-    children inherit it."""
-    if is_local(master) and (step := local_nice()):
-        os.nice(step)
 
 
 def niced_if_local(master: str, argv: list[str]) -> list[str]:
