@@ -38,12 +38,12 @@ from bench.capacity import (
     lateness_between,
     lateness_timeline,
     live_stack,
-    stored_from,
 )
 from bench.cpu import ProcessCpu, cpu_shares, cpu_times
 from bench.env import BenchEnv, BenchError, Result, Sizes
 from bench.held import table_sampler
 from bench.slow import steady_producer
+from bench.waits import stored_from, wait_stored
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +73,6 @@ def _wait_published(env: BenchEnv, destination: str, expected: int, deadline_s: 
             if summary["published"] >= expected or time.monotonic() >= deadline:
                 return summary
         time.sleep(1)
-
-
-def _wait_stored(env: BenchEnv, topic: str, before: int, expected: int, deadline_s: float) -> None:
-    """Wait until the ingest stored ``expected`` records of ``topic`` beyond ``before`` (its next
-    offsets: O(partitions), polled each 0.5 s while the store is measured)."""
-    deadline = time.monotonic() + deadline_s
-    while stored_from(env, topic) - before < expected and time.monotonic() < deadline:
-        time.sleep(0.5)
 
 
 def _store_window(
@@ -146,7 +138,7 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
         burst_began, cpu_at_burst, machine_at_burst = time.time(), cpu.running_seconds(), cpu_times()
         send_s = _send_burst(settings.bootstrap_servers, burst_topic(env), sizes.burst_records, burst_dest)
         log.info("burst: %s records sent in %.1f s", sizes.burst_records, send_s)
-        _wait_stored(env, burst_topic(env), stored_before, sizes.burst_records, PUBLISH_DEADLINE_S)
+        wait_stored(env, burst_topic(env), stored_before, sizes.burst_records, PUBLISH_DEADLINE_S)
         store_window = _store_window(
             cpu_at_burst, cpu.running_seconds(), cpu_shares(machine_at_burst, cpu_times())
         )

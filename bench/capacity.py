@@ -28,6 +28,7 @@ from bench.cpu import ProcessCpu, cpu_shares, cpu_times
 from bench.env import BenchEnv, BenchError, Result, Sizes, insert_due_jobs, per_second
 from bench.queries import bq
 from bench.slow import steady_producer
+from bench.waits import stored_from, wait_published
 from retry_scheduler.dev.procs import free_port
 
 log = logging.getLogger(__name__)
@@ -166,34 +167,6 @@ def _step(
     }
     log.info("capacity: %s", step)
     return step
-
-
-def stored_from(env: BenchEnv, topic: str) -> int:
-    """Records the service's ingest stored from ``topic`` so far (its stored next offsets, summed)."""
-    return int(env.sql("bench_topic_stored", {"topic": topic}, fetch=True)[0][0])
-
-
-def wait_published(
-    env: BenchEnv, topic: str, stored_before: int, sent: int, destination: str, deadline_s: float
-) -> int:
-    """Wait until the ``sent`` records sent to ``topic`` (beyond ``stored_before`` stored) are stored
-    and none of ``destination``'s jobs is pending, then until ``sent`` are published (or the deadline);
-    returns how many are. While a window's last records are still being published, the wait asks
-    only O(partitions) and one-index-descent questions: a count of the window's published jobs (up to
-    millions) every second would take CPU from the very records whose lateness is measured."""
-    deadline = time.monotonic() + deadline_s
-    while stored_from(env, topic) - stored_before < sent and time.monotonic() < deadline:
-        time.sleep(0.5)
-    while (
-        time.monotonic() < deadline
-        and env.sql("bench_destination_waiting", {"destination": destination}, fetch=True)[0][0]
-    ):
-        time.sleep(0.5)
-    while True:
-        published = int(env.sql("bench_lateness_count", {"destination": destination}, fetch=True)[0][0])
-        if published >= sent or time.monotonic() >= deadline:
-            return published
-        time.sleep(1)
 
 
 def lateness_timeline(
