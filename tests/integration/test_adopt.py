@@ -12,10 +12,12 @@ from collections.abc import Iterator
 import pytest
 
 from retry_scheduler.core import protocol as p
+from retry_scheduler.core.adopt import writer_topics
 from retry_scheduler.core.config import ConfigError, Settings
 from retry_scheduler.core.destinations import Destinations
+from retry_scheduler.db.selection import Selection
 from retry_scheduler.ops.browse import list_dead
-from retry_scheduler.ops.dlq import DlqError, DlqFilter, run_action, writer_topics
+from retry_scheduler.ops.dlq import run_action
 from tests.integration.test_loop import Loop, new_loop
 from tests.kafkautil import consume, create_topics
 
@@ -126,7 +128,7 @@ def test_spring_and_connect_dead_letters_become_dead_jobs_replayed_to_their_orig
 
     destinations = Destinations.of([orders, payments], own_topics=[loop.settings.retry_topic, dlq])
     replayed = run_action(
-        loop.settings.database_url, "replay", DlqFilter(dead_reason="adopted"), actor="ann", source="cli",
+        loop.settings.database_url, "replay", Selection(dead_reason="adopted"), actor="ann", source="cli",
         dry_run=False, destinations=destinations,
     )  # fmt: skip
     loop.publish(3)
@@ -301,16 +303,16 @@ def test_streams_and_share_group_letters_become_dead_jobs_and_pointers_are_read_
     assert consume(loop.bootstrap, [dlq], expected=0, timeout_s=3) == []
 
     # who wrote each letter, in the list and as its filter (as `dlq list --written-by` does)
-    page = list_dead(loop.settings.database_url, DlqFilter(), settings=loop.settings)
+    page = list_dead(loop.settings.database_url, Selection(), settings=loop.settings)
     assert {j.written_by for j in page.jobs} == {"streams", "share"}
-    streams_only = DlqFilter(source_topics=writer_topics("streams", loop.settings))
+    streams_only = Selection(source_topics=writer_topics("streams", loop.settings))
     assert {j.source_topic for j in list_dead(loop.settings.database_url, streams_only).jobs} == {clicks_dlq}
-    with pytest.raises(DlqError, match="no topic of RETRY_ADOPT_TOPICS has the format connect"):
+    with pytest.raises(ValueError, match="no topic of RETRY_ADOPT_TOPICS has the format connect"):
         writer_topics("connect", loop.settings)
 
     destinations = Destinations.of([clicks, work, gone], own_topics=[loop.settings.retry_topic, dlq])
     replayed = run_action(
-        loop.settings.database_url, "replay", DlqFilter(dead_reason="adopted"), actor="ann", source="cli",
+        loop.settings.database_url, "replay", Selection(dead_reason="adopted"), actor="ann", source="cli",
         dry_run=False, destinations=destinations,
     )  # fmt: skip
     loop.publish(3)

@@ -17,10 +17,11 @@ from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Status
+from retry_scheduler.db.selection import Selection, SelectionError
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher
 from retry_scheduler.ops import browse
-from retry_scheduler.ops.dlq import DlqError, DlqFilter, run_action
+from retry_scheduler.ops.dlq import DlqError, run_action
 from tests.conftest import TEST_DESTINATIONS
 from tests.kafkautil import consume, create_topics
 
@@ -87,7 +88,7 @@ def test_list_is_newest_first_and_pages_cover_every_job_once(database_url: str) 
     cursor = None
     pages = 0
     while True:
-        page = browse.list_dead(database_url, DlqFilter(), page_size=5, cursor=cursor)
+        page = browse.list_dead(database_url, Selection(), page_size=5, cursor=cursor)
         seen += ids(page)
         pages += 1
         assert page.total == 12 and not page.total_capped
@@ -113,7 +114,7 @@ def test_filters_select_what_their_names_say(database_url: str) -> None:
     set_dead_at(database_url, {1: old})
 
     def listed(**params: Any) -> list[int]:
-        return sorted(ids(browse.list_dead(database_url, DlqFilter.from_params(params))))
+        return sorted(ids(browse.list_dead(database_url, Selection.from_params(params))))
 
     assert listed(destination="payments") == [2, 3, 4]
     assert listed(dead_reason="fatal") == [4]
@@ -138,7 +139,7 @@ def test_the_count_is_capped_so_a_page_never_counts_a_million_rows(
 ) -> None:
     insert(database_url, [dead_job(i) for i in range(1, 9)])
     monkeypatch.setattr(browse, "COUNT_CAP", 5)
-    page = browse.list_dead(database_url, DlqFilter(), page_size=3)
+    page = browse.list_dead(database_url, Selection(), page_size=3)
     assert (page.total, page.total_capped, len(page.jobs)) == (5, True, 3)
 
 
@@ -156,8 +157,8 @@ def test_the_count_is_capped_so_a_page_never_counts_a_million_rows(
     ],
 )
 def test_bad_filters_say_what_is_wrong(params: dict[str, Any], message: str) -> None:
-    with pytest.raises(DlqError, match=message):
-        DlqFilter.from_params(params)
+    with pytest.raises(SelectionError, match=message):
+        Selection.from_params(params)
 
 
 def test_show_renders_text_as_text_binary_as_hex_and_cuts_long_values(database_url: str) -> None:
@@ -196,7 +197,7 @@ def test_a_dry_run_changes_nothing_and_is_audited(database_url: str) -> None:
     before = sql(database_url, "SELECT * FROM retry_jobs_all ORDER BY id")
 
     outcome = run_action(
-        database_url, "replay", DlqFilter(), actor="alice", source="dag", dry_run=True, run_id="manual__1"
+        database_url, "replay", Selection(), actor="alice", source="dag", dry_run=True, run_id="manual__1"
     )
 
     assert (outcome.matched, outcome.would_affect, outcome.affected) == (3, 2, 0)
@@ -216,9 +217,9 @@ def test_replay_makes_jobs_due_now_keeping_or_resetting_the_attempt(database_url
     )
     started = sql(database_url, "SELECT now()")[0][0]
 
-    kept = run_action(database_url, "replay", DlqFilter(ids=(1,)), actor="bob", source="cli", dry_run=False)
+    kept = run_action(database_url, "replay", Selection(ids=(1,)), actor="bob", source="cli", dry_run=False)
     reset = run_action(
-        database_url, "replay", DlqFilter(), actor="bob", source="cli", dry_run=False, reset_attempts=True
+        database_url, "replay", Selection(), actor="bob", source="cli", dry_run=False, reset_attempts=True
     )
 
     assert (kept.affected, reset.affected) == (1, 1)  # job 3 is invalid: left alone
@@ -242,7 +243,7 @@ def test_a_limit_takes_the_oldest_jobs_and_batches_add_up(database_url: str) -> 
     outcome = run_action(
         database_url,
         "replay",
-        DlqFilter(limit=7),
+        Selection(limit=7),
         actor="carol",
         source="ui",
         dry_run=False,
@@ -265,13 +266,13 @@ def test_purge_deletes_only_jobs_already_on_the_dlq_topic(database_url: str) -> 
     mark_on_dlq(database_url, 1, 3)
 
     dry = run_action(
-        database_url, "purge", DlqFilter(destination="orders"), actor="dan", source="cli", dry_run=True
+        database_url, "purge", Selection(destination="orders"), actor="dan", source="cli", dry_run=True
     )
     assert (dry.matched, dry.would_affect, dry.skipped) == (2, 1, {"not yet on the DLQ topic": 1})
     assert len(sql(database_url, "SELECT id FROM retry_jobs_all")) == 3
 
     done = run_action(
-        database_url, "purge", DlqFilter(destination="orders"), actor="dan", source="cli", dry_run=False
+        database_url, "purge", Selection(destination="orders"), actor="dan", source="cli", dry_run=False
     )
 
     assert done.affected == 1
@@ -283,7 +284,7 @@ def test_replay_leaves_a_job_alone_while_it_is_being_sent_to_the_dlq(database_ur
     insert(database_url, [dead_job(1), dead_job(2)])
     sql(database_url, "UPDATE retry_jobs SET lease_until = now() + interval '1 minute' WHERE id = 1")
 
-    outcome = run_action(database_url, "replay", DlqFilter(), actor="eve", source="ui", dry_run=False)
+    outcome = run_action(database_url, "replay", Selection(), actor="eve", source="ui", dry_run=False)
 
     assert (outcome.matched, outcome.affected) == (2, 1)
     assert outcome.skipped["being sent to the DLQ topic now"] == 1
@@ -326,8 +327,8 @@ def test_a_replayed_job_is_published_again_and_a_purged_one_is_gone(
     publish_for(settings, 2)  # both dead jobs reach the DLQ topic
     assert len(consume(bootstrap_servers, [dlq_topic], 2)) == 2
 
-    run_action(database_url, "replay", DlqFilter(ids=(1,)), actor="ops", source="cli", dry_run=False)
-    run_action(database_url, "purge", DlqFilter(ids=(2,)), actor="ops", source="cli", dry_run=False)
+    run_action(database_url, "replay", Selection(ids=(1,)), actor="ops", source="cli", dry_run=False)
+    run_action(database_url, "purge", Selection(ids=(2,)), actor="ops", source="cli", dry_run=False)
     publish_for(settings, 2)
 
     [seen] = consume(bootstrap_servers, [dest], 1)
@@ -453,14 +454,14 @@ def test_replay_leaves_dead_the_jobs_whose_destination_is_no_longer_allowed(data
     rules = Destinations.of(["orders"], own_topics=["retry", "retry.dlq"])
 
     dry = run_action(
-        database_url, "replay", DlqFilter(), actor="ann", source="cli", dry_run=True, destinations=rules
+        database_url, "replay", Selection(), actor="ann", source="cli", dry_run=True, destinations=rules
     )
     assert (dry.matched, dry.would_affect) == (3, 1)
     assert dry.skipped["destination not allowed"] == 2
     assert "2 destination not allowed" in dry.summary()
 
     done = run_action(
-        database_url, "replay", DlqFilter(), actor="ann", source="cli", dry_run=False, destinations=rules
+        database_url, "replay", Selection(), actor="ann", source="cli", dry_run=False, destinations=rules
     )
     assert done.affected == 1
     assert sql(database_url, "SELECT id, status::text FROM retry_jobs_all ORDER BY id") == [
@@ -490,14 +491,14 @@ def test_an_operation_larger_than_the_page_s_bound_is_refused_before_anything_is
 ) -> None:
     insert(database_url, [dead_job(1), dead_job(2), dead_job(3)])
     dry = run_action(
-        database_url, "replay", DlqFilter(), actor="ann", source="ui", dry_run=True, max_affected=2
+        database_url, "replay", Selection(), actor="ann", source="ui", dry_run=True, max_affected=2
     )
     assert dry.would_affect == 3  # a dry run only counts: always allowed
     with pytest.raises(
         DlqError, match="3 jobs is more than the 2 this page replays at once: trigger the dlq_replay DAG"
     ):
         run_action(
-            database_url, "replay", DlqFilter(), actor="ann", source="ui", dry_run=False, max_affected=2
+            database_url, "replay", Selection(), actor="ann", source="ui", dry_run=False, max_affected=2
         )
     assert {s for (s,) in sql(database_url, "SELECT status::text FROM retry_jobs_all")} == {"dead"}
     assert len(audit_rows(database_url)) == 1  # the dry run's only
@@ -511,5 +512,5 @@ def test_an_operation_larger_than_the_page_s_bound_is_refused_before_anything_is
     ],
 )
 def test_limits_and_id_lists_are_bounded(flt: dict[str, Any], message: str) -> None:
-    with pytest.raises(DlqError, match=message):
-        DlqFilter(**flt)
+    with pytest.raises(SelectionError, match=message):
+        Selection(**flt)

@@ -26,10 +26,11 @@ from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.connection_file import connection_file
 from retry_scheduler.core.jobs import HELD_DUE_MS, OutgoingRow, Status, destination_headers, encode_headers
+from retry_scheduler.db.selection import Selection, SelectionError
 from retry_scheduler.db.store import Store
 from retry_scheduler.spark import bulk_options, bulk_retry
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
-from retry_scheduler.spark.selection import OUTGOING_COLUMNS, BulkRetryError, Selection
+from retry_scheduler.spark.selection import OUTGOING_COLUMNS, BulkRetryError, jdbc_table, publishable
 from tests.kafkautil import Seen, consume, create_topics
 
 PLUS_TWO = timezone(timedelta(hours=2))
@@ -144,22 +145,25 @@ def test_jdbc_query_inlines_only_validated_literals() -> None:
         since=datetime(2026, 1, 31, 14, 0, tzinfo=PLUS_TWO),
         until=datetime(2026, 2, 1, tzinfo=UTC),
     )
-    table = selection.jdbc_table(10, 99)
+    table = jdbc_table(selection, 10, 99)
     assert table.startswith("(SELECT id, destination, destination_partition, msg_key AS key")
+    # since and until: when the dead jobs went dead (as for every dead-letter operation)
     assert table.endswith(
-        "WHERE destination IS NOT NULL AND status = E'dead'::retry_job_status AND destination = E'orders.v2'"
+        "WHERE status = 'dead' AND destination = E'orders.v2'"
         " AND error_class LIKE E'it''s\\\\!_%' ESCAPE '!'"
-        " AND created_at >= '2026-01-31T12:00:00+00:00'::timestamptz"
-        " AND created_at < '2026-02-01T00:00:00+00:00'::timestamptz"
-        " AND id >= 10 AND id <= 99) AS bulk_retry_selection"
+        " AND dead_at >= '2026-01-31T12:00:00+00:00'::timestamptz"
+        " AND dead_at < '2026-02-01T00:00:00+00:00'::timestamptz"
+        " AND destination IS NOT NULL AND id >= 10 AND id <= 99) AS bulk_retry_selection"
     )
+    pending = replace(selection, status=Status.PENDING)  # pending jobs: when their retry was stored
+    assert "created_at >= '2026-01-31T12:00:00+00:00'::timestamptz" in jdbc_table(pending, 10, 99)
 
 
 def test_pending_selection_skips_jobs_leased_by_the_publish_loop() -> None:
-    fragments, params = Selection(status=Status.PENDING).conditions()
+    fragments = publishable(Selection(status=Status.PENDING))
     assert "(lease_until IS NULL OR lease_until < now())" in fragments
     assert "held_by IS NULL" in fragments  # a held job waits for its chain
-    assert params == {"status": "pending"}
+    assert publishable(Selection()) == ("destination IS NOT NULL",)
 
 
 @pytest.mark.spark
@@ -188,11 +192,12 @@ def test_a_pending_bulk_retry_leaves_held_jobs_to_their_chain(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--destination", "orders'; DROP TABLE retry_jobs; --"], "is not a topic name"),
-        (["--destination", "x" * 250], "is not a topic name"),
+        (["--destination", "orders'; DROP TABLE retry_jobs; --"], "is not a valid topic name"),
+        (["--destination", "x" * 250], "is not a valid topic name"),
         (["--error-class", "bad\nclass"], "printable"),
-        (["--since", "yesterday"], "is not an ISO-8601 timestamp"),
-        (["--since", "2026-02-01T00:00:00Z", "--until", "2026-01-01T00:00:00Z"], "earlier than"),
+        (["--since", "yesterday"], "is neither an ISO-8601 time"),
+        (["--since", "2026-02-01T00:00:00Z", "--until", "2026-01-01T00:00:00Z"], "must be before until"),
+        (["--status", "pending", "--dead-reason", "exhausted"], "a dead reason selects dead jobs"),
         (["--run-id", "a b"], "--run-id"),
     ],
 )
@@ -213,7 +218,7 @@ def test_mark_batch_must_be_a_positive_count(capsys: pytest.CaptureFixture[str])
 def test_status_must_be_dead_or_pending() -> None:
     with pytest.raises(SystemExit):
         bulk_retry.parse_args(["--bootstrap-servers", "b", "--status", "published"])
-    with pytest.raises(BulkRetryError, match="--status"):
+    with pytest.raises(SelectionError, match="status 'published' must be dead or pending"):
         Selection(status=Status.PUBLISHED)
 
 
@@ -583,10 +588,11 @@ def test_filters_error_class_time_window_and_limit(
     with Store(database_url) as store:
         insert_jobs(store, jobs)
     now = datetime.now(UTC).replace(microsecond=0)
-    created = {j.retry_id: now - timedelta(hours=j.source_offset) for j in jobs}  # job i: i hours ago
+    # job i went dead i hours ago: since and until select dead jobs by when they went dead
+    created = {j.retry_id: now - timedelta(hours=j.source_offset) for j in jobs}
     with psycopg.connect(database_url) as conn:
         for rid, at in created.items():
-            conn.execute("UPDATE retry_jobs SET created_at = %s WHERE retry_id = %s", (at, rid))
+            conn.execute("UPDATE retry_jobs SET dead_at = %s WHERE retry_id = %s", (at, rid))
         ids = dict(conn.execute("SELECT retry_id, id FROM retry_jobs_all").fetchall())
 
     def count(*args: str) -> int:

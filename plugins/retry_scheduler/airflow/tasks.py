@@ -148,10 +148,11 @@ def run_dlq_operation(
     ``settings``: the deployment's (default: from the service's connections).
     """
     from retry_scheduler.core.records import deployment_destinations
-    from retry_scheduler.ops.dlq import DlqFilter, run_action
+    from retry_scheduler.db.selection import Selection
+    from retry_scheduler.ops.dlq import run_action
 
     settings = settings or settings_from_connections()
-    flt = DlqFilter.from_params(params, settings)
+    flt = Selection.from_params(params, settings)
     action = params.get("action", "replay")
     dry_run = bool(params.get("dry_run", True))
 
@@ -204,7 +205,7 @@ def _reevaluate(
 
 
 #: The form fields of ``dlq_window_replay`` that narrow its window; any other key of a run's conf is ignored.
-WINDOW_FILTER = ("destination", "dead_reason", "error_class", "written_by")
+WINDOW_FILTER = ("destination", "dead_reason", "error_class", "search", "written_by")
 
 
 def run_window_replay(

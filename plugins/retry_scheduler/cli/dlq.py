@@ -8,28 +8,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from retry_scheduler.cli.args import TIME_HELP, moment
 from retry_scheduler.cli.progress import progress
 from retry_scheduler.core.config import Settings
 
 
 def _dlq_filter(args: argparse.Namespace, settings: Settings) -> Any:
-    from retry_scheduler.ops.dlq import DlqFilter
+    from retry_scheduler.db.selection import selection_from_args
 
-    return DlqFilter.from_params(
-        {
-            "destination": args.destination,
-            "dead_reason": args.dead_reason,
-            "error_class": args.error_class,
-            "search": args.search,
-            "since": args.since,
-            "until": args.until,
-            "ids": getattr(args, "ids", None),
-            "limit": getattr(args, "limit", None),
-            "written_by": args.written_by,
-        },
-        settings,
-    )
+    return selection_from_args(args, settings)
 
 
 def _cmd_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
@@ -213,42 +199,12 @@ def _unconfirmed(args: argparse.Namespace, to_do: str, question: str) -> int | N
     return None
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value} (for no limit, leave --limit out)")
-    return value
-
-
 def _add_dlq_filters(parser: argparse.ArgumentParser, *, for_action: bool) -> None:
-    from retry_scheduler.core import protocol
+    from retry_scheduler.db.selection import add_selection_arguments
 
-    parser.add_argument("--destination", metavar="TOPIC", help="only dead jobs for this destination")
-    parser.add_argument("--dead-reason", choices=protocol.DEAD_REASONS, help="only this dead reason")
-    parser.add_argument("--error-class", metavar="GLOB", help="glob on the error class, e.g. '*Timeout*'")
-    parser.add_argument("--search", metavar="TEXT", help="text in the reason or error class (any case)")
-    parser.add_argument(
-        "--written-by",
-        choices=("retry-scheduler", "spring", "connect", "streams", "share"),
-        help="only letters this service wrote (read from its retry topics) or read from the dead-letter "
-        "topics of that tool (RETRY_ADOPT_TOPICS)",
-    )
-    parser.add_argument(
-        "--since", type=moment, metavar="TIME", help=f"went dead at or after this: {TIME_HELP}"
-    )
-    parser.add_argument("--until", type=moment, metavar="TIME", help=f"went dead before this: {TIME_HELP}")
+    add_selection_arguments(parser, limit=for_action)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     if for_action:
-        parser.add_argument("--ids", metavar="ID,ID", help="only these job ids")
-        parser.add_argument(
-            "--limit",
-            type=_at_least_one,
-            metavar="N",
-            help="at most N jobs, oldest first (no limit: leave it out)",
-        )
         parser.add_argument(
             "--all",
             action="store_true",

@@ -86,15 +86,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from retry_scheduler.core.policy import PolicyError
     from retry_scheduler.db.connection import StoreError
+    from retry_scheduler.db.selection import SelectionError
     from retry_scheduler.dev.procs import DevStackError
     from retry_scheduler.loops.kafka import KafkaUnreachableError
-    from retry_scheduler.ops.dlq import DlqError
     from retry_scheduler.spark.jdbc import JobArgumentError
 
     try:
         return int(args.func(args, settings_from_args(args)))
     except (
-        ConfigError, StoreError, JobArgumentError, DevStackError, DlqError, KafkaUnreachableError, PolicyError
+        ConfigError, StoreError, JobArgumentError, DevStackError, SelectionError, KafkaUnreachableError,
+        PolicyError,
     ) as exc:  # fmt: skip
         print(f"retry-scheduler: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from retry_scheduler.cli.args import DURATION_HELP, TIME_HELP, duration, moment
+from retry_scheduler.cli.args import DURATION_HELP, duration
 from retry_scheduler.cli.progress import progress
 from retry_scheduler.core.config import Settings
 
@@ -20,20 +20,14 @@ def _cmd_bulk_retry(args: argparse.Namespace, settings: Settings) -> int:
 
         require_reachable(settings)
 
-    params = {
-        "destination": args.destination,
-        "status": args.status,
-        "error_class": args.error_class,
-        "since": args.since.isoformat() if args.since else None,
-        "until": args.until.isoformat() if args.until else None,
-        "limit": args.limit,
-        "dry_run": args.dry_run,
-        "mark_batch": args.mark_batch,
-    }
+    from retry_scheduler.db.selection import SELECTION_PARAMS
+
+    params = {name: getattr(args, name, None) for name in SELECTION_PARAMS}
+    params |= {"dry_run": args.dry_run, "mark_batch": args.mark_batch}
     with progress("bulk-retry", unit="Spark tasks") as report:
         return run_spark_submit(
             BULK_RETRY_APP,
-            bulk_retry_args(params),
+            bulk_retry_args(params, settings),
             settings,
             master=args.master,
             progress=report,
@@ -114,18 +108,15 @@ def _add_master(parser: argparse.ArgumentParser) -> None:
 
 def add_parsers(sub: Any) -> None:
     """Register ``bulk-retry`` and ``compact``."""
+    from retry_scheduler.db.selection import add_selection_arguments
+
     bulk = sub.add_parser(
         "bulk-retry",
         help="re-publish a large filtered set of jobs with PySpark (same job as the retry_bulk_replay DAG)",
         description="Select jobs by destination, status, error class and time window and publish them "
         "back to their destinations with Spark (local mode). Try --dry-run first: it only counts.",
     )
-    bulk.add_argument("--destination", metavar="TOPIC", help="only jobs for this destination")
-    bulk.add_argument("--status", choices=["dead", "pending"], default="dead", help="which jobs (dead)")
-    bulk.add_argument("--error-class", metavar="GLOB", help="glob on the error class, e.g. '*Timeout*'")
-    bulk.add_argument("--since", type=moment, metavar="TIME", help=f"failed at or after this: {TIME_HELP}")
-    bulk.add_argument("--until", type=moment, metavar="TIME", help=f"failed before this: {TIME_HELP}")
-    bulk.add_argument("--limit", type=int, metavar="N", help="at most N jobs, oldest first")
+    add_selection_arguments(bulk, status=True)
     bulk.add_argument("--dry-run", action="store_true", help="only count the selected jobs")
     bulk.add_argument(
         "--mark-batch",

@@ -1,9 +1,12 @@
-"""Human durations (``"500ms"``, ``"5m"``, ``"1h30m"``) to milliseconds and back."""
+"""Human durations (``"500ms"``, ``"5m"``, ``"1h30m"``) to milliseconds and back, and times written
+as ISO-8601 or as a duration ago (``"2h"``)."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
+from datetime import UTC, datetime, timedelta
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -42,3 +45,44 @@ def format_duration_ms(ms: int) -> str:
         if ms % size == 0:
             return f"{ms // size}{unit}"
     return f"{ms}ms"
+
+
+TIME_HELP = "an ISO-8601 time (UTC without a zone) or a duration ago (2h, 7d)"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def duration_or_seconds_ms(text: str) -> int:
+    """A duration or plain seconds in milliseconds, within what a date can be moved by (about 2.7
+    million years); ValueError or OverflowError otherwise."""
+    ms = parse_duration_ms(float(text) if _is_number(text) else text)
+    timedelta(milliseconds=ms)
+    return ms
+
+
+def time_or_ago(text: str, *, now: datetime | None = None) -> datetime:
+    """A time from ISO-8601 (as written: without a zone it is naive), or a duration (or plain
+    seconds) before ``now``, aware; ValueError or OverflowError for anything else."""
+    text = text.strip()
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return (now or datetime.now(UTC)) - timedelta(milliseconds=duration_or_seconds_ms(text))
+
+
+def moment(value: str, *, now: datetime | None = None) -> datetime:
+    """A command line's time: an aware UTC time from ISO-8601 (UTC when it has no zone) or from a
+    duration ago; ``argparse.ArgumentTypeError`` names both forms."""
+    try:
+        parsed = time_or_ago(value, now=now)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a time: write {TIME_HELP}, e.g. 2026-11-20T08:00:00Z or 2h"
+        ) from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)

@@ -10,16 +10,17 @@ from typing import Any
 
 from psycopg import sql
 
+from retry_scheduler.core.adopt import written_by
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import decode_headers
 from retry_scheduler.db.schema import queries
+from retry_scheduler.db.selection import Selection
 from retry_scheduler.ops.dlq import (
     Database,
     DlqError,
-    DlqFilter,
     connection,
+    dead_only,
     dlq_query,
-    written_by,
 )
 
 #: ``count`` stops here: the page shows "10 000+" rather than counting a million rows.
@@ -90,7 +91,7 @@ def _parse_cursor(cursor: str | None) -> tuple[datetime | None, int | None]:
 
 def list_dead(
     database_url: Database,
-    flt: DlqFilter,
+    flt: Selection,
     page_size: int = 50,
     cursor: str | None = None,
     count: bool = True,
@@ -101,7 +102,7 @@ def list_dead(
     if not 1 <= page_size <= MAX_PAGE:
         raise DlqError(f"page size must be 1-{MAX_PAGE}")
     after_at, after_id = _parse_cursor(cursor)
-    where, params = flt.where()
+    where, params = dead_only(flt).where()
     with connection(database_url) as conn:
         rows = conn.execute(
             dlq_query("dlq_page", where),

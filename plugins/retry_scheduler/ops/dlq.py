@@ -2,8 +2,9 @@
 them is :mod:`retry_scheduler.ops.browse`).
 
 One implementation behind the three ways in: the ``dlq_replay`` DAG, the Dead letters page of
-the Airflow UI (``retry_scheduler.airflow.webui.app``) and ``retry-scheduler dlq``. They share
-:class:`DlqFilter`, so a filter means the same everywhere.
+the Airflow UI (``retry_scheduler.airflow.webui.app``) and ``retry-scheduler dlq``. They choose jobs
+with :class:`~retry_scheduler.db.selection.Selection` (as the Spark bulk retry does), so a filter
+means the same everywhere.
 
 - **Replay** makes dead jobs due now; the normal publish loop sends them to their destination
   with ``retry.attempt`` raised (reset to 0 first when asked). Jobs that went dead as
@@ -19,34 +20,27 @@ the Airflow UI (``retry_scheduler.airflow.webui.app``) and ``retry-scheduler dlq
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, LiteralString, NamedTuple
+from datetime import datetime
+from typing import Any, Literal, NamedTuple
 
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from retry_scheduler.core import faults, protocol
-from retry_scheduler.core.adopt import SERVICE, WRITERS, source_format, topics_of
-from retry_scheduler.core.config import Settings
+from retry_scheduler.core import faults
 from retry_scheduler.core.destinations import Destinations
-from retry_scheduler.core.durations import parse_duration_ms
-from retry_scheduler.core.protocol import TOPIC_NAME
+from retry_scheduler.core.jobs import Status
 from retry_scheduler.core.records import deployment_destinations
 from retry_scheduler.db.connection import connect, require_migrated
 from retry_scheduler.db.schema import queries
-from retry_scheduler.db.store import like_pattern
+from retry_scheduler.db.selection import MAX_LIMIT, Selection, SelectionError
 
 #: Jobs changed per transaction by replay and purge.
 BATCH = 10_000
-#: Bounds of a replay or purge's ``limit`` and ``ids``.
-MAX_LIMIT = 10_000_000
-MAX_IDS = 10_000
 #: The most jobs the Dead letters page replays or purges inside one HTTP request; more go through
 #: the ``dlq_replay`` DAG (a run with its own log, retries and progress).
 MAX_PAGE_ACTION = 10_000
@@ -54,21 +48,8 @@ MAX_PAGE_ACTION = 10_000
 Action = Literal["replay", "purge", "reevaluate"]
 Source = Literal["dag", "ui", "cli"]
 
-# The filter's fixed SQL fragments; each applies when its parameter is given.
-_FRAGMENTS: dict[str, LiteralString] = {
-    "destination": "destination = %(destination)s",
-    "dead_reason": "dead_reason = %(dead_reason)s",
-    "error_class": "error_class LIKE %(error_class)s ESCAPE '!'",
-    # Same expression as the trigram index of migration 0004.
-    "search": "(coalesce(reason, '') || ' ' || coalesce(error_class, '')) ILIKE %(search)s ESCAPE '!'",
-    "since": "dead_at >= %(since)s",
-    "until": "dead_at < %(until)s",
-    "ids": "id = ANY(%(ids)s)",
-    "source_topics": "source_topic = ANY(%(source_topics)s::text[])",
-}
 
-
-class DlqError(ValueError):
+class DlqError(SelectionError):
     """A filter or request is invalid, or the job asked for does not exist; the message says which."""
 
 
@@ -83,174 +64,11 @@ class TooManyForOneRequest(DlqError):
         self.action, self.would_affect, self.max_affected = action, would_affect, max_affected
 
 
-def _time(name: str, value: Any) -> datetime | None:
-    """An aware time from ISO-8601, or from a duration meaning that long ago (``"2h"``)."""
-    if value in (None, ""):
-        return None
-    if isinstance(value, datetime):
-        parsed = value
-    else:
-        text = str(value).strip()
-        try:
-            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            try:
-                return datetime.now(UTC) - timedelta(milliseconds=parse_duration_ms(text))
-            except ValueError:
-                raise DlqError(
-                    f"{name}={value!r} is neither an ISO-8601 time like 2026-11-21T10:00:00Z "
-                    "nor a duration ago like 2h"
-                ) from None
-    if parsed.tzinfo is None:
-        raise DlqError(f"{name}={value!r} needs a time zone, e.g. 2026-11-21T10:00:00Z")
-    return parsed
-
-
-def _ids(value: Any) -> tuple[int, ...]:
-    if value in (None, "", []):
-        return ()
-    items = re.split(r"[\s,]+", value.strip()) if isinstance(value, str) else list(value)
-    try:
-        ids = tuple(sorted({int(i) for i in items if str(i) != ""}))
-    except (TypeError, ValueError):
-        raise DlqError(f"ids must be job ids (whole numbers), separated by commas: got {value!r}") from None
-    if any(i < 1 for i in ids):
-        raise DlqError("ids must be positive")
-    if len(ids) > MAX_IDS:
-        raise DlqError(f"at most {MAX_IDS} ids at once; use a filter for more")
-    return ids
-
-
-#: The most topics a filter names (the letters' writers: the retry topics, the adopted ones).
-MAX_SOURCE_TOPICS = 1000
-
-
-def written_by(source_topic: str, settings: Settings) -> str | None:
-    """Who wrote the letter read from ``source_topic``, by the deployment's topics; None when that is
-    no topic of it any more (adopted before, say)."""
-    if source_topic in settings.adopt_topics:
-        return source_format(settings.adopt_topics[source_topic])
-    return SERVICE if source_topic == settings.retry_topic or source_topic in settings.delay_topics else None
-
-
-def writer_topics(writer: str, settings: Settings) -> tuple[str, ...]:
-    """The topics the letters ``writer`` (a name of :data:`WRITERS`) wrote are read from: the filter of
-    ``--written-by``. Raises :class:`DlqError` for another name, or one no topic is adopted for."""
-    if writer not in WRITERS:
-        raise DlqError(f"written by must be one of {', '.join(WRITERS)}, not {writer[:40]!r}")
-    if writer == SERVICE:
-        return (settings.retry_topic, *sorted(settings.delay_topics))
-    topics = tuple(topics_of(writer, settings.adopt_topics))
-    if not topics:
-        raise DlqError(f"no topic of RETRY_ADOPT_TOPICS has the format {writer}: no letter is written by it")
-    return topics
-
-
-@dataclass(frozen=True)
-class DlqFilter:
-    """Which dead jobs an operation is about. Empty fields do not filter."""
-
-    destination: str | None = None
-    dead_reason: str | None = None
-    error_class: str | None = None  # glob: * matches anything
-    search: str | None = None  # text in the reason or error class, any case
-    since: datetime | None = None  # went dead at or after
-    until: datetime | None = None  # went dead before
-    ids: tuple[int, ...] = ()
-    limit: int | None = None  # replay/purge: at most this many, oldest first
-    #: read from these topics: who wrote the letters (:func:`writer_topics`)
-    source_topics: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.destination is not None and not TOPIC_NAME.fullmatch(self.destination):
-            raise DlqError(f"destination {self.destination!r} is not a valid topic name")
-        if self.dead_reason is not None and self.dead_reason not in protocol.DEAD_REASONS:
-            raise DlqError(
-                f"dead reason {self.dead_reason!r} is not one of {', '.join(protocol.DEAD_REASONS)}"
-            )
-        for name in ("error_class", "search"):
-            value = getattr(self, name)
-            if value is not None and not (0 < len(value) <= 500 and value.isprintable()):
-                raise DlqError(f"{name.replace('_', ' ')} must be 1-500 printable characters")
-        if self.since and self.until and self.since >= self.until:
-            raise DlqError(
-                f"since ({self.since.isoformat()}) must be before until ({self.until.isoformat()})"
-            )
-        if self.limit is not None and (isinstance(self.limit, bool) or not 1 <= self.limit <= MAX_LIMIT):
-            raise DlqError(f"limit must be a whole number from 1 to {MAX_LIMIT:,} (or empty for no limit)")
-        if len(self.ids) > MAX_IDS:
-            raise DlqError(f"at most {MAX_IDS:,} ids at once: use a filter for more")
-        if len(self.source_topics) > MAX_SOURCE_TOPICS or not all(
-            TOPIC_NAME.fullmatch(topic) for topic in self.source_topics
-        ):
-            raise DlqError(f"source topics must be at most {MAX_SOURCE_TOPICS} topic names")
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any], settings: Settings | None = None) -> DlqFilter:
-        """Build from a form, query string or DAG params: strings are trimmed, empty means unset.
-
-        ``written_by`` (a name of :data:`WRITERS`) becomes the topics its letters are read from, by the
-        deployment's ``settings`` (:func:`writer_topics`); a list of topics in ``params`` is never taken.
-        """
-
-        def text(name: str) -> str | None:
-            value = params.get(name)
-            return None if value is None or str(value).strip() == "" else str(value).strip()
-
-        limit = params.get("limit")
-        try:
-            limit_n = None if limit in (None, "", 0, "0") else int(limit)
-        except (TypeError, ValueError):
-            raise DlqError(f"limit must be a whole number: got {limit!r}") from None
-        written_by = text("written_by")
-        if written_by is not None and settings is None:
-            raise DlqError("written_by needs the deployment's settings to know its topics")
-        return cls(
-            destination=text("destination"),
-            dead_reason=text("dead_reason"),
-            error_class=text("error_class"),
-            search=text("search"),
-            since=_time("since", params.get("since")),
-            until=_time("until", params.get("until")),
-            ids=_ids(params.get("ids")),
-            limit=limit_n,
-            source_topics=writer_topics(written_by, settings) if written_by and settings else (),
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        """The filter as JSON-friendly values (for the audit row and the API), unset fields left out."""
-        out: dict[str, Any] = {}
-        for key, value in asdict(self).items():
-            if value in (None, ()):
-                continue
-            out[key] = (
-                value.isoformat()
-                if isinstance(value, datetime)
-                else list(value)
-                if key in ("ids", "source_topics")
-                else value
-            )
-        return out
-
-    def where(self) -> tuple[sql.Composable, dict[str, Any]]:
-        """The WHERE clause (fixed fragments ANDed) and its parameters."""
-        fragments: list[LiteralString] = ["status = 'dead'"]
-        params: dict[str, Any] = {}
-        values: dict[str, Any] = {
-            "destination": self.destination,
-            "dead_reason": self.dead_reason,
-            "error_class": like_pattern(self.error_class) if self.error_class else None,
-            "search": f"%{like_pattern(self.search)}%" if self.search else None,
-            "since": self.since,
-            "until": self.until,
-            "ids": list(self.ids) or None,
-            "source_topics": list(self.source_topics) or None,
-        }
-        for name, value in values.items():
-            if value is not None:
-                fragments.append(_FRAGMENTS[name])
-                params[name] = value
-        return sql.SQL(" AND ").join(sql.SQL(f) for f in fragments), params
+def dead_only(flt: Selection) -> Selection:
+    """``flt``, checked to select dead jobs: the dead-letter operations act on no other."""
+    if flt.status is not Status.DEAD:
+        raise DlqError(f"the dead-letter operations select dead jobs, not {flt.status} ones")
+    return flt
 
 
 def dlq_query(name: str, where: sql.Composable) -> sql.Composed:
@@ -335,7 +153,7 @@ class Plan(NamedTuple):
 def run_action(
     database_url: Database,
     action: Action,
-    flt: DlqFilter,
+    flt: Selection,
     *,
     actor: str,
     source: Source,
@@ -362,7 +180,7 @@ def run_action(
         raise DlqError(f"action {action!r} must be replay or purge")
     if not actor:
         raise DlqError("an operation needs an actor (who asked for it) for the audit")
-    where, params = flt.where()
+    where, params = dead_only(flt).where()
     with connection(database_url) as conn:
         if flt.limit is not None:
             # Fix the limited selection first, so the batches cannot drift to other jobs.
@@ -372,7 +190,7 @@ def run_action(
                 ).fetchone()
             ids = tuple(got[0] or []) if got else ()
             if ids:  # when nothing matched, the filter stays as it is and the plan below counts 0
-                where, params = DlqFilter(ids=ids).where()
+                where, params = Selection(ids=ids).where()
         refused: list[str] = []
         if action == "replay":
             rules = destinations or deployment_destinations()

@@ -24,16 +24,17 @@ from retry_scheduler.core.jobs import CopyRow, Status, decode_headers, ms_of_pg_
 from retry_scheduler.core.policy import PolicyRegistry
 from retry_scheduler.core.records import RowBuilder, limits_for
 from retry_scheduler.db.schema import queries
+from retry_scheduler.db.selection import Selection
 from retry_scheduler.ops.dlq import (
     BATCH,
     MAX_LIMIT,
     Database,
     DlqError,
-    DlqFilter,
     Outcome,
     Source,
     TooManyForOneRequest,
     connection,
+    dead_only,
     dlq_query,
 )
 
@@ -43,7 +44,7 @@ _INVALID = protocol.DEAD_INVALID
 
 def reevaluate(
     database_url: Database,
-    flt: DlqFilter,
+    flt: Selection,
     *,
     settings: Settings,
     registry: PolicyRegistry,
@@ -76,7 +77,7 @@ def reevaluate(
     if not actor:
         raise DlqError("an operation needs an actor (who asked for it) for the audit")
     builder = RowBuilder(settings, registry, limits_for(settings, registry))
-    where, params = flt.where()
+    where, params = dead_only(flt).where()
     outcome = Outcome(
         action="reevaluate", dry_run=dry_run, filter=flt.as_dict(), matched=0, would_affect=0, affected=0
     )

@@ -16,10 +16,15 @@ from typing import Any
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.connection_file import add_connection_options, job_settings
 from retry_scheduler.core.destinations import Destinations
-from retry_scheduler.core.jobs import Status
 from retry_scheduler.core.records import deployment_destinations
+from retry_scheduler.db.selection import (
+    Selection,
+    SelectionError,
+    add_selection_arguments,
+    selection_from_args,
+)
 from retry_scheduler.loops.kafka import producer_config
-from retry_scheduler.spark.selection import RUN_ID, SELECTABLE, BulkRetryError, Selection, parse_timestamp
+from retry_scheduler.spark.selection import RUN_ID, BulkRetryError
 
 #: Acknowledged jobs marked published per transaction, by default.
 MARK_BATCH = 10_000
@@ -71,12 +76,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         prog="bulk_retry.py", description="Re-publish a filtered set of retry jobs to their destinations."
     )
     add_connection_options(parser)
-    parser.add_argument("--destination", help="only jobs of this destination topic")
-    parser.add_argument("--status", choices=[s.value for s in SELECTABLE], default=Status.DEAD.value)
-    parser.add_argument("--error-class", help="glob on the error class, * matches anything")
-    parser.add_argument("--since", help="jobs created at or after this ISO-8601 time (UTC without zone)")
-    parser.add_argument("--until", help="jobs created before this ISO-8601 time (UTC without zone)")
-    parser.add_argument("--limit", type=_positive("--limit", 2**62), help="only the first N jobs by id")
+    add_selection_arguments(parser, status=True, for_job=True)
     parser.add_argument("--dry-run", action="store_true", help="count per destination, publish nothing")
     parser.add_argument("--partitions", type=_positive("--partitions", 10_000), default=8)
     parser.add_argument(
@@ -100,14 +100,10 @@ def parse_args(argv: list[str] | None = None) -> Options:
     run_id = args.run_id or str(uuid.uuid4())
     if not RUN_ID.fullmatch(run_id):
         raise BulkRetryError("--run-id must be 1-128 characters of [A-Za-z0-9._:-]")
-    selection = Selection(
-        status=Status(args.status),
-        destination=args.destination,
-        error_class=args.error_class,
-        since=parse_timestamp(args.since, "--since") if args.since else None,
-        until=parse_timestamp(args.until, "--until") if args.until else None,
-        limit=args.limit,
-    )
+    try:
+        selection = selection_from_args(args, settings)
+    except SelectionError as exc:
+        raise BulkRetryError(str(exc)) from None
     return Options(
         database_url=settings.database_url,
         bootstrap_servers=settings.bootstrap_servers,

@@ -38,17 +38,13 @@ from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import REPLAYED, OutgoingRow, destination_headers
 from retry_scheduler.db.connection import StoreError, connect
 from retry_scheduler.db.schema import queries
+from retry_scheduler.db.selection import Selection, SelectionError
 from retry_scheduler.db.store import like_pattern
 from retry_scheduler.spark.bulk_guard import BulkAudit, guarded_run
 from retry_scheduler.spark.bulk_options import MARK_BATCH, Options, parse_args
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows, jdbc_target
 from retry_scheduler.spark.progress import reporting
-from retry_scheduler.spark.selection import (
-    BulkRetryError,
-    Selection,
-    read_selection,
-    summarize,
-)
+from retry_scheduler.spark.selection import BulkRetryError, read_selection, summarize
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -325,7 +321,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         source=opts.source,
         run_id=opts.run_id,
         dry_run=opts.dry_run,
-        selection=opts.selection.as_audit(),
+        selection={"status": str(opts.selection.status), **opts.selection.as_dict()},
     ) as start_audit:
         return _run(opts, start_audit)
 
@@ -441,7 +437,7 @@ def run(argv: list[str] | None = None) -> int:
     try:
         with reporting("bulk-retry"):
             outcome = main(argv)
-    except (BulkRetryError, JobArgumentError, StoreError, ConfigError) as exc:
+    except (SelectionError, JobArgumentError, StoreError, ConfigError) as exc:
         print(f"bulk_retry: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -23,7 +23,6 @@ from typing import Any
 from retry_scheduler.core.config import Settings, dev_home
 from retry_scheduler.core.connection_file import CONNECTION_FILE_OPTION, connection_file
 from retry_scheduler.core.durations import parse_duration_ms
-from retry_scheduler.core.protocol import TOPIC_NAME
 from retry_scheduler.spark.class_archive import archive_complete, class_archive
 from retry_scheduler.spark.executor_env import cluster_submit, niced_if_local
 from retry_scheduler.spark.jdbc import JobArgumentError, jdbc_jars, spark_packages
@@ -60,46 +59,17 @@ def archive_uri() -> str:
     return os.environ.get("RETRY_ARCHIVE_URI") or (dev_home() / "archive").as_uri()
 
 
-def _iso(name: str, value: Any) -> str | None:
-    if value in (None, ""):
-        return None
-    try:
-        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        raise JobArgumentError(
-            f"{name}={value!r} is not an ISO-8601 time like 2026-11-21T10:00:00Z"
-        ) from None
-    return parsed.isoformat()
+def bulk_retry_args(params: Mapping[str, Any], settings: Settings | None = None) -> list[str]:
+    """Validate a bulk retry's selection (a form's or a command line's values, the names of
+    :class:`~retry_scheduler.db.selection.Selection`) and its options; return the job's arguments.
 
-
-def bulk_retry_args(params: Mapping[str, Any]) -> list[str]:
-    """Validate the bulk-retry filters and return the job's arguments.
-
-    They hold no connection: the job reads those from the connection file :func:`run_spark_submit`
-    (or the DAGs' operator) hands it, never from its command line.
+    ``settings``: the deployment's, to find the topics of ``written_by``. The arguments hold no
+    connection: the job reads those from the connection file :func:`run_spark_submit` (or the DAGs'
+    operator) hands it, never from its command line.
     """
-    args: list[str] = []
-    destination = params.get("destination") or None
-    if destination is not None:
-        if not TOPIC_NAME.fullmatch(str(destination)):
-            raise JobArgumentError(f"destination {destination!r} is not a valid topic name")
-        args += ["--destination", str(destination)]
-    status = params.get("status") or "dead"
-    if status not in ("dead", "pending"):
-        raise JobArgumentError(f"status {status!r} must be dead or pending")
-    args += ["--status", status]
-    if params.get("error_class"):
-        args += ["--error-class", str(params["error_class"])]
-    since, until = _iso("since", params.get("since")), _iso("until", params.get("until"))
-    if since and until and datetime.fromisoformat(since) >= datetime.fromisoformat(until):
-        raise JobArgumentError(f"since ({since}) must be before until ({until})")
-    args += ["--since", since] if since else []
-    args += ["--until", until] if until else []
-    limit = params.get("limit")
-    if limit not in (None, "", 0):
-        if int(limit) < 0:
-            raise JobArgumentError(f"limit {limit} must be positive")
-        args += ["--limit", str(int(limit))]
+    from retry_scheduler.db.selection import Selection
+
+    args = Selection.from_params(params, settings).as_args()
     mark_batch = params.get("mark_batch")
     if mark_batch not in (None, ""):
         if not 1 <= int(mark_batch) <= 1_000_000:

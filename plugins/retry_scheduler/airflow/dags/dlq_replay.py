@@ -30,48 +30,8 @@ import pendulum
 from airflow.sdk import DAG, Param, get_current_context, task
 
 from retry_scheduler.airflow.dags import build_dag, default_args, in_dag_file, run_failure_callbacks
+from retry_scheduler.airflow.dags.forms import replay_option_params, selection_params
 from retry_scheduler.airflow.hook import RetrySchedulerHook
-from retry_scheduler.core.adopt import WRITERS
-from retry_scheduler.core.protocol import DEAD_REASONS, TOPIC_PATTERN
-
-
-def dead_job_filter_params() -> dict[str, Param]:
-    """The form fields that narrow dead jobs, shared by ``dlq_replay`` and ``dlq_window_replay``."""
-    return {
-        "destination": Param(
-            None,
-            type=["null", "string"],
-            pattern=f"^{TOPIC_PATTERN}$",
-            title="Destination topic",
-            description="Only dead jobs for this destination (empty: every destination).",
-        ),
-        "dead_reason": Param(None, type=["null", "string"], enum=[None, *DEAD_REASONS], title="Dead reason"),
-        "written_by": Param(
-            None,
-            type=["null", "string"],
-            enum=[None, *WRITERS],
-            title="Written by",
-            description="Only letters this service wrote (read from its retry topics), or read from that "
-            "tool's dead-letter topics (RETRY_ADOPT_TOPICS).",
-        ),
-        "error_class": Param(
-            None,
-            type=["null", "string"],
-            maxLength=500,
-            title="Error class",
-            description="Glob on the error class, e.g. *TimeoutError.",
-        ),
-    }
-
-
-def replay_option_params() -> dict[str, Param]:
-    """How a replay goes: from attempt 0 or not, and a dry run by default."""
-    return {
-        "reset_attempts": Param(
-            False, type="boolean", title="Reset attempts", description="Replay from attempt 0."
-        ),
-        "dry_run": Param(True, type="boolean", title="Dry run", description="Only count; change nothing."),
-    }
 
 
 def arguments() -> dict:
@@ -95,31 +55,7 @@ def arguments() -> dict:
                 description="reevaluate: read dead invalid jobs again against the current policies (after "
                 "fixing them); those that pass become pending with their original bytes.",
             ),
-            **dead_job_filter_params(),
-            "search": Param(
-                None,
-                type=["null", "string"],
-                maxLength=500,
-                title="Reason text",
-                description="Only jobs whose reason or error class contains this text (any case).",
-            ),
-            "since": Param(None, type=["null", "string"], format="date-time", title="Went dead since (UTC)"),
-            "until": Param(None, type=["null", "string"], format="date-time", title="Went dead until (UTC)"),
-            "ids": Param(
-                None,
-                type=["null", "string"],
-                pattern=r"^[0-9][0-9,\s]*$",
-                title="Job ids",
-                description="Only these jobs: ids separated by commas (from the Dead letters page).",
-            ),
-            "limit": Param(
-                0,
-                type="integer",
-                minimum=0,
-                maximum=10_000_000,  # retry_scheduler.ops.dlq.MAX_LIMIT
-                title="Limit",
-                description="At most this many, oldest first (0: all).",
-            ),
+            **selection_params(),
             **replay_option_params(),
         },
         tags=["retry-scheduler", "operations"],

@@ -43,7 +43,7 @@ from retry_scheduler.airflow.dags import (
     run_failure_callbacks,
     utc_intervals,
 )
-from retry_scheduler.airflow.dags.dlq_replay import dead_job_filter_params, replay_option_params
+from retry_scheduler.airflow.dags.forms import replay_option_params, selection_params
 from retry_scheduler.airflow.hook import RetrySchedulerHook
 
 #: The DAG's start and end date: the scheduler schedules nothing of it, backfills any hour.
@@ -80,7 +80,7 @@ def arguments() -> dict:
         # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
         on_failure_callback=run_failure_callbacks(),
         params={
-            **dead_job_filter_params(),
+            **selection_params(window=False),
             **replay_option_params(),
         },
         tags=["retry-scheduler", "operations"],

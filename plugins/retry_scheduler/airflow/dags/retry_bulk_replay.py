@@ -29,9 +29,9 @@ from retry_scheduler.airflow.dags import (
     run_failure_callbacks,
     with_deadline,
 )
+from retry_scheduler.airflow.dags.forms import selection_params
 from retry_scheduler.airflow.hook import RetrySchedulerHook
 from retry_scheduler.airflow.operators import spark_submit_operator
-from retry_scheduler.core.protocol import TOPIC_PATTERN
 from retry_scheduler.spark.submit import BULK_RETRY_APP
 
 #: A run still going this long after it was queued alerts (the factory's ``deadline``).
@@ -50,24 +50,7 @@ def arguments() -> dict:
         # a run that fails (or outlives its dagrun_timeout) alerts too, once, through the same channels
         on_failure_callback=run_failure_callbacks(),
         params={
-            "destination": Param(
-                None,
-                type=["null", "string"],
-                pattern=f"^{TOPIC_PATTERN}$",
-                title="Destination topic",
-                description="Only jobs for this destination (empty: every destination).",
-            ),
-            "status": Param(
-                "dead", enum=["dead", "pending"], title="Status", description="Which jobs to replay."
-            ),
-            "error_class": Param(
-                "", type="string", title="Error class", description="Glob on the error class, e.g. *Timeout*."
-            ),
-            "since": Param(None, type=["null", "string"], format="date-time", title="Failed since (UTC)"),
-            "until": Param(None, type=["null", "string"], format="date-time", title="Failed until (UTC)"),
-            "limit": Param(
-                0, type="integer", minimum=0, title="Limit", description="At most this many (0: all)."
-            ),
+            **selection_params(status=True),
             "dry_run": Param(
                 True, type="boolean", title="Dry run", description="Only count; publish nothing."
             ),
@@ -88,7 +71,7 @@ def retry_bulk_replay_tasks(hook: RetrySchedulerHook) -> None:
         context = get_current_context()
         dag_run = context["dag_run"]
         audit = dag_audit_args(getattr(dag_run, "triggering_user_name", None), dag_run.run_id)
-        return bulk_retry_args(context["params"]) + audit
+        return bulk_retry_args(context["params"], hook.settings()) + audit
 
     @task(outlets=[replays_asset()])
     def record() -> dict:

@@ -35,9 +35,11 @@ from retry_scheduler.airflow.webui.access import (
     operator,
     reader,
 )
+from retry_scheduler.core import adopt
 from retry_scheduler.core.config import ConfigError, Settings
 from retry_scheduler.core.policy import PolicyError
 from retry_scheduler.core.records import deployment_destinations
+from retry_scheduler.db import selection
 from retry_scheduler.db.connection import StoreError
 from retry_scheduler.ops import browse, dlq
 
@@ -78,8 +80,8 @@ class ActionBody(BaseModel):
     until: str | None = None
     #: who wrote the letters: ``retry-scheduler`` or an adopted topic's format (``ops.dlq.WRITERS``)
     written_by: str | None = None
-    ids: Annotated[list[int], Field(max_length=dlq.MAX_IDS)] = []
-    limit: Annotated[int | None, Field(ge=1, le=dlq.MAX_LIMIT)] = None
+    ids: Annotated[list[int], Field(max_length=selection.MAX_IDS)] = []
+    limit: Annotated[int | None, Field(ge=1, le=selection.MAX_LIMIT)] = None
     reset_attempts: bool = False
     dry_run: bool = True
 
@@ -93,8 +95,8 @@ app = FastAPI(
 )
 
 
-@app.exception_handler(dlq.DlqError)
-async def _bad_request(request: Request, exc: dlq.DlqError) -> JSONResponse:
+@app.exception_handler(selection.SelectionError)
+async def _bad_request(request: Request, exc: selection.SelectionError) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=422)
 
 
@@ -206,7 +208,7 @@ def dead_letters(
     read from), and ``written_by`` filters on it.
     """
     settings = Settings.from_env()
-    flt = dlq.DlqFilter.from_params(
+    flt = selection.Selection.from_params(
         {
             "destination": destination,
             "dead_reason": dead_reason,
@@ -229,8 +231,8 @@ def writers(user: Annotated[Any, Depends(reader)]) -> list[str]:
     """Who may have written a dead letter here: this service and the tools whose dead-letter topics are
     adopted (the page's "Written by" menu)."""
     settings = Settings.from_env()
-    adopted = {dlq.source_format(spec) for spec in settings.adopt_topics.values()}
-    return [writer for writer in dlq.WRITERS if writer == dlq.SERVICE or writer in adopted]
+    adopted = {adopt.source_format(spec) for spec in settings.adopt_topics.values()}
+    return [writer for writer in adopt.WRITERS if writer == adopt.SERVICE or writer in adopted]
 
 
 @app.get("/api/dead-letters/{job_id}")
@@ -284,7 +286,7 @@ def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> d
         raise dlq.DlqError("reset_attempts applies to replay only")
     params = body.model_dump(exclude={"reset_attempts", "dry_run"})
     settings = with_airflow_policies(Settings.from_env())
-    flt = dlq.DlqFilter.from_params(params, settings)
+    flt = selection.Selection.from_params(params, settings)
     common: dict[str, Any] = {
         "actor": str(user.get_name()),
         "source": "ui",
@@ -315,7 +317,7 @@ def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> d
 def hand_to_dag(
     request: Request,
     action: dlq.Action,
-    flt: dlq.DlqFilter,
+    flt: selection.Selection,
     reset_attempts: bool,
     user: Any,
     would_affect: int,
