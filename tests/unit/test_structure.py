@@ -105,3 +105,31 @@ def test_no_import_cycles() -> None:
         if name not in state:
             walk(name)
     assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def _every_import(path: Path) -> set[str]:
+    """Every module name ``path`` imports, at any depth (inside functions and TYPE_CHECKING too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return found
+
+
+def test_only_the_airflow_rooms_import_airflow_s_side_of_the_package() -> None:
+    """The floors point one way: the loops, the operations, the Spark jobs and the command line
+    never import ``retry_scheduler.airflow`` (the loop runners are ``loops.runners``; the monitor
+    sends to any ``ops.alerts.Channel``), so the command line works, and is read, without it."""
+    upward = {
+        name: sorted(i for i in _every_import(path) if i.startswith("retry_scheduler.airflow"))
+        for name, path in _modules().items()
+        if name.startswith("retry_scheduler.") and not name.startswith("retry_scheduler.airflow")
+    }
+    upward = {name: found for name, found in upward.items() if found}
+    assert upward == {}, f"modules below the Airflow rooms that import them: {upward}"
+    # The reader sees imports inside functions (so that an empty result cannot pass unseen):
+    assert "retry_scheduler.loops.runners" in _every_import(
+        PACKAGES["retry_scheduler"] / "airflow" / "tasks.py"
+    )

@@ -112,10 +112,10 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Run the ingest and publish loops outside Airflow (debugging, benchmarks, chaos tests)."""
-    from retry_scheduler.airflow.tasks import run_ingest, run_publish
     from retry_scheduler.core.policy import load_policies
     from retry_scheduler.db.store import Store
     from retry_scheduler.loops.kafka import require_reachable
+    from retry_scheduler.loops.runners import run_ingest, run_publish
 
     if args.grace is not None:
         settings = settings.with_overrides(loop_grace_ms=round(args.grace * 1000))

@@ -365,7 +365,7 @@ class DevStack:
             with contextlib.suppress(psutil.Error):
                 descendants += psutil.Process(proc.pid).children(recursive=True)
         # Running tasks first, while the api-server they report to is up: on SIGTERM the loops stop
-        # after the round in hand (retry_scheduler.airflow.tasks.until_terminated). Otherwise the
+        # after the round in hand (retry_scheduler.loops.runners.until_terminated). Otherwise the
         # scheduler and the Celery workers wait for them (a retry_scheduler run loops for 90 s).
         # A task that starts meanwhile (the scheduler queues the next run's) is ended as it appears.
         signalled: dict[int, float] = {}

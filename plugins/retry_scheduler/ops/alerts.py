@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 _MAX_ERROR_CHARS = 2000
 
@@ -136,3 +136,18 @@ def deadline_alert_from_context(context: Mapping[str, Any]) -> Alert:
         severity="late",
         fields={"dag_id": dag_id, "run_id": run_id, "queued_at": queued_at, "deadline": due, "state": state},
     )
+
+
+class Channel(Protocol):
+    """Where the monitor sends an alert: the Airflow notifiers (``retry_scheduler.airflow.notifiers``)
+    or anything shaped like them."""
+
+    #: A name for the channel in the alert's record (``webhook``, ``email``, ``log``...).
+    kind: str
+    #: Whether a person sees what it takes (a webhook, an e-mail; not the log).
+    reaches_people: bool
+
+    def send(self, alert: Alert) -> bool | None:
+        """Deliver ``alert``: True when the channel took it, False when it failed, None when the
+        channel is not configured."""
+        ...

@@ -54,12 +54,11 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.sources import LetterReading
-from retry_scheduler.ops.alerts import Alert
+from retry_scheduler.ops.alerts import Alert, Channel
 from retry_scheduler.ops.checks import BY_NAME, CHECKS, DLQ_GRACE_S, REPEATED_FAILURES, Reading, describe
 from retry_scheduler.ops.thresholds import VARIABLE, Thresholds, ThresholdsError
 
 if TYPE_CHECKING:
-    from retry_scheduler.airflow.notifiers import AlertNotifier
     from retry_scheduler.loops.offsets import IngestLag
 
 log = logging.getLogger(__name__)
@@ -155,7 +154,7 @@ def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat()
 
 
-def announced(results: Sequence[tuple[AlertNotifier, bool | None]]) -> bool:
+def announced(results: Sequence[tuple[Channel, bool | None]]) -> bool:
     """Whether an alert reached someone: a person-facing channel took it, or none is configured and
     the log did. ``results`` pairs each notifier with what its ``send`` returned."""
     people = [result for notifier, result in results if notifier.reaches_people]
@@ -169,7 +168,7 @@ def announced(results: Sequence[tuple[AlertNotifier, bool | None]]) -> bool:
 def run_monitor(
     database_url: str,
     thresholds: Thresholds,
-    notifiers: Sequence[AlertNotifier],
+    notifiers: Sequence[Channel],
     lag: Callable[[Store], IngestLag] | None = None,
     letters: Callable[[Store], LetterReading] | None = None,
 ) -> dict[str, Any]:
