@@ -24,11 +24,11 @@ from bench.jobs import Job, insert_jobs
 from retry_scheduler.cli import main as cli
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
-from retry_scheduler.core.connection_file import connection_file
 from retry_scheduler.core.jobs import HELD_DUE_MS, OutgoingRow, Status, destination_headers, encode_headers
 from retry_scheduler.db.selection import Selection, SelectionError
 from retry_scheduler.db.store import Store
 from retry_scheduler.spark import bulk_options, bulk_retry
+from retry_scheduler.spark.connection_file import connection_file
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
 from retry_scheduler.spark.selection import OUTGOING_COLUMNS, BulkRetryError, jdbc_table, publishable
 from tests.kafkautil import Seen, consume, create_topics

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from retry_scheduler.core.config import ConfigError, Settings
-from retry_scheduler.core.connection_file import (
+from retry_scheduler.spark.connection_file import (
     add_connection_options,
     connection_file,
     job_settings,

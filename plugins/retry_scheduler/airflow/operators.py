@@ -17,7 +17,7 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
     """``SparkSubmitOperator`` that hands the job its connections in a private file, at run time.
 
     When the task runs, it reads ``retry_postgres`` and ``retry_kafka``, writes them to a file only
-    the task's user can read (:mod:`retry_scheduler.core.connection_file`), adds
+    the task's user can read (:mod:`retry_scheduler.spark.connection_file`), adds
     ``--connection-file PATH`` to the job's arguments and deletes the file when spark-submit is done.
     No password goes into XCom, the rendered arguments, the logged ``spark-submit`` command or any
     process's command line. The driver therefore runs beside the task: ``deploy-mode`` client
@@ -43,7 +43,7 @@ class RetrySparkSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         from retry_scheduler.core.config import dev_home
-        from retry_scheduler.core.connection_file import CONNECTION_FILE_OPTION, connection_file
+        from retry_scheduler.spark.connection_file import CONNECTION_FILE_OPTION, connection_file
         from retry_scheduler.spark.executor_env import cluster_submit
 
         self.add_job_defaults()

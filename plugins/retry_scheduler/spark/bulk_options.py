@@ -1,7 +1,7 @@
 """The bulk retry job's command line: its options, parsed and checked before anything runs.
 
 The connections come from the connection file or the environment
-(:mod:`retry_scheduler.core.connection_file`), never from the command line.
+(:mod:`retry_scheduler.spark.connection_file`), never from the command line.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from retry_scheduler.core.config import Settings
-from retry_scheduler.core.connection_file import add_connection_options, job_settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.records import deployment_destinations
 from retry_scheduler.db.selection import (
@@ -24,6 +23,7 @@ from retry_scheduler.db.selection import (
     selection_from_args,
 )
 from retry_scheduler.loops.kafka import producer_config
+from retry_scheduler.spark.connection_file import add_connection_options, job_settings
 from retry_scheduler.spark.selection import RUN_ID, BulkRetryError
 
 #: Acknowledged jobs marked published per transaction, by default.

@@ -25,7 +25,6 @@ from pyspark.sql import functions as F
 
 from retry_scheduler.core import faults
 from retry_scheduler.core.config import ConfigError
-from retry_scheduler.core.connection_file import add_connection_options, job_settings
 from retry_scheduler.core.durations import parse_duration_ms
 from retry_scheduler.db.connection import StoreError, connect
 from retry_scheduler.spark.archive_io import (
@@ -58,6 +57,7 @@ from retry_scheduler.spark.compaction_db import (
     take_lock,
     vacuum_published,
 )
+from retry_scheduler.spark.connection_file import add_connection_options, job_settings
 from retry_scheduler.spark.jdbc import JdbcTarget, fetch_rows, jdbc_target
 from retry_scheduler.spark.progress import reporting
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from retry_scheduler.core.config import Settings, dev_home
-from retry_scheduler.core.connection_file import CONNECTION_FILE_OPTION, connection_file
 from retry_scheduler.core.durations import parse_duration_ms
 from retry_scheduler.spark.class_archive import archive_complete, class_archive
+from retry_scheduler.spark.connection_file import CONNECTION_FILE_OPTION, connection_file
 from retry_scheduler.spark.executor_env import cluster_submit, niced_if_local
 from retry_scheduler.spark.jdbc import JobArgumentError, jdbc_jars, spark_packages
 
@@ -154,7 +154,7 @@ def run_spark_submit(
     ``--archives`` (:mod:`retry_scheduler.spark.executor_env`), the JDBC driver by ``--jars`` (or
     ``--packages``), and the driver runs here (client mode). Given ``settings``, the job reads
     their database and Kafka from a private connection file (``--connection-file``, see
-    :mod:`retry_scheduler.core.connection_file`), so no password is on any command line. The job's
+    :mod:`retry_scheduler.spark.connection_file`), so no password is on any command line. The job's
     log goes to stderr live; its progress lines (:mod:`retry_scheduler.spark.progress`) go to
     ``progress(done, total)`` when given (else to stderr); its result, the last JSON object it
     prints, goes to ``show`` (else printed on stdout as it is). ``conf`` replaces the default
