@@ -623,6 +623,44 @@ def test_filters_search_and_keyset_pages(
         assert viewer.get("/api/dead-letters", params={"page_size": 0}).status_code == 422
 
 
+def test_the_page_selects_what_the_command_line_and_the_bulk_retry_select(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    """One selection: the page's filters, under the same names, pick the jobs ``dlq list`` and the
+    bulk retry's count pick from the same rows (tests/spark/test_one_selection.py runs the others)."""
+    from retry_scheduler.db.selection import Selection
+    from retry_scheduler.ops.browse import list_dead
+    from retry_scheduler.spark.selection import summarize
+
+    base = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=2)
+    for i in range(12):
+        insert_dead(
+            retry_db, dest, dead_reason=("exhausted", "fatal", "expired")[i % 3],
+            error_class=("TimeoutError", "SchemaError")[i % 2], reason=f"case {i}: {'declined' if i % 4 else 'late'}",
+            dead_at=base + timedelta(minutes=10 * i), source_topic="webui.work.dlq" if i % 5 == 0 else "retry",
+        )  # fmt: skip
+    settings = Settings(database_url=retry_db, adopt_topics={"webui.work.dlq": "share"})
+    filters: list[dict[str, Any]] = [
+        {"dead_reason": "fatal"},
+        {"error_class": "Schema*", "search": "DECLINED"},
+        {
+            "since": (base + timedelta(minutes=25)).isoformat(),
+            "until": (base + timedelta(minutes=85)).isoformat(),
+        },
+        {"written_by": "share"},
+        {"since": "95m", "error_class": "*Error"},  # a duration ago: no job within minutes of it
+    ]
+    with client(airflow_server, tokens["viewer"]) as viewer:
+        for given in filters:
+            params = {"destination": dest, **given}
+            page = viewer.get("/api/dead-letters", params={**params, "page_size": 500})
+            assert page.status_code == 200, page.text
+            on_page = {j["id"] for j in page.json()["jobs"]}
+            selection = Selection.from_params(params, settings)
+            assert on_page == {j.id for j in list_dead(retry_db, selection, page_size=500).jobs}, given
+            assert summarize(retry_db, selection).count == len(on_page) > 0, given
+
+
 def test_a_big_selection_shows_a_capped_count(
     airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
 ) -> None:
