@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.policy import PolicyRegistry
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import Ingestor
@@ -36,7 +37,7 @@ class LoopThreads:
 
     def _ingest(self) -> None:
         with Store(self._settings.database_url) as store:
-            ingestor = Ingestor(self._settings, self._registry, store)
+            ingestor = Ingestor(Deployment(self._settings, self._registry), store)
             try:
                 ingestor.run(self._seconds, self.stop.is_set)
             finally:
@@ -44,7 +45,7 @@ class LoopThreads:
 
     def _publish(self) -> None:
         with Store(self._publish_settings.database_url) as store:
-            publisher = Publisher(self._publish_settings, store)
+            publisher = Publisher(Deployment.load(self._publish_settings), store)
             try:
                 publisher.run(self._seconds, self.stop.is_set)
             finally:

@@ -42,6 +42,7 @@ from bench.env import (
 from bench.machine import machine_info
 from bench.queries import bq
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.connection import connect
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import Ingestor
@@ -66,7 +67,7 @@ def measure_ingest(env: BenchEnv, sizes: Sizes) -> Result:
 
     store = Store(settings.database_url)
     began = time.perf_counter()
-    ingestor = Ingestor(settings, BENCH_POLICIES, store)
+    ingestor = Ingestor(Deployment(settings, BENCH_POLICIES), store)
     try:
         if not ingestor.acquire(30):
             raise BenchError("the ingest lock of the benchmark database is held by someone else")

@@ -20,6 +20,7 @@ from bench.env import (
     per_second,
     ratio,
 )
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher
 
@@ -48,7 +49,9 @@ def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
         return stores[-1]
 
     began = time.perf_counter()
-    publisher = Publisher(settings, timed_store(settings.database_url), store_factory=timed_store)
+    publisher = Publisher(
+        Deployment.load(settings), timed_store(settings.database_url), store_factory=timed_store
+    )
     try:
         # Setup: the producer's connection and the destination's metadata.
         publisher.topics.ensure([destination], create=True)

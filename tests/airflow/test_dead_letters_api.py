@@ -27,6 +27,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.jobs import encode_headers
 from retry_scheduler.db.schema import migrate
 from retry_scheduler.dev.airflow_api import api_token
@@ -831,7 +832,9 @@ def test_two_hundred_concurrent_searches_use_a_few_connections_and_the_loops_kee
         answers = pool.map(search, range(200))
         # Meanwhile the ingest and publish loops work on the same database.
         with Store(retry_db) as store:
-            ingestor = Ingestor(settings, PolicyRegistry.of([Policy("default", delays=["1s"])]), store)
+            ingestor = Ingestor(
+                Deployment(settings, PolicyRegistry.of([Policy("default", delays=["1s"])])), store
+            )
             produce(bootstrap_servers, settings.retry_topic, failures)
             ingested, deadline = IngestCounts(), time.monotonic() + 30
             try:
@@ -840,7 +843,7 @@ def test_two_hundred_concurrent_searches_use_a_few_connections_and_the_loops_kee
             finally:
                 ingestor.close()
         with Store(retry_db) as store:
-            publisher = Publisher(settings, store)
+            publisher = Publisher(Deployment.load(settings), store)
             try:
                 published = publisher.publish_once().published
             finally:

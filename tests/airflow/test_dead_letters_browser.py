@@ -23,6 +23,7 @@ import pytest
 from playwright.sync_api import Browser, Frame, FrameLocator, Page, expect, sync_playwright
 
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher
 from tests.airflow import test_dead_letters_api as api
@@ -320,7 +321,7 @@ def test_a_user_filters_inspects_replays_and_purges(
             destination_allowlist=TEST_DESTINATIONS,
         )
         with Store(retry_db) as store:
-            publisher = Publisher(settings, store)
+            publisher = Publisher(Deployment.load(settings), store)
             try:
                 assert publisher.publish_once().published == 1
             finally:

@@ -383,8 +383,8 @@ def test_a_pointer_to_a_record_removed_by_retention_is_kept_saying_so_with_the_t
 
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from retry_scheduler.core.policy import load_policies
-    from retry_scheduler.core.records import RowBuilder, limits_for
+    from retry_scheduler.core.deployment import Deployment
+    from retry_scheduler.core.records import RowBuilder
     from retry_scheduler.loops.sources import SourceReader
 
     work_dlq, work = f"{topic_prefix}-work.dlq", f"{topic_prefix}-work"
@@ -400,9 +400,9 @@ def test_a_pointer_to_a_record_removed_by_retention_is_kept_saying_so_with_the_t
             pass
 
     settings = loop.settings
-    limits = limits_for(settings, load_policies(settings.policies_file))
+    limits = Deployment.load(settings).limits
     now_ms = int(time.time() * 1000)
-    row = RowBuilder(settings, loop.registry, limits).row(
+    row = RowBuilder(Deployment(settings, loop.registry), limits).row(
         work_dlq, 0, 7, now_ms, None, None, share(topic_prefix, work, 0, 41)["headers"], now_ms
     )
     reader = SourceReader(settings, [work_dlq], limits.destinations.refusal)

@@ -15,6 +15,7 @@ from bench.jobs import Job, insert_jobs
 from retry_scheduler.cli.main import main
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.selection import Selection, SelectionError
@@ -26,6 +27,11 @@ from tests.conftest import TEST_DESTINATIONS
 from tests.kafkautil import consume, create_topics
 
 pytestmark = pytest.mark.integration
+
+
+def rules() -> Destinations:
+    """The destination rules of the tests' deployment (their environment), read as a front door does."""
+    return Deployment.load(Settings.from_env()).destinations
 
 
 def dead_job(
@@ -197,7 +203,14 @@ def test_a_dry_run_changes_nothing_and_is_audited(database_url: str) -> None:
     before = sql(database_url, "SELECT * FROM retry_jobs_all ORDER BY id")
 
     outcome = run_action(
-        database_url, "replay", Selection(), actor="alice", source="dag", dry_run=True, run_id="manual__1"
+        database_url,
+        "replay",
+        Selection(),
+        destinations=rules(),
+        actor="alice",
+        source="dag",
+        dry_run=True,
+        run_id="manual__1",
     )
 
     assert (outcome.matched, outcome.would_affect, outcome.affected) == (3, 2, 0)
@@ -217,9 +230,24 @@ def test_replay_makes_jobs_due_now_keeping_or_resetting_the_attempt(database_url
     )
     started = sql(database_url, "SELECT now()")[0][0]
 
-    kept = run_action(database_url, "replay", Selection(ids=(1,)), actor="bob", source="cli", dry_run=False)
+    kept = run_action(
+        database_url,
+        "replay",
+        Selection(ids=(1,)),
+        destinations=rules(),
+        actor="bob",
+        source="cli",
+        dry_run=False,
+    )
     reset = run_action(
-        database_url, "replay", Selection(), actor="bob", source="cli", dry_run=False, reset_attempts=True
+        database_url,
+        "replay",
+        Selection(),
+        destinations=rules(),
+        actor="bob",
+        source="cli",
+        dry_run=False,
+        reset_attempts=True,
     )
 
     assert (kept.affected, reset.affected) == (1, 1)  # job 3 is invalid: left alone
@@ -244,6 +272,7 @@ def test_a_limit_takes_the_oldest_jobs_and_batches_add_up(database_url: str) -> 
         database_url,
         "replay",
         Selection(limit=7),
+        destinations=rules(),
         actor="carol",
         source="ui",
         dry_run=False,
@@ -284,7 +313,9 @@ def test_replay_leaves_a_job_alone_while_it_is_being_sent_to_the_dlq(database_ur
     insert(database_url, [dead_job(1), dead_job(2)])
     sql(database_url, "UPDATE retry_jobs SET lease_until = now() + interval '1 minute' WHERE id = 1")
 
-    outcome = run_action(database_url, "replay", Selection(), actor="eve", source="ui", dry_run=False)
+    outcome = run_action(
+        database_url, "replay", Selection(), destinations=rules(), actor="eve", source="ui", dry_run=False
+    )
 
     assert (outcome.matched, outcome.affected) == (2, 1)
     assert outcome.skipped["being sent to the DLQ topic now"] == 1
@@ -299,7 +330,7 @@ def test_replay_leaves_a_job_alone_while_it_is_being_sent_to_the_dlq(database_ur
 
 def publish_for(settings: Settings, seconds: float) -> None:
     with Store(settings.database_url) as store:
-        publisher = Publisher(settings, store)
+        publisher = Publisher(Deployment.load(settings), store)
         try:
             publisher.run(seconds)
         finally:
@@ -327,7 +358,15 @@ def test_a_replayed_job_is_published_again_and_a_purged_one_is_gone(
     publish_for(settings, 2)  # both dead jobs reach the DLQ topic
     assert len(consume(bootstrap_servers, [dlq_topic], 2)) == 2
 
-    run_action(database_url, "replay", Selection(ids=(1,)), actor="ops", source="cli", dry_run=False)
+    run_action(
+        database_url,
+        "replay",
+        Selection(ids=(1,)),
+        destinations=rules(),
+        actor="ops",
+        source="cli",
+        dry_run=False,
+    )
     run_action(database_url, "purge", Selection(ids=(2,)), actor="ops", source="cli", dry_run=False)
     publish_for(settings, 2)
 
@@ -491,14 +530,28 @@ def test_an_operation_larger_than_the_page_s_bound_is_refused_before_anything_is
 ) -> None:
     insert(database_url, [dead_job(1), dead_job(2), dead_job(3)])
     dry = run_action(
-        database_url, "replay", Selection(), actor="ann", source="ui", dry_run=True, max_affected=2
+        database_url,
+        "replay",
+        Selection(),
+        destinations=rules(),
+        actor="ann",
+        source="ui",
+        dry_run=True,
+        max_affected=2,
     )
     assert dry.would_affect == 3  # a dry run only counts: always allowed
     with pytest.raises(
         DlqError, match="3 jobs is more than the 2 this page replays at once: trigger the dlq_replay DAG"
     ):
         run_action(
-            database_url, "replay", Selection(), actor="ann", source="ui", dry_run=False, max_affected=2
+            database_url,
+            "replay",
+            Selection(),
+            destinations=rules(),
+            actor="ann",
+            source="ui",
+            dry_run=False,
+            max_affected=2,
         )
     assert {s for (s,) in sql(database_url, "SELECT status::text FROM retry_jobs_all")} == {"dead"}
     assert len(audit_rows(database_url)) == 1  # the dry run's only

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher
 from tests.integration.test_loop import Loop, hdr, new_loop
@@ -59,7 +60,7 @@ def test_a_flood_of_due_jobs_does_not_delay_another_destinations_few(loop: Loop)
     time.sleep(1.2)  # the policy's delay: 1 s
     settings = loop.settings.with_overrides(publish_batch=500)
     with Store(settings.database_url) as store:
-        publisher = Publisher(settings, store)
+        publisher = Publisher(Deployment.load(settings), store)
         try:
             rounds = [publisher.publish_once() for _ in range(2)]
             few_early, flood_early = _published(loop, loop.dest), _published(loop, flood)

@@ -9,6 +9,7 @@ import time
 import psycopg
 
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.kafka import consumer_config
@@ -56,7 +57,7 @@ def test_records_on_a_quiet_retry_topic_are_stored_ahead_of_another_topic_s_back
     record_bytes = len(burst[0]["key"]) + len(value) + sum(len(k) + len(v) for k, v in burst[0]["headers"])
 
     with Store(loop.settings.database_url) as store:
-        ingestor = Ingestor(loop.settings, loop.registry, store)
+        ingestor = Ingestor(Deployment(loop.settings, loop.registry), store)
         try:
             stored = 0
             deadline = time.monotonic() + 60

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient
 
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.policy import Backoff, Policy, PolicyRegistry
 from retry_scheduler.db.store import Store
 from retry_scheduler.db.vacuum import SelfVacuum
@@ -66,7 +67,7 @@ class Loop:
         """Run the ingest loop until ``expected`` records were consumed."""
         settings = self.settings.with_overrides(**kw) if kw else self.settings
         with Store(settings.database_url) as store:
-            ingestor = ingestor_class(settings, self.registry, store)
+            ingestor = ingestor_class(Deployment(settings, self.registry), store)
             total = IngestCounts()
             deadline = time.monotonic() + timeout_s
             try:
@@ -79,7 +80,7 @@ class Loop:
     def publish(self, seconds: float, **kw: object):
         settings = self.settings.with_overrides(**kw) if kw else self.settings
         with Store(settings.database_url) as store:
-            publisher = Publisher(settings, store)
+            publisher = Publisher(Deployment.load(settings), store)
             try:
                 return publisher.run(seconds)
             finally:
@@ -286,7 +287,7 @@ def test_crash_between_produce_and_mark_republishes_with_same_identity(loop: Loo
         pass
 
     with loop.store() as store:
-        publisher = Publisher(loop.settings, store)
+        publisher = Publisher(Deployment.load(loop.settings), store)
 
         def crash(_acked):
             raise Crash("killed after the broker acknowledged, before the mark")
@@ -336,7 +337,7 @@ def test_metrics_are_reported_per_round_and_a_failing_snapshot_never_stops_publi
     loop.ingest(3)
     recorder = Recorder()
     with loop.store() as store:
-        publisher = Publisher(loop.settings, store, metrics=recorder)
+        publisher = Publisher(Deployment.load(loop.settings), store, metrics=recorder)
 
         def timed_out() -> dict:
             raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
@@ -364,7 +365,10 @@ def test_a_job_in_flight_is_not_claimed_by_another_publisher(loop: Loop) -> None
     )
     loop.ingest(5)
     with loop.store() as store_a, loop.store() as store_b:
-        a, b = Publisher(loop.settings, store_a), Publisher(loop.settings, store_b)
+        a, b = (
+            Publisher(Deployment.load(loop.settings), store_a),
+            Publisher(Deployment.load(loop.settings), store_b),
+        )
         tried_meanwhile = []
         real_mark = store_a.mark_published
 
@@ -429,7 +433,7 @@ def test_failed_deliveries_back_off_from_one_second_doubling_to_a_minute(loop: L
         raise AssertionError(f"the job was not tried within {deadline_s} s")
 
     with loop.store() as store:
-        publisher = Publisher(settings, store)
+        publisher = Publisher(Deployment.load(settings), store)
         try:
             tries = [backoff_after_failure(store, publisher, 5) for _ in range(4)]
             with psycopg.connect(loop.settings.database_url, autocommit=True) as conn:
@@ -478,7 +482,7 @@ def test_concurrent_publishers_never_publish_a_job_twice(loop: Loop) -> None:
     # one that was slower to set up cannot find the work already done.
     settings = loop.settings.with_overrides(publish_batch=20)
     stores = [Store(settings.database_url) for _ in range(3)]
-    publishers = [Publisher(settings, store) for store in stores]
+    publishers = [Publisher(Deployment.load(settings), store) for store in stores]
     ready = threading.Barrier(len(publishers))
     results = []
 
@@ -513,7 +517,7 @@ def test_the_publish_loop_shares_work_with_its_helper_publishers(loop: Loop) -> 
     loop.ingest(200)
     settings = loop.settings.with_overrides(publish_workers=2, publish_batch=10)
     with loop.store() as store:
-        publisher = Publisher(settings, store)
+        publisher = Publisher(Deployment.load(settings), store)
         total = publisher.run(30, should_stop=lambda: publisher.published_so_far() >= 200)
         publisher.close()
     assert total.published == 200
@@ -532,7 +536,7 @@ def test_a_publish_loop_relieves_the_running_one_only_once_its_producers_can_pub
     relieved_at: list[float] = []
     with loop.store() as running_store, loop.store() as store:
         running = LoopTenure(running_store, "publish", duration_s=0, grace_s=300)  # the loop taken over
-        publisher = Publisher(settings, store)
+        publisher = Publisher(Deployment.load(settings), store)
         assert not publisher.producer.id_assigned.is_set(), "a new producer has no id yet"
 
         def watch() -> None:
@@ -602,7 +606,7 @@ def test_claims_start_past_the_entries_a_held_snapshot_keeps_in_the_due_index(lo
         report.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         report.execute("SELECT count(*) FROM retry_jobs_all").fetchone()
         with loop.store() as store:
-            publisher = Publisher(loop.settings.with_overrides(publish_batch=500), store)
+            publisher = Publisher(Deployment.load(loop.settings.with_overrides(publish_batch=500)), store)
             try:
                 _publish(publisher, 2_000)
                 assert publisher.publish_once().claimed == 0  # the round that finds nothing more due
@@ -645,7 +649,7 @@ def test_a_new_publish_loop_starts_its_claims_at_the_floor_of_the_loop_it_reliev
         report.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         report.execute("SELECT count(*) FROM retry_jobs_all").fetchone()
         with loop.store() as store_a, loop.store() as store_b, loop.store() as probe:
-            first = Publisher(settings, store_a)
+            first = Publisher(Deployment.load(settings), store_a)
             done: list[PublishCounts] = []
             thread = threading.Thread(target=lambda: done.append(first.run(1, grace_s=60)), daemon=True)
             thread.start()
@@ -653,7 +657,7 @@ def test_a_new_publish_loop_starts_its_claims_at_the_floor_of_the_loop_it_reliev
             while (recorded := probe.loop_claim_state_alive(5)) is None or first.published_so_far() < 2_000:
                 assert time.monotonic() < deadline, "the running loop recorded no floor"
                 time.sleep(0.1)
-            second = Publisher(settings, store_b)
+            second = Publisher(Deployment.load(settings), store_b)
             floors: list[datetime | None] = []
             claim_due = store_b.claim_due
             store_b.claim_due = lambda limit, floor=None: floors.append(floor) or claim_due(limit, floor)  # type: ignore[method-assign]
@@ -685,7 +689,7 @@ def test_a_loop_taking_over_sweeps_first_when_its_predecessors_sweep_is_overdue(
 
     floor = datetime.now(UTC)
     with loop.store() as store:
-        publisher = Publisher(loop.settings, store)
+        publisher = Publisher(Deployment.load(loop.settings), store)
         try:
             publisher.take_over(floor, -5.0)
             overdue = publisher.claim_floor()
@@ -705,7 +709,10 @@ def test_one_publisher_of_a_loop_sweeps_at_a_time(loop: Loop) -> None:
     meanwhile. One whose sweep is due while another sweeps claims from its floor, and sweeps next."""
     floor = datetime.now(UTC)
     with loop.store() as store_a, loop.store() as store_b:
-        first, second = Publisher(loop.settings, store_a), Publisher(loop.settings, store_b)
+        first, second = (
+            Publisher(Deployment.load(loop.settings), store_a),
+            Publisher(Deployment.load(loop.settings), store_b),
+        )
         second._sweeping = first._sweeping  # as run() shares it with its helpers
         try:
             for publisher in (first, second):
@@ -823,7 +830,7 @@ def test_the_publish_loop_keeps_the_published_at_index_summarized_while_a_snapsh
         report.execute("SELECT count(*) FROM retry_jobs_all").fetchone()  # its snapshot: before any publish
         with psycopg.connect(loop.settings.database_url, autocommit=True) as other:
             with loop.store() as store:
-                publisher = Publisher(loop.settings.with_overrides(publish_batch=500), store)
+                publisher = Publisher(Deployment.load(loop.settings.with_overrides(publish_batch=500)), store)
                 try:
                     publisher.run(60, should_stop=lambda: publisher.published_so_far() >= 6_000)
                 finally:
@@ -847,7 +854,7 @@ def test_a_job_due_below_the_claims_floor_is_published_by_a_sweep(loop: Loop) ->
     loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=now)}] * 5)
     loop.ingest(5)
     with loop.store() as store:
-        publisher = Publisher(loop.settings, store)
+        publisher = Publisher(Deployment.load(loop.settings), store)
         try:
             _publish(publisher, 5)
             floor = publisher.floor
@@ -873,7 +880,7 @@ def test_the_publish_loop_vacuums_retry_jobs_where_autovacuum_does_not(loop: Loo
     loop.ingest(12_000)
     with loop.store() as store:
         assert store.vacuum_need()[0] is False, "autovacuum does not cover the table"
-        publisher = Publisher(loop.settings, store)
+        publisher = Publisher(Deployment.load(loop.settings), store)
         assert publisher.vacuum is not None
         vacuum = publisher.vacuum
         try:
@@ -889,7 +896,9 @@ def test_the_publish_loop_vacuums_retry_jobs_where_autovacuum_does_not(loop: Loo
     assert last_vacuum is not None and dead < 1_000, (last_vacuum, dead)
     # RETRY_SELF_VACUUM=false: the operator vacuums.
     with loop.store() as store:
-        assert Publisher(loop.settings.with_overrides(self_vacuum=False), store).vacuum is None
+        assert (
+            Publisher(Deployment.load(loop.settings.with_overrides(self_vacuum=False)), store).vacuum is None
+        )
 
 
 def _flush_statistics(conn: psycopg.Connection) -> None:
@@ -949,7 +958,7 @@ def test_a_failing_helper_publisher_stops_the_loop_with_its_error(loop: Loop) ->
 
     settings = loop.settings.with_overrides(publish_workers=2)
     with loop.store() as store:
-        publisher = Publisher(settings, store, store_factory=store_factory)
+        publisher = Publisher(Deployment.load(settings), store, store_factory=store_factory)
         began = time.monotonic()
         with pytest.raises(psycopg.OperationalError):
             publisher.run(120, should_stop=kill_the_helpers_session)
@@ -962,9 +971,9 @@ def test_overlapping_ingest_loops_hand_over_without_loss_or_rereading(loop: Loop
         [{"key": f"a{i}".encode(), "value": b"v", "headers": hdr(destination=loop.dest)} for i in range(20)]
     )
     with loop.store() as store_a, loop.store() as store_b:
-        first = Ingestor(loop.settings, loop.registry, store_a)
+        first = Ingestor(Deployment(loop.settings, loop.registry), store_a)
         assert first.acquire(5)
-        second = Ingestor(loop.settings, loop.registry, store_b)
+        second = Ingestor(Deployment(loop.settings, loop.registry), store_b)
         assert not second.acquire(0.5)  # the first loop owns the retry topics
         got = IngestCounts()
         deadline = time.monotonic() + 20
@@ -1004,7 +1013,7 @@ def _send_to_partitions(loop: Loop, partitions: int, per_partition: int) -> None
 def _run_ingest_loop(loop: Loop, expected: int, **changes: object) -> IngestCounts:
     settings = loop.settings.with_overrides(**changes)
     with loop.store() as store:
-        ingestor = Ingestor(settings, loop.registry, store)
+        ingestor = Ingestor(Deployment(settings, loop.registry), store)
         try:
             return ingestor.run(60, should_stop=lambda: ingestor.totals.stored >= expected, grace_s=0)
         finally:
@@ -1067,9 +1076,9 @@ def test_a_waiting_ingest_loop_takes_over_with_the_worker_processes_it_started_w
     _send_to_partitions(loop, partitions=2, per_partition=10)
     settings = loop.settings.with_overrides(ingest_workers=2, ingest_batch=10)
     with loop.store() as holder_store, loop.store() as store:
-        holder = Ingestor(loop.settings, loop.registry, holder_store)
+        holder = Ingestor(Deployment(loop.settings, loop.registry), holder_store)
         assert holder.acquire(5, assign=False)  # the previous loop, still ingesting
-        waiting = Ingestor(settings, loop.registry, store)
+        waiting = Ingestor(Deployment(settings, loop.registry), store)
         totals: list[IngestCounts] = []
         thread = threading.Thread(
             target=lambda: totals.append(
@@ -1098,9 +1107,9 @@ def test_a_waiting_ingest_loop_takes_over_with_the_worker_processes_it_started_w
 def test_an_ingest_loop_that_never_gets_the_retry_topics_ends_the_workers_it_started(loop: Loop) -> None:
     settings = loop.settings.with_overrides(ingest_workers=2)
     with loop.store() as holder_store, loop.store() as store:
-        holder = Ingestor(loop.settings, loop.registry, holder_store)
+        holder = Ingestor(Deployment(loop.settings, loop.registry), holder_store)
         assert holder.acquire(5, assign=False)
-        waiting = Ingestor(settings, loop.registry, store)
+        waiting = Ingestor(Deployment(settings, loop.registry), store)
         # It waits 10 s for the lock: its workers start 5 and 6 s into the wait.
         thread = threading.Thread(target=lambda: waiting.run(10, grace_s=0))
         began = time.time()

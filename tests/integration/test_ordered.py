@@ -27,8 +27,9 @@ from retry_scheduler.cli.main import main as cli_main
 from retry_scheduler.cli.service import status_report
 from retry_scheduler.consumer import RetryingConsumer
 from retry_scheduler.core import protocol as p
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.jobs import CopyRow
-from retry_scheduler.core.records import RowBuilder, limits_for
+from retry_scheduler.core.records import RowBuilder
 from retry_scheduler.db.chains import held_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.dev.procs import free_port
@@ -361,7 +362,7 @@ def test_one_due_job_per_chain_is_a_rule_the_database_enforces(loop: Loop) -> No
 def publish_round(loop: Loop) -> int:
     """One round of the publish loop; how many jobs it published."""
     with Store(loop.settings.database_url) as store:
-        publisher = Publisher(loop.settings, store)
+        publisher = Publisher(Deployment.load(loop.settings), store)
         try:
             return publisher.publish_once().published
         finally:
@@ -370,7 +371,7 @@ def publish_round(loop: Loop) -> int:
 
 def parked_row(loop: Loop, offset: int, chain: str) -> CopyRow:
     """The row the ingest stores for a record parked in ``chain`` (read from a real record's headers)."""
-    builder = RowBuilder(loop.settings, loop.registry, limits_for(loop.settings, loop.registry))
+    builder = RowBuilder(Deployment(loop.settings, loop.registry))
     record = parked(loop, offset, chain)
     row = builder.row(loop.settings.retry_topic, 0, 10_000 + offset, None, record["key"], record["value"],
                       record["headers"], int(time.time() * 1000))  # fmt: skip

@@ -43,6 +43,7 @@ import pytest
 from confluent_kafka import Message, TopicPartition
 
 from retry_scheduler.consumer import RetryingConsumer
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.chains import release_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import Ingestor
@@ -164,8 +165,8 @@ class Scheduler:
         self.loop = loop
         self.ingest_store = Store(loop.settings.database_url)
         self.publish_store = Store(loop.settings.database_url)
-        self.ingestor = Ingestor(loop.settings, loop.registry, self.ingest_store)
-        self.publisher = Publisher(loop.settings, self.publish_store)
+        self.ingestor = Ingestor(Deployment(loop.settings, loop.registry), self.ingest_store)
+        self.publisher = Publisher(Deployment.load(loop.settings), self.publish_store)
 
     def ingest(self, kill: bool) -> None:
         batch = self.ingestor.read_batch(0.2)

@@ -10,6 +10,7 @@ from confluent_kafka import Consumer
 from retry_scheduler.client import SHARE_CONSUMERS, RetryClient, RetryDeliveryError
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import Ingestor
@@ -38,8 +39,8 @@ def test_failing_consumer_retries_then_dead_letters(
     client = RetryClient({"bootstrap.servers": bootstrap_servers}, retry_topic=retry, group="app")
     seen_attempts: list[str] = []
     with Store(database_url) as store:
-        ingestor = Ingestor(settings, registry, store)
-        publisher = Publisher(settings, Store(database_url))
+        ingestor = Ingestor(Deployment(settings, registry), store)
+        publisher = Publisher(Deployment.load(settings), Store(database_url))
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and store.status()["counts"].get("dead", 0) == 0:
             for msg in app.consume(10, 0.5):

@@ -18,6 +18,8 @@ from pyspark.sql import SparkSession
 from bench.jobs import Job, insert_jobs
 from retry_scheduler.cli.main import main as cli
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
+from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.selection import Selection
 from retry_scheduler.db.store import Store
@@ -32,6 +34,11 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration]
 NOW = datetime.now(UTC).replace(microsecond=0)
 REASONS = ("exhausted", "expired", "fatal")
 CLASSES = ("net.TimeoutError", "db.Deadlock", "app.Declined")
+
+
+def rules() -> Destinations:
+    """The destination rules of the tests' deployment (their environment), read as a front door does."""
+    return Deployment.load(Settings.from_env()).destinations
 
 
 def job(i: int, topic_prefix: str) -> Job:
@@ -100,7 +107,9 @@ def test_one_filter_selects_the_same_jobs_through_every_path(
 
         # The DLQ operations (the page's list, the form's dry run).
         listed = {j.id for j in browse.list_dead(database_url, selection, page_size=500).jobs}
-        counted = run_action(database_url, "replay", selection, actor="t", source="cli", dry_run=True)
+        counted = run_action(
+            database_url, "replay", selection, destinations=rules(), actor="t", source="cli", dry_run=True
+        )
         assert counted.matched == len(listed), form
 
         # `retry-scheduler dlq list`: its own parser, the same names.
@@ -137,7 +146,9 @@ def test_a_limit_takes_the_oldest_jobs_on_every_path(
     monkeypatch.setenv("RETRY_DATABASE_URL", database_url)
     selection = Selection.from_params({"dead_reason": "fatal", "limit": "4"})
     oldest = sorted(i for rid, i in rows.items() if int(rid[4:]) < 40 and int(rid[4:]) % 3 == 2)[:4]
-    counted = run_action(database_url, "replay", selection, actor="t", source="cli", dry_run=True)
+    counted = run_action(
+        database_url, "replay", selection, destinations=rules(), actor="t", source="cli", dry_run=True
+    )
     summary = summarize(database_url, selection)
     read = read_selection(spark, bulk_retry.jdbc_target(database_url), selection, summary, 2, 100)
     assert counted.matched == summary.count == 4

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.policy import PolicyError, PolicyRegistry, load_policies
-from retry_scheduler.core.records import destinations_for
 
 POLICIES_MODULE = """
 import re
@@ -27,7 +27,7 @@ def rules(tmp_path: Path) -> Destinations:
     module = tmp_path / "retry_policies.py"
     module.write_text(POLICIES_MODULE)
     settings = Settings(policies_path=str(module), delay_topics={"retry.5m": 300_000})
-    return destinations_for(settings, load_policies(module))
+    return Deployment(settings, load_policies(module)).destinations
 
 
 @pytest.mark.parametrize(
@@ -62,12 +62,12 @@ def test_everything_else_is_refused_with_the_reason(rules: Destinations, topic: 
 
 def test_an_installation_that_declares_nothing_allows_nothing() -> None:
     registry = PolicyRegistry.of([])
-    rules = destinations_for(Settings(), registry)
+    rules = Deployment(Settings(), registry).destinations
     assert not any(rules.allows(t) for t in ("orders", "payments", "demo.orders", "x"))
 
 
 def test_the_allowlist_setting_adds_but_never_opens_the_service_s_own_topics() -> None:
-    rules = destinations_for(Settings(destination_allowlist=".*"), PolicyRegistry.of([]))
+    rules = Deployment(Settings(destination_allowlist=".*"), PolicyRegistry.of([])).destinations
     assert rules.allows("anything.at-all")
     assert (
         not rules.allows("retry") and not rules.allows("retry.dlq") and not rules.allows("__consumer_offsets")

@@ -17,7 +17,7 @@ import pytest
 from retry_scheduler.core import faults
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
-from retry_scheduler.core.destinations import Destinations
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.jobs import OutgoingRow
 from retry_scheduler.core.policy import PolicyRegistry
 from retry_scheduler.loops.ingest import Ingestor
@@ -257,7 +257,7 @@ def test_ingest_checkpoints_sit_between_consume_row_commit_and_offset_commit(
 
     monkeypatch.setattr("retry_scheduler.loops.ingest.IngestLock", FreeLock)
     registry = PolicyRegistry.of([])
-    ingestor = Ingestor(Settings(), registry, recorder, consumer=recorder)  # type: ignore[arg-type]
+    ingestor = Ingestor(Deployment(Settings(), registry), recorder, consumer=recorder)  # type: ignore[arg-type]
     assert ingestor.ingest_batch().stored == 2
     assert recorder.events == [
         "checkpoint ingest.consumed",
@@ -269,11 +269,10 @@ def test_ingest_checkpoints_sit_between_consume_row_commit_and_offset_commit(
 
 def test_publish_checkpoints_sit_between_the_ack_and_the_mark(recorder: Recorder) -> None:
     publisher = Publisher(
-        Settings(),
-        recorder,
-        producer=recorder,
-        topics=recorder,
-        destinations=Destinations.of(["orders"]),  # type: ignore[arg-type]
+        Deployment(Settings(destination_allowlist="^orders$"), PolicyRegistry.of([])),
+        recorder,  # type: ignore[arg-type]
+        producer=recorder,  # type: ignore[arg-type]
+        topics=recorder,  # type: ignore[arg-type]
     )
     counts = publisher.publish_once()
     assert (counts.published, counts.dead_published) == (1, 1)

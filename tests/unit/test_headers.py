@@ -8,6 +8,7 @@ import pytest
 from bench.jobs import Job
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers, truncate_reason
 from retry_scheduler.core.jobs import (
@@ -19,7 +20,7 @@ from retry_scheduler.core.jobs import (
     encode_headers,
 )
 from retry_scheduler.core.policy import Policy, PolicyRegistry
-from retry_scheduler.core.records import RowBuilder, limits_for
+from retry_scheduler.core.records import RowBuilder
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ def job_from_record(
     record: Record, *, settings: Settings, registry: PolicyRegistry, limits: Limits, now_ms: int
 ) -> Job:
     """The job the ingest loop's row builder makes of one record (a release record makes none)."""
-    row = RowBuilder(settings, registry, limits).row(
+    row = RowBuilder(Deployment(settings, registry), limits).row(
         record.topic, record.partition, record.offset, record.timestamp_ms, record.key, record.value,
         record.headers, now_ms,
     )  # fmt: skip
@@ -155,7 +156,7 @@ SETTINGS = Settings(delay_topics={"retry.5m": 300_000})
 def job(topic: str = "retry", headers: list | None = None, ts: int | None = NOW - 1000, **kw: object):
     rec = Record(topic, 0, 7, ts, b"k", b"v", headers or [], **kw)  # type: ignore[arg-type]
     return job_from_record(
-        rec, settings=SETTINGS, registry=REGISTRY, limits=limits_for(SETTINGS, REGISTRY), now_ms=NOW
+        rec, settings=SETTINGS, registry=REGISTRY, limits=Deployment(SETTINGS, REGISTRY).limits, now_ms=NOW
     )
 
 
@@ -205,7 +206,9 @@ def test_invalid_record_is_kept_whole_with_the_fault_as_reason() -> None:
 def test_oversize_record_is_invalid() -> None:
     big = Settings(max_record_bytes=100)
     rec = Record("retry", 0, 1, NOW, b"k", b"v" * 200, h(destination="orders"))
-    j = job_from_record(rec, settings=big, registry=REGISTRY, limits=limits_for(big, REGISTRY), now_ms=NOW)
+    j = job_from_record(
+        rec, settings=big, registry=REGISTRY, limits=Deployment(big, REGISTRY).limits, now_ms=NOW
+    )
     assert j.dead_reason == "invalid"
     assert "more than the 100 allowed" in (j.reason or "")
 

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.jobs import HELD_DUE, CopyRow, decode_headers, ms_of_pg_time, pg_time
 from retry_scheduler.core.policy import Policy, PolicyRegistry
-from retry_scheduler.core.records import MIN_TRUSTED_MS, RowBuilder, limits_for
+from retry_scheduler.core.records import MIN_TRUSTED_MS, RowBuilder
 
 NOW = 1_800_000_000_000
 SETTINGS = Settings(destination_allowlist=r"^orders(\..*)?$", delay_topics={"retry.5m": 300_000})
@@ -72,7 +73,7 @@ def build_any(
     ts: int | None, key: bytes | None, value: bytes | None, hs: list | None, topic: str = "retry"
 ) -> CopyRow | None:
     """The row; None for a release record, only when its chain's release was taken for the batch."""
-    builder = RowBuilder(SETTINGS, REGISTRY, limits_for(SETTINGS, REGISTRY))
+    builder = RowBuilder(Deployment(SETTINGS, REGISTRY))
     row = builder.row(topic, 0, 7, ts, key, value, hs, NOW)
     events = builder.take_chain_events()
     if row is None:
@@ -150,7 +151,7 @@ def test_a_header_name_longer_than_the_limit_is_invalid_and_kept() -> None:
     ids=["nanoseconds", "microseconds", "seconds", "1970", "two days ahead"],
 )
 def test_an_untrusted_record_timestamp_counts_from_the_ingest_time(ts: int) -> None:
-    builder = RowBuilder(SETTINGS, REGISTRY, limits_for(SETTINGS, REGISTRY))
+    builder = RowBuilder(Deployment(SETTINGS, REGISTRY))
     row = builder.row("retry", 0, 1, ts, b"k", b"v", [(p.DESTINATION, b"orders")], NOW)
     assert (row.status, row.source_timestamp_ms) == ("pending", ts)  # the record's own is kept
     assert row.first_seen_at == pg_time(NOW)
@@ -159,7 +160,7 @@ def test_an_untrusted_record_timestamp_counts_from_the_ingest_time(ts: int) -> N
 
 
 def test_a_trusted_record_timestamp_is_where_delays_count_from() -> None:
-    builder = RowBuilder(SETTINGS, REGISTRY, limits_for(SETTINGS, REGISTRY))
+    builder = RowBuilder(Deployment(SETTINGS, REGISTRY))
     row = builder.row("retry", 0, 1, NOW - 5_000, b"k", b"v", [(p.DESTINATION, b"orders")], NOW)
     assert row.due_at == pg_time(NOW + 5_000) and builder.untrusted_timestamps == 0
 

@@ -133,3 +133,56 @@ def test_only_the_airflow_rooms_import_airflow_s_side_of_the_package() -> None:
     assert "retry_scheduler.loops.runners" in _every_import(
         PACKAGES["retry_scheduler"] / "airflow" / "tasks.py"
     )
+
+
+#: Where a request comes in, and so where a deployment (settings and policies) is read: the command
+#: line, the Airflow side (the hook for tasks, the page, the notifiers, the DAG factories), the dev
+#: tooling, and a Spark job's command line and connection file.
+FRONT_DOORS = (
+    "retry_scheduler.cli", "retry_scheduler.airflow", "retry_scheduler.dev",
+    "retry_scheduler.spark.connection_file", "retry_scheduler.spark.bulk_options",
+    # where the readers are defined
+    "retry_scheduler.core.deployment", "retry_scheduler.core.config", "retry_scheduler.core.policy",
+)  # fmt: skip
+#: Process knobs read from the environment below the front doors, each by the one module it is about
+#: (documented in docs/configuration.md): they are how a process runs, not the deployment's settings.
+PROCESS_KNOBS = {
+    "retry_scheduler.spark.jdbc": "RETRY_SPARK_JARS / RETRY_SPARK_PACKAGES: spark-submit's classpath",
+    "retry_scheduler.spark.class_archive": "JAVA_HOME, RETRY_SPARK_CLASS_ARCHIVE: the driver's JVM",
+    "retry_scheduler.spark.submit": "RETRY_SPARK_MASTER, RETRY_ARCHIVE_URI; the child's environment",
+    "retry_scheduler.spark.executor_env": "the executors' Python and archive, the local niceness",
+    "retry_scheduler.db.connection": "RETRY_STATEMENT_TIMEOUT_MS: every session's statement timeout",
+    "retry_scheduler.core.faults": "RETRY_FAULTS: the chaos harness's fault plan",
+    "retry_scheduler.loops.ingest_worker": "the worker processes inherit the loop's environment",
+}
+
+
+def _reads(path: Path) -> set[str]:
+    """What ``path`` reads a deployment or the environment with: ``load_policies``, ``from_env``,
+    ``Deployment.load``, ``os.environ`` / ``os.getenv``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = ast.unparse(node.func)
+            if func.endswith(("load_policies", "from_env", "Deployment.load")) or func == "os.getenv":
+                found.add(func)
+        elif isinstance(node, ast.Attribute) and ast.unparse(node) == "os.environ":
+            found.add("os.environ")
+    return found
+
+
+def test_only_the_front_doors_read_the_deployment() -> None:
+    """One Deployment, built where a request comes in and passed down: the loops, the row builder,
+    the dead-letter operations and the Spark jobs' bodies read neither the policies module nor the
+    environment for settings (issue 31)."""
+    below = {
+        name: sorted(found)
+        for name, path in _modules().items()
+        if name.startswith("retry_scheduler.")
+        and not any(name == door or name.startswith(door + ".") for door in FRONT_DOORS)
+        and (found := _reads(path) - ({"os.environ", "os.getenv"} if name in PROCESS_KNOBS else set()))
+    }
+    assert below == {}, f"modules below the front doors that read the deployment themselves: {below}"
+    # The reader sees what it looks for (so that an empty result cannot pass unseen):
+    assert _reads(PACKAGES["retry_scheduler"] / "cli" / "main.py") >= {"Settings.from_env"}
+    assert "Deployment.load" in _reads(PACKAGES["retry_scheduler"] / "airflow" / "tasks.py")

@@ -14,8 +14,8 @@ from typing import Any
 
 from retry_scheduler.airflow.hook import settings_from_connections
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.metrics import Metrics
-from retry_scheduler.core.policy import load_policies
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def run_ingest(
     service's connections (unless given); its counts are pushed as XCom."""
     from retry_scheduler.loops import runners
 
-    return runners.run_ingest(loop_seconds, settings or settings_from_connections(), metrics)
+    return runners.run_ingest(loop_seconds, Deployment.load(settings or settings_from_connections()), metrics)
 
 
 def run_publish(
@@ -37,7 +37,9 @@ def run_publish(
     service's connections (unless given); its counts are pushed as XCom."""
     from retry_scheduler.loops import runners
 
-    return runners.run_publish(loop_seconds, settings or settings_from_connections(), metrics)
+    return runners.run_publish(
+        loop_seconds, Deployment.load(settings or settings_from_connections()), metrics
+    )
 
 
 def run_dlq_operation(
@@ -48,7 +50,6 @@ def run_dlq_operation(
     ``actor`` is the Airflow user who triggered the run (recorded in ``retry_dlq_audit``);
     ``settings``: the deployment's (default: from the service's connections).
     """
-    from retry_scheduler.core.records import deployment_destinations
     from retry_scheduler.db.selection import Selection
     from retry_scheduler.ops.dlq import run_action
 
@@ -60,8 +61,10 @@ def run_dlq_operation(
     def progress(done: int, total: int) -> None:
         log.info("%s: %d of %d jobs done", action, done, total)
 
+    deployment = Deployment.load(settings) if action != "purge" else None  # a purge needs no policies
     if action == "reevaluate":
-        return _reevaluate(settings, flt, params, actor, run_id, dry_run, progress)
+        assert deployment is not None
+        return _reevaluate(deployment, flt, params, actor, run_id, dry_run, progress)
     outcome = run_action(
         settings.database_url,
         action,
@@ -72,7 +75,7 @@ def run_dlq_operation(
         reset_attempts=bool(params.get("reset_attempts", False)),
         run_id=run_id,
         progress=progress,
-        destinations=deployment_destinations(settings),
+        destinations=deployment.destinations if deployment else None,
     )
     log.info("%s", outcome.summary())
     if dry_run and outcome.would_affect:
@@ -81,7 +84,7 @@ def run_dlq_operation(
 
 
 def _reevaluate(
-    settings: Settings,
+    deployment: Deployment,
     flt: Any,
     params: dict[str, Any],
     actor: str | None,
@@ -93,9 +96,8 @@ def _reevaluate(
     the current policies (those that pass become pending), audited with the run's id."""
     from retry_scheduler.ops.reevaluate import reevaluate
 
-    registry = load_policies(settings.policies_file)
     outcome = reevaluate(
-        settings.database_url, flt, settings=settings, registry=registry, actor=actor or "airflow",
+        deployment.settings.database_url, flt, deployment=deployment, actor=actor or "airflow",
         source="dag", dry_run=dry_run, run_id=run_id, reset_attempts=bool(params.get("reset_attempts")),
         progress=progress,
     )  # fmt: skip

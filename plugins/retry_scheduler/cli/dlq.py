@@ -78,7 +78,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
     """Replay or purge: always a dry run first (printed and audited), then the action if confirmed."""
     import getpass
 
-    from retry_scheduler.core.records import deployment_destinations
+    from retry_scheduler.core.deployment import Deployment
     from retry_scheduler.ops.dlq import run_action, to_json
 
     flt = _dlq_filter(args, settings)
@@ -92,7 +92,8 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
-    destinations = deployment_destinations(settings) if args.dlq_command == "replay" else None
+    # A purge needs no policies: a policies module that does not load does not stop it.
+    destinations = Deployment.load(settings).destinations if args.dlq_command == "replay" else None
     actor = f"cli:{getpass.getuser()}"
     reset = bool(getattr(args, "reset_attempts", False))
     sizing = {} if args.batch_size is None else {"batch_size": args.batch_size}
@@ -154,19 +155,19 @@ def _reevaluate(args: argparse.Namespace, settings: Settings, flt: Any) -> int:
     """``replay --reevaluate``: the invalid jobs read again against the current policies; a dry run first."""
     import getpass
 
-    from retry_scheduler.core.policy import load_policies
+    from retry_scheduler.core.deployment import Deployment
     from retry_scheduler.ops.dlq import BATCH, to_json
     from retry_scheduler.ops.reevaluate import reevaluate
 
     if getattr(args, "reset_attempts", False):
         print("retry-scheduler: --reset-attempts does not go with --reevaluate", file=sys.stderr)
         return 2
-    registry = load_policies(settings.policies_file)
+    deployment = Deployment.load(settings)
     actor = f"cli:{getpass.getuser()}"
 
     def run(dry_run: bool, report: Callable[[int, int], None] = lambda done, total: None) -> Any:
         return reevaluate(
-            settings.database_url, flt, settings=settings, registry=registry, actor=actor, source="cli",
+            settings.database_url, flt, deployment=deployment, actor=actor, source="cli",
             dry_run=dry_run, progress=report, batch_size=BATCH if args.batch_size is None else args.batch_size,
         )  # fmt: skip
 

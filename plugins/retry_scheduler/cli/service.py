@@ -112,7 +112,7 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Run the ingest and publish loops outside Airflow (debugging, benchmarks, chaos tests)."""
-    from retry_scheduler.core.policy import load_policies
+    from retry_scheduler.core.deployment import Deployment
     from retry_scheduler.db.store import Store
     from retry_scheduler.loops.kafka import require_reachable
     from retry_scheduler.loops.runners import run_ingest, run_publish
@@ -120,7 +120,7 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.grace is not None:
         settings = settings.with_overrides(loop_grace_ms=round(args.grace * 1000))
     # What a first run gets wrong, said in one line before any loop starts (exit 2).
-    load_policies(settings.policies_file)
+    deployment = Deployment.load(settings)
     Store(settings.database_url).close()
     require_reachable(settings)
 
@@ -130,7 +130,7 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     def body(name: str) -> None:
         try:
             fn = run_ingest if name == "ingest" else run_publish
-            results[name] = fn(args.seconds, settings)
+            results[name] = fn(args.seconds, deployment)
         except BaseException as exc:
             errors.append(exc)
             log.exception("%s loop failed", name)

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.adopt import AdoptError, adopt, retried
-from retry_scheduler.core.config import Settings
-from retry_scheduler.core.destinations import Destinations
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.durations import format_duration_ms
 from retry_scheduler.core.headers import (
     MAX_RETRY_ID_CHARS,
@@ -23,39 +22,11 @@ from retry_scheduler.core.headers import (
     truncate_reason,
 )
 from retry_scheduler.core.jobs import HELD_DUE, CopyRow, Status, encode_headers, pg_time
-from retry_scheduler.core.policy import PolicyRegistry, UnknownPolicyError, load_policies
+from retry_scheduler.core.policy import UnknownPolicyError
 
 #: A chain event (:attr:`RowBuilder.chain_events`): its head's retry is pending, so the chain waits.
 CHAIN_BLOCKED = "blocked"
 ChainEvent = tuple[str, str, str | None]
-
-
-def destinations_for(settings: Settings, registry: PolicyRegistry) -> Destinations:
-    """The deployment's destination rules: what the policies module allows, plus
-    ``RETRY_DESTINATION_ALLOWLIST``; never the service's own topics (the retry, adopted, holds and
-    DLQ topics: publishing there would loop, hide the record or corrupt the helper's state) nor
-    internal ones."""
-    return Destinations.of(
-        [*registry.allowed, *registry.destinations],
-        settings.destination_allowlist,
-        [*settings.own_topics, *registry.dlq_topics],
-    )
-
-
-def deployment_destinations(settings: Settings | None = None) -> Destinations:
-    """The destination rules of ``settings`` (default: the environment's) and their policies module."""
-    settings = settings or Settings.from_env()
-    return destinations_for(settings, load_policies(settings.policies_file))
-
-
-def limits_for(settings: Settings, registry: PolicyRegistry) -> Limits:
-    return Limits(
-        destinations=destinations_for(settings, registry),
-        max_headers=settings.max_headers,
-        max_header_value_bytes=settings.max_header_value_bytes,
-        max_reason_chars=settings.max_reason_chars,
-        max_header_name_chars=settings.max_header_name_chars,
-    )
 
 
 def _raw_text(headers: Sequence[Header], wanted: str) -> str | None:
@@ -117,9 +88,11 @@ class RowBuilder:
     sends, with no object in between.
     """
 
-    def __init__(self, settings: Settings, registry: PolicyRegistry, limits: Limits) -> None:
-        self.registry = registry
-        self.limits = limits
+    def __init__(self, deployment: Deployment, limits: Limits | None = None) -> None:
+        """``limits``: what a record may hold and where it may go (default: the deployment's)."""
+        settings = deployment.settings
+        self.registry = registry = deployment.policies
+        self.limits = limits or deployment.limits
         self.max_record_bytes = settings.max_record_bytes
         self.delay_topics = settings.delay_topics
         self.adopt_topics = settings.adopt_topics

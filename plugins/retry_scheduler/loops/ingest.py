@@ -22,13 +22,12 @@ from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
 
 from retry_scheduler.core import faults, protocol
 from retry_scheduler.core.adopt import source_format
-from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.durations import format_duration_ms
 from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import CopyRow
 from retry_scheduler.core.metrics import Metrics, NoMetrics
-from retry_scheduler.core.policy import PolicyRegistry
-from retry_scheduler.core.records import RowBuilder, limits_for, new_retry_id
+from retry_scheduler.core.records import RowBuilder, new_retry_id
 from retry_scheduler.db.loop_records import IngestLock
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.handover import LoopTenure
@@ -134,8 +133,7 @@ class Ingestor:
 
     def __init__(
         self,
-        settings: Settings,
-        registry: PolicyRegistry,
+        deployment: Deployment,
         store: Store,
         consumer: Consumer | None = None,
         clock: Callable[[], float] = time.time,
@@ -145,11 +143,11 @@ class Ingestor:
         """``share``: a worker process's partitions (topic, partition, start offset), given by the
         loop that holds the ingest lock; an ingestor with a share takes no lock of its own.
         ``metrics``: where each stored batch's counts are reported (its workers' too)."""
-        self.settings = settings
-        self.registry = registry
+        self.deployment = deployment
+        self.settings = settings = deployment.settings
         self.store = store
-        self.limits = limits_for(settings, registry)
-        self.rows = RowBuilder(settings, registry, self.limits)
+        self.limits = deployment.limits
+        self.rows = RowBuilder(deployment)
         self.clock = clock
         self.share = share
         if consumer is None:
@@ -459,7 +457,7 @@ class Ingestor:
             workers,
             go_on,
             spares,
-            work=lambda share, name: pickle.dumps((self.settings, self.registry, share, name)),
+            work=lambda share, name: pickle.dumps((self.settings, self.deployment.policies, share, name)),
             on_counts=lambda counts: self._count(IngestCounts.from_dict(counts)),
             partitions=self.partitions,
         )

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import IngestCounts, Ingestor
 
@@ -57,7 +58,7 @@ def worker_main() -> None:
 
     quiet_garbage_collector()
     with Store(settings.database_url) as store:
-        ingestor = Ingestor(settings, registry, store, share=share)
+        ingestor = Ingestor(Deployment(settings, registry), store, share=share)
         try:
             ingestor.pipeline(lambda: not stop.is_set(), report)
         finally:

@@ -17,12 +17,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from retry_scheduler.core import faults, protocol
-from retry_scheduler.core.config import Settings
-from retry_scheduler.core.destinations import Destinations
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.jobs import OutgoingRow, chain_headed, destination_headers, dlq_headers
 from retry_scheduler.core.metrics import SNAPSHOT_EVERY_S, Metrics, NoMetrics
-from retry_scheduler.core.policy import load_policies
-from retry_scheduler.core.records import destinations_for
 from retry_scheduler.db.chains import expire_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.db.vacuum import SelfVacuum
@@ -94,29 +91,23 @@ class Publisher(ClaimFloors):
 
     def __init__(
         self,
-        settings: Settings,
+        deployment: Deployment,
         store: Store,
         producer: Producer | None = None,
         topics: TopicManager | None = None,
         clock: Callable[[], float] = time.time,
         store_factory: Callable[[str], Store] = Store,
-        destinations: Destinations | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         """``metrics``: where each round's counts, and every :data:`SNAPSHOT_EVERY_S` the backlog
         and lateness, are reported (by this publisher: its helpers report their rounds only)."""
-        self.settings = settings
+        self.deployment = deployment
+        self.settings = settings = deployment.settings
         self.metrics: Metrics = metrics or NoMetrics()
         self._snapshot_at = 0.0
-        #: Each policy's max_age in ms, for held records (read with the policies, or at first use).
-        self._policy_max_ages: dict[str, int | None] | None = None
-        if destinations is None:
-            registry = load_policies(settings.policies_file)
-            destinations = destinations_for(settings, registry)
-            self._policy_max_ages = {name: p.max_age_ms for name, p in registry.policies.items()}
         # Checked again before every publish: a destination taken off the list after its jobs were
         # stored is not published to (the job goes dead, invalid, with the reason).
-        self.destinations = destinations
+        self.destinations = deployment.destinations
         self.store = store
         self.store_factory = store_factory
         self.producer = producer or make_producer(settings)
@@ -264,7 +255,7 @@ class Publisher(ClaimFloors):
         forgotten = self.store.forget_released_holds(RELEASED_CHAIN_KEEP_S)
         if forgotten:
             log.info("forgot %s released chain(s) nothing has waited in for 7 days", forgotten)
-        max_ages = self._max_ages()
+        max_ages = self.deployment.max_ages
         if max_ages:
             expired = expire_chains(self.store, max_ages, int(self.clock() * 1000))
             if expired.chains:
@@ -281,19 +272,6 @@ class Publisher(ClaimFloors):
                 return
             for name, value in held.items():
                 self.metrics.gauge(f"retry_scheduler.chains.{name}", value)
-
-    def _max_ages(self) -> dict[str, int | None]:
-        """Each policy's ``max_age`` in ms (read once, with the destinations when the publisher read the
-        policies for them; an unreadable policies module: none applied)."""
-        if self._policy_max_ages is None:
-            try:
-                registry = load_policies(self.settings.policies_file)
-            except Exception as exc:
-                log.warning("held records' max_age not applied: the policies could not be read: %s", exc)
-                self._policy_max_ages = {}
-            else:
-                self._policy_max_ages = {name: p.max_age_ms for name, p in registry.policies.items()}
-        return self._policy_max_ages
 
     def _lacks_partition(self, exc: KafkaException, topic: str, partition: int) -> bool:
         """Whether ``exc`` says the partition is unknown and fresh metadata confirms ``topic`` lacks it."""
@@ -374,11 +352,10 @@ class Publisher(ClaimFloors):
         try:
             for n in range(1, self.settings.publish_workers):
                 helper = Publisher(
-                    self.settings,
+                    self.deployment,
                     self.store_factory(self.settings.database_url),
                     clock=self.clock,
                     store_factory=self.store_factory,
-                    destinations=self.destinations,
                     metrics=self.metrics,
                 )
                 helper._sweeping = self._sweeping

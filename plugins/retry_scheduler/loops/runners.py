@@ -2,7 +2,7 @@
 after the work in hand, and summed up in one log line.
 
 The ``retry_scheduler`` DAG's tasks (:mod:`retry_scheduler.airflow.tasks`) and ``retry-scheduler
-run`` call these with the deployment's settings.
+run`` call these with the deployment (:class:`~retry_scheduler.core.deployment.Deployment`) they read.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.metrics import Metrics
-from retry_scheduler.core.policy import load_policies
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
@@ -76,18 +75,18 @@ def loop_title(kind: str) -> Iterator[None]:
         setproctitle.setproctitle(before)
 
 
-def run_ingest(loop_seconds: float, settings: Settings, metrics: Metrics | None = None) -> dict[str, Any]:
+def run_ingest(loop_seconds: float, deployment: Deployment, metrics: Metrics | None = None) -> dict[str, Any]:
     """Ingest the retry topics for ``loop_seconds``; returns the counts (a task pushes them as XCom).
 
     ``metrics``: where batches are reported (the DAG passes Airflow's metrics layer)."""
-    registry = load_policies(settings.policies_file)
-    log.info("policies from %s: %s", settings.policies_file, ", ".join(sorted(registry.policies)))
+    settings = deployment.settings
+    log.info("policies from %s: %s", settings.policies_file, ", ".join(sorted(deployment.policies.policies)))
     with (
         loop_title("ingest"),
         Store(settings.database_url) as store,
         until_terminated("ingest") as terminated,
     ):
-        ingestor = Ingestor(settings, registry, store, metrics=metrics)
+        ingestor = Ingestor(deployment, store, metrics=metrics)
         try:
             counts = ingestor.run(loop_seconds, should_stop=terminated)
         finally:
@@ -101,16 +100,19 @@ def run_ingest(loop_seconds: float, settings: Settings, metrics: Metrics | None 
     return result
 
 
-def run_publish(loop_seconds: float, settings: Settings, metrics: Metrics | None = None) -> dict[str, Any]:
+def run_publish(
+    loop_seconds: float, deployment: Deployment, metrics: Metrics | None = None
+) -> dict[str, Any]:
     """Publish due and dead jobs for ``loop_seconds``; returns the counts (a task pushes them as XCom).
 
     ``metrics``: where rounds, backlog and lateness are reported (the DAG passes Airflow's)."""
+    settings = deployment.settings
     with (
         loop_title("publish"),
         Store(settings.database_url) as store,
         until_terminated("publish") as terminated,
     ):
-        publisher = Publisher(settings, store, metrics=metrics)
+        publisher = Publisher(deployment, store, metrics=metrics)
         try:
             counts = publisher.run(loop_seconds, should_stop=terminated)
         finally:

@@ -34,7 +34,6 @@ from psycopg_pool import ConnectionPool
 from retry_scheduler.core import faults
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Status
-from retry_scheduler.core.records import deployment_destinations
 from retry_scheduler.db.connection import connect, require_migrated
 from retry_scheduler.db.schema import queries
 from retry_scheduler.db.selection import MAX_LIMIT, Selection, SelectionError
@@ -167,9 +166,9 @@ def run_action(
 ) -> Outcome:
     """Replay or purge the dead jobs of ``flt`` (dry run: only count), writing one audit row.
 
-    A replay leaves dead the jobs whose destination ``destinations`` (default: the deployment's
-    rules from the environment, :func:`deployment_destinations`) no longer allows, counted under
-    ``skipped``. ``progress(done, total)`` is called after each batch. With ``max_affected``, an
+    A replay leaves dead the jobs whose destination ``destinations`` (the deployment's rules,
+    :attr:`~retry_scheduler.core.deployment.Deployment.destinations`; a replay needs them) no longer
+    allows, counted under ``skipped``. ``progress(done, total)`` is called after each batch. With ``max_affected``, an
     operation (not a dry run) that would affect more jobs is refused before anything is written
     (:class:`TooManyForOneRequest`).
     ``batch_size`` jobs change per transaction (:data:`BATCH` by default).
@@ -180,6 +179,8 @@ def run_action(
         raise DlqError(f"action {action!r} must be replay or purge")
     if not actor:
         raise DlqError("an operation needs an actor (who asked for it) for the audit")
+    if action == "replay" and destinations is None:
+        raise ValueError("a replay needs the deployment's destination rules (Deployment.destinations)")
     where, params = dead_only(flt).where()
     with connection(database_url) as conn:
         if flt.limit is not None:
@@ -193,7 +194,8 @@ def run_action(
                 where, params = Selection(ids=ids).where()
         refused: list[str] = []
         if action == "replay":
-            rules = destinations or deployment_destinations()
+            assert destinations is not None
+            rules = destinations
             with conn.transaction():
                 targets = conn.execute(
                     dlq_query("dlq_plan_destinations", where), {**params, "limit": flt.limit}

@@ -19,10 +19,9 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from retry_scheduler.core import protocol
-from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.jobs import CopyRow, Status, decode_headers, ms_of_pg_time
-from retry_scheduler.core.policy import PolicyRegistry
-from retry_scheduler.core.records import RowBuilder, limits_for
+from retry_scheduler.core.records import RowBuilder
 from retry_scheduler.db.schema import queries
 from retry_scheduler.db.selection import Selection
 from retry_scheduler.ops.dlq import (
@@ -46,8 +45,7 @@ def reevaluate(
     database_url: Database,
     flt: Selection,
     *,
-    settings: Settings,
-    registry: PolicyRegistry,
+    deployment: Deployment,
     actor: str,
     source: Source,
     dry_run: bool,
@@ -57,8 +55,8 @@ def reevaluate(
     max_affected: int | None = None,
     batch_size: int = BATCH,
 ) -> Outcome:
-    """Evaluate the dead invalid jobs of ``flt`` again with ``settings`` and ``registry`` (the current
-    configuration); on a dry run only count what would pass. One audit row (action ``reevaluate``).
+    """Evaluate the dead invalid jobs of ``flt`` again with ``deployment`` (the current settings and
+    policies); on a dry run only count what would pass. One audit row (action ``reevaluate``).
 
     ``skipped`` counts the jobs that still do not pass, by what they are now (``invalid``, or
     ``exhausted``, ``fatal``... when the record asked for what is now a dead end), plus held records
@@ -76,7 +74,7 @@ def reevaluate(
         raise DlqError(f"re-evaluation reads invalid jobs only, not {flt.dead_reason!r} ones")
     if not actor:
         raise DlqError("an operation needs an actor (who asked for it) for the audit")
-    builder = RowBuilder(settings, registry, limits_for(settings, registry))
+    builder = RowBuilder(deployment)
     where, params = dead_only(flt).where()
     outcome = Outcome(
         action="reevaluate", dry_run=dry_run, filter=flt.as_dict(), matched=0, would_affect=0, affected=0

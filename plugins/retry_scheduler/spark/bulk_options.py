@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.destinations import Destinations
-from retry_scheduler.core.records import deployment_destinations
 from retry_scheduler.db.selection import (
     Selection,
     SelectionError,
@@ -114,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         kafka_config=kafka_config,
         producer_conf=producer_settings(settings.bootstrap_servers, kafka_config),
         run_id=run_id,
-        destinations=deployment_destinations(settings),
+        destinations=Deployment.load(settings).destinations,
         mark_batch=args.mark_batch,
         actor=args.actor or f"cli:{getpass.getuser()}",
         source=args.source,

@@ -37,8 +37,8 @@ from retry_scheduler.airflow.webui.access import (
 )
 from retry_scheduler.core import adopt
 from retry_scheduler.core.config import ConfigError, Settings
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.policy import PolicyError
-from retry_scheduler.core.records import deployment_destinations
 from retry_scheduler.db import selection
 from retry_scheduler.db.connection import StoreError
 from retry_scheduler.ops import browse, dlq
@@ -287,6 +287,7 @@ def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> d
     params = body.model_dump(exclude={"reset_attempts", "dry_run"})
     settings = with_airflow_policies(Settings.from_env())
     flt = selection.Selection.from_params(params, settings)
+    deployment = Deployment.load(settings)
     common: dict[str, Any] = {
         "actor": str(user.get_name()),
         "source": "ui",
@@ -296,15 +297,11 @@ def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> d
     }
     try:
         if action == "reevaluate":
-            from retry_scheduler.core.policy import load_policies
             from retry_scheduler.ops.reevaluate import reevaluate as reevaluate_jobs
 
-            registry = load_policies(settings.policies_file)
-            outcome = reevaluate_jobs(database(), flt, settings=settings, registry=registry, **common)
+            outcome = reevaluate_jobs(database(), flt, deployment=deployment, **common)
         else:
-            outcome = dlq.run_action(
-                database(), action, flt, destinations=deployment_destinations(settings), **common
-            )
+            outcome = dlq.run_action(database(), action, flt, destinations=deployment.destinations, **common)
     except dlq.TooManyForOneRequest as too_many:
         return hand_to_dag(
             request, action, flt, body.reset_attempts, user, too_many.would_affect, body.written_by
