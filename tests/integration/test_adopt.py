@@ -12,10 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from retry_scheduler.core import protocol as p
-from retry_scheduler.core.adopt import writer_topics
 from retry_scheduler.core.config import ConfigError, Settings
 from retry_scheduler.core.destinations import Destinations
-from retry_scheduler.db.selection import Selection
+from retry_scheduler.db.selection import Selection, writer_topics
 from retry_scheduler.ops.browse import list_dead
 from retry_scheduler.ops.dlq import run_action
 from tests.integration.test_loop import Loop, new_loop

@@ -40,13 +40,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.headers import truncate_reason
-
-if TYPE_CHECKING:
-    from retry_scheduler.core.config import Settings
 
 SPRING: Final = "spring"
 CONNECT: Final = "connect"
@@ -246,27 +243,4 @@ def parse_adopt_topics(raw: str) -> dict[str, str]:
                 f"FORMAT one of {', '.join(FORMATS)}, e.g. orders.DLT=spring or work.dlq=share:retry"
             )
         topics[name] = f"{fmt}:{RETRY}" if colon else fmt
-    return topics
-
-
-def written_by(source_topic: str, settings: Settings) -> str | None:
-    """Who wrote the letter read from ``source_topic``, by the deployment's topics; None when that is
-    no topic of it any more (adopted before, say)."""
-    if source_topic in settings.adopt_topics:
-        return source_format(settings.adopt_topics[source_topic])
-    return SERVICE if source_topic == settings.retry_topic or source_topic in settings.delay_topics else None
-
-
-def writer_topics(writer: str, settings: Settings) -> tuple[str, ...]:
-    """The topics the letters ``writer`` (a name of :data:`WRITERS`) wrote are read from: the filter of
-    ``written_by``. Raises ValueError for another name, or one no topic is adopted for."""
-    if writer not in WRITERS:
-        raise ValueError(f"written by must be one of {', '.join(WRITERS)}, not {writer[:40]!r}")
-    if writer == SERVICE:
-        return (settings.retry_topic, *sorted(settings.delay_topics))
-    topics = tuple(topics_of(writer, settings.adopt_topics))
-    if not topics:
-        raise ValueError(
-            f"no topic of RETRY_ADOPT_TOPICS has the format {writer}: no letter is written by it"
-        )
     return topics

@@ -23,7 +23,7 @@ from typing import Any, LiteralString
 from psycopg import sql
 
 from retry_scheduler.core import protocol
-from retry_scheduler.core.adopt import writer_topics
+from retry_scheduler.core.adopt import SERVICE, WRITERS, source_format, topics_of
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.durations import TIME_HELP, moment, time_or_ago
 from retry_scheduler.core.jobs import Status
@@ -119,6 +119,29 @@ def _topics(value: Any) -> tuple[str, ...]:
         return ()
     items = re.split(r"[\s,]+", value.strip()) if isinstance(value, str) else list(value)
     return tuple(str(i) for i in items if str(i) != "")
+
+
+def written_by(source_topic: str, settings: Settings) -> str | None:
+    """Who wrote the letter read from ``source_topic``, by the deployment's topics; None when that is
+    no topic of it any more (adopted before, say)."""
+    if source_topic in settings.adopt_topics:
+        return source_format(settings.adopt_topics[source_topic])
+    return SERVICE if source_topic == settings.retry_topic or source_topic in settings.delay_topics else None
+
+
+def writer_topics(writer: str, settings: Settings) -> tuple[str, ...]:
+    """The topics the letters ``writer`` (a name of :data:`WRITERS`) wrote are read from: the filter of
+    ``written_by``. Raises ValueError for another name, or one no topic is adopted for."""
+    if writer not in WRITERS:
+        raise ValueError(f"written by must be one of {', '.join(WRITERS)}, not {writer[:40]!r}")
+    if writer == SERVICE:
+        return (settings.retry_topic, *sorted(settings.delay_topics))
+    topics = tuple(topics_of(writer, settings.adopt_topics))
+    if not topics:
+        raise ValueError(
+            f"no topic of RETRY_ADOPT_TOPICS has the format {writer}: no letter is written by it"
+        )
+    return topics
 
 
 @dataclass(frozen=True)
@@ -353,7 +376,6 @@ def add_selection_arguments(
     :func:`selection_from_args`. ``status``: offer ``--status`` (dead or pending); ``limit``: offer
     ``--limit`` (not for a list, which pages); ``for_job``: the job's ``--source-topics`` (what
     ``--written-by`` named, resolved by the submitter)."""
-    from retry_scheduler.core.adopt import WRITERS
 
     parser.add_argument("--destination", metavar="TOPIC", help="only jobs for this destination topic")
     if status:

@@ -10,11 +10,10 @@ from typing import Any
 
 from psycopg import sql
 
-from retry_scheduler.core.adopt import written_by
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import decode_headers
 from retry_scheduler.db.schema import queries
-from retry_scheduler.db.selection import Selection
+from retry_scheduler.db.selection import Selection, written_by
 from retry_scheduler.ops.dlq import (
     Database,
     DlqError,
