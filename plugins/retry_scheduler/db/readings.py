@@ -22,6 +22,16 @@ HELD_DUE_AT = datetime.fromtimestamp(HELD_DUE_MS / 1000, UTC)
 
 
 @dataclass(frozen=True)
+class Incident:
+    """A check's state as stored in ``retry_alerts``."""
+
+    firing: bool = False
+    since: datetime | None = None
+    #: A notification went out after the incident started.
+    announced: bool = False
+
+
+@dataclass(frozen=True)
 class Lateness:
     """Publish lateness over a window, in seconds."""
 
@@ -191,10 +201,10 @@ class Readings:
             },
         }
 
-    def lock_alerts(self, checks: Sequence[str]) -> dict[str, tuple[bool, datetime | None, bool]]:
+    def lock_alerts(self, checks: Sequence[str]) -> dict[str, Incident]:
         """Lock the incident rows of ``checks`` (created on first use) until the caller's transaction ends.
 
-        Returns ``check -> (firing, since, announced)``. The caller holds the transaction
+        Returns each check's :class:`Incident`. The caller holds the transaction
         (``with store.conn.transaction():``): the row locks are what keep overlapping monitor runs from
         announcing one incident twice.
         """
@@ -203,7 +213,7 @@ class Readings:
         with self.conn.transaction():
             self.conn.execute(q("alert_ensure"), {"checks": list(checks)})
             rows = self.conn.execute(q("alert_lock"), {"checks": list(checks)}).fetchall()
-        return {row[0]: (bool(row[1]), row[2], bool(row[3])) for row in rows}
+        return {row[0]: Incident(bool(row[1]), row[2], bool(row[3])) for row in rows}
 
     def save_alerts(self, states: Sequence[dict[str, Any]]) -> None:
         """Record each check's state: the parameters of the ``alert_update`` query, one dict per check."""

@@ -12,7 +12,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.adapt import PyFormat
@@ -66,6 +66,15 @@ def like_pattern(glob: str) -> str:
     """Translate a ``*`` glob into a LIKE pattern (escape ``!``): ``%`` and ``_`` match themselves."""
     escaped = "".join(LIKE_ESCAPE + c if c in f"%_{LIKE_ESCAPE}" else c for c in glob)
     return escaped.replace("*", "%")
+
+
+class VacuumNeed(NamedTuple):
+    """What the publish loop's own vacuum weighs (:meth:`Store.vacuum_need`)."""
+
+    covered: bool  # autovacuum covers retry_jobs (the server's and the table's setting)
+    dead_rows: int  # the server's statistics
+    live_rows: int
+    horizon: str | None  # the oldest snapshot another session of this database holds (its xmin)
 
 
 class Store(Readings, LoopRecords):
@@ -443,14 +452,14 @@ class Store(Readings, LoopRecords):
             "mark_invalid", {"ids": [i[0] for i in invalid], "reasons": [i[1] for i in invalid]}
         )
 
-    def vacuum_need(self) -> tuple[bool, int, int, str | None]:
+    def vacuum_need(self) -> VacuumNeed:
         """Whether autovacuum covers ``retry_jobs`` (the server's and the table's setting), the
         table's dead and live rows (the server's statistics), and the oldest snapshot another session of
         this database holds (its xmin; None when none, or when this role may not see it)."""
         with self.conn.transaction():
             row = self.conn.execute(q("vacuum_need")).fetchone()
         assert row is not None
-        return bool(row[0]), int(row[1]), int(row[2]), row[3]
+        return VacuumNeed(bool(row[0]), int(row[1]), int(row[2]), row[3])
 
     def seconds_until_next_due(self, after: datetime | None = None) -> float | None:
         """Seconds until the earliest pending job is due (negative when overdue), None if none; with

@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from retry_scheduler.db.readings import Incident
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.sources import LetterReading
 from retry_scheduler.ops.alerts import Alert, Channel
@@ -65,16 +66,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _DEAD_WINDOW_S = 3600
-
-
-@dataclass(frozen=True)
-class Incident:
-    """A check's state as stored in ``retry_alerts``."""
-
-    firing: bool = False
-    since: datetime | None = None
-    #: A notification went out after the incident started.
-    announced: bool = False
 
 
 #: ok: under, nothing going on; new: an incident starts; ongoing: still crossed, already announced;
@@ -183,11 +174,7 @@ def run_monitor(
         behind, lag_error = _ask(lag, store, "the retry topics' lag")
         shared, letters_error = _ask(letters, store, "the share groups' dead letters")
         with store.conn.transaction():  # one connection: the broker is asked before the rows are locked
-            locked = store.lock_alerts(CHECKS)
-            incidents = {
-                check: Incident(firing, since, was_announced)
-                for check, (firing, since, was_announced) in locked.items()
-            }
+            incidents = store.lock_alerts(CHECKS)
             raw = store.monitor_reading(
                 thresholds.interval_s,
                 _DEAD_WINDOW_S,
