@@ -18,7 +18,7 @@ from retry_scheduler.core.config import Settings
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Status
-from retry_scheduler.db.selection import Selection, SelectionError
+from retry_scheduler.db.selection import MAX_IDS, Selection, SelectionError
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher
 from retry_scheduler.ops import browse
@@ -288,6 +288,17 @@ def test_a_limit_takes_the_oldest_jobs_and_batches_add_up(database_url: str) -> 
         (10,),
     ]
     assert audit_rows(database_url)[0][7:9] == (7, 7)
+
+
+def test_a_limit_above_the_typed_ids_bound_selects_that_many(database_url: str) -> None:
+    """A limit fixes its jobs by id before acting: more of them than a person may list with ids
+    (MAX_IDS) is no error (it was, for any replay or purge limited above 10 000 that matched more)."""
+    insert(database_url, [dead_job(i) for i in range(1, MAX_IDS + 6)])
+    outcome = run_action(
+        database_url, "replay", Selection(limit=MAX_IDS + 2), destinations=rules(), actor="ann",
+        source="cli", dry_run=True,
+    )  # fmt: skip
+    assert (outcome.matched, outcome.would_affect) == (MAX_IDS + 2, MAX_IDS + 2)
 
 
 def test_purge_deletes_only_jobs_already_on_the_dlq_topic(database_url: str) -> None:

@@ -191,7 +191,9 @@ def run_action(
                 ).fetchone()
             ids = tuple(got[0] or []) if got else ()
             if ids:  # when nothing matched, the filter stays as it is and the plan below counts 0
-                where, params = Selection(ids=ids).where()
+                # Any number of them (a limit may be millions): not a selection's ``ids`` (at most
+                # MAX_IDS, what a person may type), the ids this operation fixed itself.
+                where, params = sql.SQL("id = ANY(%(fixed_ids)s::bigint[])"), {"fixed_ids": list(ids)}
         refused: list[str] = []
         if action == "replay":
             assert destinations is not None
