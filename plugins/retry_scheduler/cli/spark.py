@@ -113,8 +113,9 @@ def add_parsers(sub: Any) -> None:
     bulk = sub.add_parser(
         "bulk-retry",
         help="re-publish a large filtered set of jobs with PySpark (same job as the retry_bulk_replay DAG)",
-        description="Select jobs by destination, status, error class and time window and publish them "
-        "back to their destinations with Spark (local mode). Try --dry-run first: it only counts.",
+        description="Select jobs with the filters of `retry-scheduler dlq` (same names, same meaning), dead "
+        "or pending, and publish them back to their destinations with Spark (local mode unless --master). "
+        "Try --dry-run first: it only counts.",
     )
     add_selection_arguments(bulk, status=True)
     bulk.add_argument("--dry-run", action="store_true", help="only count the selected jobs")
