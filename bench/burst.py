@@ -43,7 +43,7 @@ from bench.cpu import ProcessCpu, cpu_shares, cpu_times
 from bench.env import BenchEnv, BenchError, Result, Sizes
 from bench.held import table_sampler
 from bench.slow import steady_producer
-from bench.waits import stored_from, wait_stored
+from bench.waits import stored_from, wait_not_pending, wait_stored
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +67,10 @@ def _wait_published(env: BenchEnv, destination: str, expected: int, deadline_s: 
     million jobs it would take a share of the two cores the drain is measured on."""
     deadline = time.monotonic() + deadline_s
     while True:
-        waiting = env.sql("bench_destination_waiting", {"destination": destination}, fetch=True)[0][0]
-        if not waiting or time.monotonic() >= deadline:
-            summary = _summary(env, destination)
-            if summary["published"] >= expected or time.monotonic() >= deadline:
-                return summary
+        wait_not_pending(env, destination, deadline, every_s=1.0)
+        summary = _summary(env, destination)
+        if summary["published"] >= expected or time.monotonic() >= deadline:
+            return summary
         time.sleep(1)
 
 

@@ -22,6 +22,16 @@ def wait_stored(env: BenchEnv, topic: str, before: int, expected: int, deadline_
         time.sleep(0.5)
 
 
+def wait_not_pending(env: BenchEnv, destination: str, deadline: float, every_s: float = 0.5) -> None:
+    """Wait until none of ``destination``'s jobs is pending (one index descent a question), or the
+    monotonic ``deadline``."""
+    while (
+        time.monotonic() < deadline
+        and env.sql("bench_destination_waiting", {"destination": destination}, fetch=True)[0][0]
+    ):
+        time.sleep(every_s)
+
+
 def wait_published(
     env: BenchEnv, topic: str, stored_before: int, sent: int, destination: str, deadline_s: float
 ) -> int:
@@ -32,11 +42,7 @@ def wait_published(
     millions) every second would take CPU from the very records whose lateness is measured."""
     deadline = time.monotonic() + deadline_s
     wait_stored(env, topic, stored_before, sent, deadline_s)
-    while (
-        time.monotonic() < deadline
-        and env.sql("bench_destination_waiting", {"destination": destination}, fetch=True)[0][0]
-    ):
-        time.sleep(0.5)
+    wait_not_pending(env, destination, deadline)
     while True:
         published = int(env.sql("bench_lateness_count", {"destination": destination}, fetch=True)[0][0])
         if published >= sent or time.monotonic() >= deadline:
