@@ -220,6 +220,10 @@ def test_status_must_be_dead_or_pending() -> None:
         bulk_retry.parse_args(["--bootstrap-servers", "b", "--status", "published"])
     with pytest.raises(SelectionError, match="status 'published' must be dead or pending"):
         Selection(status=Status.PUBLISHED)
+    # a status given as text is the member (the rules that compare it with Status hold)
+    assert Selection(status="pending").status is Status.PENDING  # type: ignore[arg-type]
+    with pytest.raises(SelectionError, match="a dead reason selects dead jobs"):
+        Selection(status="pending", dead_reason="fatal")  # type: ignore[arg-type]
 
 
 def test_timestamps_without_zone_are_utc() -> None:

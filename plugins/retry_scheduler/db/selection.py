@@ -169,6 +169,7 @@ class Selection:
     def __post_init__(self) -> None:
         if self.status not in SELECTABLE:
             raise SelectionError(f"status {str(self.status)!r} must be dead or pending")
+        object.__setattr__(self, "status", Status(self.status))  # "dead" given as text: the member
         if self.destination is not None and not TOPIC_NAME.fullmatch(self.destination):
             raise SelectionError(
                 f"destination {self.destination[:300]!r} is not a valid topic name ([A-Za-z0-9._-], "
