@@ -87,13 +87,18 @@ def parse_time(name: str, value: Any, *, naive_is_utc: bool = False) -> datetime
     return parsed
 
 
+def _items(value: Any) -> list[Any]:
+    """The items of a list, or of a text of items separated by commas or spaces; none for empty."""
+    if value in (None, "", [], ()):
+        return []
+    items = re.split(r"[\s,]+", value.strip()) if isinstance(value, str) else list(value)
+    return [i for i in items if str(i) != ""]
+
+
 def parse_ids(value: Any) -> tuple[int, ...]:
     """Job ids from a list or a text of ids separated by commas or spaces, sorted and distinct."""
-    if value in (None, "", [], ()):
-        return ()
-    items = re.split(r"[\s,]+", value.strip()) if isinstance(value, str) else list(value)
     try:
-        ids = tuple(sorted({int(i) for i in items if str(i) != ""}))
+        ids = tuple(sorted({int(i) for i in _items(value)}))
     except (TypeError, ValueError):
         raise SelectionError(
             f"ids must be job ids (whole numbers), separated by commas: got {str(value)[:60]!r}"
@@ -115,10 +120,7 @@ def _limit(value: Any) -> int | None:
 
 
 def _topics(value: Any) -> tuple[str, ...]:
-    if value in (None, "", [], ()):
-        return ()
-    items = re.split(r"[\s,]+", value.strip()) if isinstance(value, str) else list(value)
-    return tuple(str(i) for i in items if str(i) != "")
+    return tuple(str(i) for i in _items(value))
 
 
 def written_by(source_topic: str, settings: Settings) -> str | None:
