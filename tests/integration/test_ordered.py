@@ -212,7 +212,7 @@ def test_a_stuck_chain_is_seen_alerted_and_released_by_an_operator(
     assert publish_round(loop) == 1  # C's head goes out; its consumer never releases C
     with Store(loop.settings.database_url) as store:
         chains = {c.chain: c for c in held_chains(store.conn)}
-        assert store.status_of_holds()["stuck"] == 1
+        assert store.status_of_holds().stuck == 1
         raw = store.monitor_reading(300)
     assert (chains["C"].state, chains["C"].head, chains["C"].head_pending, chains["C"].stuck) == (
         "blocked", "r1", False, True
@@ -248,7 +248,7 @@ def test_a_stuck_chain_is_seen_alerted_and_released_by_an_operator(
     ]  # fmt: skip
     assert [(m.value, m.header(p.CHAIN_STATE)) for m in seen if m.key == b"j"] == [(b"v12", "dead:r2")]
     with Store(url) as store:
-        assert held_chains(store.conn) == [] and store.status_of_holds()["stuck"] == 0
+        assert held_chains(store.conn) == [] and store.status_of_holds().stuck == 0
         audit = store.conn.execute(
             "SELECT action, actor, matched, skipped FROM retry_dlq_audit ORDER BY id"
         ).fetchall()

@@ -38,16 +38,25 @@ def status_report(settings: Settings, destination: str | None, window_s: int) ->
     from retry_scheduler.db.store import Store
 
     with Store(settings.database_url) as store:
-        raw = store.status(destination=destination, window_s=window_s)
-    late = raw["lateness"]
-    report: dict[str, Any] = {s.value: int(raw["counts"].get(s.value, 0)) for s in Status}
-    report["held"] = raw["held"]
-    report["held_chains"] = raw["held_chains"]
-    report["oldest_held_s"] = raw["oldest_held_s"]
-    report["stuck_chains"] = raw["stuck_chains"]
-    report["oldest_stuck_s"] = raw["oldest_stuck_s"]
-    report["dead_by_reason"] = raw["dead_by_reason"]
-    report["oldest_overdue"] = raw["oldest_overdue"]
+        reading = store.status(destination=destination, window_s=window_s)
+    late, holds, overdue, vacuum = reading.lateness, reading.holds, reading.oldest_overdue, reading.vacuum
+    report: dict[str, Any] = {s.value: reading.counts.get(s.value, 0) for s in Status}
+    report["held"] = holds.held
+    report["held_chains"] = holds.chains
+    report["oldest_held_s"] = holds.oldest_held_s
+    report["stuck_chains"] = holds.stuck
+    report["oldest_stuck_s"] = holds.oldest_stuck_s
+    report["dead_by_reason"] = reading.dead_by_reason
+    report["oldest_overdue"] = (
+        None
+        if overdue is None
+        else {
+            "id": overdue.id,
+            "destination": overdue.destination,
+            "due_at": overdue.due_at.isoformat(),
+            "overdue_s": round(overdue.overdue_s, 3),
+        }
+    )
     report["lateness"] = {
         "window_s": window_s,
         "published": late.count,
@@ -56,7 +65,12 @@ def status_report(settings: Settings, destination: str | None, window_s: int) ->
         "max_s": late.max_s,
         "early": late.early,
     }
-    report["vacuum"] = raw["vacuum"]
+    report["vacuum"] = {
+        "autovacuum": vacuum.autovacuum,
+        "dead_rows": vacuum.dead_rows,
+        "live_rows": vacuum.live_rows,
+        "last_vacuum": vacuum.last_vacuum.isoformat() if vacuum.last_vacuum else None,
+    }
     report["destination"] = destination
     return report
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -42,58 +42,146 @@ class Lateness:
     early: int
 
 
+class Holds(NamedTuple):
+    """Ordered mode's held jobs (``held_count``): pending records ``held`` in ``chains`` chains, the
+    oldest stored ``oldest_held_s`` ago; ``stuck`` chains wait for a head the scheduler does not hold,
+    their oldest record for ``oldest_stuck_s``."""
+
+    held: int = 0
+    chains: int = 0
+    oldest_held_s: float | None = None
+    stuck: int = 0
+    oldest_stuck_s: float | None = None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any] | None) -> Holds:
+        if row is None:
+            return cls()
+        return cls(int(row[0]), int(row[1]), _seconds(row[2]), int(row[3]), _seconds(row[4]))
+
+    def gauges(self) -> dict[str, float]:
+        """The ``retry_scheduler.chains.*`` gauges (an age is 0 when nothing waits)."""
+        return {"held": self.held, "held_chains": self.chains, "oldest_held_s": self.oldest_held_s or 0.0,
+                "stuck": self.stuck, "oldest_stuck_s": self.oldest_stuck_s or 0.0}  # fmt: skip
+
+
+class Overdue(NamedTuple):
+    """The due job that has waited longest for its publish."""
+
+    id: int
+    destination: str
+    due_at: datetime
+    overdue_s: float
+
+
+class VacuumState(NamedTuple):
+    """The hot table's vacuum state: whether autovacuum runs on it, its dead and live rows, its last vacuum."""
+
+    autovacuum: bool
+    dead_rows: int
+    live_rows: int
+    last_vacuum: datetime | None
+
+
+@dataclass(frozen=True)
+class StatusReading:
+    """What ``status`` shows: jobs by status, the held ones, dead ones by reason, the oldest overdue
+    job, recent lateness and the hot table's vacuum state."""
+
+    counts: dict[str, int]
+    holds: Holds
+    dead_by_reason: dict[str, int]
+    oldest_overdue: Overdue | None
+    lateness: Lateness
+    vacuum: VacuumState
+
+
+class Gauges(NamedTuple):
+    """The publish loop's gauges: the due backlog (to 100 000), the oldest due job's wait, and
+    lateness p50/p99 (None when nothing was published in the window)."""
+
+    backlog_due: int
+    oldest_overdue_s: float
+    lateness_p50_s: float | None
+    lateness_p99_s: float | None
+
+
+class Delivery(NamedTuple):
+    """Per topic: dead jobs not on their DLQ topic after the grace, jobs whose last deliveries all
+    failed, and the last error."""
+
+    topic: str
+    undelivered_dead: int
+    failing: int
+    error: str | None
+
+
+class StuckDelivery(NamedTuple):
+    """The delivery that has waited longest: its job, target topic, failed attempts and last error."""
+
+    id: int
+    target: str
+    failures: int
+    error: str | None
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class MonitorFigures:
+    """What ``retry_monitor`` reads from the store (:meth:`Readings.monitor_reading`)."""
+
+    now: datetime
+    oldest_overdue: Overdue | None
+    lateness: Lateness
+    dead_by_destination: dict[str, int]
+    deliveries: tuple[Delivery, ...]
+    holds: Holds
+    #: The longest-waiting stuck chains (at most five), as ``chains list --stuck`` shows them.
+    stuck_chain_ids: tuple[str, ...]
+    stuck_delivery: StuckDelivery | None
+
+
+def _seconds(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _overdue(row: Sequence[Any] | None) -> Overdue | None:
+    return None if row is None else Overdue(row[0], row[1], row[2], float(row[3]))
+
+
 class Readings:
     """Status, gauges and monitor figures read through the store's connection ``conn``."""
 
     conn: psycopg.Connection[Any]
 
-    def status(self, destination: str | None = None, window_s: int = 300) -> dict[str, Any]:
+    def status(self, destination: str | None = None, window_s: int = 300) -> StatusReading:
         """Counts by status, the pending jobs held (ordered mode), dead jobs by reason, the oldest overdue
         job and recent lateness."""
         params = {"destination": destination, "window_s": window_s}
         with self.conn.transaction():
-            counts = dict(self.conn.execute(q("status_counts"), params).fetchall())
-            dead = dict(self.conn.execute(q("dead_by_reason"), params).fetchall())
+            counts = self.conn.execute(q("status_counts"), params).fetchall()
+            dead = self.conn.execute(q("dead_by_reason"), params).fetchall()
             held = self.conn.execute(q("held_count"), {**params, "held_due": HELD_DUE_AT}).fetchone()
             overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
             late = self.lateness(window_s, destination)
             vacuum = self.conn.execute(q("vacuum_state")).fetchone()
         assert vacuum is not None
-        return {
-            "vacuum": {
-                "autovacuum": bool(vacuum[0]),
-                "dead_rows": int(vacuum[1]),
-                "live_rows": int(vacuum[2]),
-                "last_vacuum": vacuum[3].isoformat() if vacuum[3] else None,
-            },
-            "counts": counts,
-            "held": 0 if held is None else int(held[0]),
-            "held_chains": 0 if held is None else int(held[1]),
-            "oldest_held_s": None if held is None or held[2] is None else float(held[2]),
-            "stuck_chains": 0 if held is None else int(held[3]),
-            "oldest_stuck_s": None if held is None or held[4] is None else float(held[4]),
-            "dead_by_reason": dead,
-            "oldest_overdue": None
-            if overdue is None
-            else {
-                "id": overdue[0],
-                "destination": overdue[1],
-                "due_at": overdue[2].isoformat(),
-                "overdue_s": round(overdue[3], 3),
-            },
-            "lateness": late,
-        }
+        return StatusReading(
+            counts={str(status): int(n) for status, n in counts},
+            holds=Holds.from_row(held),
+            dead_by_reason={str(reason): int(n) for reason, n in dead},
+            oldest_overdue=_overdue(overdue),
+            lateness=late,
+            vacuum=VacuumState(bool(vacuum[0]), int(vacuum[1]), int(vacuum[2]), vacuum[3]),
+        )
 
-    def status_of_holds(self) -> dict[str, float]:
-        """Ordered mode's gauges: records ``held``, in ``held_chains`` chains, the oldest for
-        ``oldest_held_s``; ``stuck`` chains (their head not here), the oldest record for ``oldest_stuck_s``."""
+    def status_of_holds(self) -> Holds:
+        """Ordered mode's held chains (the gauges' figures)."""
         with self.conn.transaction():
             row = self.conn.execute(
                 q("held_count"), {"destination": None, "held_due": HELD_DUE_AT}
             ).fetchone()
-        assert row is not None
-        return {"held": int(row[0]), "held_chains": int(row[1]), "oldest_held_s": float(row[2] or 0.0),
-                "stuck": int(row[3]), "oldest_stuck_s": float(row[4] or 0.0)}  # fmt: skip
+        return Holds.from_row(row)
 
     def lateness(self, window_s: int, destination: str | None = None) -> Lateness:
         """Publish lateness of the jobs published in the last ``window_s`` seconds (read through the
@@ -108,21 +196,20 @@ class Readings:
         assert late is not None
         return Lateness(int(late[0]), late[1], late[2], late[3], int(late[4]))
 
-    def metrics_reading(self, window_s: int = 10) -> dict[str, Any]:
-        """The publish loop's gauges: due backlog (to 100 000), the oldest due job's wait, and the
-        lateness p50/p99 (seconds; None when nothing was published) over the last ``window_s``."""
+    def metrics_reading(self, window_s: int = 10) -> Gauges:
+        """The publish loop's gauges, lateness over the last ``window_s``."""
         params = {"destination": None, "window_s": window_s}
         with self.conn.transaction():
             backlog = self.conn.execute(q("backlog_due")).fetchone()
             overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
             late = self.lateness(window_s)
         assert backlog is not None
-        return {
-            "backlog_due": int(backlog[0]),
-            "oldest_overdue_s": 0.0 if overdue is None else max(0.0, float(overdue[3])),
-            "lateness_p50_s": late.p50_s,
-            "lateness_p99_s": late.p99_s,
-        }
+        return Gauges(
+            backlog_due=int(backlog[0]),
+            oldest_overdue_s=0.0 if overdue is None else max(0.0, float(overdue[3])),
+            lateness_p50_s=late.p50_s,
+            lateness_p99_s=late.p99_s,
+        )
 
     def share_letters(self, topics: Sequence[str], window_s: int) -> list[tuple[str, float, int]]:
         """Per source topic, the letters of share groups' dead-letter ``topics`` stored in the last
@@ -146,7 +233,7 @@ class Readings:
 
     def monitor_reading(
         self, window_s: int, dead_window_s: int = 3600, *, dlq_grace_s: int = 60, repeated_failures: int = 5
-    ) -> dict[str, Any]:
+    ) -> MonitorFigures:
         """What retry_monitor checks: the oldest overdue job, lateness over ``window_s``, recent dead jobs,
         and the deliveries that do not go through (dead jobs off their DLQ topic ``dlq_grace_s`` after
         they died, jobs whose last ``repeated_failures`` deliveries failed), per topic.
@@ -163,43 +250,29 @@ class Readings:
             deliveries = self.conn.execute(
                 q("monitor_deliveries"), {"grace_s": dlq_grace_s, "failures": repeated_failures}
             ).fetchall()
-            held = self.conn.execute(
-                q("held_count"), {"destination": None, "held_due": HELD_DUE_AT}
-            ).fetchone()
+            holds = Holds.from_row(
+                self.conn.execute(q("held_count"), {"destination": None, "held_due": HELD_DUE_AT}).fetchone()
+            )
             stuck_ids = (  # the longest waiting, as `chains list --stuck` shows them
                 self.conn.execute(
                     q("held_chains"), {"held_due": HELD_DUE_AT, "chains": None, "stuck": True, "limit": 5}
                 ).fetchall()
-                if held is not None and held[3]
+                if holds.stuck
                 else []
             )
-        assert now is not None and held is not None
-        return {
-            "now": now[0],
-            "oldest_overdue": None
-            if overdue is None
-            else {"id": overdue[0], "destination": overdue[1], "due_at": overdue[2], "overdue_s": overdue[3]},
-            "lateness": late,
-            "dead_by_destination": {row[0]: int(row[1]) for row in dead},
-            "deliveries": [
-                {"topic": row[0], "undelivered_dead": int(row[1]), "failing": int(row[2]), "error": row[3]}
-                for row in deliveries
-            ],
-            "held": int(held[0]),
-            "held_chains": int(held[1]),
-            "stuck_chains": int(held[3]),
-            "oldest_stuck_s": float(held[4] or 0.0),
-            "stuck_chain_ids": [row[0] for row in stuck_ids],
-            "stuck_delivery": None
+        assert now is not None
+        return MonitorFigures(
+            now=now[0],
+            oldest_overdue=_overdue(overdue),
+            lateness=late,
+            dead_by_destination={str(row[0]): int(row[1]) for row in dead},
+            deliveries=tuple(Delivery(str(r[0]), int(r[1]), int(r[2]), r[3]) for r in deliveries),
+            holds=holds,
+            stuck_chain_ids=tuple(str(row[0]) for row in stuck_ids),
+            stuck_delivery=None
             if stuck is None
-            else {
-                "id": stuck[0],
-                "target": stuck[1],
-                "failures": stuck[2],
-                "error": stuck[3],
-                "waited_s": stuck[4],
-            },
-        }
+            else StuckDelivery(stuck[0], stuck[1], int(stuck[2] or 0), stuck[3], float(stuck[4] or 0.0)),
+        )
 
     def lock_alerts(self, checks: Sequence[str]) -> dict[str, Incident]:
         """Lock the incident rows of ``checks`` (created on first use) until the caller's transaction ends.

@@ -270,7 +270,7 @@ class Publisher(ClaimFloors):
             except Exception as exc:  # metrics never stop the loop
                 log.warning("held chains' gauges skipped: %s: %s", type(exc).__name__, exc)
                 return
-            for name, value in held.items():
+            for name, value in held.gauges().items():
                 self.metrics.gauge(f"retry_scheduler.chains.{name}", value)
 
     def _lacks_partition(self, exc: KafkaException, topic: str, partition: int) -> bool:
@@ -424,10 +424,9 @@ class Publisher(ClaimFloors):
         except Exception as exc:  # metrics never stop the loop; the next round's claim meets a real fault
             log.warning("metrics snapshot skipped: %s: %s", type(exc).__name__, exc)
             return
-        m.gauge("retry_scheduler.publish.backlog_due", reading["backlog_due"])
-        m.gauge("retry_scheduler.publish.oldest_overdue_s", reading["oldest_overdue_s"])
-        for name in ("p50", "p99"):
-            seconds = reading[f"lateness_{name}_s"]
+        m.gauge("retry_scheduler.publish.backlog_due", reading.backlog_due)
+        m.gauge("retry_scheduler.publish.oldest_overdue_s", reading.oldest_overdue_s)
+        for name, seconds in (("p50", reading.lateness_p50_s), ("p99", reading.lateness_p99_s)):
             if seconds is not None:
                 m.timing(f"retry_scheduler.publish.lateness_{name}", seconds * 1000)
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from retry_scheduler.loops.sources import LetterReading
 
 if TYPE_CHECKING:
+    from retry_scheduler.db.readings import Delivery, MonitorFigures
     from retry_scheduler.loops.offsets import IngestLag
 
 #: A dead job is sent to its DLQ topic in the publish loop's next round: one still off it a minute
@@ -48,7 +49,7 @@ class Reading:
     lag_by_topic: Mapping[str, int] = field(default_factory=dict)
     lag_error: str | None = None
     #: Per topic: dead jobs off their DLQ topic past the grace, jobs failing repeatedly, the last error.
-    deliveries: Sequence[Mapping[str, Any]] = ()
+    deliveries: Sequence[Delivery] = ()
     #: Ordered mode: records held, in how many chains; the chains stuck (their head not at the
     #: scheduler), the oldest of their records' wait (0 when none), and the longest waiting of them.
     held: int = 0
@@ -62,11 +63,11 @@ class Reading:
 
     @property
     def undelivered_dead(self) -> int:
-        return sum(int(d["undelivered_dead"]) for d in self.deliveries)
+        return sum(d.undelivered_dead for d in self.deliveries)
 
     @property
     def failing_deliveries(self) -> int:
-        return sum(int(d["failing"]) for d in self.deliveries)
+        return sum(d.failing for d in self.deliveries)
 
     @property
     def dead_last_hour(self) -> int:
@@ -75,34 +76,37 @@ class Reading:
     @classmethod
     def from_store(
         cls,
-        raw: Mapping[str, Any],
+        figures: MonitorFigures,
         interval_s: int,
         lag: IngestLag | None = None,
         lag_error: str | None = None,
         letters: LetterReading | None = None,
         letters_error: str | None = None,
     ) -> Reading:
-        overdue = raw["oldest_overdue"] or {}
-        late = raw["lateness"]
+        overdue, late, stuck = figures.oldest_overdue, figures.lateness, figures.stuck_delivery
         return cls(
-            at=raw["now"],
-            oldest_overdue_s=max(0.0, float(overdue.get("overdue_s") or 0.0)),
-            oldest_overdue_job=overdue.get("id"),
-            oldest_overdue_destination=overdue.get("destination"),
+            at=figures.now,
+            oldest_overdue_s=0.0 if overdue is None else max(0.0, overdue.overdue_s),
+            oldest_overdue_job=None if overdue is None else overdue.id,
+            oldest_overdue_destination=None if overdue is None else overdue.destination,
             lateness_p99_s=late.p99_s,
             published=late.count,
             interval_s=interval_s,
-            dead_by_destination=dict(raw["dead_by_destination"]),
-            **_stuck(raw.get("stuck_delivery")),
+            dead_by_destination=dict(figures.dead_by_destination),
+            stuck_delivery_s=0.0 if stuck is None else max(0.0, stuck.waited_s),
+            stuck_job=None if stuck is None else stuck.id,
+            stuck_topic=None if stuck is None else stuck.target,
+            stuck_failures=0 if stuck is None else stuck.failures,
+            stuck_error=None if stuck is None else stuck.error,
             consumer_lag=None if lag is None else lag.total,
             lag_by_topic={} if lag is None else dict(lag.by_topic),
             lag_error=lag_error,
-            deliveries=tuple(raw.get("deliveries") or ()),
-            held=int(raw.get("held") or 0),
-            held_chains=int(raw.get("held_chains") or 0),
-            stuck_chains=int(raw.get("stuck_chains") or 0),
-            oldest_stuck_s=float(raw.get("oldest_stuck_s") or 0.0),
-            stuck_chain_ids=tuple(raw.get("stuck_chain_ids") or ()),
+            deliveries=figures.deliveries,
+            held=figures.holds.held,
+            held_chains=figures.holds.chains,
+            stuck_chains=figures.holds.stuck,
+            oldest_stuck_s=figures.holds.oldest_stuck_s or 0.0,
+            stuck_chain_ids=figures.stuck_chain_ids,
             letters=letters or LetterReading(),
             letters_error=letters_error,
         )
@@ -132,7 +136,7 @@ class Reading:
             "lag_error": self.lag_error,
             "undelivered_dead": self.undelivered_dead,
             "failing_deliveries": self.failing_deliveries,
-            "deliveries": [dict(d) for d in self.deliveries],
+            "deliveries": [d._asdict() for d in self.deliveries],
             "held": self.held,
             "held_chains": self.held_chains,
             "stuck_chains": self.stuck_chains,
@@ -148,18 +152,6 @@ class Reading:
             "letters_error": self.letters_error,
             "letters_by_writer": dict(self.letters.by_writer),
         }
-
-
-def _stuck(raw: Mapping[str, Any] | None) -> dict[str, Any]:
-    if not raw:
-        return {}
-    return {
-        "stuck_delivery_s": max(0.0, float(raw.get("waited_s") or 0.0)),
-        "stuck_job": raw.get("id"),
-        "stuck_topic": raw.get("target"),
-        "stuck_failures": int(raw.get("failures") or 0),
-        "stuck_error": raw.get("error"),
-    }
 
 
 def _secs(value: float) -> str:
@@ -251,18 +243,18 @@ def _consumer_lag(reading: Reading, limit: str) -> Described:
 
 def _deliveries(key: str, head: str, reading: Reading) -> Described:
     """``undelivered_dead`` and ``failing_deliveries``: the topics with some, and their last errors."""
-    rows = [d for d in reading.deliveries if d[key]][:5]
+    rows = [d for d in reading.deliveries if getattr(d, key)][:5]
     detail = (
         "By topic: "
         + "; ".join(
-            f"{d['topic']} {d[key]} (last error: {(d['error'] or 'none recorded')[:200]})" for d in rows
+            f"{d.topic} {getattr(d, key)} (last error: {(d.error or 'none recorded')[:200]})" for d in rows
         )
         + ". Fix the topic (its existence, max.message.bytes, the service's rights) or the records; "
         "the publish loop keeps trying, and `retry-scheduler dlq show` shows a job's last error."
         if rows
         else "Every delivery goes through."
     )
-    return head, detail, {"by_topic": {d["topic"]: d[key] for d in rows}}
+    return head, detail, {"by_topic": {d.topic: getattr(d, key) for d in rows}}
 
 
 def _undelivered_dead(reading: Reading, limit: str) -> Described:
