@@ -16,7 +16,7 @@ from retry_scheduler.core.config import ConfigError, Settings
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.db.selection import Selection, writer_topics
 from retry_scheduler.ops.browse import list_dead
-from retry_scheduler.ops.dlq import run_action
+from retry_scheduler.ops.dlq import Operation, run_action
 from tests.integration.test_loop import Loop, new_loop
 from tests.kafkautil import consume, create_topics
 
@@ -126,10 +126,9 @@ def test_spring_and_connect_dead_letters_become_dead_jobs_replayed_to_their_orig
     assert consume(loop.bootstrap, [dlq], expected=0, timeout_s=3) == []
 
     destinations = Destinations.of([orders, payments], own_topics=[loop.settings.retry_topic, dlq])
-    replayed = run_action(
-        loop.settings.database_url, "replay", Selection(dead_reason="adopted"), actor="ann", source="cli",
-        dry_run=False, destinations=destinations,
-    )  # fmt: skip
+    adopted = Selection(dead_reason="adopted")
+    replay = Operation(action="replay", selection=adopted, actor="ann", source="cli", dry_run=False)
+    replayed = run_action(loop.settings.database_url, replay, destinations=destinations)
     loop.publish(3)
 
     assert replayed.affected == 3
@@ -310,10 +309,9 @@ def test_streams_and_share_group_letters_become_dead_jobs_and_pointers_are_read_
         writer_topics("connect", loop.settings)
 
     destinations = Destinations.of([clicks, work, gone], own_topics=[loop.settings.retry_topic, dlq])
-    replayed = run_action(
-        loop.settings.database_url, "replay", Selection(dead_reason="adopted"), actor="ann", source="cli",
-        dry_run=False, destinations=destinations,
-    )  # fmt: skip
+    adopted = Selection(dead_reason="adopted")
+    replay = Operation(action="replay", selection=adopted, actor="ann", source="cli", dry_run=False)
+    replayed = run_action(loop.settings.database_url, replay, destinations=destinations)
     loop.publish(3)
 
     assert replayed.affected == 4  # the two letters whose record is lost stay dead

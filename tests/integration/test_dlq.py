@@ -22,7 +22,7 @@ from retry_scheduler.db.selection import MAX_IDS, Selection, SelectionError
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher
 from retry_scheduler.ops import browse
-from retry_scheduler.ops.dlq import DlqError, run_action
+from retry_scheduler.ops.dlq import DlqError, Operation, run_action
 from tests.conftest import TEST_DESTINATIONS
 from tests.kafkautil import consume, create_topics
 
@@ -204,13 +204,15 @@ def test_a_dry_run_changes_nothing_and_is_audited(database_url: str) -> None:
 
     outcome = run_action(
         database_url,
-        "replay",
-        Selection(),
+        Operation(
+            action="replay",
+            selection=Selection(),
+            actor="alice",
+            source="dag",
+            dry_run=True,
+            run_id="manual__1",
+        ),
         destinations=rules(),
-        actor="alice",
-        source="dag",
-        dry_run=True,
-        run_id="manual__1",
     )
 
     assert (outcome.matched, outcome.would_affect, outcome.affected) == (3, 2, 0)
@@ -232,22 +234,20 @@ def test_replay_makes_jobs_due_now_keeping_or_resetting_the_attempt(database_url
 
     kept = run_action(
         database_url,
-        "replay",
-        Selection(ids=(1,)),
+        Operation(action="replay", selection=Selection(ids=(1,)), actor="bob", source="cli", dry_run=False),
         destinations=rules(),
-        actor="bob",
-        source="cli",
-        dry_run=False,
     )
     reset = run_action(
         database_url,
-        "replay",
-        Selection(),
+        Operation(
+            action="replay",
+            selection=Selection(),
+            actor="bob",
+            source="cli",
+            dry_run=False,
+            reset_attempts=True,
+        ),
         destinations=rules(),
-        actor="bob",
-        source="cli",
-        dry_run=False,
-        reset_attempts=True,
     )
 
     assert (kept.affected, reset.affected) == (1, 1)  # job 3 is invalid: left alone
@@ -270,12 +270,8 @@ def test_a_limit_takes_the_oldest_jobs_and_batches_add_up(database_url: str) -> 
 
     outcome = run_action(
         database_url,
-        "replay",
-        Selection(limit=7),
+        Operation(action="replay", selection=Selection(limit=7), actor="carol", source="ui", dry_run=False),
         destinations=rules(),
-        actor="carol",
-        source="ui",
-        dry_run=False,
         progress=lambda done, total: progress.append((done, total)),
         batch_size=3,
     )
@@ -294,10 +290,10 @@ def test_a_limit_above_the_typed_ids_bound_selects_that_many(database_url: str) 
     """A limit fixes its jobs by id before acting: more of them than a person may list with ids
     (MAX_IDS) is no error (it was, for any replay or purge limited above 10 000 that matched more)."""
     insert(database_url, [dead_job(i) for i in range(1, MAX_IDS + 6)])
-    outcome = run_action(
-        database_url, "replay", Selection(limit=MAX_IDS + 2), destinations=rules(), actor="ann",
-        source="cli", dry_run=True,
-    )  # fmt: skip
+    limited = Operation(
+        action="replay", selection=Selection(limit=MAX_IDS + 2), actor="ann", source="cli", dry_run=True
+    )
+    outcome = run_action(database_url, limited, destinations=rules())
     assert (outcome.matched, outcome.would_affect) == (MAX_IDS + 2, MAX_IDS + 2)
 
 
@@ -306,13 +302,23 @@ def test_purge_deletes_only_jobs_already_on_the_dlq_topic(database_url: str) -> 
     mark_on_dlq(database_url, 1, 3)
 
     dry = run_action(
-        database_url, "purge", Selection(destination="orders"), actor="dan", source="cli", dry_run=True
+        database_url,
+        Operation(
+            action="purge", selection=Selection(destination="orders"), actor="dan", source="cli", dry_run=True
+        ),
     )
     assert (dry.matched, dry.would_affect, dry.skipped) == (2, 1, {"not yet on the DLQ topic": 1})
     assert len(sql(database_url, "SELECT id FROM retry_jobs_all")) == 3
 
     done = run_action(
-        database_url, "purge", Selection(destination="orders"), actor="dan", source="cli", dry_run=False
+        database_url,
+        Operation(
+            action="purge",
+            selection=Selection(destination="orders"),
+            actor="dan",
+            source="cli",
+            dry_run=False,
+        ),
     )
 
     assert done.affected == 1
@@ -325,7 +331,9 @@ def test_replay_leaves_a_job_alone_while_it_is_being_sent_to_the_dlq(database_ur
     sql(database_url, "UPDATE retry_jobs SET lease_until = now() + interval '1 minute' WHERE id = 1")
 
     outcome = run_action(
-        database_url, "replay", Selection(), destinations=rules(), actor="eve", source="ui", dry_run=False
+        database_url,
+        Operation(action="replay", selection=Selection(), actor="eve", source="ui", dry_run=False),
+        destinations=rules(),
     )
 
     assert (outcome.matched, outcome.affected) == (2, 1)
@@ -371,14 +379,13 @@ def test_a_replayed_job_is_published_again_and_a_purged_one_is_gone(
 
     run_action(
         database_url,
-        "replay",
-        Selection(ids=(1,)),
+        Operation(action="replay", selection=Selection(ids=(1,)), actor="ops", source="cli", dry_run=False),
         destinations=rules(),
-        actor="ops",
-        source="cli",
-        dry_run=False,
     )
-    run_action(database_url, "purge", Selection(ids=(2,)), actor="ops", source="cli", dry_run=False)
+    run_action(
+        database_url,
+        Operation(action="purge", selection=Selection(ids=(2,)), actor="ops", source="cli", dry_run=False),
+    )
     publish_for(settings, 2)
 
     [seen] = consume(bootstrap_servers, [dest], 1)
@@ -504,14 +511,18 @@ def test_replay_leaves_dead_the_jobs_whose_destination_is_no_longer_allowed(data
     rules = Destinations.of(["orders"], own_topics=["retry", "retry.dlq"])
 
     dry = run_action(
-        database_url, "replay", Selection(), actor="ann", source="cli", dry_run=True, destinations=rules
+        database_url,
+        Operation(action="replay", selection=Selection(), actor="ann", source="cli", dry_run=True),
+        destinations=rules,
     )
     assert (dry.matched, dry.would_affect) == (3, 1)
     assert dry.skipped["destination not allowed"] == 2
     assert "2 destination not allowed" in dry.summary()
 
     done = run_action(
-        database_url, "replay", Selection(), actor="ann", source="cli", dry_run=False, destinations=rules
+        database_url,
+        Operation(action="replay", selection=Selection(), actor="ann", source="cli", dry_run=False),
+        destinations=rules,
     )
     assert done.affected == 1
     assert sql(database_url, "SELECT id, status::text FROM retry_jobs_all ORDER BY id") == [
@@ -542,13 +553,10 @@ def test_an_operation_larger_than_the_page_s_bound_is_refused_before_anything_is
     insert(database_url, [dead_job(1), dead_job(2), dead_job(3)])
     dry = run_action(
         database_url,
-        "replay",
-        Selection(),
+        Operation(
+            action="replay", selection=Selection(), actor="ann", source="ui", dry_run=True, max_affected=2
+        ),
         destinations=rules(),
-        actor="ann",
-        source="ui",
-        dry_run=True,
-        max_affected=2,
     )
     assert dry.would_affect == 3  # a dry run only counts: always allowed
     with pytest.raises(
@@ -556,13 +564,15 @@ def test_an_operation_larger_than_the_page_s_bound_is_refused_before_anything_is
     ):
         run_action(
             database_url,
-            "replay",
-            Selection(),
+            Operation(
+                action="replay",
+                selection=Selection(),
+                actor="ann",
+                source="ui",
+                dry_run=False,
+                max_affected=2,
+            ),
             destinations=rules(),
-            actor="ann",
-            source="ui",
-            dry_run=False,
-            max_affected=2,
         )
     assert {s for (s,) in sql(database_url, "SELECT status::text FROM retry_jobs_all")} == {"dead"}
     assert len(audit_rows(database_url)) == 1  # the dry run's only

@@ -24,7 +24,7 @@ from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.selection import Selection
 from retry_scheduler.db.store import Store
 from retry_scheduler.ops import browse
-from retry_scheduler.ops.dlq import run_action
+from retry_scheduler.ops.dlq import Operation, run_action
 from retry_scheduler.spark import bulk_options, bulk_retry
 from retry_scheduler.spark.selection import read_selection, summarize
 from retry_scheduler.spark.submit import bulk_retry_args
@@ -108,7 +108,9 @@ def test_one_filter_selects_the_same_jobs_through_every_path(
         # The DLQ operations (the page's list, the form's dry run).
         listed = {j.id for j in browse.list_dead(database_url, selection, page_size=500).jobs}
         counted = run_action(
-            database_url, "replay", selection, destinations=rules(), actor="t", source="cli", dry_run=True
+            database_url,
+            Operation(action="replay", selection=selection, actor="t", source="cli", dry_run=True),
+            destinations=rules(),
         )
         assert counted.matched == len(listed), form
 
@@ -147,7 +149,9 @@ def test_a_limit_takes_the_oldest_jobs_on_every_path(
     selection = Selection.from_params({"dead_reason": "fatal", "limit": "4"})
     oldest = sorted(i for rid, i in rows.items() if int(rid[4:]) < 40 and int(rid[4:]) % 3 == 2)[:4]
     counted = run_action(
-        database_url, "replay", selection, destinations=rules(), actor="t", source="cli", dry_run=True
+        database_url,
+        Operation(action="replay", selection=selection, actor="t", source="cli", dry_run=True),
+        destinations=rules(),
     )
     summary = summarize(database_url, selection)
     read = read_selection(spark, bulk_retry.jdbc_target(database_url), selection, summary, 2, 100)

@@ -8,7 +8,6 @@ the task runs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -51,59 +50,36 @@ def run_dlq_operation(
     ``settings``: the deployment's (default: from the service's connections).
     """
     from retry_scheduler.db.selection import Selection
-    from retry_scheduler.ops.dlq import run_action
+    from retry_scheduler.ops.dlq import Operation, run_action
 
     settings = settings or settings_from_connections()
-    flt = Selection.from_params(params, settings)
-    action = params.get("action", "replay")
-    dry_run = bool(params.get("dry_run", True))
+    operation = Operation(
+        action=params.get("action", "replay"),
+        selection=Selection.from_params(params, settings),
+        actor=actor or "airflow",
+        source="dag",
+        dry_run=bool(params.get("dry_run", True)),
+        reset_attempts=bool(params.get("reset_attempts", False)),
+        run_id=run_id,
+    )
+    action = operation.action
 
     def progress(done: int, total: int) -> None:
         log.info("%s: %d of %d jobs done", action, done, total)
 
-    deployment = Deployment.load(settings) if action != "purge" else None  # a purge needs no policies
     if action == "reevaluate":
-        assert deployment is not None
-        return _reevaluate(deployment, flt, params, actor, run_id, dry_run, progress)
-    outcome = run_action(
-        settings.database_url,
-        action,
-        flt,
-        actor=actor or "airflow",
-        source="dag",
-        dry_run=dry_run,
-        reset_attempts=bool(params.get("reset_attempts", False)),
-        run_id=run_id,
-        progress=progress,
-        destinations=deployment.destinations if deployment else None,
-    )
+        from retry_scheduler.ops.reevaluate import reevaluate
+
+        outcome = reevaluate(
+            settings.database_url, operation, deployment=Deployment.load(settings), progress=progress
+        )
+    else:  # a purge needs no policies: one that does not load does not stop it
+        destinations = Deployment.load(settings).destinations if action == "replay" else None
+        outcome = run_action(settings.database_url, operation, destinations=destinations, progress=progress)
     log.info("%s", outcome.summary())
-    if dry_run and outcome.would_affect:
-        log.info("nothing was changed: trigger again with dry_run unticked to %s these jobs", action)
-    return outcome.as_json()
-
-
-def _reevaluate(
-    deployment: Deployment,
-    flt: Any,
-    params: dict[str, Any],
-    actor: str | None,
-    run_id: str | None,
-    dry_run: bool,
-    progress: Callable[[int, int], None],
-) -> dict[str, Any]:
-    """``dlq_replay``'s action ``reevaluate``: the dead invalid jobs of the filter read again against
-    the current policies (those that pass become pending), audited with the run's id."""
-    from retry_scheduler.ops.reevaluate import reevaluate
-
-    outcome = reevaluate(
-        deployment.settings.database_url, flt, deployment=deployment, actor=actor or "airflow",
-        source="dag", dry_run=dry_run, run_id=run_id, reset_attempts=bool(params.get("reset_attempts")),
-        progress=progress,
-    )  # fmt: skip
-    log.info("%s", outcome.summary())
-    if dry_run and outcome.would_affect:
-        log.info("nothing was changed: trigger again with dry_run unticked to make these jobs pending")
+    if operation.dry_run and outcome.would_affect:
+        to_do = "make these jobs pending" if action == "reevaluate" else f"{action} these jobs"
+        log.info("nothing was changed: trigger again with dry_run unticked to %s", to_do)
     return outcome.as_json()
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from retry_scheduler.cli.progress import progress
@@ -79,7 +80,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
     import getpass
 
     from retry_scheduler.core.deployment import Deployment
-    from retry_scheduler.ops.dlq import run_action, to_json
+    from retry_scheduler.ops.dlq import Operation, run_action, to_json
 
     flt = _dlq_filter(args, settings)
     if getattr(args, "reevaluate", False):
@@ -94,20 +95,16 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     # A purge needs no policies: a policies module that does not load does not stop it.
     destinations = Deployment.load(settings).destinations if args.dlq_command == "replay" else None
-    actor = f"cli:{getpass.getuser()}"
-    reset = bool(getattr(args, "reset_attempts", False))
-    sizing = {} if args.batch_size is None else {"batch_size": args.batch_size}
-    plan = run_action(
-        settings.database_url,
-        args.dlq_command,
-        flt,
-        actor=actor,
+    operation = Operation(
+        action=args.dlq_command,
+        selection=flt,
+        actor=f"cli:{getpass.getuser()}",
         source="cli",
         dry_run=True,
-        reset_attempts=reset,
-        destinations=destinations,
-        **sizing,
+        reset_attempts=bool(getattr(args, "reset_attempts", False)),
     )
+    sizing = {} if args.batch_size is None else {"batch_size": args.batch_size}
+    plan = run_action(settings.database_url, operation, destinations=destinations, **sizing)
     print(to_json(plan.as_json()) if args.json else plan.summary())
     if args.dry_run or plan.would_affect == 0:
         return 0
@@ -120,14 +117,9 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
     with progress(args.dlq_command) as report:
         outcome = run_action(
             settings.database_url,
-            args.dlq_command,
-            flt,
-            actor=actor,
-            source="cli",
-            dry_run=False,
-            reset_attempts=reset,
-            progress=report,
+            replace(operation, dry_run=False),
             destinations=destinations,
+            progress=report,
             **sizing,
         )
     print(to_json(outcome.as_json()) if args.json else outcome.summary())
@@ -156,19 +148,22 @@ def _reevaluate(args: argparse.Namespace, settings: Settings, flt: Any) -> int:
     import getpass
 
     from retry_scheduler.core.deployment import Deployment
-    from retry_scheduler.ops.dlq import BATCH, to_json
+    from retry_scheduler.ops.dlq import BATCH, Operation, to_json
     from retry_scheduler.ops.reevaluate import reevaluate
 
     if getattr(args, "reset_attempts", False):
         print("retry-scheduler: --reset-attempts does not go with --reevaluate", file=sys.stderr)
         return 2
     deployment = Deployment.load(settings)
-    actor = f"cli:{getpass.getuser()}"
+    operation = Operation(
+        action="reevaluate", selection=flt, actor=f"cli:{getpass.getuser()}", source="cli", dry_run=True
+    )
+    batch_size = BATCH if args.batch_size is None else args.batch_size
 
     def run(dry_run: bool, report: Callable[[int, int], None] = lambda done, total: None) -> Any:
         return reevaluate(
-            settings.database_url, flt, deployment=deployment, actor=actor, source="cli",
-            dry_run=dry_run, progress=report, batch_size=BATCH if args.batch_size is None else args.batch_size,
+            settings.database_url, replace(operation, dry_run=dry_run), deployment=deployment,
+            progress=report, batch_size=batch_size,
         )  # fmt: skip
 
     plan = run(dry_run=True)

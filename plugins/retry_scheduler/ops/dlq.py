@@ -63,6 +63,38 @@ class TooManyForOneRequest(DlqError):
         self.action, self.would_affect, self.max_affected = action, would_affect, max_affected
 
 
+@dataclass(frozen=True)
+class Operation:
+    """One dead-letter operation as asked: what, on which dead jobs, who asked and through which
+    way in. It is audited as it is; invalid ones are refused when made (:class:`DlqError`)."""
+
+    action: Action
+    selection: Selection
+    #: Who asked (a user name, ``cli:<login>``, ``airflow``): the audit's actor.
+    actor: str
+    source: Source
+    #: Only count, and audit the count; change nothing.
+    dry_run: bool
+    #: A replay sends the jobs with ``retry.attempt`` 0 + 1 (replay only).
+    reset_attempts: bool = False
+    #: The Airflow run that asked (audited).
+    run_id: str | None = None
+    #: An operation (not a dry run) that would change more jobs is refused before anything is written
+    #: (:class:`TooManyForOneRequest`).
+    max_affected: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.action not in ("replay", "purge", "reevaluate"):
+            raise DlqError(f"action {self.action!r} must be replay, purge or reevaluate")
+        if not self.actor:
+            raise DlqError("an operation needs an actor (who asked for it) for the audit")
+        dead_only(self.selection)
+        if self.reset_attempts and self.action == "reevaluate":
+            raise DlqError("reset_attempts does not go with reevaluate: a re-evaluated job keeps its attempt")
+        if self.reset_attempts and self.action != "replay":
+            raise DlqError("reset_attempts applies to replay only")
+
+
 def dead_only(flt: Selection) -> Selection:
     """``flt``, checked to select dead jobs: the dead-letter operations act on no other."""
     if flt.status is not Status.DEAD:
@@ -151,37 +183,29 @@ class Plan(NamedTuple):
 
 def run_action(
     database_url: Database,
-    action: Action,
-    flt: Selection,
+    operation: Operation,
     *,
-    actor: str,
-    source: Source,
-    dry_run: bool,
-    reset_attempts: bool = False,
-    run_id: str | None = None,
-    progress: Callable[[int, int], None] = lambda done, total: None,
     destinations: Destinations | None = None,
-    max_affected: int | None = None,
+    progress: Callable[[int, int], None] = lambda done, total: None,
     batch_size: int = BATCH,
 ) -> Outcome:
-    """Replay or purge the dead jobs of ``flt`` (dry run: only count), writing one audit row.
+    """Replay or purge the dead jobs ``operation`` selects (dry run: only count), writing one audit row.
 
     A replay leaves dead the jobs whose destination ``destinations`` (the deployment's rules,
     :attr:`~retry_scheduler.core.deployment.Deployment.destinations`; a replay needs them) no longer
-    allows, counted under ``skipped``. ``progress(done, total)`` is called after each batch. With ``max_affected``, an
-    operation (not a dry run) that would affect more jobs is refused before anything is written
-    (:class:`TooManyForOneRequest`).
+    allows, counted under ``skipped``. ``progress(done, total)`` is called after each batch.
     ``batch_size`` jobs change per transaction (:data:`BATCH` by default).
     """
     if not 1 <= batch_size <= MAX_LIMIT:
         raise DlqError(f"batch size {batch_size} must be between 1 and {MAX_LIMIT:,}")
+    action, flt, dry_run, reset_attempts = (
+        operation.action, operation.selection, operation.dry_run, operation.reset_attempts
+    )  # fmt: skip
     if action not in ("replay", "purge"):
-        raise DlqError(f"action {action!r} must be replay or purge")
-    if not actor:
-        raise DlqError("an operation needs an actor (who asked for it) for the audit")
+        raise DlqError(f"action {action!r} must be replay or purge (reevaluate is ops.reevaluate's)")
     if action == "replay" and destinations is None:
         raise ValueError("a replay needs the deployment's destination rules (Deployment.destinations)")
-    where, params = dead_only(flt).where()
+    where, params = flt.where()
     with connection(database_url) as conn:
         if flt.limit is not None:
             # Fix the limited selection first, so the batches cannot drift to other jobs.
@@ -220,17 +244,18 @@ def run_action(
             skipped=skipped,
             reset_attempts=reset_attempts,
         )
-        if not dry_run and max_affected is not None and outcome.would_affect > max_affected:
-            raise TooManyForOneRequest(action, outcome.would_affect, max_affected)
+        limit = operation.max_affected
+        if not dry_run and limit is not None and outcome.would_affect > limit:
+            raise TooManyForOneRequest(action, outcome.would_affect, limit)
         with conn.transaction():
             audit = conn.execute(
                 sql.SQL(queries()["dlq_audit_start"]),
                 {
                     "action": action,
                     "dry_run": dry_run,
-                    "actor": actor,
-                    "source": source,
-                    "run_id": run_id,
+                    "actor": operation.actor,
+                    "source": operation.source,
+                    "run_id": operation.run_id,
                     "filter": Jsonb(outcome.filter),
                     "reset_attempts": reset_attempts,
                     "matched": outcome.matched,

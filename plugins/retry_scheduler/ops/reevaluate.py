@@ -23,17 +23,15 @@ from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.jobs import CopyRow, Status, decode_headers, ms_of_pg_time
 from retry_scheduler.core.records import RowBuilder
 from retry_scheduler.db.schema import queries
-from retry_scheduler.db.selection import Selection
 from retry_scheduler.ops.dlq import (
     BATCH,
     MAX_LIMIT,
     Database,
     DlqError,
+    Operation,
     Outcome,
-    Source,
     TooManyForOneRequest,
     connection,
-    dead_only,
     dlq_query,
 )
 
@@ -43,39 +41,33 @@ _INVALID = protocol.DEAD_INVALID
 
 def reevaluate(
     database_url: Database,
-    flt: Selection,
+    operation: Operation,
     *,
     deployment: Deployment,
-    actor: str,
-    source: Source,
-    dry_run: bool,
-    run_id: str | None = None,
-    reset_attempts: bool = False,
     progress: Callable[[int, int], None] = lambda done, total: None,
-    max_affected: int | None = None,
     batch_size: int = BATCH,
 ) -> Outcome:
-    """Evaluate the dead invalid jobs of ``flt`` again with ``deployment`` (the current settings and
-    policies); on a dry run only count what would pass. One audit row (action ``reevaluate``).
+    """Evaluate the dead invalid jobs ``operation`` selects (its action ``reevaluate``) again with
+    ``deployment`` (the current settings and policies); on a dry run only count what would pass. One
+    audit row (action ``reevaluate``).
 
     ``skipped`` counts the jobs that still do not pass, by what they are now (``invalid``, or
     ``exhausted``, ``fatal``... when the record asked for what is now a dead end), plus held records
-    (``retry.hold``), which are sent again by their application, not re-evaluated. ``run_id``: the
-    DAG run that asked (audited). ``reset_attempts`` is refused: a re-evaluated job keeps its attempt
-    (the form and the page send the flag of every operation). With ``max_affected``, a re-evaluation (not a dry run) that could
-    make more jobs pending (more invalid jobs match) is refused before anything is written
+    (``retry.hold``), which are sent again by their application, not re-evaluated. A re-evaluated job
+    keeps its attempt (an operation with ``reset_attempts`` is refused when made). With the operation's
+    ``max_affected``, a re-evaluation (not a dry run) that could make more jobs pending (more invalid
+    jobs match) is refused before anything is written
     (:class:`~retry_scheduler.ops.dlq.TooManyForOneRequest`).
     """
     if not 1 <= batch_size <= MAX_LIMIT:
         raise DlqError(f"batch size {batch_size} must be between 1 and {MAX_LIMIT:,}")
-    if reset_attempts:
-        raise DlqError("reset_attempts does not go with reevaluate: a re-evaluated job keeps its attempt")
+    if operation.action != "reevaluate":
+        raise DlqError(f"action {operation.action!r}: reevaluate runs re-evaluations only")
+    flt, dry_run, max_affected = operation.selection, operation.dry_run, operation.max_affected
     if flt.dead_reason not in (None, _INVALID):
         raise DlqError(f"re-evaluation reads invalid jobs only, not {flt.dead_reason!r} ones")
-    if not actor:
-        raise DlqError("an operation needs an actor (who asked for it) for the audit")
     builder = RowBuilder(deployment)
-    where, params = dead_only(flt).where()
+    where, params = flt.where()
     outcome = Outcome(
         action="reevaluate", dry_run=dry_run, filter=flt.as_dict(), matched=0, would_affect=0, affected=0
     )
@@ -89,7 +81,8 @@ def reevaluate(
         with conn.transaction():
             audit = conn.execute(
                 sql.SQL(queries()["dlq_audit_start"]),
-                {"action": "reevaluate", "dry_run": dry_run, "actor": actor, "source": source, "run_id": run_id,
+                {"action": "reevaluate", "dry_run": dry_run, "actor": operation.actor, "source": operation.source,
+                 "run_id": operation.run_id,
                  "filter": Jsonb(outcome.filter), "reset_attempts": False, "matched": 0, "skipped": Jsonb({})},
             ).fetchone()  # fmt: skip
         assert audit is not None

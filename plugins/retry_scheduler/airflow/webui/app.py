@@ -282,26 +282,26 @@ def audit(
 
 
 def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> dict[str, Any]:
-    if action == "purge" and body.reset_attempts:
-        raise dlq.DlqError("reset_attempts applies to replay only")
     params = body.model_dump(exclude={"reset_attempts", "dry_run"})
     settings = with_airflow_policies(Settings.from_env())
     flt = selection.Selection.from_params(params, settings)
+    operation = dlq.Operation(
+        action=action,
+        selection=flt,
+        actor=str(user.get_name()),
+        source="ui",
+        dry_run=body.dry_run,
+        reset_attempts=body.reset_attempts,
+        max_affected=dlq.MAX_PAGE_ACTION,
+    )
     deployment = Deployment.load(settings)
-    common: dict[str, Any] = {
-        "actor": str(user.get_name()),
-        "source": "ui",
-        "dry_run": body.dry_run,
-        "reset_attempts": body.reset_attempts,
-        "max_affected": dlq.MAX_PAGE_ACTION,
-    }
     try:
         if action == "reevaluate":
             from retry_scheduler.ops.reevaluate import reevaluate as reevaluate_jobs
 
-            outcome = reevaluate_jobs(database(), flt, deployment=deployment, **common)
+            outcome = reevaluate_jobs(database(), operation, deployment=deployment)
         else:
-            outcome = dlq.run_action(database(), action, flt, destinations=deployment.destinations, **common)
+            outcome = dlq.run_action(database(), operation, destinations=deployment.destinations)
     except dlq.TooManyForOneRequest as too_many:
         return hand_to_dag(
             request, action, flt, body.reset_attempts, user, too_many.would_affect, body.written_by
