@@ -31,13 +31,15 @@ SELECT id, status::text, source_topic, source_partition, source_offset, source_t
 FROM retry_jobs_all WHERE id = %(id)s;
 
 -- name: dlq_plan_destinations
--- The destinations a replay of the filter would publish to (oldest first, up to the limit), each
--- checked against the destination rules before anything is replayed.
-SELECT DISTINCT destination
+-- The destinations a replay of the filter would publish to (oldest first, up to the limit) and how
+-- many jobs each: checked against the destination rules before anything is replayed, and the
+-- replay's pace worked out.
+SELECT destination, count(*)
 FROM (
     SELECT destination, dead_reason FROM retry_jobs WHERE {where} ORDER BY id LIMIT %(limit)s
 ) AS selected
-WHERE destination IS NOT NULL AND dead_reason <> 'invalid';
+WHERE destination IS NOT NULL AND dead_reason <> 'invalid'
+GROUP BY destination;
 
 -- name: dlq_plan
 -- What a replay or purge of the filter would do: the jobs it selects (oldest first, up to the
@@ -54,12 +56,14 @@ FROM (
 ) AS selected;
 
 -- name: dlq_replay_batch
--- Make a batch of dead jobs due now; the publish loop sends them to their destination with
--- attempt + 1 (attempt reset to 0 first when asked). Invalid jobs have no usable destination,
--- jobs of a destination no longer allowed (%(refused)s) stay dead, and a job being sent to the
--- DLQ topic right now (leased) is left for the next try.
+-- Make a batch of dead jobs due; the publish loop sends them to their destination with attempt + 1
+-- (attempt reset to 0 first when asked). Invalid jobs have no usable destination, jobs of a
+-- destination no longer allowed (%(refused)s) stay dead, and a job being sent to the DLQ topic right
+-- now (leased) is left for the next try. Unpaced (%(rate)s null) every job is due now; paced, the
+-- n-th job of a destination (counting %(sent)s, the jobs of each replayed by earlier batches) is due
+-- (n - 1) / rate seconds after %(start)s, and never before now.
 WITH picked AS (
-    SELECT id FROM retry_jobs
+    SELECT id, destination FROM retry_jobs
     WHERE {where} AND id > %(after_id)s
       AND destination IS NOT NULL AND dead_reason <> 'invalid'
       AND NOT (destination = ANY(%(refused)s::text[]))
@@ -67,14 +71,22 @@ WITH picked AS (
     ORDER BY id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
+), paced AS (
+    SELECT id,
+           CASE WHEN %(rate)s::float8 IS NULL THEN clock_timestamp()
+                ELSE greatest(clock_timestamp(), %(start)s::timestamptz + make_interval(secs =>
+                    (coalesce((%(sent)s::jsonb ->> destination)::bigint, 0)
+                     + row_number() OVER (PARTITION BY destination ORDER BY id) - 1) / %(rate)s::float8))
+           END AS due_at
+    FROM picked
 )
 UPDATE retry_jobs AS j
-SET status = 'pending', dead_reason = NULL, due_at = clock_timestamp(),
+SET status = 'pending', dead_reason = NULL, due_at = paced.due_at,
     attempt = CASE WHEN %(reset_attempts)s THEN 0 ELSE j.attempt END,
     lease_until = NULL, claimed_by = NULL, publish_failures = 0, last_error = NULL, updated_at = now()
-FROM picked
-WHERE j.id = picked.id
-RETURNING j.id;
+FROM paced
+WHERE j.id = paced.id
+RETURNING j.id, j.destination;
 
 -- name: dlq_purge_batch
 -- Delete a batch of dead jobs whose record is safely on the DLQ topic; a job not yet published
@@ -96,9 +108,10 @@ SELECT array_agg(id ORDER BY id) FROM (
 ) AS selected;
 
 -- name: dlq_audit_start
-INSERT INTO retry_dlq_audit (action, dry_run, actor, source, run_id, filter, reset_attempts, matched, skipped)
+INSERT INTO retry_dlq_audit (action, dry_run, actor, source, run_id, filter, reset_attempts, matched, skipped,
+                             rate_per_s)
 VALUES (%(action)s, %(dry_run)s, %(actor)s, %(source)s, %(run_id)s, %(filter)s, %(reset_attempts)s,
-        %(matched)s, %(skipped)s)
+        %(matched)s, %(skipped)s, %(rate_per_s)s)
 RETURNING id;
 
 -- name: dlq_audit_progress
@@ -110,13 +123,13 @@ RETURNING affected;
 
 -- name: dlq_audit_recent
 SELECT id, at, action, dry_run, actor, source, run_id, filter, reset_attempts, matched, affected, skipped,
-       finished_at
+       rate_per_s, finished_at
 FROM retry_dlq_audit ORDER BY at DESC, id DESC LIMIT %(limit)s;
 
 -- name: dlq_audit_of_run
 -- What an Airflow run replayed: its latest audit row of that action (a retried task writes another).
 SELECT id, at, action, dry_run, actor, source, run_id, filter, reset_attempts, matched, affected, skipped,
-       finished_at
+       rate_per_s, finished_at
 FROM retry_dlq_audit WHERE run_id = %(run_id)s AND action = %(action)s
 ORDER BY id DESC LIMIT 1;
 

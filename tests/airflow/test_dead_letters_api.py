@@ -8,6 +8,7 @@ giving their dead jobs a destination of their own.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import threading
@@ -441,6 +442,28 @@ def test_a_replay_too_large_for_one_request_becomes_a_dlq_replay_run_that_does_i
         run_id,
         10_001,
     )
+    assert audit["rate_per_s"] == 1000.0  # over 10 000 jobs of a destination: paced by default
+
+
+def test_a_replay_from_the_page_goes_at_the_pace_asked(
+    airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
+) -> None:
+    """The page's pace: the dry run says a small replay is not paced; three jobs replayed at 2/s fall
+    due half a second apart; the outcome and the audit say the pace; a bad rate is a 422."""
+    jobs = [insert_dead(retry_db, dest) for _ in range(3)]
+    with client(airflow_server, tokens["admin"]) as admin:
+        dry = admin.post("/api/replay", json={"ids": jobs, "dry_run": True}).json()
+        assert (dry["rate_per_s"], dry["default_pace"]) == (None, True)
+        assert "not paced: every job due at once" in dry["summary"]
+        assert admin.post("/api/replay", json={"ids": jobs, "rate": -1, "dry_run": False}).status_code == 422
+        assert admin.post("/api/purge", json={"ids": jobs, "rate": 2, "dry_run": False}).status_code == 422
+        paced = admin.post("/api/replay", json={"ids": jobs, "rate": 2, "dry_run": False}).json()
+    assert (paced["affected"], paced["rate_per_s"], paced["paced_s"]) == (3, 2.0, 1.0)
+    assert "paced at 2 jobs/s per destination" in paced["summary"]
+    due = sorted(row["due_at"] for row in job_rows(retry_db, jobs).values())
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(due)]
+    assert 0.49 <= gaps[0] <= 0.5 + 1e-6 and gaps[1] == pytest.approx(0.5, abs=1e-5)  # the first: when it ran
+    assert audit_row(retry_db, paced["audit_id"])["rate_per_s"] == 2.0
 
 
 def test_a_re_evaluation_too_large_for_one_request_becomes_a_dlq_replay_run_that_does_it(

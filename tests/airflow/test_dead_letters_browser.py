@@ -289,10 +289,17 @@ def test_a_user_filters_inspects_replays_and_purges(
         )
         expect(dialog.locator("#dialog-selection")).to_have_text(f"Selection: job {replay}.")
         dialog.get_by_label(re.compile("Reset attempts to 0")).check()
+        expect(dialog.locator("#dialog-pace")).to_have_text(
+            "Not paced: every job falls due at once (the default for a replay of this size)."
+        )
+        dialog.locator("#dialog-rate").fill("3")  # a pace of its own: 3 jobs/s per destination
         dialog.get_by_role("button", name="Replay 1 job").click()
         expect(dialog).to_be_hidden()
         expect(ui.locator("#message")).to_have_text(
-            re.compile(r"Replayed 1 of 1 selected dead jobs, attempts reset — audit #\d+\.")
+            re.compile(
+                r"Replayed 1 of 1 selected dead jobs, attempts reset, paced at 3 jobs/s per destination "
+                r"\(the last due in about 0 s\) — audit #\d+\."
+            )
         )
         expect(ui.locator(f'#jobs tr[data-id="{replay}"]')).to_have_count(0)
         expect(ui.locator("#total")).to_have_text(f"{jobs['total'] - 1} dead jobs")
@@ -307,11 +314,13 @@ def test_a_user_filters_inspects_replays_and_purges(
             False,
         )
         assert (audit["filter"], audit["affected"], audit["reset_attempts"]) == ({"ids": [replay]}, 1, True)
+        assert audit["rate_per_s"] == 3.0
         dry = api.audit_row(retry_db, audit_id - 1)
         assert (dry["dry_run"], dry["matched"], dry["filter"]) == (True, 1, {"ids": [replay]})
         recent = ui.locator("#audit tbody tr").first
         expect(recent).to_have_attribute("data-audit-id", str(audit_id))
         expect(recent).to_contain_text("admin")
+        expect(recent).to_contain_text("paced 3/s")
 
         # The publish loop sends it to its destination; the page says it is no longer a dead letter.
         settings = Settings(

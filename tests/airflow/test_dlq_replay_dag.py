@@ -111,10 +111,39 @@ def test_reevaluate_makes_pending_the_invalid_jobs_the_current_policies_allow(
     assert refused.state == DagRunState.FAILED
 
 
+def test_the_forms_rate_paces_the_replay_and_is_audited(trigger, database_url: str) -> None:
+    """The form's rate: 4 jobs of one destination at 2/s fall due 0.5 s apart; the task's outcome
+    and the audit keep the rate; a purge with a rate fails, and nothing is purged."""
+    from airflow.utils.state import DagRunState
+
+    with Store(database_url) as store:
+        insert_jobs(store, [dead_job(n) for n in range(1, 5)])
+    paced = trigger({"destination": "orders", "dry_run": False, "rate": 2})
+    assert paced.state == DagRunState.SUCCESS
+    assert (outcome(paced)["affected"], outcome(paced)["rate_per_s"], outcome(paced)["paced_s"]) == (
+        4,
+        2.0,
+        1.5,
+    )
+    [(gaps,)] = rows(
+        database_url,
+        "SELECT array_agg(round(extract(epoch FROM due_at - lag)::numeric, 3) ORDER BY id) FROM "
+        "(SELECT id, due_at, lag(due_at) OVER (ORDER BY id) FROM retry_jobs) AS d WHERE lag IS NOT NULL",
+    )
+    assert 0.49 <= gaps[0] <= 0.5 and [float(g) for g in gaps[1:]] == [0.5, 0.5]  # the first: when it ran
+    assert rows(database_url, "SELECT rate_per_s FROM retry_dlq_audit ORDER BY id DESC LIMIT 1") == [(2.0,)]
+    refused = trigger({"action": "purge", "ids": "1", "rate": 2, "dry_run": False})
+    assert refused.state == DagRunState.FAILED
+    assert rows(database_url, "SELECT count(*) FROM retry_jobs_all") == [(4,)]
+
+
 def test_the_form_refuses_what_it_cannot_do(trigger) -> None:
     from airflow.sdk.definitions.param import ParamValidationError
 
-    for conf in ({"action": "explode"}, {"dead_reason": "tired"}, {"ids": "1; DROP TABLE"}, {"limit": -1}):
+    for conf in (
+        {"action": "explode"}, {"dead_reason": "tired"}, {"ids": "1; DROP TABLE"}, {"limit": -1}, {"rate": -1},
+        {"rate": "fast"},
+    ):  # fmt: skip
         with pytest.raises(ParamValidationError):
             trigger(conf)
 

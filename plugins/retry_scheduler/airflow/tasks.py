@@ -61,6 +61,7 @@ def run_dlq_operation(
         dry_run=bool(params.get("dry_run", True)),
         reset_attempts=bool(params.get("reset_attempts", False)),
         run_id=run_id,
+        rate_per_s=params.get("rate"),
     )
     action = operation.action
 
@@ -98,7 +99,7 @@ def run_window_replay(
     """The ``dlq_window_replay`` DAG's task: replay the dead jobs that went dead in ``[start, end)``.
 
     The window is the run's data interval and cannot be widened by the run's conf: only the
-    :data:`WINDOW_FILTER` fields, ``reset_attempts`` and ``dry_run`` are taken from ``params``.
+    :data:`WINDOW_FILTER` fields, ``reset_attempts``, ``rate`` and ``dry_run`` are taken from ``params``.
     """
     if start is None or end is None:
         raise ValueError(
@@ -110,6 +111,7 @@ def run_window_replay(
         since=start.isoformat(),
         until=end.isoformat(),
         reset_attempts=params.get("reset_attempts", False),
+        rate=params.get("rate"),
         dry_run=params.get("dry_run", True),
     )
     log.info("dead jobs that went dead from %s until %s", start.isoformat(), end.isoformat())

@@ -80,7 +80,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
     import getpass
 
     from retry_scheduler.core.deployment import Deployment
-    from retry_scheduler.ops.dlq import Operation, run_action, to_json
+    from retry_scheduler.ops.dlq import Operation, parse_rate, run_action, to_json
 
     flt = _dlq_filter(args, settings)
     if getattr(args, "reevaluate", False):
@@ -102,6 +102,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         source="cli",
         dry_run=True,
         reset_attempts=bool(getattr(args, "reset_attempts", False)),
+        rate_per_s=parse_rate(getattr(args, "rate", None)),
     )
     sizing = {} if args.batch_size is None else {"batch_size": args.batch_size}
     plan = run_action(settings.database_url, operation, destinations=destinations, **sizing)
@@ -153,6 +154,10 @@ def _reevaluate(args: argparse.Namespace, settings: Settings, flt: Any) -> int:
 
     if getattr(args, "reset_attempts", False):
         print("retry-scheduler: --reset-attempts does not go with --reevaluate", file=sys.stderr)
+        return 2
+    if getattr(args, "rate", None) is not None:
+        print("retry-scheduler: --rate does not go with --reevaluate (its jobs fall due by their policy)",
+              file=sys.stderr)  # fmt: skip
         return 2
     deployment = Deployment.load(settings)
     operation = Operation(
@@ -250,6 +255,13 @@ def add_parsers(sub: Any) -> None:
     _add_dlq_filters(replay, for_action=True)
     replay.add_argument(
         "--reset-attempts", action="store_true", help="start the policy's schedule again (attempt 0)"
+    )
+    replay.add_argument(
+        "--rate",
+        metavar="N",
+        help="pace the replay: at most N jobs of each destination fall due per second (0 or 'unlimited': "
+        "all at once). Default: all at once up to 10 000 jobs per destination, 1 000/s per destination "
+        "for a larger replay; the dry run says which",
     )
     replay.add_argument(
         "--reevaluate",

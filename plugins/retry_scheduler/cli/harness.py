@@ -100,7 +100,8 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument(
         "--only",
         metavar="NAMES",
-        help="comma-separated subset of: ingest, publish, claim, spark, lateness, capacity, held_snapshot, burst, soak "
+        help="comma-separated subset of: "
+        "ingest, publish, claim, spark, lateness, capacity, held_snapshot, burst, soak, ordered, fairness "
         "(default: all)",
     )
     bench.add_argument("--out", default="bench/out", metavar="DIR", help="report directory (bench/out)")

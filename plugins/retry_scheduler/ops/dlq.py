@@ -11,6 +11,10 @@ means the same everywhere.
   ``invalid`` are left alone: their headers named no usable destination.
 - **Purge** deletes dead jobs whose record is already on the DLQ topic. A dead job whose record
   has not reached the DLQ topic yet exists nowhere else, so it is kept.
+- **Pace**: a replay may be paced, at most ``rate_per_s`` jobs of each destination falling due per
+  second (the publish loop sends each when due, never early). Without a rate of its own, a replay of
+  at most :data:`UNPACED_UP_TO` jobs per destination is not paced; a larger one is paced at
+  :data:`DEFAULT_REPLAY_RATE`; a rate of 0 asks for no pace. The output says which.
 - Both work in batches of :data:`BATCH` jobs, one transaction each, so a million-job purge
   neither holds a million row locks nor loses its progress; the audit row of the operation is
   updated in the same transaction as each batch, so its count is exact even after a crash.
@@ -20,10 +24,11 @@ means the same everywhere.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
 import psycopg
@@ -43,6 +48,13 @@ BATCH = 10_000
 #: The most jobs the Dead letters page replays or purges inside one HTTP request; more go through
 #: the ``dlq_replay`` DAG (a run with its own log, retries and progress).
 MAX_PAGE_ACTION = 10_000
+
+#: A replay without a rate of its own is not paced up to this many jobs per destination; a larger one is
+#: paced at DEFAULT_REPLAY_RATE jobs per second per destination.
+UNPACED_UP_TO = 10_000
+DEFAULT_REPLAY_RATE = 1_000.0
+#: The highest pace one may ask for (jobs per second per destination).
+MAX_RATE = 1_000_000.0
 
 Action = Literal["replay", "purge", "reevaluate"]
 Source = Literal["dag", "ui", "cli"]
@@ -82,6 +94,10 @@ class Operation:
     #: An operation (not a dry run) that would change more jobs is refused before anything is written
     #: (:class:`TooManyForOneRequest`).
     max_affected: int | None = None
+    #: A replay's pace: at most this many jobs of each destination fall due per second; 0: not paced;
+    #: None: the default (not paced up to :data:`UNPACED_UP_TO` jobs per destination, else
+    #: :data:`DEFAULT_REPLAY_RATE`). :func:`parse_rate` reads it from a form or a command line.
+    rate_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.action not in ("replay", "purge", "reevaluate"):
@@ -93,6 +109,40 @@ class Operation:
             raise DlqError("reset_attempts does not go with reevaluate: a re-evaluated job keeps its attempt")
         if self.reset_attempts and self.action != "replay":
             raise DlqError("reset_attempts applies to replay only")
+        if self.rate_per_s is not None:
+            object.__setattr__(self, "rate_per_s", parse_rate(self.rate_per_s))
+            if self.action != "replay":
+                raise DlqError("a rate applies to replay only")
+
+    def pace(self, per_destination: dict[str, int]) -> float | None:
+        """The jobs per second per destination this replay goes at (None: not paced), given how many
+        jobs of each destination it replays."""
+        if self.rate_per_s is not None:
+            return self.rate_per_s or None
+        return DEFAULT_REPLAY_RATE if max(per_destination.values(), default=0) > UNPACED_UP_TO else None
+
+
+def parse_rate(value: object) -> float | None:
+    """A replay's rate as a form, the page or a command line gives it: jobs per second per destination
+    (a number, 0 for no pace, or ``unlimited``); None or empty: the default. Refuses anything else
+    with a :class:`DlqError` that says what to give."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.strip().lower() in ("unlimited", "none", "off"):
+        return 0.0
+    try:
+        rate = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        rate = math.nan
+    if (
+        not (isinstance(value, int | float | str) and not isinstance(value, bool))
+        or not 0 <= rate <= MAX_RATE
+    ):
+        raise DlqError(
+            f"rate {str(value)[:40]!r} must be jobs per second per destination, from 0 (no pace, or "
+            f"'unlimited') to {MAX_RATE:,.0f}"
+        )
+    return rate
 
 
 def dead_only(flt: Selection) -> Selection:
@@ -143,6 +193,12 @@ class Outcome:
     skipped: dict[str, int] = field(default_factory=dict)  # selected but left alone, by cause
     audit_id: int | None = None
     reset_attempts: bool = False
+    #: A replay's pace (jobs per second per destination; None: not paced), and the seconds from its
+    #: start to when its last job falls due.
+    rate_per_s: float | None = None
+    paced_s: float = 0.0
+    #: Whether the pace is the default's (no rate was given).
+    default_pace: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,7 +213,25 @@ class Outcome:
             if self.dry_run
             else f"{self.affected} of {self.matched} selected dead jobs {verb}"
         )
-        return head + (f" (left alone: {left})" if left else "") + f" [audit {self.audit_id}]"
+        return head + (f" (left alone: {left})" if left else "") + self._pace() + f" [audit {self.audit_id}]"
+
+    def _pace(self) -> str:
+        if self.action != "replay" or not self.would_affect:
+            return ""
+        why = (
+            f" (the default for a replay of more than {UNPACED_UP_TO:,} jobs of a destination; give a rate "
+            "to change it, 0 for none)"
+            if self.default_pace
+            else ""
+        )
+        if self.rate_per_s is None:
+            return "; not paced: every job due at once" + (
+                f" (the default up to {UNPACED_UP_TO:,} jobs per destination)" if self.default_pace else ""
+            )
+        return (
+            f"; paced at {self.rate_per_s:,g} jobs/s per destination{why}: the last "
+            f"{'would fall' if self.dry_run else 'falls'} due about {self.paced_s:,.0f} s after the start"
+        )
 
 
 class Plan(NamedTuple):
@@ -219,6 +293,7 @@ def run_action(
                 # MAX_IDS, what a person may type), the ids this operation fixed itself.
                 where, params = sql.SQL("id = ANY(%(fixed_ids)s::bigint[])"), {"fixed_ids": list(ids)}
         refused: list[str] = []
+        per_destination: dict[str, int] = {}
         if action == "replay":
             assert destinations is not None
             rules = destinations
@@ -226,7 +301,9 @@ def run_action(
                 targets = conn.execute(
                     dlq_query("dlq_plan_destinations", where), {**params, "limit": flt.limit}
                 ).fetchall()
-            refused = sorted(t for (t,) in targets if not rules.allows(t))
+            refused = sorted(t for t, _n in targets if not rules.allows(t))
+            per_destination = {t: int(n) for t, n in targets if rules.allows(t)}
+        rate = operation.pace(per_destination) if action == "replay" else None
         with conn.transaction():
             plan_row = conn.execute(
                 dlq_query("dlq_plan", where), {**params, "limit": flt.limit, "refused": refused}
@@ -243,6 +320,10 @@ def run_action(
             affected=0,
             skipped=skipped,
             reset_attempts=reset_attempts,
+            rate_per_s=rate,
+            # The most jobs of one destination, less the first (due at the start), at the pace.
+            paced_s=0.0 if rate is None else (max(per_destination.values(), default=1) - 1) / rate,
+            default_pace=operation.rate_per_s is None,
         )
         limit = operation.max_affected
         if not dry_run and limit is not None and outcome.would_affect > limit:
@@ -260,6 +341,7 @@ def run_action(
                     "reset_attempts": reset_attempts,
                     "matched": outcome.matched,
                     "skipped": Jsonb({k: v for k, v in skipped.items() if v}),
+                    "rate_per_s": rate,
                 },
             ).fetchone()
         assert audit is not None
@@ -267,21 +349,27 @@ def run_action(
         if not dry_run and outcome.matched:
             batch_query = dlq_query("dlq_replay_batch" if action == "replay" else "dlq_purge_batch", where)
             after_id = 0
+            # A paced replay's clock: its n-th job of a destination is due (n - 1) / rate after this.
+            start, sent = datetime.now(UTC), dict.fromkeys(per_destination, 0)
             while True:
                 with conn.transaction():
-                    done = [
-                        r[0]
-                        for r in conn.execute(
-                            batch_query,
-                            {
-                                **params,
-                                "after_id": after_id,
-                                "batch": batch_size,
-                                "reset_attempts": reset_attempts,
-                                "refused": refused,
-                            },
-                        ).fetchall()
-                    ]
+                    rows = conn.execute(
+                        batch_query,
+                        {
+                            **params,
+                            "after_id": after_id,
+                            "batch": batch_size,
+                            "reset_attempts": reset_attempts,
+                            "refused": refused,
+                            "rate": rate,
+                            "start": start,
+                            "sent": Jsonb(sent),
+                        },
+                    ).fetchall()
+                    done = [r[0] for r in rows]
+                    for row in rows:
+                        if len(row) > 1:  # a replay: its destination's count, for the next batch's pace
+                            sent[row[1]] = sent.get(row[1], 0) + 1
                     if done:
                         conn.execute(
                             sql.SQL(queries()["dlq_audit_progress"]),

@@ -83,7 +83,8 @@ def reevaluate(
                 sql.SQL(queries()["dlq_audit_start"]),
                 {"action": "reevaluate", "dry_run": dry_run, "actor": operation.actor, "source": operation.source,
                  "run_id": operation.run_id,
-                 "filter": Jsonb(outcome.filter), "reset_attempts": False, "matched": 0, "skipped": Jsonb({})},
+                 "filter": Jsonb(outcome.filter), "reset_attempts": False, "matched": 0, "skipped": Jsonb({}),
+                 "rate_per_s": None},
             ).fetchone()  # fmt: skip
         assert audit is not None
         outcome.audit_id = int(audit[0])

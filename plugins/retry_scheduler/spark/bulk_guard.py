@@ -77,6 +77,7 @@ def guarded_run(
                     "run_id": run_id,
                     "filter": Jsonb(selection),
                     "reset_attempts": False,
+                    "rate_per_s": None,
                     "matched": matched,
                     "skipped": Jsonb({k: v for k, v in skipped.items() if v}),
                 },

@@ -14,6 +14,7 @@ from airflow.sdk import Param
 from retry_scheduler.core.adopt import WRITERS
 from retry_scheduler.core.protocol import DEAD_REASONS, TOPIC_PATTERN
 from retry_scheduler.db.selection import MAX_LIMIT, MAX_TEXT
+from retry_scheduler.ops.dlq import DEFAULT_REPLAY_RATE, MAX_RATE, UNPACED_UP_TO
 
 
 def selection_params(*, status: bool = False, window: bool = True) -> dict[str, Param]:
@@ -96,10 +97,20 @@ def selection_params(*, status: bool = False, window: bool = True) -> dict[str, 
 
 
 def replay_option_params() -> dict[str, Param]:
-    """How a replay goes: from attempt 0 or not, and a dry run by default."""
+    """How a replay goes: from attempt 0 or not, at what pace, and a dry run by default."""
     return {
         "reset_attempts": Param(
             False, type="boolean", title="Reset attempts", description="Replay from attempt 0."
+        ),
+        "rate": Param(
+            None,
+            type=["null", "number"],
+            minimum=0,
+            maximum=MAX_RATE,
+            title="Rate (jobs/s per destination)",
+            description="Pace the replay: at most this many jobs of each destination fall due per second "
+            f"(0: all at once). Empty: all at once up to {UNPACED_UP_TO:,} jobs per destination, "
+            f"{DEFAULT_REPLAY_RATE:,.0f}/s per destination for a larger replay; the run's log says which.",
         ),
         "dry_run": Param(True, type="boolean", title="Dry run", description="Only count; change nothing."),
     }

@@ -83,6 +83,8 @@ class ActionBody(BaseModel):
     ids: Annotated[list[int], Field(max_length=selection.MAX_IDS)] = []
     limit: Annotated[int | None, Field(ge=1, le=selection.MAX_LIMIT)] = None
     reset_attempts: bool = False
+    #: a replay's pace, jobs per second per destination (0: none; empty: the default, ``ops.dlq``)
+    rate: Annotated[float | None, Field(ge=0, le=dlq.MAX_RATE)] = None
     dry_run: bool = True
 
 
@@ -282,7 +284,7 @@ def audit(
 
 
 def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> dict[str, Any]:
-    params = body.model_dump(exclude={"reset_attempts", "dry_run"})
+    params = body.model_dump(exclude={"reset_attempts", "dry_run", "rate"})
     settings = with_airflow_policies(Settings.from_env())
     flt = selection.Selection.from_params(params, settings)
     operation = dlq.Operation(
@@ -293,6 +295,7 @@ def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> d
         dry_run=body.dry_run,
         reset_attempts=body.reset_attempts,
         max_affected=dlq.MAX_PAGE_ACTION,
+        rate_per_s=body.rate,
     )
     deployment = Deployment.load(settings)
     try:
@@ -303,9 +306,7 @@ def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> d
         else:
             outcome = dlq.run_action(database(), operation, destinations=deployment.destinations)
     except dlq.TooManyForOneRequest as too_many:
-        return hand_to_dag(
-            request, action, flt, body.reset_attempts, user, too_many.would_affect, body.written_by
-        )
+        return hand_to_dag(request, operation, user, too_many.would_affect, body.written_by)
     log.info("dead letters page, %s: %s", user.get_name(), outcome.summary())
     # page_limit: the most this page changes in one request; more are handed to a dlq_replay run.
     return {**outcome.as_json(), "summary": outcome.summary(), "page_limit": dlq.MAX_PAGE_ACTION}
@@ -313,9 +314,7 @@ def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> d
 
 def hand_to_dag(
     request: Request,
-    action: dlq.Action,
-    flt: selection.Selection,
-    reset_attempts: bool,
+    operation: dlq.Operation,
     user: Any,
     would_affect: int,
     written_by: str | None = None,
@@ -335,11 +334,13 @@ def hand_to_dag(
     from airflow.utils.types import DagRunTriggeredByType
 
     # The run's form takes who wrote the letters, not topics: it finds them as this page did.
+    action = operation.action
     conf: dict[str, Any] = {
-        **{k: v for k, v in flt.as_dict().items() if k != "source_topics"},
+        **{k: v for k, v in operation.selection.as_dict().items() if k != "source_topics"},
         **({"written_by": written_by} if written_by else {}),
         "action": action,
-        "reset_attempts": reset_attempts,
+        "reset_attempts": operation.reset_attempts,
+        **({"rate": operation.rate_per_s} if operation.rate_per_s is not None else {}),
         "dry_run": False,
     }
     if "ids" in conf:  # the DAG's form takes ids as text, as typed

@@ -400,6 +400,12 @@
     $("#dialog-skipped").replaceChildren(...skipped.map(([cause, count]) => el("li", {}, `${fmtInt(count)} left alone: ${cause}`)));
     $("#dialog-reset-row").hidden = !replay;
     $("#dialog-reset").checked = false;
+    $("#dialog-rate-row").hidden = !replay || !n;
+    $("#dialog-rate").value = "";
+    $("#dialog-pace").hidden = !replay || !n;
+    $("#dialog-pace").textContent = !dry.rate_per_s
+      ? "Not paced: every job falls due at once (the default for a replay of this size)."
+      : `Paced by default at ${fmtInt(dry.rate_per_s)} jobs/s per destination: the last would fall due about ${fmtInt(Math.round(dry.paced_s))} s after the start.`;
     $("#dialog-audit").textContent = `The dry run is recorded as audit #${dry.audit_id}.`;
     const confirm = $("#dialog-confirm");
     if (!n) confirm.textContent = `Nothing to ${action}`;
@@ -427,7 +433,8 @@
     let result;
     try {
       result = await api(`api/${action}`, {
-        body: { ...selection.body, dry_run: false, reset_attempts: replay && $("#dialog-reset").checked },
+        body: { ...selection.body, dry_run: false, reset_attempts: replay && $("#dialog-reset").checked,
+          ...(replay && $("#dialog-rate").value !== "" ? { rate: Number($("#dialog-rate").value) } : {}) },
       });
     } finally {
       closeDialog();
@@ -443,6 +450,7 @@
     showMessage("ok",
       `${done} ${fmtInt(result.affected)} of ${fmtInt(result.matched)} selected dead jobs` +
       `${skipped.length ? ` (left alone: ${skipped.join("; ")})` : ""}${replay && result.reset_attempts ? ", attempts reset" : ""}` +
+      `${replay && result.rate_per_s ? `, paced at ${fmtInt(result.rate_per_s)} jobs/s per destination (the last due in about ${fmtInt(Math.round(result.paced_s))} s)` : ""}` +
       ` — audit #${result.audit_id}.`);
     closeDetail();
     await Promise.all([loadPage(), loadFacets(), loadAudit()]);
@@ -461,7 +469,8 @@
         el("td", {}, row.source),
         el("td", {}, row.action, " ",
           row.dry_run ? el("span", { class: "badge dry" }, "dry run") : null, " ",
-          row.reset_attempts ? el("span", { class: "badge" }, "attempts reset") : null),
+          row.reset_attempts ? el("span", { class: "badge" }, "attempts reset") : null, " ",
+          row.rate_per_s ? el("span", { class: "badge" }, `paced ${fmtInt(row.rate_per_s)}/s`) : null),
         el("td", { class: "selection" }, describeFilter(row.filter)),
         el("td", { class: "num" }, fmtInt(row.matched)),
         el("td", { class: "num" }, row.dry_run ? "—" : fmtInt(row.affected)),
