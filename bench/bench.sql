@@ -279,3 +279,8 @@ SELECT second, sum(stored)::bigint, sum(published)::bigint FROM (
     SELECT floor(extract(epoch FROM published_at))::float8, 0, 1
     FROM retry_jobs_all WHERE destination = %(destination)s AND status = 'published'
 ) AS events GROUP BY second ORDER BY second;
+
+-- name: bench_published_after
+-- A destination's jobs acknowledged after %(after)s (epoch s).
+SELECT count(*) FROM retry_jobs_all
+WHERE destination = %(destination)s AND status = 'published' AND published_at > to_timestamp(%(after)s);

@@ -45,6 +45,7 @@ MEASUREMENTS = (
     "burst",
     "soak",
     "ordered",
+    "fairness",
 )
 #: Partitions of every benchmark topic: a multiple of the ingest worker processes (2), as a deployment
 #: would choose, so that each worker has an equal share.
@@ -131,6 +132,11 @@ class Sizes:
     ordered_records: int = 20_000
     ordered_keys: int = 20
     ordered_chain: int = 200
+    #: Fair publishing (bench.fairness): a flood of one destination's due jobs, and a small stream of
+    #: another's falling due evenly over fairness_window_s while the flood drains.
+    fairness_flood: int = 1_000_000
+    fairness_small: int = 1_000
+    fairness_window_s: float = 15.0
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -163,6 +169,9 @@ class Sizes:
             ordered_records=1_000,
             ordered_keys=5,
             ordered_chain=20,
+            fairness_flood=30_000,
+            fairness_small=100,
+            fairness_window_s=0.5,
         )
 
 

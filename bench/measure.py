@@ -243,6 +243,7 @@ def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
     from bench.burst import measure_burst
     from bench.capacity import measure_capacity
     from bench.claim import measure_claim
+    from bench.fairness import measure_fairness
     from bench.held import measure_held_snapshot
     from bench.ordered import measure_ordered
     from bench.publish import measure_publish
@@ -260,6 +261,7 @@ def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
         "burst": measure_burst,
         "soak": measure_soak,
         "ordered": measure_ordered,
+        "fairness": measure_fairness,
     }
 
 

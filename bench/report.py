@@ -51,6 +51,9 @@ TARGETS: dict[str, tuple[str, float, str, str]] = {
     "burst_steady_p99_s": ("<=", 1.0, "burst", "s"),
     # Issue 28: half an hour at half the capacity target, the last five minutes' p99 over the first's.
     "soak_p99_drift": ("<=", 1.2, "soak", "x"),
+    # Issue 33: a small destination's p99 lateness while a million due jobs of another drain
+    # (fairness_small_alone_p99_s beside it: the same stream alone).
+    "fairness_small_p99_s": ("<=", 1.0, "fairness", "s"),
 }
 
 
@@ -315,6 +318,14 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "retry was handled, the time from one record of its chain handled to the next "
         "(`held_step_p50_s`, `held_step_p99_s`: a chain goes out one record at a time) and to its last "
         "(`held_chain_drain_s`, the median over chains).",
+    ),
+    "fairness": (
+        "Fair publishing",
+        "`fairness_small_p99_s`: the publish task's loop (its publishers side by side) drains 1 000 000 "
+        "jobs of one destination, all due at once, while 1 000 jobs of another fall due evenly over 15 s; "
+        "the figure is the p99 lateness of the small destination's jobs, counted only if the flood was "
+        "still draining when the last of them fell due. `fairness_small_alone_p99_s`: the same small "
+        "stream with nothing else due, in the same run (`bench/fairness.py`).",
     ),
     "spark": (
         "PySpark bulk retry and compaction",

@@ -29,7 +29,7 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory, bootstrap_servers: str)
     options = BenchOptions(
         out=out,
         quick=True,
-        only=("ingest", "publish", "claim", "ordered"),
+        only=("ingest", "publish", "claim", "ordered", "fairness"),
         sizes=SIZES,
         db_name=DB_NAME,
         bootstrap=bootstrap_servers,
@@ -38,13 +38,7 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory, bootstrap_servers: str)
     run_bench(
         Settings(database_url=ADMIN_URL), options, say=lambda _m: None, progress=lambda *s: steps.append(s)
     )
-    assert steps == [
-        (0, 4),
-        (1, 4),
-        (2, 4),
-        (3, 4),
-        (4, 4),
-    ]  # the command's progress: one step per measurement
+    assert steps == [(n, 5) for n in range(6)]  # the command's progress: one step per measurement
     return out
 
 
@@ -86,6 +80,25 @@ def test_ordered_modes_cost_is_measured(report: dict, report_dir: Path) -> None:
     # Each parked record: its park and the hold recording it, and the hold after it was handled.
     assert figures["round_trips_per_parked_record"] >= 3
     assert "## Ordered mode's cost" in (report_dir / "report.md").read_text()
+
+
+def test_fair_publishing_is_measured_beside_a_flood_and_alone(report: dict, report_dir: Path) -> None:
+    """bench.fairness: the small stream's lateness beside another destination's flood, and alone;
+    every small job published once and none early in both runs, each figure from its own run."""
+    fairness = report["measurements"]["fairness"]
+    assert fairness["skipped"] is None
+    details = fairness["details"]
+    for run in (details["beside_flood"], details["alone"]):
+        assert run["small"]["published"] == SIZES.fairness_small and run["small"]["early"] == 0, run
+    assert details["beside_flood"]["flood"]["published"] == SIZES.fairness_flood
+    alone = fairness["figures"]["fairness_small_alone_p99_s"]
+    assert alone == details["alone"]["small"]["p99_s"] and alone >= 0
+    beside = fairness["figures"]["fairness_small_p99_s"]
+    if details["beside_flood"]["flood_left_when_small_done"] > 0:  # quick sizes may drain the flood first
+        assert beside == details["beside_flood"]["small"]["p99_s"] and beside >= 0
+    else:
+        assert beside is None and "drained" in report["not_measured"]["fairness_small_p99_s"]
+    assert "## Fair publishing" in (report_dir / "report.md").read_text()
 
 
 def test_measured_figures_are_positive(report: dict) -> None:
