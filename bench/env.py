@@ -137,6 +137,8 @@ class Sizes:
     fairness_flood: int = 1_000_000
     fairness_small: int = 1_000
     fairness_window_s: float = 15.0
+    #: ... the first of them due this long after it is stored (the publisher starts at once).
+    fairness_first_due_s: float = 5.0
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -172,6 +174,7 @@ class Sizes:
             fairness_flood=30_000,
             fairness_small=100,
             fairness_window_s=0.5,
+            fairness_first_due_s=1.0,
         )
 
 

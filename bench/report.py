@@ -322,7 +322,8 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "fairness": (
         "Fair publishing",
         "`fairness_small_p99_s`: the publish task's loop (its publishers side by side) drains 1 000 000 "
-        "jobs of one destination, all due at once, while 1 000 jobs of another fall due evenly over 15 s; "
+        "jobs of one destination, all due at once, while 1 000 jobs of another fall due evenly over 15 s "
+        "(from 5 s after the publisher starts: the steady drain, not its first rounds); "
         "the figure is the p99 lateness of the small destination's jobs, counted only if the flood was "
         "still draining when the last of them fell due. `fairness_small_alone_p99_s`: the same small "
         "stream with nothing else due, in the same run (`bench/fairness.py`).",
