@@ -38,17 +38,21 @@ SELECT destination, count(*)
 FROM (
     SELECT destination, dead_reason FROM retry_jobs WHERE {where} ORDER BY id LIMIT %(limit)s
 ) AS selected
-WHERE destination IS NOT NULL AND dead_reason <> 'invalid'
+WHERE destination IS NOT NULL AND dead_reason <> 'invalid' AND (dead_reason <> 'parked' OR %(with_parked)s)
 GROUP BY destination;
 
 -- name: dlq_plan
 -- What a replay or purge of the filter would do: the jobs it selects (oldest first, up to the
--- limit) and why some of them would be left alone (%(refused)s: destinations no longer allowed).
+-- limit) and why some of them would be left alone (%(refused)s: destinations no longer allowed;
+-- parked jobs, unless %(with_parked)s: the filter asked for them).
 SELECT count(*),
        count(*) FILTER (WHERE destination IS NULL OR dead_reason = 'invalid'),
        count(*) FILTER (WHERE dlq_published_at IS NULL),
        count(*) FILTER (WHERE lease_until >= clock_timestamp()),
        count(*) FILTER (WHERE destination = ANY(%(refused)s::text[]) AND dead_reason <> 'invalid'
+                          AND (lease_until IS NULL OR lease_until < clock_timestamp())),
+       count(*) FILTER (WHERE dead_reason = 'parked' AND NOT %(with_parked)s AND destination IS NOT NULL
+                          AND NOT (destination = ANY(%(refused)s::text[]))
                           AND (lease_until IS NULL OR lease_until < clock_timestamp()))
 FROM (
     SELECT destination, dead_reason, dlq_published_at, lease_until FROM retry_jobs
@@ -58,14 +62,15 @@ FROM (
 -- name: dlq_replay_batch
 -- Make a batch of dead jobs due; the publish loop sends them to their destination with attempt + 1
 -- (attempt reset to 0 first when asked). Invalid jobs have no usable destination, jobs of a
--- destination no longer allowed (%(refused)s) stay dead, and a job being sent to the DLQ topic right
--- now (leased) is left for the next try. Unpaced (%(rate)s null) every job is due now; paced, the
+-- destination no longer allowed (%(refused)s) stay dead, so do parked jobs unless the filter asked for
+-- them (%(with_parked)s), and a job being sent to the DLQ topic right now (leased) is left for the next try. Unpaced (%(rate)s null) every job is due now; paced, the
 -- n-th job of a destination (counting %(sent)s, the jobs of each replayed by earlier batches) is due
 -- (n - 1) / rate seconds after %(start)s, and never before now.
 WITH picked AS (
     SELECT id, destination FROM retry_jobs
     WHERE {where} AND id > %(after_id)s
       AND destination IS NOT NULL AND dead_reason <> 'invalid'
+      AND (dead_reason <> 'parked' OR %(with_parked)s)
       AND NOT (destination = ANY(%(refused)s::text[]))
       AND (lease_until IS NULL OR lease_until < clock_timestamp())
     ORDER BY id

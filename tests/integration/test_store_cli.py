@@ -59,6 +59,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (17, "0017_chain_rules"),
         (18, "0018_chain_heads"),
         (19, "0019_replay_rate"),
+        (20, "0020_parked"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(

@@ -24,7 +24,14 @@ from bench.jobs import Job, insert_jobs
 from retry_scheduler.cli import main as cli
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
-from retry_scheduler.core.jobs import HELD_DUE_MS, OutgoingRow, Status, destination_headers, encode_headers
+from retry_scheduler.core.jobs import (
+    HELD_DUE_MS,
+    REPLAYED,
+    OutgoingRow,
+    Status,
+    destination_headers,
+    encode_headers,
+)
 from retry_scheduler.db.selection import Selection, SelectionError
 from retry_scheduler.db.store import Store
 from retry_scheduler.spark import bulk_options, bulk_retry
@@ -67,7 +74,7 @@ def make_job(
 
 
 def expected_headers(job: Job) -> list[tuple[str, bytes | None]]:
-    """What the normal publish path sends for this job."""
+    """What the normal publish path sends for this job (a dead one replayed: counted, retry.replays)."""
     row = OutgoingRow(
         id=0, destination=job.destination, destination_partition=job.destination_partition, key=job.key,
         value=job.value, headers=encode_headers(job.headers), attempt=job.attempt, policy=job.policy,
@@ -75,6 +82,7 @@ def expected_headers(job: Job) -> list[tuple[str, bytes | None]]:
         retry_id=job.retry_id, original_topic=job.original_topic, original_partition=job.original_partition,
         original_offset=job.original_offset, original_timestamp_ms=job.original_timestamp_ms,
         dead_reason=job.dead_reason, dlq_topic=job.dlq_topic,
+        chain_state=REPLAYED if job.status is Status.DEAD else None,
     )  # fmt: skip
     return destination_headers(row)
 
@@ -116,6 +124,7 @@ def assert_published_like_the_publish_loop(seen: Sequence[Seen], jobs: dict[str,
         assert record.headers[: len(PASSTHROUGH)] == list(PASSTHROUGH)
         assert record.header(protocol.ATTEMPT) == str(job.attempt + 1)
         assert record.header(protocol.ID) == job.retry_id
+        assert record.header(protocol.REPLAYS) == ("1" if job.status is Status.DEAD else None)
         if job.destination_partition is not None:
             assert record.partition == job.destination_partition
 
@@ -153,7 +162,7 @@ def test_jdbc_query_inlines_only_validated_literals() -> None:
         " AND error_class LIKE E'it''s\\\\!_%' ESCAPE '!'"
         " AND dead_at >= '2026-01-31T12:00:00+00:00'::timestamptz"
         " AND dead_at < '2026-02-01T00:00:00+00:00'::timestamptz"
-        " AND destination IS NOT NULL AND id >= 10 AND id <= 99) AS bulk_retry_selection"
+        " AND destination IS NOT NULL AND dead_reason <> 'parked' AND id >= 10 AND id <= 99) AS bulk_retry_selection"
     )
     pending = replace(selection, status=Status.PENDING)  # pending jobs: when their retry was stored
     assert "created_at >= '2026-01-31T12:00:00+00:00'::timestamptz" in jdbc_table(pending, 10, 99)
@@ -163,7 +172,13 @@ def test_pending_selection_skips_jobs_leased_by_the_publish_loop() -> None:
     fragments = publishable(Selection(status=Status.PENDING))
     assert "(lease_until IS NULL OR lease_until < now())" in fragments
     assert "held_by IS NULL" in fragments  # a held job waits for its chain
-    assert publishable(Selection()) == ("destination IS NOT NULL",)
+    # dead jobs: a parked one (replayed that often, dead again) only when asked for, by reason or id
+    assert publishable(Selection()) == ("destination IS NOT NULL", "dead_reason <> 'parked'")
+    assert (
+        publishable(Selection(dead_reason="parked"))
+        == publishable(Selection(ids=(1,)))
+        == ("destination IS NOT NULL",)
+    )
 
 
 @pytest.mark.spark

@@ -83,6 +83,14 @@ def test_a_retried_record_keeps_its_identity_and_attempt() -> None:
     assert [k for k, _ in build_retry_headers(retried)].count(p.ATTEMPT) == 1  # never duplicated
 
 
+def test_a_replayed_record_keeps_its_replay_count_into_its_retry() -> None:
+    """retry.replays (set by the scheduler on a record back from the dead letters) is one of the
+    record's own headers: the SDK's retry carries it, so the scheduler can park the record."""
+    replayed = FakeRecord([("trace", b"t"), (p.ATTEMPT, b"3"), (p.ID, b"rid-1"), (p.REPLAYS, b"2")])
+    out = build_retry_headers(replayed, PaymentDown("still down"))
+    assert [v for k, v in out if k == p.REPLAYS] == [b"2"]
+
+
 def test_fatal_errors_go_to_the_dlq_and_long_reasons_are_cut() -> None:
     client = RetryClient({"bootstrap.servers": "127.0.0.1:1"}, fatal_errors=(ValueError,))
     assert client.is_fatal(ValueError("x")) and not client.is_fatal(PaymentDown("x"))

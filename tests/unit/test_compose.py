@@ -456,6 +456,7 @@ DEFAULTS_ARE_RIGHT = {
     "RETRY_MAX_HEADER_NAME_CHARS": "protocol limit",
     "RETRY_MAX_RECORD_BYTES": "the broker's default message.max.bytes",
     "RETRY_MAX_RETRY_AHEAD_MS": "tuned default",
+    "RETRY_PARK_AFTER_REPLAYS": "three replays, then parked",
     "RETRY_POLICIES": "retry_policies.py in the DAGs folder",
     "RETRY_POLL_INTERVAL_MS": "tuned default",
     "RETRY_PUBLISH_BATCH": "tuned default",

@@ -12,6 +12,7 @@ from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers, truncate_reason
 from retry_scheduler.core.jobs import (
+    REPLAYED,
     OutgoingRow,
     Status,
     decode_headers,
@@ -240,6 +241,59 @@ def test_destination_headers_raise_attempt_and_keep_identity() -> None:
         (p.ORIGINAL_OFFSET, b"9"),
         (p.ORIGINAL_TIMESTAMP, str(NOW).encode()),
     ]
+
+
+@pytest.mark.parametrize(
+    ("carried", "sent"),
+    [
+        ([], b"1"),
+        ([(p.REPLAYS, b"2")], b"3"),
+        ([(p.REPLAYS, b"5"), (p.REPLAYS, b"1")], b"2"),  # repeated: the last counts, one is sent
+        ([(p.REPLAYS, b"x")], b"1"),  # not a whole number: counted from 0
+        ([(p.REPLAYS, b"99999999")], b"1"),  # past the bound
+    ],
+)
+def test_a_replayed_record_counts_its_replays(carried: list, sent: bytes) -> None:
+    """A record back from the dead letters carries retry.replays, one more than it came with, once;
+    a record that was not replayed goes out without touching it."""
+    replayed = destination_headers(
+        row(headers=encode_headers([("trace", b"t"), *carried]), chain_state=REPLAYED)
+    )
+    assert [v for n, v in replayed if n == p.REPLAYS] == [sent]
+    assert ("trace", b"t") in replayed
+    plain = destination_headers(row(headers=encode_headers([("trace", b"t"), *carried])))
+    assert [v for n, v in plain if n == p.REPLAYS] == [v for _n, v in carried]
+
+
+@pytest.mark.parametrize(
+    ("replays", "park_after", "dead_reason"),
+    [
+        ("3", 3, "parked"),
+        ("7", 3, "parked"),
+        ("2", 3, "exhausted"),
+        (None, 3, "exhausted"),
+        ("9", 0, "exhausted"),
+    ],
+)
+def test_a_record_replayed_that_often_and_dead_again_is_parked(
+    replays: str | None, park_after: int, dead_reason: str
+) -> None:
+    headers = h(destination="orders", attempt="2", reason="timeout")
+    if replays is not None:
+        headers.append((p.REPLAYS, replays.encode()))
+    settings = Settings(park_after_replays=park_after)
+    rec = Record("retry", 0, 7, NOW - 1000, b"k", b"v", headers)
+    j = job_from_record(rec, settings=settings, registry=REGISTRY, limits=LIMITS, now_ms=NOW)
+    assert (j.status, j.dead_reason) == (Status.DEAD, dead_reason)
+    if dead_reason == "parked":
+        assert j.reason == f"parked after {replays} replays, then exhausted: timeout"
+    # kept with the record's own headers, so the next replay counts on from it
+    assert [v for n, v in j.headers if n == p.REPLAYS] == ([replays.encode()] if replays else [])
+
+
+def test_a_replayed_record_that_is_retried_again_is_not_parked() -> None:
+    j = job(headers=[*h(destination="orders", attempt="1"), (p.REPLAYS, b"5")])
+    assert (j.status, j.dead_reason) == (Status.PENDING, None)
 
 
 def test_dlq_headers_say_why() -> None:

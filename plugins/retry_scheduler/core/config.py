@@ -245,6 +245,15 @@ class Settings:
         metadata=env("RETRY_MAX_RETRY_AHEAD_MS", "a `retry.at` further ahead than this is invalid"),
     )
     max_reason_chars: int = 2000
+    #: A record replayed from the dead letters this many times that dies again is parked (0: never).
+    park_after_replays: int = field(
+        default=3,
+        metadata=env(
+            "RETRY_PARK_AFTER_REPLAYS",
+            "a record replayed from the dead letters this many times that dies again is dead as `parked`, "
+            "which a replay leaves alone unless asked for it (0: never park)",
+        ),
+    )
     ingest_batch: int = field(default=5000, metadata=env("RETRY_INGEST_BATCH", "records per ingest batch"))
     #: Processes the ingest task shares the retry-topic partitions among (at most one per partition).
     ingest_workers: int = field(
@@ -349,6 +358,10 @@ class Settings:
             )
         if self.max_clock_skew_ms < 0 or self.max_retry_ahead_ms < 0:
             raise ConfigError("RETRY_MAX_CLOCK_SKEW_MS and RETRY_MAX_RETRY_AHEAD_MS must be >= 0")
+        if self.park_after_replays < 0:
+            raise ConfigError(
+                f"RETRY_PARK_AFTER_REPLAYS must be >= 0 (0: never park), not {self.park_after_replays}"
+            )
         if self.max_header_name_chars < 1:
             raise ConfigError(
                 f"RETRY_MAX_HEADER_NAME_CHARS must be at least 1, not {self.max_header_name_chars}"
@@ -446,6 +459,7 @@ class Settings:
             max_header_name_chars=env_int(env, "RETRY_MAX_HEADER_NAME_CHARS", defaults.max_header_name_chars),
             max_clock_skew_ms=env_int(env, "RETRY_MAX_CLOCK_SKEW_MS", defaults.max_clock_skew_ms),
             max_retry_ahead_ms=env_int(env, "RETRY_MAX_RETRY_AHEAD_MS", defaults.max_retry_ahead_ms),
+            park_after_replays=env_int(env, "RETRY_PARK_AFTER_REPLAYS", defaults.park_after_replays),
             ingest_batch=env_int(env, "RETRY_INGEST_BATCH", defaults.ingest_batch),
             ingest_workers=env_int(env, "RETRY_INGEST_WORKERS", defaults.ingest_workers),
             publish_batch=env_int(env, "RETRY_PUBLISH_BATCH", defaults.publish_batch),

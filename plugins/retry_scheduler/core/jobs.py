@@ -201,8 +201,25 @@ def destination_headers(row: OutgoingRow) -> list[Header]:
         return held
     passthrough: Sequence[Header] = decode_headers(row.headers)
     if row.chain_state == REPLAYED:
-        passthrough = [(name, value) for name, value in passthrough if name != protocol.BLOCKS]
+        # Back from the dead letters: without its chain, and counted (retry.replays, one more).
+        replays = replays_of(passthrough) + 1
+        passthrough = [
+            (name, value) for name, value in passthrough if name not in (protocol.BLOCKS, protocol.REPLAYS)
+        ]
+        passthrough.append((protocol.REPLAYS, str(replays).encode()))
     return [*passthrough, (protocol.ATTEMPT, str(row.attempt + 1).encode()), *_common(row)]
+
+
+def replays_of(headers: Sequence[Header]) -> int:
+    """How many times a record went back from the dead letters: its last ``retry.replays`` as a whole
+    number (0 when it has none, or one that is not a whole number from 0 to 1 000 000)."""
+    found = None
+    for name, value in headers:
+        if name == protocol.REPLAYS:
+            found = value
+    if found is None or not 0 < len(found) <= 7 or not found.isdigit():
+        return 0
+    return int(found)
 
 
 def chain_headed(row: OutgoingRow) -> str | None:

@@ -63,7 +63,16 @@ DEAD_REQUESTED: Final = "requested"
 DEAD_INVALID: Final = "invalid"
 #: Read from another tool's dead-letter topic (Spring Kafka, Kafka Connect): ``core/adopt.py``.
 DEAD_ADOPTED: Final = "adopted"
-DEAD_REASONS: Final = (DEAD_EXHAUSTED, DEAD_EXPIRED, DEAD_FATAL, DEAD_REQUESTED, DEAD_INVALID, DEAD_ADOPTED)
+#: Replayed from the dead letters RETRY_PARK_AFTER_REPLAYS times and dead again each time: a replay
+#: leaves it alone unless asked for it (its dead reason, or its id).
+DEAD_PARKED: Final = "parked"
+DEAD_REASONS: Final = (
+    DEAD_EXHAUSTED, DEAD_EXPIRED, DEAD_FATAL, DEAD_REQUESTED, DEAD_INVALID, DEAD_ADOPTED, DEAD_PARKED,
+)  # fmt: skip
+#: How many times a record went back from the dead letters (a replay or a bulk retry of dead jobs),
+#: set by the scheduler on the replayed record. Not one of :data:`KNOWN`: it travels with the record's
+#: own headers, so an application (or the SDK) that copies them into its retry carries it back.
+REPLAYS: Final = "retry.replays"
 
 #: Headers the scheduler understands; every other header passes through byte for byte.
 KNOWN: Final = frozenset(

@@ -21,7 +21,7 @@ from retry_scheduler.core.headers import (
     parse_headers,
     truncate_reason,
 )
-from retry_scheduler.core.jobs import HELD_DUE, CopyRow, Status, encode_headers, pg_time
+from retry_scheduler.core.jobs import HELD_DUE, CopyRow, Status, encode_headers, pg_time, replays_of
 from retry_scheduler.core.policy import UnknownPolicyError
 
 #: A chain event (:attr:`RowBuilder.chain_events`): its head's retry is pending, so the chain waits.
@@ -98,6 +98,7 @@ class RowBuilder:
         self.adopt_topics = settings.adopt_topics
         self.max_skew_ms = settings.max_clock_skew_ms
         self.max_ahead_ms = settings.max_retry_ahead_ms
+        self.park_after = settings.park_after_replays
         self.default = registry.resolve(None, None)
         #: Records so far whose timestamp was outside the trusted window (their ingest time was used).
         self.untrusted_timestamps = 0
@@ -157,6 +158,7 @@ class RowBuilder:
             seen_ms = self._seen_ms(timestamp_ms, now_ms)
             retry_id = parsed.retry_id or new_retry_id()
             first_seen = parsed.original_timestamp_ms or seen_ms
+            reason = parsed.reason
             if parsed.hold is not None:
                 # Parked behind an earlier record of its key (ordered mode): it did not fail, so no
                 # policy decision; due when its chain is released (jobs.HELD_DUE until then).
@@ -178,6 +180,14 @@ class RowBuilder:
                     send_to_dlq=parsed.send_to_dlq,
                 )
                 dead, due = decision.dead_reason, pg_time(decision.due_ms)
+                if dead and self.park_after:
+                    replays = replays_of(parsed.passthrough)
+                    if replays >= self.park_after:  # replayed that often and dead again: parked
+                        reason = truncate_reason(
+                            f"parked after {replays} replays, then {dead}: {reason or 'no reason given'}",
+                            self.limits.max_reason_chars,
+                        )
+                        dead = protocol.DEAD_PARKED
                 if parsed.blocks is not None:  # its chain waits while it is pending, or goes on if dead
                     self.chain_events.append(
                         (parsed.blocks, protocol.CHAIN_DEAD, retry_id)
@@ -187,7 +197,7 @@ class RowBuilder:
             # Positional (the hot path, a third faster than keywords), in CopyRow's field order.
             return CopyRow(
                 topic, partition, offset, timestamp_ms or 0, parsed.destination, parsed.destination_partition, key,
-                value, encode_headers(parsed.passthrough), parsed.attempt, policy.name, parsed.reason,
+                value, encode_headers(parsed.passthrough), parsed.attempt, policy.name, reason,
                 parsed.error_class, parsed.group, retry_id,
                 # A record that names no origin came from its destination.
                 parsed.original_topic or parsed.destination, parsed.original_partition, parsed.original_offset,

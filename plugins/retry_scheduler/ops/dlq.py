@@ -36,7 +36,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from retry_scheduler.core import faults
+from retry_scheduler.core import faults, protocol
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.connection import connect, require_migrated
@@ -243,6 +243,7 @@ class Plan(NamedTuple):
     not_on_dlq: int  # not yet published to their DLQ topic
     in_flight: int  # being sent to their DLQ topic right now (leased)
     refused: int  # of a destination the rules no longer allow
+    parked: int  # replayed RETRY_PARK_AFTER_REPLAYS times and dead again, not asked for
 
     def skipped(self, action: Action) -> dict[str, int]:
         """The jobs ``action`` would leave alone, by why (in the words the outcome and audit use)."""
@@ -251,6 +252,9 @@ class Plan(NamedTuple):
                 "invalid, no usable destination": self.invalid,
                 "being sent to the DLQ topic now": self.in_flight,
                 "destination not allowed": self.refused,
+                "parked, replayed and dead again that often (ask for dead reason parked, or their ids)": (
+                    self.parked
+                ),
             }
         return {"not yet on the DLQ topic": self.not_on_dlq}
 
@@ -280,6 +284,8 @@ def run_action(
     if action == "replay" and destinations is None:
         raise ValueError("a replay needs the deployment's destination rules (Deployment.destinations)")
     where, params = flt.where()
+    # A parked job goes back only when asked for: by its dead reason, or by its id.
+    params["with_parked"] = flt.dead_reason == protocol.DEAD_PARKED or bool(flt.ids)
     with connection(database_url) as conn:
         if flt.limit is not None:
             # Fix the limited selection first, so the batches cannot drift to other jobs.
@@ -291,7 +297,8 @@ def run_action(
             if ids:  # when nothing matched, the filter stays as it is and the plan below counts 0
                 # Any number of them (a limit may be millions): not a selection's ``ids`` (at most
                 # MAX_IDS, what a person may type), the ids this operation fixed itself.
-                where, params = sql.SQL("id = ANY(%(fixed_ids)s::bigint[])"), {"fixed_ids": list(ids)}
+                where = sql.SQL("id = ANY(%(fixed_ids)s::bigint[])")
+                params = {"fixed_ids": list(ids), "with_parked": params["with_parked"]}
         refused: list[str] = []
         per_destination: dict[str, int] = {}
         if action == "replay":

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, LiteralString
 from psycopg import sql
 
 from retry_scheduler.core.jobs import Status
+from retry_scheduler.core.protocol import DEAD_PARKED
 from retry_scheduler.db.connection import connect, require_migrated
 from retry_scheduler.db.selection import Selection, SelectionError
 from retry_scheduler.spark.jdbc import PAYLOAD_BYTES_SQL, JdbcTarget
@@ -53,6 +54,9 @@ def publishable(selection: Selection) -> tuple[LiteralString, ...]:
     """What the bulk retry adds to a selection: the jobs of it that it can publish now."""
     # A job without a destination has nowhere to go back to (its record is on the DLQ).
     fragments: list[LiteralString] = ["destination IS NOT NULL"]
+    if selection.status is Status.DEAD and not (selection.dead_reason == DEAD_PARKED or selection.ids):
+        # A parked job (replayed that often, dead again each time) goes back only when asked for.
+        fragments.append("dead_reason <> 'parked'")
     if selection.status is Status.PENDING:
         # A pending job backing off after a failed delivery is left to the publish loop. One the
         # publish loop is sending at this moment may go out twice, with the same retry.id and
