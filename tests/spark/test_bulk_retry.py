@@ -6,6 +6,7 @@ Tests marked ``spark`` and ``integration`` run the job's ``main()`` in the sessi
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections import Counter
@@ -38,6 +39,7 @@ from retry_scheduler.spark import bulk_options, bulk_retry
 from retry_scheduler.spark.connection_file import connection_file
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
 from retry_scheduler.spark.selection import OUTGOING_COLUMNS, BulkRetryError, jdbc_table, publishable
+from retry_scheduler.spark.submit import bulk_retry_args
 from tests.kafkautil import Seen, consume, create_topics
 
 PLUS_TWO = timezone(timedelta(hours=2))
@@ -401,6 +403,51 @@ def test_arrow_batches_are_produced_and_their_acknowledged_jobs_marked_published
     assert_published_like_the_publish_loop(seen, {j.retry_id: j for j in jobs})
 
 
+def test_a_paced_partition_produces_each_destination_at_its_share_of_the_rate(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """A partition's share of ``--rate``: 8 jobs of one destination and 4 of another at 4/s each are
+    acknowledged a quarter of a second apart (never a burst), every one published once."""
+    import pyarrow as pa
+
+    orders, payments = f"{topic_prefix}.orders", f"{topic_prefix}.payments"
+    create_topics(bootstrap_servers, [orders, payments])
+    jobs = [make_job(i, orders if i < 8 else payments) for i in range(12)]
+    with Store(database_url) as store:
+        insert_jobs(store, jobs)
+    acked: dict[str, list[float]] = {}
+    by_id = {r["id"]: r["destination"] for r in stored_rows(database_url)}
+    for job_id, at_ms in bulk_retry.publish_partition(
+        bulk_retry.outgoing_rows(pa.RecordBatch.from_pylist(stored_rows(database_url))),
+        producer_conf=bulk_options.producer_settings(bootstrap_servers, {}),
+        missing=frozenset(), failed_count=Tally(), flush_timeout_s=30, rate_per_s=4,
+    ):  # fmt: skip
+        acked.setdefault(by_id[job_id], []).append(at_ms / 1000)
+    assert (len(acked[orders]), len(acked[payments])) == (8, 4)
+    for destination, count in ((orders, 8), (payments, 4)):
+        at = sorted(acked[destination])
+        gaps = [b - a for a, b in itertools.pairwise(at)]
+        assert len(at) == count and min(gaps) >= 0.2, (destination, gaps)  # 0.25 s apart, never a burst
+    assert len(consume(bootstrap_servers, [orders, payments], expected=12)) == 12
+
+
+def test_the_bulk_retry_takes_a_rate_from_the_form_and_the_command_line() -> None:
+    """The form's and the CLI's rate become the job's --rate, which its parser reads back; 0 or empty
+    is not paced; a bad rate is refused before anything runs."""
+    assert bulk_retry_args({"rate": 250, "dry_run": False})[-2:] == ["--rate", "250"]
+    assert "--rate" not in bulk_retry_args({"rate": 0}) and "--rate" not in bulk_retry_args({"rate": None})
+    with pytest.raises(JobArgumentError, match="rate 'fast' must be jobs per second"):
+        bulk_retry_args({"rate": "fast"})
+    env = {"RETRY_DATABASE_URL": "postgresql://x@127.0.0.1/db", "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092"}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        assert bulk_options.parse_args(["--rate", "250"]).rate_per_s == 250.0
+        assert bulk_options.parse_args(["--rate", "0"]).rate_per_s is None
+        with pytest.raises(BulkRetryError, match="rate '-3' must be"):
+            bulk_options.parse_args(["--rate", "-3"])
+
+
 @pytest.mark.spark
 def test_arrow_batches_for_the_workers_are_bounded_in_bytes(spark: SparkSession) -> None:
     session = bulk_retry.spark_session()
@@ -438,6 +485,7 @@ def test_dry_run_counts_per_destination_and_changes_nothing(
         "marking_s": None,
         "phases_s": {"select": result["phases_s"]["select"]},  # a dry run only counts
         "not_allowed": {},
+        "rate_per_s": None,  # not paced
     }
     out = capsys.readouterr().out
     assert re.search(rf"{re.escape(orders)}\s+12\n", out)

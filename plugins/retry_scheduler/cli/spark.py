@@ -23,7 +23,7 @@ def _cmd_bulk_retry(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.db.selection import SELECTION_PARAMS
 
     params = {name: getattr(args, name, None) for name in SELECTION_PARAMS}
-    params |= {"dry_run": args.dry_run, "mark_batch": args.mark_batch}
+    params |= {"dry_run": args.dry_run, "mark_batch": args.mark_batch, "rate": args.rate}
     with progress("bulk-retry", unit="Spark tasks") as report:
         return run_spark_submit(
             BULK_RETRY_APP,
@@ -65,6 +65,8 @@ def bulk_retry_summary(result: dict[str, Any], status: str = "dead") -> str:
         f"published {result.get('published', 0):,} of {result.get('selected', 0):,} selected {status} jobs, "
         f"{failed:,} failed (run {result.get('run_id')})"
     )
+    if result.get("rate_per_s"):
+        text += f", paced at {result['rate_per_s']:,g} jobs/s per destination"
     if failed:
         text += "; run the same command again: the jobs not published are selected again"
     return text
@@ -125,6 +127,13 @@ def add_parsers(sub: Any) -> None:
         metavar="N",
         help="acknowledged jobs marked published per transaction (10000); after a crash, the jobs of "
         "batches not yet committed are published again by the next run, with the same retry.id",
+    )
+    bulk.add_argument(
+        "--rate",
+        metavar="N",
+        help="publish at most N jobs of each destination per second, the job's partitions sharing it "
+        "(default, or 0: as fast as it goes; a bulk retry is the fast path: dlq replay paces large "
+        "replays by default)",
     )
     _add_json(bulk)
     _add_master(bulk)

@@ -24,7 +24,6 @@ means the same everywhere.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -36,7 +35,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from retry_scheduler.core import faults, protocol
+from retry_scheduler.core import faults, protocol, rates
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.connection import connect, require_migrated
@@ -54,7 +53,7 @@ MAX_PAGE_ACTION = 10_000
 UNPACED_UP_TO = 10_000
 DEFAULT_REPLAY_RATE = 1_000.0
 #: The highest pace one may ask for (jobs per second per destination).
-MAX_RATE = 1_000_000.0
+MAX_RATE = rates.MAX_RATE
 
 Action = Literal["replay", "purge", "reevaluate"]
 Source = Literal["dag", "ui", "cli"]
@@ -123,26 +122,13 @@ class Operation:
 
 
 def parse_rate(value: object) -> float | None:
-    """A replay's rate as a form, the page or a command line gives it: jobs per second per destination
-    (a number, 0 for no pace, or ``unlimited``); None or empty: the default. Refuses anything else
-    with a :class:`DlqError` that says what to give."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, str) and value.strip().lower() in ("unlimited", "none", "off"):
-        return 0.0
+    """A replay's rate as a form, the page or a command line gives it
+    (:func:`retry_scheduler.core.rates.parse_rate`); refused with a :class:`DlqError` that says what
+    to give."""
     try:
-        rate = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError):
-        rate = math.nan
-    if (
-        not (isinstance(value, int | float | str) and not isinstance(value, bool))
-        or not 0 <= rate <= MAX_RATE
-    ):
-        raise DlqError(
-            f"rate {str(value)[:40]!r} must be jobs per second per destination, from 0 (no pace, or "
-            f"'unlimited') to {MAX_RATE:,.0f}"
-        )
-    return rate
+        return rates.parse_rate(value)
+    except rates.RateError as exc:
+        raise DlqError(str(exc)) from None
 
 
 def dead_only(flt: Selection) -> Selection:

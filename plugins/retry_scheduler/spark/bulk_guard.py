@@ -49,6 +49,7 @@ def guarded_run(
     run_id: str,
     dry_run: bool,
     selection: dict[str, Any],
+    rate_per_s: float | None = None,
 ) -> Iterator[Any]:
     """Hold the bulk replay lock (not for a dry run) and open the run's audit row; yields ``start``.
 
@@ -77,7 +78,7 @@ def guarded_run(
                     "run_id": run_id,
                     "filter": Jsonb(selection),
                     "reset_attempts": False,
-                    "rate_per_s": None,
+                    "rate_per_s": rate_per_s,
                     "matched": matched,
                     "skipped": Jsonb({k: v for k, v in skipped.items() if v}),
                 },

@@ -16,6 +16,7 @@ from typing import Any
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.destinations import Destinations
+from retry_scheduler.core.rates import RateError, parse_rate
 from retry_scheduler.db.selection import (
     Selection,
     SelectionError,
@@ -56,6 +57,9 @@ class Options:
     #: Who asked, and from where (``cli`` or ``dag``), for the audit row.
     actor: str = "cli"
     source: str = "cli"
+    #: At most this many jobs of each destination published per second, shared evenly by the job's
+    #: partitions (None: not paced).
+    rate_per_s: float | None = None
 
 
 def _positive(name: str, top: int) -> Callable[[str], int]:
@@ -91,6 +95,12 @@ def parse_args(argv: list[str] | None = None) -> Options:
         help=f"acknowledged jobs marked published per transaction (default: {MARK_BATCH}); after a crash "
         "at most a few batches per running partition are published again",
     )
+    parser.add_argument(
+        "--rate",
+        metavar="N",
+        help="publish at most N jobs of each destination per second, the job's partitions sharing it "
+        "(default, or 0: not paced)",
+    )
     parser.add_argument("--run-id", help="name of this run, in its logs and result (default: a new uuid)")
     parser.add_argument("--actor", help="who asked, for the audit row (default: cli:<OS user>)")
     parser.add_argument("--source", choices=["cli", "dag"], default="cli", help="where the run was asked for")
@@ -102,7 +112,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
         raise BulkRetryError("--run-id must be 1-128 characters of [A-Za-z0-9._:-]")
     try:
         selection = selection_from_args(args, settings)
-    except SelectionError as exc:
+        rate = parse_rate(args.rate)
+    except (SelectionError, RateError) as exc:
         raise BulkRetryError(str(exc)) from None
     return Options(
         database_url=settings.database_url,
@@ -118,4 +129,5 @@ def parse_args(argv: list[str] | None = None) -> Options:
         mark_batch=args.mark_batch,
         actor=args.actor or f"cli:{getpass.getuser()}",
         source=args.source,
+        rate_per_s=rate or None,
     )

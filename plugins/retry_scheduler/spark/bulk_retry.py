@@ -129,11 +129,14 @@ def publish_partition(
     failed_count: Accumulator[int],
     flush_timeout_s: float,
     clock: Callable[[], float] = time.time,
+    rate_per_s: float | None = None,
 ) -> Iterator[tuple[int, int]]:
     """Produce one partition of the selection; yield ``(job id, ack time in ms)`` per acknowledged record.
 
     Acks are yielded as they arrive, so the partition is never held in memory; the producer is
     flushed before the partition ends. Failed deliveries are counted and their jobs left as they are.
+    ``rate_per_s``: this partition's share of the run's pace, at most that many records of each
+    destination produced per second (never a burst to catch up).
     """
     # Imported here: confluent-kafka's classes claim the module "cimpl", which cloudpickle cannot
     # import on the worker, so a global reference would be shipped by value and break.
@@ -147,6 +150,8 @@ def publish_partition(
     acked: deque[tuple[int, int]] = deque()
     errors: dict[str, int] = {}
     produced = 0
+    gap_s = 1.0 / rate_per_s if rate_per_s else None
+    next_turn: dict[str, float] = {}  # paced: when each destination's next record may go
 
     def fail(error: str) -> None:
         errors[error] = errors.get(error, 0) + 1
@@ -166,6 +171,15 @@ def publish_partition(
         if msg.topic in missing:
             fail(f"topic {msg.topic} does not exist")
             continue
+        first_of_topic = gap_s is not None and msg.topic not in next_turn
+        if gap_s is not None:  # paced: this destination's next record waits its turn
+            now = time.monotonic()
+            turn = max(next_turn.get(msg.topic, now), now)
+            while (wait := turn - time.monotonic()) > 0:
+                producer.poll(min(wait, 0.1))
+                while acked:
+                    yield acked.popleft()
+            next_turn[msg.topic] = turn + gap_s
         kwargs: dict[str, Any] = {"headers": msg.headers, "on_delivery": partial(delivered, msg.job_id)}
         if msg.partition is not None:
             kwargs["partition"] = msg.partition
@@ -179,6 +193,11 @@ def publish_partition(
             except KafkaException as exc:
                 fail(f"produce failed: {exc}")
                 break
+        if first_of_topic:
+            # Paced, a destination's first record is acknowledged before its turns start: records
+            # queued while the producer connects (its id, the topic's metadata) would go out at once.
+            producer.flush(flush_timeout_s)
+            next_turn[msg.topic] = time.monotonic() + (gap_s or 0.0)
         producer.poll(0)
         while acked:
             yield acked.popleft()
@@ -301,7 +320,8 @@ def spark_session() -> SparkSession:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run a bulk retry; returns ``{"run_id", "selected", "published", "failed", "dry_run", "fetch_rows",
-    "marking_s", "phases_s", "not_allowed"}``.
+    "marking_s", "phases_s", "not_allowed", "rate_per_s"}`` (``rate_per_s``: the pace asked, None when
+    not paced).
 
     ``not_allowed`` counts, per destination, the matching jobs left alone because the destination
     rules refuse their destination (not part of ``selected``).
@@ -322,6 +342,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run_id=opts.run_id,
         dry_run=opts.dry_run,
         selection={"status": str(opts.selection.status), **opts.selection.as_dict()},
+        rate_per_s=opts.rate_per_s,
     ) as start_audit:
         return _run(opts, start_audit)
 
@@ -338,6 +359,7 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
         "fetch_rows": None,
         "marking_s": None,
         "phases_s": phases,
+        "rate_per_s": opts.rate_per_s,
     }
     began = time.perf_counter()
 
@@ -369,7 +391,13 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
         opts.run_id, summary.count, sel.status, len(summary.per_destination), summary.min_id, summary.max_id,
     )  # fmt: skip
     if opts.dry_run:
-        print(f"dry run: {summary.count} {sel.status} jobs would be re-published")
+        pace = (
+            "not paced"
+            if opts.rate_per_s is None
+            else f"paced at {opts.rate_per_s:,g} jobs/s per destination: about "
+            f"{max(summary.per_destination.values(), default=0) / opts.rate_per_s:,.0f} s"
+        )
+        print(f"dry run: {summary.count} {sel.status} jobs would be re-published ({pace})")
         for destination, count in summary.per_destination.items():
             print(f"  {destination:<40} {count:>10}")
         for destination, count in refused.items():
@@ -408,6 +436,8 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
             mark_batch=opts.mark_batch,
             # librdkafka fails a record itself after delivery.timeout.ms: wait a little longer.
             flush_timeout_s=int(opts.producer_conf["delivery.timeout.ms"]) / 1000 + 5,
+            # The run's pace, shared evenly by its partitions (with fewer cores than partitions, slower).
+            rate_per_s=None if opts.rate_per_s is None else opts.rate_per_s / opts.partitions,
         ),
         MARKED_SCHEMA,
     )

@@ -67,6 +67,7 @@ def bulk_retry_args(params: Mapping[str, Any], settings: Settings | None = None)
     connection: the job reads those from the connection file :func:`run_spark_submit` (or the DAGs'
     operator) hands it, never from its command line.
     """
+    from retry_scheduler.core.rates import RateError, parse_rate
     from retry_scheduler.db.selection import Selection
 
     args = Selection.from_params(params, settings).as_args()
@@ -75,6 +76,12 @@ def bulk_retry_args(params: Mapping[str, Any], settings: Settings | None = None)
         if not 1 <= int(mark_batch) <= 1_000_000:
             raise JobArgumentError(f"mark_batch {mark_batch} must be between 1 and 1000000")
         args += ["--mark-batch", str(int(mark_batch))]
+    try:
+        rate = parse_rate(params.get("rate"))
+    except RateError as exc:
+        raise JobArgumentError(str(exc)) from None
+    if rate:
+        args += ["--rate", f"{rate:g}"]
     if params.get("dry_run", True):
         args.append("--dry-run")
     return args

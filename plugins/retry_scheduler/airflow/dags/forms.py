@@ -96,21 +96,28 @@ def selection_params(*, status: bool = False, window: bool = True) -> dict[str, 
     }
 
 
+def rate_param(default_text: str) -> Param:
+    """A replay's pace: at most this many jobs of each destination per second; ``default_text`` says
+    what an empty field does."""
+    return Param(
+        None,
+        type=["null", "number"],
+        minimum=0,
+        maximum=MAX_RATE,
+        title="Rate (jobs/s per destination)",
+        description=f"Pace the replay: at most this many jobs of each destination per second. {default_text}",
+    )
+
+
 def replay_option_params() -> dict[str, Param]:
     """How a replay goes: from attempt 0 or not, at what pace, and a dry run by default."""
     return {
         "reset_attempts": Param(
             False, type="boolean", title="Reset attempts", description="Replay from attempt 0."
         ),
-        "rate": Param(
-            None,
-            type=["null", "number"],
-            minimum=0,
-            maximum=MAX_RATE,
-            title="Rate (jobs/s per destination)",
-            description="Pace the replay: at most this many jobs of each destination fall due per second "
-            f"(0: all at once). Empty: all at once up to {UNPACED_UP_TO:,} jobs per destination, "
-            f"{DEFAULT_REPLAY_RATE:,.0f}/s per destination for a larger replay; the run's log says which.",
+        "rate": rate_param(
+            f"0: all at once. Empty: all at once up to {UNPACED_UP_TO:,} jobs per destination, "
+            f"{DEFAULT_REPLAY_RATE:,.0f}/s per destination for a larger replay; the run's log says which."
         ),
         "dry_run": Param(True, type="boolean", title="Dry run", description="Only count; change nothing."),
     }

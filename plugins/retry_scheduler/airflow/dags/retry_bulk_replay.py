@@ -29,7 +29,7 @@ from retry_scheduler.airflow.dags import (
     run_failure_callbacks,
     with_deadline,
 )
-from retry_scheduler.airflow.dags.forms import selection_params
+from retry_scheduler.airflow.dags.forms import rate_param, selection_params
 from retry_scheduler.airflow.hook import RetrySchedulerHook
 from retry_scheduler.airflow.operators import spark_submit_operator
 from retry_scheduler.spark.submit import BULK_RETRY_APP
@@ -51,6 +51,10 @@ def arguments() -> dict:
         on_failure_callback=run_failure_callbacks(),
         params={
             **selection_params(status=True),
+            "rate": rate_param(
+                "Empty or 0: as fast as Spark publishes (the bulk retry is the fast path; the dlq_replay "
+                "DAG paces large replays by default)."
+            ),
             "dry_run": Param(
                 True, type="boolean", title="Dry run", description="Only count; publish nothing."
             ),
