@@ -246,9 +246,11 @@ def add_parsers(sub: Any) -> None:
 
     replay = dlq_sub.add_parser(
         "replay",
-        help="make dead jobs due now; the publish loop sends them to their destination",
+        help="make dead jobs due (now, or at --rate's pace); the publish loop sends them to their destination",
         description="Select dead jobs by filter or --ids, show the dry run, and after confirmation make "
-        "them due now with their attempt kept (or reset with --reset-attempts). Invalid jobs are left "
+        "them due (now, or at --rate's pace) with their attempt kept (or reset with --reset-attempts). "
+        "Parked jobs (replayed too often, dead again) are left alone unless --dead-reason parked or "
+        "--ids asks for them. Invalid jobs are left "
         "alone: their headers named no usable destination; after fixing the configuration that made "
         "them invalid (a destination not allowed, a policy not deployed), --reevaluate reads them again.",
     )
