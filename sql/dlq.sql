@@ -79,9 +79,10 @@ WITH picked AS (
 ), paced AS (
     SELECT id,
            CASE WHEN %(rate)s::float8 IS NULL THEN clock_timestamp()
-                ELSE greatest(clock_timestamp(), %(start)s::timestamptz + make_interval(secs =>
-                    (coalesce((%(sent)s::jsonb ->> destination)::bigint, 0)
-                     + row_number() OVER (PARTITION BY destination ORDER BY id) - 1) / %(rate)s::float8))
+                ELSE greatest(statement_timestamp(),
+                    coalesce(%(start)s::timestamptz, statement_timestamp()) + make_interval(secs =>
+                        (coalesce((%(sent)s::jsonb ->> destination)::bigint, 0)
+                         + row_number() OVER (PARTITION BY destination ORDER BY id) - 1) / %(rate)s::float8))
            END AS due_at
     FROM picked
 )
@@ -91,7 +92,7 @@ SET status = 'pending', dead_reason = NULL, due_at = paced.due_at,
     lease_until = NULL, claimed_by = NULL, publish_failures = 0, last_error = NULL, updated_at = now()
 FROM paced
 WHERE j.id = paced.id
-RETURNING j.id, j.destination;
+RETURNING j.id, j.destination, statement_timestamp();
 
 -- name: dlq_purge_batch
 -- Delete a batch of dead jobs whose record is safely on the DLQ topic; a job not yet published

@@ -27,7 +27,7 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
 import psycopg
@@ -342,8 +342,10 @@ def run_action(
         if not dry_run and outcome.matched:
             batch_query = dlq_query("dlq_replay_batch" if action == "replay" else "dlq_purge_batch", where)
             after_id = 0
-            # A paced replay's clock: its n-th job of a destination is due (n - 1) / rate after this.
-            start, sent = datetime.now(UTC), dict.fromkeys(per_destination, 0)
+            # A paced replay's clock: its n-th job of a destination is due (n - 1) / rate after the
+            # first batch's start (the database's clock, returned by that batch).
+            start: datetime | None = None
+            sent = dict.fromkeys(per_destination, 0)
             while True:
                 with conn.transaction():
                     rows = conn.execute(
@@ -363,6 +365,7 @@ def run_action(
                     for row in rows:
                         if len(row) > 1:  # a replay: its destination's count, for the next batch's pace
                             sent[row[1]] = sent.get(row[1], 0) + 1
+                            start = start or row[2]
                     if done:
                         conn.execute(
                             sql.SQL(queries()["dlq_audit_progress"]),
