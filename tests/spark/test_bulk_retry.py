@@ -406,8 +406,13 @@ def test_arrow_batches_are_produced_and_their_acknowledged_jobs_marked_published
 def test_a_paced_partition_produces_each_destination_at_its_share_of_the_rate(
     database_url: str, bootstrap_servers: str, topic_prefix: str
 ) -> None:
-    """A partition's share of ``--rate``: 8 jobs of one destination and 4 of another at 4/s each are
-    acknowledged a quarter of a second apart (never a burst), every one published once."""
+    """A partition's share of ``--rate``: 8 jobs of one destination and 4 of another at 4/s each
+    reach their topics a quarter of a second apart (never a burst), every one published once.
+
+    The pace is read where a destination's consumer reads it, in the records' timestamps (set when
+    each was produced). The acknowledgements' times carry the broker's round trip, which a loaded
+    machine stretches for one record and not the next (CI: 0.37 s then 0.13 s), so only their span
+    is checked: the partition does not finish before its pace allows."""
     import pyarrow as pa
 
     orders, payments = f"{topic_prefix}.orders", f"{topic_prefix}.payments"
@@ -424,11 +429,14 @@ def test_a_paced_partition_produces_each_destination_at_its_share_of_the_rate(
     ):  # fmt: skip
         acked.setdefault(by_id[job_id], []).append(at_ms / 1000)
     assert (len(acked[orders]), len(acked[payments])) == (8, 4)
+    seen = consume(bootstrap_servers, [orders, payments], expected=12)
+    assert sorted(r.header("retry.id") or "" for r in seen) == sorted(j.retry_id for j in jobs)
     for destination, count in ((orders, 8), (payments, 4)):
-        at = sorted(acked[destination])
+        at = sorted(r.timestamp_ms / 1000 for r in seen if r.topic == destination)
         gaps = [b - a for a, b in itertools.pairwise(at)]
-        assert len(at) == count and min(gaps) >= 0.2, (destination, gaps)  # 0.25 s apart, never a burst
-    assert len(consume(bootstrap_servers, [orders, payments], expected=12)) == 12
+        assert len(at) == count and min(gaps) >= 0.24, (destination, gaps)  # 0.25 s apart, never a burst
+        acks = sorted(acked[destination])
+        assert acks[-1] - acks[0] >= (count - 1) * 0.25 - 0.05, (destination, acks)
 
 
 def test_the_bulk_retry_takes_a_rate_from_the_form_and_the_command_line() -> None:
