@@ -92,7 +92,7 @@ SET status = 'pending', dead_reason = NULL, due_at = paced.due_at,
     lease_until = NULL, claimed_by = NULL, publish_failures = 0, last_error = NULL, updated_at = now()
 FROM paced
 WHERE j.id = paced.id
-RETURNING j.id, j.destination, statement_timestamp();
+RETURNING j.id, j.destination, statement_timestamp(), j.retry_id;
 
 -- name: dlq_purge_batch
 -- Delete a batch of dead jobs whose record is safely on the DLQ topic; a job not yet published
@@ -107,6 +107,42 @@ WITH picked AS (
 DELETE FROM retry_jobs AS j USING picked WHERE j.id = picked.id
 RETURNING j.id;
 
+-- name: dlq_replayable_ids
+-- The ids a watched replay sends, oldest first (up to the limit), fixed before its first wave: what
+-- dlq_replay_batch would replay of the filter (a job leased right now is left out with the rest).
+SELECT array_agg(id ORDER BY id) FROM (
+    SELECT id FROM retry_jobs
+    WHERE {where}
+      AND destination IS NOT NULL AND dead_reason <> 'invalid'
+      AND (dead_reason <> 'parked' OR %(with_parked)s)
+      AND NOT (destination = ANY(%(refused)s::text[]))
+      AND (lease_until IS NULL OR lease_until < clock_timestamp())
+    ORDER BY id LIMIT %(limit)s
+) AS selected;
+
+-- name: watch_mark
+-- Where a wave's watch starts: any record stored after this (a larger id) was stored after the wave
+-- was made due, so it can be a record of the wave that came back.
+SELECT coalesce(max(id), 0) FROM retry_jobs_all;
+
+-- name: watch_wave
+-- A wave's jobs: how many are still pending (not yet published), how many were published, and when
+-- the last was published and is due (both tables' primary keys; a wave is at most a batch of ids).
+SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'published'),
+       max(published_at), max(due_at) FILTER (WHERE status = 'pending'), clock_timestamp()
+FROM retry_jobs_all WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: watch_came_back
+-- The records of a wave that came back: stored since its mark (a range of the primary keys: only
+-- what was stored while the wave was watched) with a retry id of the wave, pending, dead or published
+-- again since. Each counts once, however often it came back.
+SELECT count(DISTINCT retry_id) FROM retry_jobs_all
+WHERE id > %(mark)s AND retry_id = ANY(%(retry_ids)s::text[]);
+
+-- name: watch_progress
+UPDATE retry_dlq_audit SET published = %(published)s, came_back = %(came_back)s, stopped = %(stopped)s
+WHERE id = %(audit_id)s;
+
 -- name: dlq_selected_ids
 -- The ids a limited replay or purge may touch (oldest first), fixed before the batches start.
 SELECT array_agg(id ORDER BY id) FROM (
@@ -115,9 +151,9 @@ SELECT array_agg(id ORDER BY id) FROM (
 
 -- name: dlq_audit_start
 INSERT INTO retry_dlq_audit (action, dry_run, actor, source, run_id, filter, reset_attempts, matched, skipped,
-                             rate_per_s)
+                             rate_per_s, watch)
 VALUES (%(action)s, %(dry_run)s, %(actor)s, %(source)s, %(run_id)s, %(filter)s, %(reset_attempts)s,
-        %(matched)s, %(skipped)s, %(rate_per_s)s)
+        %(matched)s, %(skipped)s, %(rate_per_s)s, %(watch)s)
 RETURNING id;
 
 -- name: dlq_audit_progress
@@ -129,13 +165,13 @@ RETURNING affected;
 
 -- name: dlq_audit_recent
 SELECT id, at, action, dry_run, actor, source, run_id, filter, reset_attempts, matched, affected, skipped,
-       rate_per_s, finished_at
+       rate_per_s, watch, published, came_back, stopped, finished_at
 FROM retry_dlq_audit ORDER BY at DESC, id DESC LIMIT %(limit)s;
 
 -- name: dlq_audit_of_run
 -- What an Airflow run replayed: its latest audit row of that action (a retried task writes another).
 SELECT id, at, action, dry_run, actor, source, run_id, filter, reset_attempts, matched, affected, skipped,
-       rate_per_s, finished_at
+       rate_per_s, watch, published, came_back, stopped, finished_at
 FROM retry_dlq_audit WHERE run_id = %(run_id)s AND action = %(action)s
 ORDER BY id DESC LIMIT 1;
 

@@ -51,6 +51,7 @@ def run_dlq_operation(
     """
     from retry_scheduler.db.selection import Selection
     from retry_scheduler.ops.dlq import Operation, run_action
+    from retry_scheduler.ops.watch import Watch
 
     settings = settings or settings_from_connections()
     operation = Operation(
@@ -62,6 +63,7 @@ def run_dlq_operation(
         reset_attempts=bool(params.get("reset_attempts", False)),
         run_id=run_id,
         rate_per_s=params.get("rate"),
+        watch=Watch.from_params(params),
     )
     action = operation.action
 
@@ -99,7 +101,8 @@ def run_window_replay(
     """The ``dlq_window_replay`` DAG's task: replay the dead jobs that went dead in ``[start, end)``.
 
     The window is the run's data interval and cannot be widened by the run's conf: only the
-    :data:`WINDOW_FILTER` fields, ``reset_attempts``, ``rate`` and ``dry_run`` are taken from ``params``.
+    :data:`WINDOW_FILTER` fields, ``reset_attempts``, ``rate``, the watch's (``canary``,
+    ``verdict_window``, ``stop_above``) and ``dry_run`` are taken from ``params``.
     """
     if start is None or end is None:
         raise ValueError(
@@ -112,6 +115,9 @@ def run_window_replay(
         until=end.isoformat(),
         reset_attempts=params.get("reset_attempts", False),
         rate=params.get("rate"),
+        canary=params.get("canary"),
+        verdict_window=params.get("verdict_window"),
+        stop_above=params.get("stop_above"),
         dry_run=params.get("dry_run", True),
     )
     log.info("dead jobs that went dead from %s until %s", start.isoformat(), end.isoformat())

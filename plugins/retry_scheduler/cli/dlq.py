@@ -81,6 +81,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
 
     from retry_scheduler.core.deployment import Deployment
     from retry_scheduler.ops.dlq import Operation, parse_rate, run_action, to_json
+    from retry_scheduler.ops.watch import Watch
 
     flt = _dlq_filter(args, settings)
     if getattr(args, "reevaluate", False):
@@ -103,6 +104,13 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         dry_run=True,
         reset_attempts=bool(getattr(args, "reset_attempts", False)),
         rate_per_s=parse_rate(getattr(args, "rate", None)),
+        watch=Watch.from_params(
+            {
+                "canary": getattr(args, "canary", None),
+                "verdict_window": getattr(args, "verdict_window", None),
+                "stop_above": getattr(args, "stop_above", None),
+            }
+        ),
     )
     sizing = {} if args.batch_size is None else {"batch_size": args.batch_size}
     plan = run_action(settings.database_url, operation, destinations=destinations, **sizing)
@@ -157,6 +165,10 @@ def _reevaluate(args: argparse.Namespace, settings: Settings, flt: Any) -> int:
         return 2
     if getattr(args, "rate", None) is not None:
         print("retry-scheduler: --rate does not go with --reevaluate (its jobs fall due by their policy)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if any(getattr(args, name, None) is not None for name in ("canary", "stop_above", "verdict_window")):
+        print("retry-scheduler: --canary, --stop-above and --verdict-window watch a replay, not --reevaluate",
               file=sys.stderr)  # fmt: skip
         return 2
     deployment = Deployment.load(settings)
@@ -264,6 +276,23 @@ def add_parsers(sub: Any) -> None:
         help="pace the replay: at most N jobs of each destination fall due per second (0 or 'unlimited': "
         "all at once). Default: all at once up to 10 000 jobs per destination, 1 000/s per destination "
         "for a larger replay; the dry run says which",
+    )
+    replay.add_argument(
+        "--canary",
+        metavar="N|P%",
+        help="send N records first (or P%% of the replay), wait the verdict window, and go on only if none "
+        "of them came back (failed again: back on a retry topic, or dead again)",
+    )
+    replay.add_argument(
+        "--stop-above",
+        metavar="P%",
+        help="send the rest in waves of 10 000, each watched for its verdict window; stop by itself, leaving "
+        "the rest dead, when more than P%% of the records sent came back",
+    )
+    replay.add_argument(
+        "--verdict-window",
+        metavar="DURATION",
+        help="how long after a wave was published to wait for its records to come back (30s)",
     )
     replay.add_argument(
         "--reevaluate",

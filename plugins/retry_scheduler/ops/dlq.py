@@ -18,6 +18,8 @@ means the same everywhere.
 - Both work in batches of :data:`BATCH` jobs, one transaction each, so a million-job purge
   neither holds a million row locks nor loses its progress; the audit row of the operation is
   updated in the same transaction as each batch, so its count is exact even after a crash.
+- **Watch**: a replay may be watched (:mod:`retry_scheduler.ops.watch`): a canary first, the rest in
+  waves, each watched for records that come back before the next goes; it stops by itself.
 - A dry run computes the same selection and writes an audit row, changing nothing.
 """
 
@@ -41,6 +43,7 @@ from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.connection import connect, require_migrated
 from retry_scheduler.db.schema import queries
 from retry_scheduler.db.selection import MAX_LIMIT, Selection, SelectionError
+from retry_scheduler.ops.watch import Watch, WaveVerdict, mark, watch_wave
 
 #: Jobs changed per transaction by replay and purge.
 BATCH = 10_000
@@ -97,6 +100,8 @@ class Operation:
     #: None: the default (not paced up to :data:`UNPACED_UP_TO` jobs per destination, else
     #: :data:`DEFAULT_REPLAY_RATE`). :func:`parse_rate` reads it from a form or a command line.
     rate_per_s: float | None = None
+    #: Watch the replay: a canary first, the rest in waves, stopping by itself (replay only).
+    watch: Watch | None = None
 
     def __post_init__(self) -> None:
         if self.action not in ("replay", "purge", "reevaluate"):
@@ -112,6 +117,8 @@ class Operation:
             object.__setattr__(self, "rate_per_s", parse_rate(self.rate_per_s))
             if self.action != "replay":
                 raise DlqError("a rate applies to replay only")
+        if self.watch is not None and self.action != "replay":
+            raise DlqError("a canary or a stop share applies to replay only")
 
     def pace(self, per_destination: dict[str, int]) -> float | None:
         """The jobs per second per destination this replay goes at (None: not paced), given how many
@@ -185,6 +192,13 @@ class Outcome:
     paced_s: float = 0.0
     #: Whether the pace is the default's (no rate was given).
     default_pace: bool = False
+    #: A watched replay: how (``Watch.as_dict``), its waves, its records published and come back
+    #: (within each wave's window), and why it stopped by itself (None: it did not).
+    watch: dict[str, Any] | None = None
+    waves: int = 0
+    published: int = 0
+    came_back: int = 0
+    stopped: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -199,7 +213,19 @@ class Outcome:
             if self.dry_run
             else f"{self.affected} of {self.matched} selected dead jobs {verb}"
         )
-        return head + (f" (left alone: {left})" if left else "") + self._pace() + f" [audit {self.audit_id}]"
+        return (
+            head + (f" (left alone: {left})" if left else "") + self._pace() + self._watched()
+            + f" [audit {self.audit_id}]"
+        )  # fmt: skip
+
+    def _watched(self) -> str:
+        if self.watch is None:
+            return ""
+        how = Watch(**self.watch).describe()
+        if self.dry_run:
+            return f"; watched in {self.waves} waves ({how})"
+        done = f"; watched ({how}): {self.published} published, {self.came_back} came back"
+        return done + (f"; STOPPED: {self.stopped}" if self.stopped else "")
 
     def _pace(self) -> str:
         if self.action != "replay" or not self.would_affect:
@@ -297,6 +323,14 @@ def run_action(
             refused = sorted(t for t, _n in targets if not rules.allows(t))
             per_destination = {t: int(n) for t, n in targets if rules.allows(t)}
         rate = operation.pace(per_destination) if action == "replay" else None
+        watch = operation.watch
+        waves: list[Any] = [None]  # unwatched: one pass over the filter
+        if watch is not None:
+            with conn.transaction():
+                got = conn.execute(
+                    dlq_query("dlq_replayable_ids", where), {**params, "limit": flt.limit, "refused": refused}
+                ).fetchone()
+            waves = watch.waves(tuple(got[0] or []) if got else ())
         with conn.transaction():
             plan_row = conn.execute(
                 dlq_query("dlq_plan", where), {**params, "limit": flt.limit, "refused": refused}
@@ -317,6 +351,8 @@ def run_action(
             # The most jobs of one destination, less the first (due at the start), at the pace.
             paced_s=0.0 if rate is None else (max(per_destination.values(), default=1) - 1) / rate,
             default_pace=operation.rate_per_s is None,
+            watch=None if watch is None else watch.as_dict(),
+            waves=len(waves) if watch is not None else 0,
         )
         limit = operation.max_affected
         if not dry_run and limit is not None and outcome.would_affect > limit:
@@ -335,51 +371,114 @@ def run_action(
                     "matched": outcome.matched,
                     "skipped": Jsonb({k: v for k, v in skipped.items() if v}),
                     "rate_per_s": rate,
+                    "watch": None if outcome.watch is None else Jsonb(outcome.watch),
                 },
             ).fetchone()
         assert audit is not None
         outcome.audit_id = int(audit[0])
         if not dry_run and outcome.matched:
-            batch_query = dlq_query("dlq_replay_batch" if action == "replay" else "dlq_purge_batch", where)
-            after_id = 0
             # A paced replay's clock: its n-th job of a destination is due (n - 1) / rate after the
-            # first batch's start (the database's clock, returned by that batch).
-            start: datetime | None = None
-            sent = dict.fromkeys(per_destination, 0)
-            while True:
-                with conn.transaction():
-                    rows = conn.execute(
-                        batch_query,
-                        {
-                            **params,
-                            "after_id": after_id,
-                            "batch": batch_size,
-                            "reset_attempts": reset_attempts,
-                            "refused": refused,
-                            "rate": rate,
-                            "start": start,
-                            "sent": Jsonb(sent),
-                        },
-                    ).fetchall()
-                    done = [r[0] for r in rows]
-                    for row in rows:
-                        if len(row) > 1:  # a replay: its destination's count, for the next batch's pace
-                            sent[row[1]] = sent.get(row[1], 0) + 1
-                            start = start or row[2]
-                    if done:
-                        conn.execute(
-                            sql.SQL(queries()["dlq_audit_progress"]),
-                            {"affected": len(done), "audit_id": outcome.audit_id},
-                        )
-                        faults.checkpoint("dlq.batch")  # chaos: die before this batch commits
-                if not done:
+            # first batch's start (the database's clock, returned by that batch); across waves too.
+            pace = _Pace(start=None, sent=dict.fromkeys(per_destination, 0))
+            for number, wave in enumerate(waves):
+                if wave is None:
+                    wave_where, wave_params = where, params
+                else:
+                    since = mark(conn)
+                    wave_where = sql.SQL("id = ANY(%(fixed_ids)s::bigint[])")
+                    wave_params = {"fixed_ids": list(wave), "with_parked": params["with_parked"]}
+                done, retry_ids = _apply(
+                    conn, operation, outcome, dlq_query(
+                        "dlq_replay_batch" if action == "replay" else "dlq_purge_batch", wave_where
+                    ), {**wave_params, "refused": refused, "rate": rate}, pace, batch_size, progress,
+                )  # fmt: skip
+                if wave is None or watch is None or not done:
+                    continue
+                verdict = watch_wave(
+                    conn, watch, ids=done, retry_ids=retry_ids, since=since,
+                    canary=number == 0 and watch.has_canary(),
+                    published_before=outcome.published, came_back_before=outcome.came_back,
+                    remaining=sum(len(w) for w in waves[number + 1 :]),
+                )  # fmt: skip
+                _record_wave(conn, outcome, verdict)
+                if verdict.stopped:
                     break
-                outcome.affected += len(done)
-                after_id = max(done)
-                progress(outcome.affected, outcome.would_affect)
         with conn.transaction():
             conn.execute(sql.SQL(queries()["dlq_audit_finish"]), {"audit_id": outcome.audit_id})
     return outcome
+
+
+@dataclass
+class _Pace:
+    """A paced replay's clock, kept across its batches and waves."""
+
+    start: datetime | None
+    sent: dict[str, int]
+
+
+def _apply(
+    conn: psycopg.Connection[Any],
+    operation: Operation,
+    outcome: Outcome,
+    batch_query: sql.Composed,
+    params: dict[str, Any],
+    pace: _Pace,
+    batch_size: int,
+    progress: Callable[[int, int], None],
+) -> tuple[list[int], list[str]]:
+    """Replay or purge what ``batch_query`` selects, a batch per transaction, each audited in its
+    transaction; returns the ids changed and (a replay) their retry ids."""
+    changed: list[int] = []
+    retry_ids: list[str] = []
+    after_id = 0
+    while True:
+        with conn.transaction():
+            rows = conn.execute(
+                batch_query,
+                {
+                    **params,
+                    "after_id": after_id,
+                    "batch": batch_size,
+                    "reset_attempts": operation.reset_attempts,
+                    "start": pace.start,
+                    "sent": Jsonb(pace.sent),
+                },
+            ).fetchall()
+            done = [r[0] for r in rows]
+            for row in rows:
+                if len(row) > 1:  # a replay: its destination's count, for the next batch's pace
+                    pace.sent[row[1]] = pace.sent.get(row[1], 0) + 1
+                    pace.start = pace.start or row[2]
+                    retry_ids.append(row[3])
+            if done:
+                conn.execute(
+                    sql.SQL(queries()["dlq_audit_progress"]),
+                    {"affected": len(done), "audit_id": outcome.audit_id},
+                )
+                faults.checkpoint("dlq.batch")  # chaos: die before this batch commits
+        if not done:
+            return changed, retry_ids
+        changed += done
+        outcome.affected += len(done)
+        after_id = max(done)
+        progress(outcome.affected, outcome.would_affect)
+
+
+def _record_wave(conn: psycopg.Connection[Any], outcome: Outcome, verdict: WaveVerdict) -> None:
+    """Count a watched wave in the outcome and its audit row."""
+    outcome.published += verdict.published
+    outcome.came_back += verdict.came_back
+    outcome.stopped = verdict.stopped
+    with conn.transaction():
+        conn.execute(
+            sql.SQL(queries()["watch_progress"]),
+            {
+                "published": outcome.published,
+                "came_back": outcome.came_back,
+                "stopped": outcome.stopped,
+                "audit_id": outcome.audit_id,
+            },
+        )
 
 
 def recent_audit(database_url: Database, limit: int = 20) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from retry_scheduler.core.adopt import WRITERS
 from retry_scheduler.core.protocol import DEAD_REASONS, TOPIC_PATTERN
 from retry_scheduler.db.selection import MAX_LIMIT, MAX_TEXT
 from retry_scheduler.ops.dlq import DEFAULT_REPLAY_RATE, MAX_RATE, UNPACED_UP_TO
+from retry_scheduler.ops.watch import DEFAULT_VERDICT_S
 
 
 def selection_params(*, status: bool = False, window: bool = True) -> dict[str, Param]:
@@ -119,5 +120,37 @@ def replay_option_params() -> dict[str, Param]:
             f"0: all at once. Empty: all at once up to {UNPACED_UP_TO:,} jobs per destination, "
             f"{DEFAULT_REPLAY_RATE:,.0f}/s per destination for a larger replay; the run's log says which."
         ),
+        **watch_params(),
         "dry_run": Param(True, type="boolean", title="Dry run", description="Only count; change nothing."),
+    }
+
+
+def watch_params() -> dict[str, Param]:
+    """A watched replay's fields (:class:`~retry_scheduler.ops.watch.Watch`): a canary, the verdict
+    window and the share of records coming back that stops the replay."""
+    return {
+        "canary": Param(
+            None,
+            type=["null", "string"],
+            pattern=r"^\s*([0-9]+|[0-9]+(\.[0-9]+)?\s*%)\s*$",
+            title="Canary",
+            description="Send this many records first (or a share, '5%'), wait the verdict window, and go on "
+            "only if none of them came back (failed again). Empty: no canary.",
+        ),
+        "verdict_window": Param(
+            None,
+            type=["null", "string"],
+            pattern=r"^\s*([0-9]+(\.[0-9]+)?(ms|s|m|h)?)+\s*$",
+            title="Verdict window",
+            description=f"How long after a wave of the replay was published to wait for its records to come "
+            f"back ('30s', '2m'). Empty: {DEFAULT_VERDICT_S:g} s.",
+        ),
+        "stop_above": Param(
+            None,
+            type=["null", "string"],
+            pattern=r"^\s*[0-9]+(\.[0-9]+)?\s*%?\s*$",
+            title="Stop above (share coming back)",
+            description="Send the rest in waves of 10,000, each watched; stop, leaving the rest dead, when more "
+            "than this share of the records sent came back ('20%'). Empty: only the canary can stop it.",
+        ),
     }
