@@ -137,12 +137,41 @@ def test_the_forms_rate_paces_the_replay_and_is_audited(trigger, database_url: s
     assert rows(database_url, "SELECT count(*) FROM retry_jobs_all") == [(4,)]
 
 
+def test_the_forms_canary_and_stop_share_watch_the_replay(trigger, database_url: str) -> None:
+    """The form's watch: a dry run says its waves (a canary of 2, then the rest) and audits how it is
+    watched; a canary of 0 % fails the run, and nothing is replayed (one that is not a number or a
+    share, the form refuses: below)."""
+    from airflow.utils.state import DagRunState
+
+    with Store(database_url) as store:
+        insert_jobs(store, [dead_job(n) for n in range(1, 6)])
+    dry = trigger({"destination": "orders", "canary": "2", "stop_above": "20%", "verdict_window": "10s"})
+    assert dry.state == DagRunState.SUCCESS
+    assert (outcome(dry)["waves"], outcome(dry)["would_affect"]) == (2, 5)
+    assert outcome(dry)["watch"] == {
+        "canary": 2,
+        "canary_share": 0.0,
+        "verdict_s": 10.0,
+        "stop_share": 0.2,
+        "wave": 10_000,
+    }
+    assert rows(
+        database_url,
+        "SELECT watch->>'canary', watch->>'stop_share' FROM retry_dlq_audit ORDER BY id DESC LIMIT 1",
+    ) == [("2", "0.2")]
+    refused = trigger(
+        {"destination": "orders", "canary": "0%", "dry_run": False}
+    )  # the form's pattern admits it
+    assert refused.state == DagRunState.FAILED
+    assert rows(database_url, "SELECT count(*) FROM retry_jobs WHERE status = 'dead'") == [(5,)]
+
+
 def test_the_form_refuses_what_it_cannot_do(trigger) -> None:
     from airflow.sdk.definitions.param import ParamValidationError
 
     for conf in (
         {"action": "explode"}, {"dead_reason": "tired"}, {"ids": "1; DROP TABLE"}, {"limit": -1}, {"rate": -1},
-        {"rate": "fast"},
+        {"rate": "fast"}, {"canary": "every"}, {"stop_above": "most"}, {"verdict_window": "soon"},
     ):  # fmt: skip
         with pytest.raises(ParamValidationError):
             trigger(conf)

@@ -9,6 +9,7 @@ are stored again, which is what the replay watches for.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -246,3 +247,44 @@ def test_a_watched_dry_run_says_its_waves_and_changes_nothing(
     assert audit(loop, outcome.audit_id)["watch"] == {
         "canary": 0, "canary_share": 0.25, "verdict_s": 30.0, "stop_share": 0.1, "wave": 5
     }  # fmt: skip
+
+
+def test_the_command_line_watches_a_replay_and_refuses_a_bad_watch(
+    database_url: str,
+    bootstrap_servers: str,
+    topic_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from retry_scheduler.cli.main import main
+
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix)
+    dead_letters(loop, 4)
+    monkeypatch.setenv("RETRY_DATABASE_URL", database_url)
+    monkeypatch.setenv("RETRY_DESTINATION_ALLOWLIST", loop.settings.destination_allowlist or "")
+    args = ["dlq", "replay", "--destination", loop.dest, "--canary", "2", "--verdict-window", "1s"]
+
+    assert main([*args, "--dry-run"]) == 0
+    assert "; watched in 2 waves (a canary of 2 records, each wave watched 1 s after it was published)" in (
+        capsys.readouterr().out
+    )
+    with running_loops(loop):
+        assert main([*args, "--yes", "--json"]) == 0
+    out = capsys.readouterr().out  # the dry run's JSON, then the run's
+    dry, end = json.JSONDecoder().raw_decode(out)
+    outcome = json.loads(out[end:])
+    assert (dry["dry_run"], dry["waves"], dry["watch"]["canary"]) == (True, 2, 2)
+    assert (outcome["affected"], outcome["published"], outcome["came_back"], outcome["stopped"]) == (
+        4,
+        4,
+        0,
+        None,
+    )
+    assert loop.rows("status = 'dead'") == []
+
+    assert main(["dlq", "replay", "--all", "--canary", "lots", "--yes"]) == 2
+    assert "canary 'lots' must be a number of records or a share like '5%'" in capsys.readouterr().err
+    assert main(["dlq", "replay", "--all", "--verdict-window", "1m", "--yes"]) == 2
+    assert "a verdict window needs a canary or a stop share" in capsys.readouterr().err
+    assert main(["dlq", "replay", "--reevaluate", "--canary", "5"]) == 2
+    assert "watch a replay, not --reevaluate" in capsys.readouterr().err
