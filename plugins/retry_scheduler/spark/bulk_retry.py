@@ -135,8 +135,10 @@ def publish_partition(
 
     Acks are yielded as they arrive, so the partition is never held in memory; the producer is
     flushed before the partition ends. Failed deliveries are counted and their jobs left as they are.
-    ``rate_per_s``: this partition's share of the run's pace, at most that many records of each
-    destination produced per second (never a burst to catch up).
+    ``rate_per_s``: this partition's share of the run's pace: the n-th record of a destination is
+    produced no sooner than n / rate seconds after its first was acknowledged, each at its turn or,
+    when the producer comes back late from waiting, just after (never a burst to catch up: the next
+    turn is still 1 / rate after the late one's).
     """
     # Imported here: confluent-kafka's classes claim the module "cimpl", which cloudpickle cannot
     # import on the worker, so a global reference would be shipped by value and break.
