@@ -31,6 +31,10 @@ DESTINATIONS = {
 #: The destinations of the README's examples and of the demo.
 ALLOWED_DESTINATIONS = ["orders", "payments", "demo.*"]
 
+#: The most records per second the service publishes to a destination (names or globs), retries and
+#: replays alike; none by default. For example: RATE_LIMITS = {"payments": 200}
+RATE_LIMITS: dict[str, float] = {}
+
 #: Alert channels beyond the built-in webhook, e-mail and log: any Airflow notifier, rendered with the
 #: alert in its context (README, "Add a Slack channel"). For example:
 #:

@@ -65,7 +65,8 @@ FROM (
 -- destination no longer allowed (%(refused)s) stay dead, so do parked jobs unless the filter asked for
 -- them (%(with_parked)s), and a job being sent to the DLQ topic right now (leased) is left for the next try. Unpaced (%(rate)s null) every job is due now; paced, the
 -- n-th job of a destination (counting %(sent)s, the jobs of each replayed by earlier batches) is due
--- (n - 1) / rate seconds after %(start)s, and never before now.
+-- (n - 1) / rate seconds after %(start)s, and never before now. %(rates)s: the destinations whose
+-- rate limit (RATE_LIMITS) is below the replay's pace, and theirs.
 WITH picked AS (
     SELECT id, destination FROM retry_jobs
     WHERE {where} AND id > %(after_id)s
@@ -76,15 +77,18 @@ WITH picked AS (
     ORDER BY id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
+), rated AS (
+    SELECT id, destination, coalesce((%(rates)s::jsonb ->> destination)::float8, %(rate)s::float8) AS rate
+    FROM picked
 ), paced AS (
     SELECT id,
-           CASE WHEN %(rate)s::float8 IS NULL THEN clock_timestamp()
+           CASE WHEN rate IS NULL THEN clock_timestamp()
                 ELSE greatest(statement_timestamp(),
                     coalesce(%(start)s::timestamptz, statement_timestamp()) + make_interval(secs =>
                         (coalesce((%(sent)s::jsonb ->> destination)::bigint, 0)
-                         + row_number() OVER (PARTITION BY destination ORDER BY id) - 1) / %(rate)s::float8))
+                         + row_number() OVER (PARTITION BY destination ORDER BY id) - 1) / rate))
            END AS due_at
-    FROM picked
+    FROM rated
 )
 UPDATE retry_jobs AS j
 SET status = 'pending', dead_reason = NULL, due_at = paced.due_at,

@@ -122,6 +122,47 @@ CROSS JOIN LATERAL (
     FOR UPDATE SKIP LOCKED
 ) AS j;
 
+-- name: pace_destinations
+-- Rate limits (migration 0022): of the %(counts)s jobs of each rate-limited destination a round claimed,
+-- how many it may publish now (n), and from when the rest are due, 1 / rate seconds apart. A destination
+-- idle for a while may send %(burst_s)s seconds' worth at once, then one record every 1 / rate seconds.
+-- Its row stays locked until the round's transaction ends (locked in name order: publishers never
+-- deadlock); a round that dies leaves the slots as they were.
+WITH asked AS (
+    SELECT * FROM unnest(%(destinations)s::text[], %(counts)s::int[], %(rates)s::float8[]) AS a(destination, k, rate)
+), cur AS (
+    SELECT d.destination, a.k, a.rate, d.deferred_until, clock_timestamp() AS now,
+           greatest(coalesce(d.next_slot, '-infinity'::timestamptz),
+                    clock_timestamp() - make_interval(secs => %(burst_s)s::float8)) AS start
+    FROM retry_destinations AS d JOIN asked AS a USING (destination)
+    ORDER BY d.destination
+    FOR UPDATE OF d
+), plan AS (
+    SELECT destination, k, rate, deferred_until, start,
+           least(k, greatest(0, floor(extract(epoch FROM now - start)::float8 * rate)::int + 1)) AS n
+    FROM cur
+), slots AS (
+    SELECT destination, k, rate, n, start + make_interval(secs => n / rate) AS next_slot,
+           greatest(coalesce(deferred_until, '-infinity'::timestamptz), start + make_interval(secs => n / rate))
+               AS defer_from
+    FROM plan
+)
+UPDATE retry_destinations AS d
+SET next_slot = s.next_slot,
+    deferred_until = CASE WHEN s.k > s.n THEN s.defer_from + make_interval(secs => (s.k - s.n) / s.rate)
+                          ELSE d.deferred_until END
+FROM slots AS s
+WHERE d.destination = s.destination
+RETURNING d.destination, s.n, s.defer_from;
+
+-- name: defer_jobs
+-- A rate-limited destination's jobs put off to their slots (pace_destinations): due later, never
+-- earlier; locked by the round's claim (see mark_published: no status test).
+UPDATE retry_jobs AS j
+SET due_at = greatest(j.due_at, d.due_at)
+FROM unnest(%(ids)s::bigint[], %(due)s::timestamptz[]) AS d(id, due_at)
+WHERE j.id = d.id;
+
 -- name: known_destinations
 SELECT destination FROM retry_destinations ORDER BY destination;
 

@@ -61,6 +61,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (19, "0019_replay_rate"),
         (20, "0020_parked"),
         (21, "0021_watched_replay"),
+        (22, "0022_destination_rate_limits"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(

@@ -443,6 +443,47 @@ def test_a_paced_partition_produces_each_destination_at_its_share_of_the_rate(
         assert acks[-1] - acks[0] >= (count - 1) * 0.25 - 0.05, (destination, acks)
 
 
+def test_a_destinations_rate_limit_paces_it_below_the_runs_pace(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """The run's pace is 4/s; one destination's rate limit (2/s) paces it at 2/s, the other at 4/s."""
+    import pyarrow as pa
+
+    orders, payments = f"{topic_prefix}.orders", f"{topic_prefix}.payments"
+    create_topics(bootstrap_servers, [orders, payments])
+    with Store(database_url) as store:
+        insert_jobs(store, [make_job(i, orders if i < 4 else payments) for i in range(8)])
+    for _ in bulk_retry.publish_partition(
+        bulk_retry.outgoing_rows(pa.RecordBatch.from_pylist(stored_rows(database_url))),
+        producer_conf=bulk_options.producer_settings(bootstrap_servers, {}),
+        missing=frozenset(), failed_count=Tally(), flush_timeout_s=30, rate_per_s=4, rates={payments: 2},
+    ):  # fmt: skip
+        pass
+    seen = consume(bootstrap_servers, [orders, payments], expected=8)
+    for destination, gap in ((orders, 0.25), (payments, 0.5)):
+        at = sorted(r.timestamp_ms / 1000 for r in seen if r.topic == destination)
+        behind_first = [round(t - at[0], 3) for t in at]
+        assert len(at) == 4 and all(t >= n * gap - 0.002 for n, t in enumerate(behind_first)), behind_first
+    assert behind_first[-1] < 3 * 0.5 + 1.0  # at its limit, not slower than that by much
+
+
+def test_the_bulk_retry_reads_the_rate_limits_of_the_deployments_policies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policies = tmp_path / "retry_policies.py"
+    policies.write_text(
+        "from retry_scheduler.core.policy import Policy\n"
+        "POLICIES = [Policy('default', delays=['1s'], max_attempts=2)]\n"
+        "ALLOWED_DESTINATIONS = ['orders', 'payments']\n"
+        "RATE_LIMITS = {'payments': 25}\n"
+    )
+    monkeypatch.setenv("RETRY_POLICIES", str(policies))
+    monkeypatch.setenv("RETRY_DATABASE_URL", "postgresql://x@127.0.0.1/db")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+    opts = bulk_options.parse_args(["--rate", "100"])
+    assert (opts.rate_per_s, opts.rate_limit("payments"), opts.rate_limit("orders")) == (100.0, 25.0, None)
+
+
 def test_the_bulk_retry_takes_a_rate_from_the_form_and_the_command_line() -> None:
     """The form's and the CLI's rate become the job's --rate, which its parser reads back; 0 or empty
     is not paced; a bad rate is refused before anything runs."""

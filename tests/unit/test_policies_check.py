@@ -34,6 +34,9 @@ HEAD = "from retry_scheduler.core.policy import Backoff, Policy\n"
         ('POLICIES = [Policy("p", delays=["1s"])]\nDESTINATIONS = ["orders"]',
          "DESTINATIONS must be a dict of destination topic -> policy name"),
         ("POLICIES = Policy('p', delays=['1s'])", "POLICIES must be a list of Policy(...), not Policy"),
+        ('POLICIES = []\nRATE_LIMITS = {"payments": -5}',
+         "RATE_LIMITS['payments'] = -5: give records per second, more than 0"),
+        ('POLICIES = []\nRATE_LIMITS = [("payments", 5)]', "RATE_LIMITS must be a dict of destination (or glob)"),
     ],
 )  # fmt: skip
 def test_a_policy_mistake_is_one_line_naming_it_and_where(
@@ -60,7 +63,7 @@ def test_a_valid_module_is_shown_as_the_loops_read_it(
     module.write_text(
         HEAD + 'POLICIES = [Policy("pay", backoff=Backoff(base="1s", factor=2, max="10m"), max_attempts=8,\n'
         '                   fatal_errors=["InvalidCard"], dlq_topic="pay.dlq")]\n'
-        'DESTINATIONS = {"payments": "pay"}\nALLOWED_DESTINATIONS = ["orders"]\n'
+        'DESTINATIONS = {"payments": "pay"}\nALLOWED_DESTINATIONS = ["orders"]\nRATE_LIMITS = {"shop.*": 150}\n'
     )
     assert main(["policies", "check", str(module), "--json"]) == 0
     declared = json.loads(capsys.readouterr().out)
@@ -68,9 +71,11 @@ def test_a_valid_module_is_shown_as_the_loops_read_it(
     pay = declared["policies"][1]
     assert (pay["max_attempts"], pay["fatal_errors"], pay["dlq_topic"]) == (8, ["InvalidCard"], "pay.dlq")
     assert declared["destinations"] == {"payments": "pay"} and declared["allowed_destinations"] == ["orders"]
+    assert declared["rate_limits"] == {"shop.*": 150.0}
     assert main(["policies", "check", str(module)]) == 0
     out = capsys.readouterr().out
     assert f"{module}: valid" in out and "policy pay: backoff 1s x2 up to 10m; at most 8 retries" in out
+    assert "  rate limit shop.*: at most 150 records/s" in out
 
 
 def test_no_policies_module_found_is_an_error_naming_every_place_looked_unless_builtin_is_asked_for(

@@ -77,8 +77,14 @@ def run_dlq_operation(
             settings.database_url, operation, deployment=Deployment.load(settings), progress=progress
         )
     else:  # a purge needs no policies: one that does not load does not stop it
-        destinations = Deployment.load(settings).destinations if action == "replay" else None
-        outcome = run_action(settings.database_url, operation, destinations=destinations, progress=progress)
+        deployment = Deployment.load(settings) if action == "replay" else None
+        outcome = run_action(
+            settings.database_url,
+            operation,
+            destinations=None if deployment is None else deployment.destinations,
+            rate_limit=(lambda _d: None) if deployment is None else deployment.policies.rate_limit,
+            progress=progress,
+        )
     log.info("%s", outcome.summary())
     if operation.dry_run and outcome.would_affect:
         to_do = "make these jobs pending" if action == "reevaluate" else f"{action} these jobs"

@@ -95,7 +95,10 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 2
     # A purge needs no policies: a policies module that does not load does not stop it.
-    destinations = Deployment.load(settings).destinations if args.dlq_command == "replay" else None
+    deployment = Deployment.load(settings) if args.dlq_command == "replay" else None
+    rules: dict[str, Any] = {}
+    if deployment is not None:
+        rules = {"destinations": deployment.destinations, "rate_limit": deployment.policies.rate_limit}
     operation = Operation(
         action=args.dlq_command,
         selection=flt,
@@ -113,7 +116,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         ),
     )
     sizing = {} if args.batch_size is None else {"batch_size": args.batch_size}
-    plan = run_action(settings.database_url, operation, destinations=destinations, **sizing)
+    plan = run_action(settings.database_url, operation, **rules, **sizing)
     print(to_json(plan.as_json()) if args.json else plan.summary())
     if args.dry_run or plan.would_affect == 0:
         return 0
@@ -127,8 +130,8 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         outcome = run_action(
             settings.database_url,
             replace(operation, dry_run=False),
-            destinations=destinations,
             progress=report,
+            **rules,
             **sizing,
         )
     print(to_json(outcome.as_json()) if args.json else outcome.summary())

@@ -44,6 +44,7 @@ def _declared(path: Path) -> dict[str, Any]:
         "policies": policies,
         "destinations": dict(sorted(registry.destinations.items())),
         "allowed_destinations": [getattr(a, "pattern", a) for a in registry.allowed],
+        "rate_limits": dict(registry.rate_limits),
         "alert_channels": [type(c).__name__ for c in channels] if isinstance(channels, list | tuple) else [],
     }
 
@@ -65,6 +66,8 @@ def _cmd_check(args: argparse.Namespace, settings: Settings) -> int:
         print(f"  destination {topic} -> policy {name}")
     allowed = ", ".join(map(str, declared["allowed_destinations"])) or "(none besides the destinations above)"
     print(f"  allowed destinations: {allowed}")
+    for pattern, rate in declared["rate_limits"].items():
+        print(f"  rate limit {pattern}: at most {rate:,g} records/s")
     channels = ", ".join(declared["alert_channels"]) or "(none: the built-in webhook, e-mail and log only)"
     print(f"  alert channels: {channels}")
     return 0

@@ -12,6 +12,7 @@ and reviewed like code::
     ]
     DESTINATIONS = {"payments": "payments"}   # destination topic -> policy name
     ALLOWED_DESTINATIONS = ["orders", "shop.*"]   # and the DESTINATIONS above; nothing else
+    RATE_LIMITS = {"payments": 200}   # records/s published to a destination (names or globs)
     ALERT_CHANNELS = [SlackWebhookNotifier(slack_webhook_conn_id="slack", text="{{ alert.summary() }}")]
 
 Everything here is a pure function of its inputs (the clock is a parameter), so the
@@ -20,6 +21,7 @@ strategy is tested with a frozen clock and tables of cases.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import importlib.util
 import re
@@ -244,6 +246,9 @@ class PolicyRegistry:
     policies: Mapping[str, Policy]
     destinations: Mapping[str, str] = field(default_factory=dict)
     allowed: tuple[Allowed, ...] = ()
+    #: ``RATE_LIMITS``: destination names or globs (``"shop.*"``) and the most records per second the
+    #: service publishes to each matching destination (:meth:`rate_limit`).
+    rate_limits: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if DEFAULT_POLICY not in self.policies:
@@ -269,6 +274,7 @@ class PolicyRegistry:
         policies: Iterable[Policy],
         destinations: Mapping[str, str] | None = None,
         allowed: Iterable[Allowed] = (),
+        rate_limits: Mapping[str, float] | None = None,
     ) -> PolicyRegistry:
         """Build a registry; adds a conservative ``default`` when none is declared."""
         if isinstance(policies, str | bytes | Mapping) or not isinstance(policies, Iterable):
@@ -296,7 +302,14 @@ class PolicyRegistry:
                 raise PolicyError(
                     f"DESTINATIONS maps {dest!r} to {name!r}: both must be strings (topic, policy name)"
                 )
-        return cls(by_name, dict(destinations or {}), tuple(allowed))
+        return cls(by_name, dict(destinations or {}), tuple(allowed), _rate_limits(rate_limits))
+
+    def rate_limit(self, destination: str) -> float | None:
+        """The most records per second the service publishes to ``destination`` (retries, replays and
+        bulk retries alike): the lowest of the ``RATE_LIMITS`` entries whose name or glob matches it;
+        None: no limit."""
+        limits = [rate for pattern, rate in self.rate_limits if fnmatch.fnmatchcase(destination, pattern)]
+        return min(limits) if limits else None
 
     def get(self, name: str) -> Policy:
         try:
@@ -317,6 +330,33 @@ class PolicyRegistry:
     def dlq_topics(self) -> set[str]:
         return {p.dlq_topic for p in self.policies.values()}
 
+
+def _rate_limits(declared: object) -> tuple[tuple[str, float], ...]:
+    """``RATE_LIMITS`` checked: a dict of destination name or glob -> records per second (> 0)."""
+    if declared is None:
+        return ()
+    if not isinstance(declared, Mapping):
+        raise PolicyError(
+            f"RATE_LIMITS must be a dict of destination (or glob) -> records per second, e.g. {{'payments': 200}}, "
+            f"not {type(declared).__name__}"
+        )
+    limits = []
+    for pattern, rate in declared.items():
+        if not isinstance(pattern, str) or not pattern:
+            raise PolicyError(
+                f"RATE_LIMITS key {pattern!r} must be a destination topic or a glob like 'shop.*'"
+            )
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= MAX_RATE_LIMIT:
+            raise PolicyError(
+                f"RATE_LIMITS[{pattern!r}] = {rate!r}: give records per second, more than 0 and at most "
+                f"{MAX_RATE_LIMIT:,.0f} (leave the destination out for no limit)"
+            )
+        limits.append((pattern, float(rate)))
+    return tuple(limits)
+
+
+#: The highest rate limit one may declare (records per second per destination).
+MAX_RATE_LIMIT = 1_000_000.0
 
 #: Used when the policies module declares no ``default``.
 DEFAULT = Policy(DEFAULT_POLICY, delays=["10s", "1m", "5m", "30m"], max_attempts=4, max_age="7d")
@@ -349,8 +389,9 @@ def load_policies(path: str | Path) -> PolicyRegistry:
     """Import the policies module at *path* and return its registry.
 
     The module declares ``POLICIES`` (a list of :class:`Policy`) and optionally
-    ``DESTINATIONS`` (destination topic -> policy name) and ``ALLOWED_DESTINATIONS`` (the other
-    topics retries may go to: names, globs like ``"orders.*"`` or ``re.compile(...)``).
+    ``DESTINATIONS`` (destination topic -> policy name), ``ALLOWED_DESTINATIONS`` (the other
+    topics retries may go to: names, globs like ``"orders.*"`` or ``re.compile(...)``) and
+    ``RATE_LIMITS`` (destination name or glob -> the most records per second published to it).
     """
     path = Path(path)
     module = load_policies_module(path)
@@ -358,5 +399,8 @@ def load_policies(path: str | Path) -> PolicyRegistry:
     if policies is None:
         raise PolicyError(f"{path} must define POLICIES = [Policy(...), ...]")
     return PolicyRegistry.of(
-        policies, getattr(module, "DESTINATIONS", {}), getattr(module, "ALLOWED_DESTINATIONS", ())
+        policies,
+        getattr(module, "DESTINATIONS", {}),
+        getattr(module, "ALLOWED_DESTINATIONS", ()),
+        getattr(module, "RATE_LIMITS", None),
     )

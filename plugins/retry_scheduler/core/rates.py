@@ -8,6 +8,10 @@ import math
 
 #: The highest pace one may ask for (jobs per second per destination).
 MAX_RATE = 1_000_000.0
+#: A dead-letter replay without a rate of its own is not paced up to this many jobs per destination; a
+#: larger one is paced at DEFAULT_REPLAY_RATE jobs per second per destination.
+UNPACED_UP_TO = 10_000
+DEFAULT_REPLAY_RATE = 1_000.0
 
 
 class RateError(ValueError):

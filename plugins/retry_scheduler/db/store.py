@@ -23,6 +23,7 @@ from retry_scheduler.db.connection import StoreError, connect, require_migrated
 from retry_scheduler.db.loop_records import LoopRecords
 from retry_scheduler.db.readings import HELD_DUE_AT, Readings
 from retry_scheduler.db.schema import q
+from retry_scheduler.db.slots import DestinationSlots
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class VacuumNeed(NamedTuple):
     horizon: str | None  # the oldest snapshot another session of this database holds (its xmin)
 
 
-class Store(Readings, LoopRecords):
+class Store(Readings, LoopRecords, DestinationSlots):
     """One connection to the retry database and the operations of the ingest and publish loops."""
 
     def __init__(self, database_url: str) -> None:

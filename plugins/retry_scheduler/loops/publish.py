@@ -26,6 +26,7 @@ from retry_scheduler.db.vacuum import SelfVacuum
 from retry_scheduler.loops.claim_floors import ClaimFloors
 from retry_scheduler.loops.handover import ALIVE_S, LoopTenure, new_worker_id
 from retry_scheduler.loops.kafka import TopicManager, make_producer, wait_until_ready
+from retry_scheduler.loops.rate_limits import DestinationRateLimits
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class PublishCounts:
     claimed: int = 0
     #: Of those, claimed in lanes (fair publishing while the oldest-first claim was behind).
     fair_claimed: int = 0
+    #: Of those, put off to later slots by their destination's rate limit (RATE_LIMITS).
+    deferred: int = 0
     published: int = 0
     dead_published: int = 0
     failed: int = 0
@@ -64,6 +67,7 @@ class PublishCounts:
     def add(self, other: PublishCounts) -> None:
         self.claimed += other.claimed
         self.fair_claimed += other.fair_claimed
+        self.deferred += other.deferred
         self.published += other.published
         self.dead_published += other.dead_published
         self.failed += other.failed
@@ -77,6 +81,7 @@ class PublishCounts:
         return {
             "claimed": self.claimed,
             "fair_claimed": self.fair_claimed,
+            "deferred": self.deferred,
             "published": self.published,
             "dead_published": self.dead_published,
             "failed": self.failed,
@@ -109,6 +114,7 @@ class Publisher(ClaimFloors):
         # stored is not published to (the job goes dead, invalid, with the reason).
         self.destinations = deployment.destinations
         self.store = store
+        self.rate_limits = DestinationRateLimits(deployment.policies.rate_limit, store)
         self.store_factory = store_factory
         self.producer = producer or make_producer(settings)
         self.topics = topics or TopicManager(settings)
@@ -309,7 +315,7 @@ class Publisher(ClaimFloors):
             self._after_claim(floor, due_rows, claim_began)
             lane_rows = self.claim_lanes(due_rows)
             counts.fair_claimed = len(lane_rows)
-            due_rows += lane_rows
+            due_rows, counts.deferred = self.rate_limits.apply(due_rows + lane_rows)
             if due_rows:
                 acked, failed_due, unroutable = self._produce_all(due_rows, to_dlq=False)
                 faults.checkpoint("publish.produced")
@@ -324,7 +330,7 @@ class Publisher(ClaimFloors):
                 self._advance_holds(due_rows, acked, unroutable)
             if failed:
                 counts.failed = self.store.mark_failed(failed)
-        counts.claimed = len(dead_rows) + len(due_rows)
+        counts.claimed = len(dead_rows) + len(due_rows) + counts.deferred
         if counts.claimed:
             counts.slowest_round_s, counts.slowest_round_jobs = time.perf_counter() - began, counts.claimed
         if failed:

@@ -28,9 +28,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
@@ -43,6 +43,7 @@ from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.connection import connect, require_migrated
 from retry_scheduler.db.schema import queries
 from retry_scheduler.db.selection import MAX_LIMIT, Selection, SelectionError
+from retry_scheduler.ops.outcome import Action, Outcome, Plan
 from retry_scheduler.ops.watch import Watch, WaveVerdict, mark, watch_wave
 
 #: Jobs changed per transaction by replay and purge.
@@ -51,14 +52,13 @@ BATCH = 10_000
 #: the ``dlq_replay`` DAG (a run with its own log, retries and progress).
 MAX_PAGE_ACTION = 10_000
 
-#: A replay without a rate of its own is not paced up to this many jobs per destination; a larger one is
-#: paced at DEFAULT_REPLAY_RATE jobs per second per destination.
-UNPACED_UP_TO = 10_000
-DEFAULT_REPLAY_RATE = 1_000.0
+#: A replay without a rate of its own is not paced up to UNPACED_UP_TO jobs per destination; a larger one
+#: is paced at DEFAULT_REPLAY_RATE jobs per second per destination (both in core.rates).
+UNPACED_UP_TO = rates.UNPACED_UP_TO
+DEFAULT_REPLAY_RATE = rates.DEFAULT_REPLAY_RATE
 #: The highest pace one may ask for (jobs per second per destination).
 MAX_RATE = rates.MAX_RATE
 
-Action = Literal["replay", "purge", "reevaluate"]
 Source = Literal["dag", "ui", "cli"]
 
 
@@ -173,109 +173,12 @@ def connection(database: Database) -> Iterator[psycopg.Connection[Any]]:
         conn.close()
 
 
-@dataclass
-class Outcome:
-    """What a replay or purge did (or, on a dry run, would do)."""
-
-    action: Action
-    dry_run: bool
-    filter: dict[str, Any]
-    matched: int  # dead jobs the filter selected
-    would_affect: int  # of those, the ones the action applies to
-    affected: int  # changed (0 on a dry run)
-    skipped: dict[str, int] = field(default_factory=dict)  # selected but left alone, by cause
-    audit_id: int | None = None
-    reset_attempts: bool = False
-    #: A replay's pace (jobs per second per destination; None: not paced), and the seconds from its
-    #: start to when its last job falls due.
-    rate_per_s: float | None = None
-    paced_s: float = 0.0
-    #: Whether the pace is the default's (no rate was given).
-    default_pace: bool = False
-    #: A watched replay: how (``Watch.as_dict``), its waves, its records published and come back
-    #: (within each wave's window), and why it stopped by itself (None: it did not).
-    watch: dict[str, Any] | None = None
-    waves: int = 0
-    published: int = 0
-    came_back: int = 0
-    stopped: str | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def summary(self) -> str:
-        verb = {"replay": "replayed", "purge": "purged", "reevaluate": "re-evaluated and made pending"}[
-            self.action
-        ]
-        left = "; ".join(f"{n} {cause}" for cause, n in self.skipped.items() if n)
-        head = (
-            f"dry run: {self.would_affect} of {self.matched} selected dead jobs would be {verb}"
-            if self.dry_run
-            else f"{self.affected} of {self.matched} selected dead jobs {verb}"
-        )
-        return (
-            head + (f" (left alone: {left})" if left else "") + self._pace() + self._watched()
-            + f" [audit {self.audit_id}]"
-        )  # fmt: skip
-
-    def _watched(self) -> str:
-        if self.watch is None:
-            return ""
-        how = Watch(**self.watch).describe()
-        if self.dry_run:
-            return f"; watched in {self.waves} waves ({how})"
-        done = f"; watched ({how}): {self.published} published, {self.came_back} came back"
-        return done + (f"; STOPPED: {self.stopped}" if self.stopped else "")
-
-    def _pace(self) -> str:
-        if self.action != "replay" or not self.would_affect:
-            return ""
-        why = (
-            f" (the default for a replay of more than {UNPACED_UP_TO:,} jobs of a destination; give a rate "
-            "to change it, 0 for none)"
-            if self.default_pace
-            else ""
-        )
-        if self.rate_per_s is None:
-            return "; not paced: every job due at once" + (
-                f" (the default up to {UNPACED_UP_TO:,} jobs per destination)" if self.default_pace else ""
-            )
-        return (
-            f"; paced at {self.rate_per_s:,g} jobs/s per destination{why}: the last "
-            f"{'would fall' if self.dry_run else 'falls'} due about {self.paced_s:,.0f} s after the start"
-        )
-
-
-class Plan(NamedTuple):
-    """What a replay or purge of a filter would do (``dlq_plan``): the jobs it selects, and of those
-    the ones it would leave alone, by why."""
-
-    matched: int
-    invalid: int  # no usable destination
-    not_on_dlq: int  # not yet published to their DLQ topic
-    in_flight: int  # being sent to their DLQ topic right now (leased)
-    refused: int  # of a destination the rules no longer allow
-    parked: int  # replayed RETRY_PARK_AFTER_REPLAYS times and dead again, not asked for
-
-    def skipped(self, action: Action) -> dict[str, int]:
-        """The jobs ``action`` would leave alone, by why (in the words the outcome and audit use)."""
-        if action == "replay":
-            return {
-                "invalid, no usable destination": self.invalid,
-                "being sent to the DLQ topic now": self.in_flight,
-                "destination not allowed": self.refused,
-                "parked, replayed and dead again that often (ask for dead reason parked, or their ids)": (
-                    self.parked
-                ),
-            }
-        return {"not yet on the DLQ topic": self.not_on_dlq}
-
-
 def run_action(
     database_url: Database,
     operation: Operation,
     *,
     destinations: Destinations | None = None,
+    rate_limit: Callable[[str], float | None] = lambda destination: None,
     progress: Callable[[int, int], None] = lambda done, total: None,
     batch_size: int = BATCH,
 ) -> Outcome:
@@ -283,7 +186,10 @@ def run_action(
 
     A replay leaves dead the jobs whose destination ``destinations`` (the deployment's rules,
     :attr:`~retry_scheduler.core.deployment.Deployment.destinations`; a replay needs them) no longer
-    allows, counted under ``skipped``. ``progress(done, total)`` is called after each batch.
+    allows, counted under ``skipped``. ``rate_limit``: a destination's rate limit (the policies'
+    ``RATE_LIMITS``, :meth:`~retry_scheduler.core.policy.PolicyRegistry.rate_limit`), which paces its
+    jobs where it is below the replay's pace (the publish loop holds to it either way).
+    ``progress(done, total)`` is called after each batch.
     ``batch_size`` jobs change per transaction (:data:`BATCH` by default).
     """
     if not 1 <= batch_size <= MAX_LIMIT:
@@ -323,6 +229,12 @@ def run_action(
             refused = sorted(t for t, _n in targets if not rules.allows(t))
             per_destination = {t: int(n) for t, n in targets if rules.allows(t)}
         rate = operation.pace(per_destination) if action == "replay" else None
+        # Destinations whose rate limit is below the replay's pace go at their limit.
+        limited = {
+            d: limit
+            for d in per_destination
+            if (limit := rate_limit(d)) is not None and (rate is None or limit < rate)
+        }
         watch = operation.watch
         waves: list[Any] = [None]  # unwatched: one pass over the filter
         if watch is not None:
@@ -348,8 +260,16 @@ def run_action(
             skipped=skipped,
             reset_attempts=reset_attempts,
             rate_per_s=rate,
-            # The most jobs of one destination, less the first (due at the start), at the pace.
-            paced_s=0.0 if rate is None else (max(per_destination.values(), default=1) - 1) / rate,
+            # The most jobs of one destination, less the first (due at the start), at its pace.
+            paced_s=max(
+                [
+                    (n - 1) / (limited.get(d) or rate or 0)
+                    for d, n in per_destination.items()
+                    if limited.get(d) or rate
+                ],
+                default=0.0,
+            ),
+            rate_limited=limited,
             default_pace=operation.rate_per_s is None,
             watch=None if watch is None else watch.as_dict(),
             waves=len(waves) if watch is not None else 0,
@@ -390,7 +310,8 @@ def run_action(
                 done, retry_ids = _apply(
                     conn, operation, outcome, dlq_query(
                         "dlq_replay_batch" if action == "replay" else "dlq_purge_batch", wave_where
-                    ), {**wave_params, "refused": refused, "rate": rate}, pace, batch_size, progress,
+                    ), {**wave_params, "refused": refused, "rate": rate, "rates": Jsonb(limited)}, pace,
+                    batch_size, progress,
                 )  # fmt: skip
                 if wave is None or watch is None or not done:
                     continue

@@ -60,6 +60,9 @@ class Options:
     #: At most this many jobs of each destination published per second, shared evenly by the job's
     #: partitions (None: not paced).
     rate_per_s: float | None = None
+    #: A destination's rate limit (the policies' RATE_LIMITS; None: none), which paces its jobs where it
+    #: is below ``rate_per_s``.
+    rate_limit: Callable[[str], float | None] = field(default=lambda _destination: None, repr=False)
 
 
 def _positive(name: str, top: int) -> Callable[[str], int]:
@@ -115,6 +118,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         rate = parse_rate(args.rate)
     except (SelectionError, RateError) as exc:
         raise BulkRetryError(str(exc)) from None
+    deployment = Deployment.load(settings)
     return Options(
         database_url=settings.database_url,
         bootstrap_servers=settings.bootstrap_servers,
@@ -125,7 +129,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
         kafka_config=kafka_config,
         producer_conf=producer_settings(settings.bootstrap_servers, kafka_config),
         run_id=run_id,
-        destinations=Deployment.load(settings).destinations,
+        destinations=deployment.destinations,
+        rate_limit=deployment.policies.rate_limit,
         mark_batch=args.mark_batch,
         actor=args.actor or f"cli:{getpass.getuser()}",
         source=args.source,

@@ -130,6 +130,7 @@ def publish_partition(
     flush_timeout_s: float,
     clock: Callable[[], float] = time.time,
     rate_per_s: float | None = None,
+    rates: Mapping[str, float] | None = None,
 ) -> Iterator[tuple[int, int]]:
     """Produce one partition of the selection; yield ``(job id, ack time in ms)`` per acknowledged record.
 
@@ -138,7 +139,8 @@ def publish_partition(
     ``rate_per_s``: this partition's share of the run's pace: the n-th record of a destination is
     produced no sooner than n / rate seconds after its first was acknowledged, each at its turn or,
     when the producer comes back late from waiting, just after (never a burst to catch up: the next
-    turn is still 1 / rate after the late one's).
+    turn is still 1 / rate after the late one's). ``rates``: the destinations paced otherwise (their
+    rate limits), records per second each.
     """
     # Imported here: confluent-kafka's classes claim the module "cimpl", which cloudpickle cannot
     # import on the worker, so a global reference would be shipped by value and break.
@@ -153,6 +155,7 @@ def publish_partition(
     errors: dict[str, int] = {}
     produced = 0
     gap_s = 1.0 / rate_per_s if rate_per_s else None
+    gaps = {topic: 1.0 / rate for topic, rate in (rates or {}).items() if rate}
     next_turn: dict[str, float] = {}  # paced: when each destination's next record may go
 
     def fail(error: str) -> None:
@@ -173,15 +176,16 @@ def publish_partition(
         if msg.topic in missing:
             fail(f"topic {msg.topic} does not exist")
             continue
-        first_of_topic = gap_s is not None and msg.topic not in next_turn
-        if gap_s is not None:  # paced: this destination's next record waits its turn
+        gap = gaps.get(msg.topic, gap_s)
+        first_of_topic = gap is not None and msg.topic not in next_turn
+        if gap is not None:  # paced: this destination's next record waits its turn
             now = time.monotonic()
             turn = max(next_turn.get(msg.topic, now), now)
             while (wait := turn - time.monotonic()) > 0:
                 producer.poll(min(wait, 0.1))
                 while acked:
                     yield acked.popleft()
-            next_turn[msg.topic] = turn + gap_s
+            next_turn[msg.topic] = turn + gap
         kwargs: dict[str, Any] = {"headers": msg.headers, "on_delivery": partial(delivered, msg.job_id)}
         if msg.partition is not None:
             kwargs["partition"] = msg.partition
@@ -199,7 +203,7 @@ def publish_partition(
             # Paced, a destination's first record is acknowledged before its turns start: records
             # queued while the producer connects (its id, the topic's metadata) would go out at once.
             producer.flush(flush_timeout_s)
-            next_turn[msg.topic] = time.monotonic() + (gap_s or 0.0)
+            next_turn[msg.topic] = time.monotonic() + (gap or 0.0)
         producer.poll(0)
         while acked:
             yield acked.popleft()
@@ -322,8 +326,8 @@ def spark_session() -> SparkSession:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run a bulk retry; returns ``{"run_id", "selected", "published", "failed", "dry_run", "fetch_rows",
-    "marking_s", "phases_s", "not_allowed", "rate_per_s"}`` (``rate_per_s``: the pace asked, None when
-    not paced).
+    "marking_s", "phases_s", "not_allowed", "rate_per_s", "rate_limited"}`` (``rate_per_s``: the pace
+    asked, None when not paced; ``rate_limited``: the destinations paced at their lower rate limit).
 
     ``not_allowed`` counts, per destination, the matching jobs left alone because the destination
     rules refuse their destination (not part of ``selected``).
@@ -384,6 +388,13 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
         summary = summarize(opts.database_url, sel)
     result["not_allowed"] = refused
     result["selected"] = summary.count
+    # Destinations whose rate limit (RATE_LIMITS) is below the run's pace go at their limit.
+    limited = {
+        d: limit
+        for d in summary.per_destination
+        if (limit := opts.rate_limit(d)) is not None and (opts.rate_per_s is None or limit < opts.rate_per_s)
+    }
+    result["rate_limited"] = limited
     audit = start_audit(
         summary.count + sum(refused.values()), {"destination not allowed": sum(refused.values())}
     )
@@ -401,7 +412,8 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
         )
         print(f"dry run: {summary.count} {sel.status} jobs would be re-published ({pace})")
         for destination, count in summary.per_destination.items():
-            print(f"  {destination:<40} {count:>10}")
+            note = f"  at most {limited[destination]:,g}/s (its rate limit)" if destination in limited else ""
+            print(f"  {destination:<40} {count:>10}{note}")
         for destination, count in refused.items():
             print(f"  {destination:<40} {count:>10}  not allowed: left alone")
         audit.finish(0)
@@ -438,8 +450,10 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
             mark_batch=opts.mark_batch,
             # librdkafka fails a record itself after delivery.timeout.ms: wait a little longer.
             flush_timeout_s=int(opts.producer_conf["delivery.timeout.ms"]) / 1000 + 5,
-            # The run's pace, shared evenly by its partitions (with fewer cores than partitions, slower).
+            # The run's pace, shared evenly by its partitions (with fewer cores than partitions, slower);
+            # a destination's rate limit below it, shared the same way.
             rate_per_s=None if opts.rate_per_s is None else opts.rate_per_s / opts.partitions,
+            rates={d: r / opts.partitions for d, r in limited.items()},
         ),
         MARKED_SCHEMA,
     )

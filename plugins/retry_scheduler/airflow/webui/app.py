@@ -304,7 +304,12 @@ def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> d
 
             outcome = reevaluate_jobs(database(), operation, deployment=deployment)
         else:
-            outcome = dlq.run_action(database(), operation, destinations=deployment.destinations)
+            outcome = dlq.run_action(
+                database(),
+                operation,
+                destinations=deployment.destinations,
+                rate_limit=deployment.policies.rate_limit,
+            )
     except dlq.TooManyForOneRequest as too_many:
         return hand_to_dag(request, operation, user, too_many.would_affect, body.written_by)
     log.info("dead letters page, %s: %s", user.get_name(), outcome.summary())

@@ -1,0 +1,63 @@
+"""Per-destination rate limits in the publish loop: at most ``RATE_LIMITS[destination]`` records per
+second go to a destination, whatever its backlog and however many publishers run.
+
+A round claims due jobs as always; of a rate-limited destination's, it publishes what the destination's
+slots allow now and makes the rest due later, one slot each (``pace_destinations`` in queries.sql keeps
+the slots in the destination's row, shared by every publisher). Put off, a job stays pending with its
+attempt: it is only due later (never earlier), so the due index ahead of the claim holds only what may
+go now, and the other destinations' jobs are not held up behind it. Its lateness is then counted from
+its slot: a rate limit is the deployment's own choice, not a late publish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from retry_scheduler.core.jobs import OutgoingRow
+from retry_scheduler.db.store import Store
+
+#: A destination idle for a while may receive this many seconds' worth of its rate at once.
+BURST_S = 0.1
+
+
+class DestinationRateLimits:
+    """Applies the deployment's ``RATE_LIMITS`` to the jobs of a round (see the module)."""
+
+    def __init__(self, rate_limit: Callable[[str], float | None], store: Store) -> None:
+        self._rate_limit = rate_limit
+        self._rates: dict[str, float | None] = {}  # looked up once per destination
+        self.store = store
+
+    def rate(self, destination: str | None) -> float | None:
+        if destination is None:
+            return None
+        if destination not in self._rates:
+            self._rates[destination] = self._rate_limit(destination)
+        return self._rates[destination]
+
+    def apply(self, rows: list[OutgoingRow]) -> tuple[list[OutgoingRow], int]:
+        """The claimed ``rows`` that may be published now, and how many were put off to later slots;
+        in the round's transaction (the claim's locks and the destinations' rows)."""
+        limited: dict[str, list[OutgoingRow]] = {}
+        for row in rows:
+            if self.rate(row.destination) is not None:
+                limited.setdefault(row.destination or "", []).append(row)
+        if not limited:
+            return rows, 0
+        rates = {d: self.rate(d) or 0.0 for d in limited}
+        slots = self.store.pace_destinations({d: (len(rs), rates[d]) for d, rs in limited.items()}, BURST_S)
+        put_off: list[tuple[int, datetime]] = []
+        for destination, claimed in limited.items():
+            allowed, first_slot = slots.get(destination, (len(claimed), None))
+            if first_slot is None or allowed >= len(claimed):
+                continue
+            gap = timedelta(seconds=1 / rates[destination])
+            # The oldest due go first (the claim's order spans its lanes: sort again).
+            claimed.sort(key=lambda r: (r.due_at, r.id))
+            put_off += [(row.id, first_slot + n * gap) for n, row in enumerate(claimed[allowed:])]
+        if not put_off:
+            return rows, 0
+        self.store.defer_jobs(put_off)
+        later = {job_id for job_id, _ in put_off}
+        return [row for row in rows if row.id not in later], len(put_off)
