@@ -155,10 +155,15 @@ SELECT array_agg(id ORDER BY id) FROM (
 
 -- name: dlq_audit_start
 INSERT INTO retry_dlq_audit (action, dry_run, actor, source, run_id, filter, reset_attempts, matched, skipped,
-                             rate_per_s, watch)
+                             rate_per_s, watch, approval, approved_by)
 VALUES (%(action)s, %(dry_run)s, %(actor)s, %(source)s, %(run_id)s, %(filter)s, %(reset_attempts)s,
-        %(matched)s, %(skipped)s, %(rate_per_s)s, %(watch)s)
+        %(matched)s, %(skipped)s, %(rate_per_s)s, %(watch)s, CASE WHEN %(approved_by)s::text IS NOT NULL THEN 'approved' END,
+        %(approved_by)s)
 RETURNING id;
+
+-- name: dlq_audit_approval
+-- The approval gate's decision on the dry run a dlq_replay run showed its approver.
+UPDATE retry_dlq_audit SET approval = %(approval)s, approved_by = %(approved_by)s WHERE id = %(audit_id)s;
 
 -- name: dlq_audit_progress
 UPDATE retry_dlq_audit SET affected = affected + %(affected)s WHERE id = %(audit_id)s;
@@ -169,13 +174,13 @@ RETURNING affected;
 
 -- name: dlq_audit_recent
 SELECT id, at, action, dry_run, actor, source, run_id, filter, reset_attempts, matched, affected, skipped,
-       rate_per_s, watch, published, came_back, stopped, finished_at
+       rate_per_s, watch, published, came_back, stopped, approval, approved_by, finished_at
 FROM retry_dlq_audit ORDER BY at DESC, id DESC LIMIT %(limit)s;
 
 -- name: dlq_audit_of_run
 -- What an Airflow run replayed: its latest audit row of that action (a retried task writes another).
 SELECT id, at, action, dry_run, actor, source, run_id, filter, reset_attempts, matched, affected, skipped,
-       rate_per_s, watch, published, came_back, stopped, finished_at
+       rate_per_s, watch, published, came_back, stopped, approval, approved_by, finished_at
 FROM retry_dlq_audit WHERE run_id = %(run_id)s AND action = %(action)s
 ORDER BY id DESC LIMIT 1;
 

@@ -34,7 +34,7 @@ def rows(database_url: str, query: str) -> list[tuple]:
 
 
 def outcome(run) -> dict:
-    [ti] = run.get_task_instances()
+    [ti] = [ti for ti in run.get_task_instances() if ti.task_id == "operate"]
     return ti.xcom_pull(task_ids="operate")
 
 

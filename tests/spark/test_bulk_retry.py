@@ -539,6 +539,7 @@ def test_dry_run_counts_per_destination_and_changes_nothing(
         "phases_s": {"select": result["phases_s"]["select"]},  # a dry run only counts
         "not_allowed": {},
         "rate_per_s": None,  # not paced
+        "rate_limited": {},  # no destination with a rate limit
     }
     out = capsys.readouterr().out
     assert re.search(rf"{re.escape(orders)}\s+12\n", out)

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retry_scheduler.airflow.hook import settings_from_connections
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.metrics import Metrics
+
+if TYPE_CHECKING:
+    from retry_scheduler.airflow.approval import Approval
+    from retry_scheduler.ops.dlq import Operation
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +45,29 @@ def run_publish(
     )
 
 
-def run_dlq_operation(
-    params: dict[str, Any], actor: str | None, run_id: str | None, settings: Settings | None = None
-) -> dict[str, Any]:
-    """The ``dlq_replay`` DAG's task: replay or purge the dead jobs of the form's filter, audited.
+def dlq_operation(
+    params: dict[str, Any],
+    actor: str | None,
+    run_id: str | None,
+    settings: Settings,
+    approval: Approval | None = None,
+) -> Operation:
+    """The operation a replay DAG's form asks for; ``approval``: the approval gate's, which names the
+    approver and bounds the replay to the oldest jobs its approver was shown."""
+    from dataclasses import replace
 
-    ``actor`` is the Airflow user who triggered the run (recorded in ``retry_dlq_audit``);
-    ``settings``: the deployment's (default: from the service's connections).
-    """
     from retry_scheduler.db.selection import Selection
-    from retry_scheduler.ops.dlq import Operation, run_action
+    from retry_scheduler.ops.dlq import Operation
     from retry_scheduler.ops.watch import Watch
 
-    settings = settings or settings_from_connections()
-    operation = Operation(
+    selection = Selection.from_params(params, settings)
+    if approval is not None:
+        # The oldest jobs the approver was shown: letters dead since are newer, not replayed.
+        limit = approval.matched if selection.limit is None else min(selection.limit, approval.matched)
+        selection = replace(selection, limit=max(1, limit))
+    return Operation(
         action=params.get("action", "replay"),
-        selection=Selection.from_params(params, settings),
+        selection=selection,
         actor=actor or "airflow",
         source="dag",
         dry_run=bool(params.get("dry_run", True)),
@@ -64,7 +75,27 @@ def run_dlq_operation(
         run_id=run_id,
         rate_per_s=params.get("rate"),
         watch=Watch.from_params(params),
+        approved_by=None if approval is None else approval.by,
     )
+
+
+def run_dlq_operation(
+    params: dict[str, Any],
+    actor: str | None,
+    run_id: str | None,
+    settings: Settings | None = None,
+    approval: Approval | None = None,
+) -> dict[str, Any]:
+    """The ``dlq_replay`` DAG's task: replay or purge the dead jobs of the form's filter, audited.
+
+    ``actor`` is the Airflow user who triggered the run (recorded in ``retry_dlq_audit``);
+    ``settings``: the deployment's (default: from the service's connections); ``approval``: the
+    approval gate's decision, when the run waited for one (:mod:`retry_scheduler.airflow.approval`).
+    """
+    from retry_scheduler.ops.dlq import run_action
+
+    settings = settings or settings_from_connections()
+    operation = dlq_operation(params, actor, run_id, settings, approval)
     action = operation.action
 
     def progress(done: int, total: int) -> None:

@@ -254,6 +254,15 @@ class Settings:
             "which a replay leaves alone unless asked for it (0: never park)",
         ),
     )
+    #: A dlq_replay run that would replay more than this many dead jobs waits for approval (0: never).
+    replay_approval_above: int = field(
+        default=0,
+        metadata=env(
+            "RETRY_REPLAY_APPROVAL_ABOVE",
+            "a `dlq_replay` run that would replay more than this many dead jobs waits for a second person's "
+            "approval in Airflow, shown the dry run's counts per destination (0: never)",
+        ),
+    )
     ingest_batch: int = field(default=5000, metadata=env("RETRY_INGEST_BATCH", "records per ingest batch"))
     #: Processes the ingest task shares the retry-topic partitions among (at most one per partition).
     ingest_workers: int = field(
@@ -358,6 +367,10 @@ class Settings:
             )
         if self.max_clock_skew_ms < 0 or self.max_retry_ahead_ms < 0:
             raise ConfigError("RETRY_MAX_CLOCK_SKEW_MS and RETRY_MAX_RETRY_AHEAD_MS must be >= 0")
+        if self.replay_approval_above < 0:
+            raise ConfigError(
+                f"RETRY_REPLAY_APPROVAL_ABOVE must be >= 0 (0: no approval), not {self.replay_approval_above}"
+            )
         if self.park_after_replays < 0:
             raise ConfigError(
                 f"RETRY_PARK_AFTER_REPLAYS must be >= 0 (0: never park), not {self.park_after_replays}"
@@ -460,6 +473,7 @@ class Settings:
             max_clock_skew_ms=env_int(env, "RETRY_MAX_CLOCK_SKEW_MS", defaults.max_clock_skew_ms),
             max_retry_ahead_ms=env_int(env, "RETRY_MAX_RETRY_AHEAD_MS", defaults.max_retry_ahead_ms),
             park_after_replays=env_int(env, "RETRY_PARK_AFTER_REPLAYS", defaults.park_after_replays),
+            replay_approval_above=env_int(env, "RETRY_REPLAY_APPROVAL_ABOVE", defaults.replay_approval_above),
             ingest_batch=env_int(env, "RETRY_INGEST_BATCH", defaults.ingest_batch),
             ingest_workers=env_int(env, "RETRY_INGEST_WORKERS", defaults.ingest_workers),
             publish_batch=env_int(env, "RETRY_PUBLISH_BATCH", defaults.publish_batch),

@@ -81,7 +81,8 @@ def airflow_env(
     (airflow_home / "plugins").mkdir(exist_ok=True)
     keys = stack_secrets(airflow_home)
     passwords = airflow_home / "simple_auth_manager_passwords.json"
-    passwords.write_text(json.dumps({"admin": "admin"}) + "\n")
+    # A second user, to approve a replay that waits for a second person (RETRY_REPLAY_APPROVAL_ABOVE).
+    passwords.write_text(json.dumps({"admin": "admin", "approver": "approver"}) + "\n")
     # The log servers default to 8793/8794: move them along with the API port so two stacks can coexist.
     log_port = 8793 if api_port == 8080 else api_port + 1
     config = {
@@ -93,7 +94,7 @@ def airflow_env(
         "core.max_active_tasks_per_dag": 8,
         "core.fernet_key": keys["fernet_key"],
         "core.auth_manager": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        "core.simple_auth_manager_users": "admin:admin",
+        "core.simple_auth_manager_users": "admin:admin,approver:op",
         "core.simple_auth_manager_all_admins": False,
         "core.simple_auth_manager_passwords_file": passwords,
         "core.execution_api_server_url": f"http://127.0.0.1:{api_port}/execution/",

@@ -102,6 +102,8 @@ class Operation:
     rate_per_s: float | None = None
     #: Watch the replay: a canary first, the rest in waves, stopping by itself (replay only).
     watch: Watch | None = None
+    #: Who approved the replay (the approval gate of the ``dlq_replay`` DAG): audited beside ``actor``.
+    approved_by: str | None = None
 
     def __post_init__(self) -> None:
         if self.action not in ("replay", "purge", "reevaluate"):
@@ -119,6 +121,10 @@ class Operation:
                 raise DlqError("a rate applies to replay only")
         if self.watch is not None and self.action != "replay":
             raise DlqError("a canary or a stop share applies to replay only")
+        if self.approved_by is not None and self.approved_by == self.actor:
+            raise DlqError(
+                f"{self.actor} approved their own replay: it needs a second person's approval (nothing was sent)"
+            )
 
     def pace(self, per_destination: dict[str, int]) -> float | None:
         """The jobs per second per destination this replay goes at (None: not paced), given how many
@@ -270,6 +276,7 @@ def run_action(
                 default=0.0,
             ),
             rate_limited=limited,
+            per_destination=per_destination,
             default_pace=operation.rate_per_s is None,
             watch=None if watch is None else watch.as_dict(),
             waves=len(waves) if watch is not None else 0,
@@ -292,6 +299,7 @@ def run_action(
                     "skipped": Jsonb({k: v for k, v in skipped.items() if v}),
                     "rate_per_s": rate,
                     "watch": None if outcome.watch is None else Jsonb(outcome.watch),
+                    "approved_by": operation.approved_by,
                 },
             ).fetchone()
         assert audit is not None
@@ -399,6 +407,18 @@ def _record_wave(conn: psycopg.Connection[Any], outcome: Outcome, verdict: WaveV
                 "stopped": outcome.stopped,
                 "audit_id": outcome.audit_id,
             },
+        )
+
+
+def record_approval(database_url: Database, audit_id: int, approval: str, approved_by: str) -> None:
+    """The approval gate's decision (``approved`` or ``rejected``) and who took it, on the audit row of
+    the dry run the approver was shown."""
+    if approval not in ("approved", "rejected"):
+        raise DlqError(f"approval {approval!r} must be approved or rejected")
+    with connection(database_url) as conn, conn.transaction():
+        conn.execute(
+            sql.SQL(queries()["dlq_audit_approval"]),
+            {"audit_id": audit_id, "approval": approval, "approved_by": approved_by},
         )
 
 

@@ -33,6 +33,8 @@ class Outcome:
     default_pace: bool = False
     #: The destinations paced at their rate limit (RATE_LIMITS) rather than the replay's pace, and theirs.
     rate_limited: dict[str, float] = field(default_factory=dict)
+    #: A replay's jobs by destination (of those it would send).
+    per_destination: dict[str, int] = field(default_factory=dict)
     #: A watched replay: how (``Watch.as_dict``), its waves, its records published and come back
     #: (within each wave's window), and why it stopped by itself (None: it did not).
     watch: dict[str, Any] | None = None

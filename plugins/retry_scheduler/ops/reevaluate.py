@@ -84,7 +84,7 @@ def reevaluate(
                 {"action": "reevaluate", "dry_run": dry_run, "actor": operation.actor, "source": operation.source,
                  "run_id": operation.run_id,
                  "filter": Jsonb(outcome.filter), "reset_attempts": False, "matched": 0, "skipped": Jsonb({}),
-                 "rate_per_s": None},
+                 "rate_per_s": None, "watch": None, "approved_by": None},
             ).fetchone()  # fmt: skip
         assert audit is not None
         outcome.audit_id = int(audit[0])

@@ -81,6 +81,8 @@ def guarded_run(
                     "rate_per_s": rate_per_s,
                     "matched": matched,
                     "skipped": Jsonb({k: v for k, v in skipped.items() if v}),
+                    "watch": None,
+                    "approved_by": None,
                 },
             ).fetchone()
             assert row is not None

@@ -17,7 +17,13 @@ many jobs match and which would be left alone, and nothing changes.
   published there is kept, since it exists nowhere else.
 
 Every run, dry or not, writes an audit row (`retry_dlq_audit`: action, filter, counts, the
-Airflow user who triggered it and the run id). The same operations: the *Dead letters* page
+Airflow user who triggered it and the run id).
+
+**Approval.** With `RETRY_REPLAY_APPROVAL_ABOVE` set, a replay (not a dry run) of more dead jobs
+than that waits in its `approve` task for a second person (Airflow's *Required actions*): they see
+the dry run's counts per destination and who asked. *Approve* replays at most those letters, the
+approver audited beside the requester (who may not approve their own replay); *Reject* sends
+nothing, and the dry run's audit row keeps who rejected it. The same operations: the *Dead letters* page
 (`/retry-scheduler/`) and `retry-scheduler dlq list|show|replay [--reevaluate]|purge`.
 """
 
@@ -64,23 +70,60 @@ def arguments() -> dict:
 
 
 def dlq_replay_tasks(hook: RetrySchedulerHook) -> None:
-    """The DAG's task, reading its settings through ``hook`` when it runs."""
+    """The DAG's tasks, reading their settings through ``hook`` when they run: ``plan`` (the approval
+    gate's dry run, :mod:`retry_scheduler.airflow.approval`), ``approve`` when the replay is larger
+    than ``RETRY_REPLAY_APPROVAL_ABOVE`` (its decision audited), then ``operate``."""
+    from airflow.providers.standard.operators.empty import EmptyOperator
 
-    @task
-    def operate() -> dict:
-        """Replay or purge the selected dead jobs (or only count them on a dry run)."""
-        from retry_scheduler.airflow.tasks import run_dlq_operation
+    from retry_scheduler.airflow.approval import RESPONSE_TIMEOUT, ReplayApprovalOperator
+
+    @task.branch
+    def plan() -> str:
+        """Whether the replay waits for a second person's approval (a dry run of it when it may)."""
+        from retry_scheduler.airflow.approval import approval_request
 
         context = get_current_context()
         dag_run = context["dag_run"]
-        return run_dlq_operation(
+        request = approval_request(
             dict(context["params"]),
             getattr(dag_run, "triggering_user_name", None),
             dag_run.run_id,
             hook.settings(),
         )
+        context["ti"].xcom_push(key="approval_request", value=request)
+        return "approve" if request else "no_approval_needed"
 
-    operate()
+    asked = "(ti.xcom_pull(task_ids='plan', key='approval_request') or {})"
+    approve = ReplayApprovalOperator(
+        task_id="approve",
+        hook=hook,
+        subject="{{ " + asked + ".get('subject', 'Replay dead letters?') }}",
+        body="{{ " + asked + ".get('body', '') }}",
+        response_timeout=RESPONSE_TIMEOUT,
+    )
+    no_approval = EmptyOperator(task_id="no_approval_needed")
+
+    @task(trigger_rule="none_failed_min_one_success")
+    def operate() -> dict:
+        """Replay or purge the selected dead jobs (or only count them on a dry run)."""
+        from retry_scheduler.airflow.approval import approval_of
+        from retry_scheduler.airflow.tasks import run_dlq_operation
+
+        context = get_current_context()
+        dag_run, ti = context["dag_run"], context["ti"]
+        request = ti.xcom_pull(task_ids="plan", key="approval_request")
+        return run_dlq_operation(
+            dict(context["params"]),
+            getattr(dag_run, "triggering_user_name", None),
+            dag_run.run_id,
+            hook.settings(),
+            approval=approval_of(request, ti.xcom_pull(task_ids="approve")),
+        )
+
+    gate = plan()
+    done = operate()
+    gate >> [approve, no_approval]
+    [approve, no_approval] >> done
 
 
 def dlq_replay_dag(**options: Any) -> DAG:
