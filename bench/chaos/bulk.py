@@ -6,7 +6,8 @@ a session of its own with a ``RETRY_FAULT`` plan: at a checkpoint of :mod:`retry
 the whole job dies (the command, spark-submit's JVM, the Python driver and workers). The operation is
 then run once more without a plan, as Airflow's retry of the task would, and the trial counts:
 
-* ``bulk_retry_kill`` and ``dlq_replay_kill`` (every workload record dead): each record is on the DLQ
+* ``bulk_retry_kill``, ``dlq_replay_kill`` and ``watched_replay_kill`` (a watched replay, its canary
+  first, killed while a wave is watched; every workload record dead): each record is on the DLQ
   topic, as before, and on its destination at least once after the replay; copies of one record carry
   the same ``retry.id`` and ``retry.attempt``.
 * ``compaction_kill`` (killed between the archive's write and the first delete, or between two delete
@@ -34,7 +35,9 @@ from bench.chaos.trial import Expected, Tally, TrialGround, TrialResult, account
 
 log = logging.getLogger(__name__)
 
-BULK_FAULTS = ("bulk_retry_kill", "compaction_kill", "dlq_replay_kill")
+BULK_FAULTS = ("bulk_retry_kill", "compaction_kill", "dlq_replay_kill", "watched_replay_kill")
+#: A watched replay's canary (then the rest in one wave: a trial holds fewer than 10 000 records).
+CANARY = 50
 #: Small batches, so that a trial of a few thousand records has many of them to be killed between.
 MARK_BATCH, DELETE_BATCH, REPLAY_BATCH = 50, 100, 100
 #: The longest one run of an operation may take (a Spark job starts in 10-20 s here).
@@ -53,6 +56,9 @@ def plan_bulk_fault(fault: str, rng: random.Random, records: int) -> tuple[dict[
     if fault == "dlq_replay_kill":
         n = rng.randint(1, max(1, records // REPLAY_BATCH - 1))
         return {"checkpoint": "dlq.batch", "n": n, "batch_size": REPLAY_BATCH}, f"dlq.batch:{n}"
+    if fault == "watched_replay_kill":
+        n = rng.randint(1, 2)  # while the canary is watched, or the wave after it
+        return {"checkpoint": "dlq.watch", "n": n, "canary": CANARY}, f"dlq.watch:{n}"
     if fault == "compaction_kill":
         if rng.random() < 0.5:
             return {"checkpoint": "compaction.archived", "n": 1}, "compaction.archived:1"
@@ -69,6 +75,11 @@ def operation(fault: str, topics: Topics, archive: str) -> list[str]:
         return ["bulk-retry", "--destination", topics.dest, "--mark-batch", str(MARK_BATCH)]
     if fault == "dlq_replay_kill":
         return ["dlq", "replay", "--destination", topics.dest, "--batch-size", str(REPLAY_BATCH), "--yes"]
+    if fault == "watched_replay_kill":
+        return [
+            "dlq", "replay", "--destination", topics.dest, "--batch-size", str(REPLAY_BATCH),
+            "--canary", str(CANARY), "--stop-above", "50%", "--verdict-window", "1s", "--yes",
+        ]  # fmt: skip
     return [
         "compact", "--older-than", "0s", "--dead-retention", "0s", "--archive", archive,
         "--delete-batch", str(DELETE_BATCH),

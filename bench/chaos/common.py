@@ -24,6 +24,7 @@ FAULTS = (
     "bulk_retry_kill",
     "compaction_kill",
     "dlq_replay_kill",
+    "watched_replay_kill",
 )
 POLICIES_PATH = Path(__file__).resolve().parents[1] / "chaos_policies.py"
 MAX_ATTEMPTS, FATAL_ERROR = 3, "ChaosFatalError"  # as in bench/chaos_policies.py

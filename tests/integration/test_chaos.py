@@ -44,7 +44,9 @@ def test_every_fault_kind_loses_nothing_and_duplicates_keep_their_identity(tmp_p
     # A kill between the broker's ack and the mark re-publishes a whole round: the count is not vacuous.
     assert report["per_fault"]["kill_publish_produced"]["duplicates"] > 0
     assert report["fault_kinds"] == sorted(FAULTS)
-    assert {"bulk_retry_kill", "compaction_kill", "dlq_replay_kill"} <= set(report["fault_kinds"])
+    assert {"bulk_retry_kill", "compaction_kill", "dlq_replay_kill", "watched_replay_kill"} <= set(
+        report["fault_kinds"]
+    )
     bulk = {t["fault"]: t for t in report["trial_results"] if t["fault"] in BULK_FAULTS}
     for fault, trial in bulk.items():
         # killed by its fault plan (SIGKILL), then run again to its end, like Airflow's retry of the task

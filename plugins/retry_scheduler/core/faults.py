@@ -6,8 +6,8 @@ not yet; ``publish.produced`` / ``publish.dlq_produced``: the broker acknowledge
 not yet marked). So do the bulk operations: ``bulk_retry.acked`` (a Spark partition handed a batch
 of acknowledged jobs to be marked published, not yet committed), ``compaction.archived`` (the
 archive written, synced and verified, nothing deleted yet), ``compaction.deleted`` (one more delete
-batch committed) and ``dlq.batch`` (a replay or purge batch changed, its transaction not yet
-committed).
+batch committed), ``dlq.batch`` (a replay or purge batch changed, its transaction not yet
+committed) and ``dlq.watch`` (a watched replay's wave made due and committed, its watch begun).
 
 With ``RETRY_FAULT=NAME:N`` set (several: comma-separated), the process SIGKILLs itself the N-th
 time it reaches checkpoint NAME: no cleanup, no ``finally``, like a power cut or the OOM killer. At
@@ -28,7 +28,9 @@ ENV = "RETRY_FAULT"
 #: Every checkpoint the service code calls; a plan naming another is a typo, refused loudly.
 LOOP_CHECKPOINTS = frozenset({"ingest.consumed", "ingest.stored", "publish.produced", "publish.dlq_produced"})
 #: Checkpoints of the bulk operations, where the whole job dies (see the module's docstring).
-JOB_CHECKPOINTS = frozenset({"bulk_retry.acked", "compaction.archived", "compaction.deleted", "dlq.batch"})
+JOB_CHECKPOINTS = frozenset(
+    {"bulk_retry.acked", "compaction.archived", "compaction.deleted", "dlq.batch", "dlq.watch"}
+)
 CHECKPOINTS = LOOP_CHECKPOINTS | JOB_CHECKPOINTS
 
 

@@ -323,6 +323,7 @@ def run_action(
                 )  # fmt: skip
                 if wave is None or watch is None or not done:
                     continue
+                faults.checkpoint("dlq.watch")  # chaos: die while a wave is watched, the rest not sent
                 verdict = watch_wave(
                     conn, watch, ids=done, retry_ids=retry_ids, since=since,
                     canary=number == 0 and watch.has_canary(),
