@@ -114,7 +114,9 @@ class Publisher(ClaimFloors):
         # stored is not published to (the job goes dead, invalid, with the reason).
         self.destinations = deployment.destinations
         self.store = store
-        self.rate_limits = DestinationRateLimits(deployment.policies.rate_limit, store)
+        self.rate_limits = DestinationRateLimits(
+            deployment.policies.rate_limit, store, any_limit=bool(deployment.policies.rate_limits)
+        )
         self.store_factory = store_factory
         self.producer = producer or make_producer(settings)
         self.topics = topics or TopicManager(settings)
