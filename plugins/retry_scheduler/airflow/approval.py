@@ -14,7 +14,6 @@ and who made it (:class:`ReplayApprovalOperator`). An unanswered request fails t
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -27,20 +26,14 @@ from retry_scheduler.core.deployment import Deployment
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from retry_scheduler.ops.dlq import Approval
+
 log = logging.getLogger(__name__)
 
 #: How long a replay waits for its approval before the run fails (nothing sent).
 RESPONSE_TIMEOUT = timedelta(hours=4)
 #: The destinations listed in the approver's table (the rest summed up in one line).
 SHOWN_DESTINATIONS = 50
-
-
-@dataclass(frozen=True)
-class Approval:
-    """A replay's approval: who gave it, and how many jobs of the filter (the oldest) it was shown."""
-
-    by: str
-    matched: int
 
 
 def approval_request(
@@ -110,6 +103,8 @@ def decision(response: Any) -> tuple[str, str] | None:
 def approval_of(request: dict[str, Any] | None, response: Any) -> Approval | None:
     """The approval the ``operate`` task replays under (None: none was needed). A run whose request
     has no approving answer does not get here: the gate skipped its replay."""
+    from retry_scheduler.ops.dlq import Approval
+
     if request is None:
         return None
     decided = decision(response)

@@ -17,8 +17,7 @@ from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.metrics import Metrics
 
 if TYPE_CHECKING:
-    from retry_scheduler.airflow.approval import Approval
-    from retry_scheduler.ops.dlq import Operation
+    from retry_scheduler.ops.dlq import Approval, Operation
 
 log = logging.getLogger(__name__)
 

@@ -78,6 +78,15 @@ class TooManyForOneRequest(DlqError):
 
 
 @dataclass(frozen=True)
+class Approval:
+    """A replay's approval (the ``dlq_replay`` DAG's gate): who gave it, and how many jobs of the
+    filter, the oldest, its approver was shown."""
+
+    by: str
+    matched: int
+
+
+@dataclass(frozen=True)
 class Operation:
     """One dead-letter operation as asked: what, on which dead jobs, who asked and through which
     way in. It is audited as it is; invalid ones are refused when made (:class:`DlqError`)."""
