@@ -457,6 +457,7 @@ DEFAULTS_ARE_RIGHT = {
     "RETRY_MAX_RECORD_BYTES": "the broker's default message.max.bytes",
     "RETRY_MAX_RETRY_AHEAD_MS": "tuned default",
     "RETRY_PARK_AFTER_REPLAYS": "three replays, then parked",
+    "RETRY_REPLAY_APPROVAL_ABOVE": "off: the size that needs a second person is each deployment's own",
     "RETRY_POLICIES": "retry_policies.py in the DAGs folder",
     "RETRY_POLL_INTERVAL_MS": "tuned default",
     "RETRY_PUBLISH_BATCH": "tuned default",
