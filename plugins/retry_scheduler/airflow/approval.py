@@ -8,7 +8,8 @@ destination would go, at what pace, and who asked. *Approve* lets the ``operate`
 most the oldest jobs the approver was shown (letters dead since are newer, and left alone), with the
 approver audited beside the requester; an approver who is the requester is refused, nothing sent.
 *Reject* skips the replay: nothing is sent. Either way the dry run's audit row keeps the decision
-and who made it (:class:`ReplayApprovalOperator`). An unanswered request fails the run after :data:`RESPONSE_TIMEOUT` (nothing sent).
+and who made it (:class:`ReplayApprovalOperator`). A request unanswered for :data:`RESPONSE_TIMEOUT`
+fails its try; the task's retry asks once more, and the run's own timeout (6 h) ends it: nothing sent.
 """
 
 from __future__ import annotations
