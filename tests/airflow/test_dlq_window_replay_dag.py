@@ -115,10 +115,14 @@ def test_each_run_replays_the_dead_jobs_of_its_hour_once(trigger, database_url: 
 
     # The run for the hour starting at HOUR (a manual run's interval is the last complete hour
     # before its logical date). The conf cannot widen the window: since, until and ids are ignored.
-    dry = trigger(end, {"destination": "payments", "since": "2020-01-01T00:00:00Z", "ids": "3,4"})
+    # The form's canary is taken (a watched replay of the window: the canary, then the rest).
+    dry = trigger(
+        end, {"destination": "payments", "since": "2020-01-01T00:00:00Z", "ids": "3,4", "canary": "1"}
+    )
     assert dry.state == DagRunState.SUCCESS
     assert (dry.data_interval_start, dry.data_interval_end) == (start, end)
     assert (outcome(dry)["matched"], outcome(dry)["would_affect"], outcome(dry)["affected"]) == (3, 2, 0)
+    assert (outcome(dry)["waves"], outcome(dry)["watch"]["canary"]) == (2, 1)
     assert sql(database_url, "SELECT count(*) FROM retry_jobs_all WHERE status = 'dead'") == [(6,)]
 
     replay = trigger(end, {"destination": "payments", "dry_run": False})
