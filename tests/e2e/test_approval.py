@@ -51,17 +51,26 @@ def run_url(stack: DevStack, run_id: str) -> str:
 
 
 def wait_for_approval(stack: DevStack, token: str, run_id: str, timeout: float = 180.0) -> dict[str, Any]:
-    """The ``approve`` task's request, once it has waited a few seconds for an answer, as a person
-    answers. (Airflow 3.3.2 with the LocalExecutor: an answer within a second of the request can
-    arrive before the executor reports the request's workload done; the scheduler then takes the
-    task's state for changed outside it, fails the try, and its retry asks again.)"""
+    """The ``approve`` task's request, once the scheduler has seen the request's workload end.
+
+    Airflow 3.3.2 with the LocalExecutor: the task parks itself ``awaiting_input`` and its workload
+    ends a moment later (5 s on a loaded machine); an answer that resumes the task before the
+    scheduler has processed that end makes it take the task's state for changed outside it, fail the
+    try and retry it, which asks again. A person answers later than that; the test waits for the
+    scheduler's "TaskInstance Finished" line of the try, as its log says it.
+    """
     url = f"{run_url(stack, run_id)}/taskInstances/approve"
     deadline = time.monotonic() + timeout
-    while (state := api_call("GET", url, token).get("state")) not in ("awaiting_input", "deferred"):
-        assert state not in ("failed", "upstream_failed", "skipped", "success"), state
-        assert time.monotonic() < deadline, f"the approve task is still {state}"
+    while (ti := api_call("GET", url, token)).get("state") not in ("awaiting_input", "deferred"):
+        assert ti.get("state") not in ("failed", "upstream_failed", "skipped", "success"), ti.get("state")
+        assert time.monotonic() < deadline, f"the approve task is still {ti.get('state')}"
         time.sleep(1)
-    time.sleep(3)
+    seen = f"TaskInstance Finished: dag_id=dlq_replay, task_id=approve, run_id={run_id},"
+    tried = f", try_number={ti['try_number']},"
+    log = stack.log_dir / "scheduler.log"
+    while not any(seen in line and tried in line for line in log.read_text(errors="replace").splitlines()):
+        assert time.monotonic() < deadline, "the scheduler never saw the approval request's workload end"
+        time.sleep(0.5)
     assert api_call("GET", url, token).get("state") in ("awaiting_input", "deferred")
     return dict(api_call("GET", f"{url}/-1/hitlDetails", token))
 
