@@ -328,7 +328,7 @@ def run_action(
                     conn, operation, outcome, dlq_query(
                         "dlq_replay_batch" if action == "replay" else "dlq_purge_batch", wave_where
                     ), {**wave_params, "refused": refused, "rate": rate, "rates": Jsonb(limited)}, pace,
-                    batch_size, progress,
+                    batch_size, progress, keep=wave is not None,
                 )  # fmt: skip
                 if wave is None or watch is None or not done:
                     continue
@@ -364,9 +364,12 @@ def _apply(
     pace: _Pace,
     batch_size: int,
     progress: Callable[[int, int], None],
+    *,
+    keep: bool,
 ) -> tuple[list[int], list[str]]:
     """Replay or purge what ``batch_query`` selects, a batch per transaction, each audited in its
-    transaction; returns the ids changed and (a replay) their retry ids."""
+    transaction. ``keep`` (a watched wave, at most a batch of ids): returns the ids changed and their
+    retry ids; otherwise none are kept (an unwatched replay or purge may change millions)."""
     changed: list[int] = []
     retry_ids: list[str] = []
     after_id = 0
@@ -388,7 +391,8 @@ def _apply(
                 if len(row) > 1:  # a replay: its destination's count, for the next batch's pace
                     pace.sent[row[1]] = pace.sent.get(row[1], 0) + 1
                     pace.start = pace.start or row[2]
-                    retry_ids.append(row[3])
+                    if keep:
+                        retry_ids.append(row[3])
             if done:
                 conn.execute(
                     sql.SQL(queries()["dlq_audit_progress"]),
@@ -397,7 +401,8 @@ def _apply(
                 faults.checkpoint("dlq.batch")  # chaos: die before this batch commits
         if not done:
             return changed, retry_ids
-        changed += done
+        if keep:
+            changed += done
         outcome.affected += len(done)
         after_id = max(done)
         progress(outcome.affected, outcome.would_affect)
