@@ -9,6 +9,7 @@ Retries may go only to the destinations named here: those of ``DESTINATIONS`` an
 
 from __future__ import annotations
 
+from retry_scheduler.core.breakers import Breaker
 from retry_scheduler.core.policy import Backoff, Policy
 
 POLICIES = [
@@ -34,6 +35,11 @@ ALLOWED_DESTINATIONS = ["orders", "payments", "demo.*"]
 #: The most records per second the service publishes to a destination (names or globs), retries and
 #: replays alike; none by default. For example: RATE_LIMITS = {"payments": 200}
 RATE_LIMITS: dict[str, float] = {}
+
+#: A breaker per destination (names or globs): when the records sent to it fail or come back past a
+#: share, its due jobs are held (attempts unspent) until a probe record stays away; none by default.
+#: For example: BREAKERS = {"payments": Breaker(failure_rate=0.5, min_records=20, cool_down="30s")}
+BREAKERS: dict[str, Breaker] = {}
 
 #: Alert channels beyond the built-in webhook, e-mail and log: any Airflow notifier, rendered with the
 #: alert in its context (README, "Add a Slack channel"). For example:

@@ -63,6 +63,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (21, "0021_watched_replay"),
         (22, "0022_destination_rate_limits"),
         (23, "0023_replay_approval"),
+        (24, "0024_destination_breakers"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(

@@ -45,6 +45,7 @@ def _declared(path: Path) -> dict[str, Any]:
         "destinations": dict(sorted(registry.destinations.items())),
         "allowed_destinations": [getattr(a, "pattern", a) for a in registry.allowed],
         "rate_limits": dict(registry.rate_limits),
+        "breakers": {pattern: breaker.describe() for pattern, breaker in registry.breakers},
         "alert_channels": [type(c).__name__ for c in channels] if isinstance(channels, list | tuple) else [],
     }
 
@@ -68,6 +69,8 @@ def _cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     print(f"  allowed destinations: {allowed}")
     for pattern, rate in declared["rate_limits"].items():
         print(f"  rate limit {pattern}: at most {rate:,g} records/s")
+    for pattern, breaker in declared["breakers"].items():
+        print(f"  breaker {pattern}: {breaker}")
     channels = ", ".join(declared["alert_channels"]) or "(none: the built-in webhook, e-mail and log only)"
     print(f"  alert channels: {channels}")
     return 0

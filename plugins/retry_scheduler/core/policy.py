@@ -13,6 +13,7 @@ and reviewed like code::
     DESTINATIONS = {"payments": "payments"}   # destination topic -> policy name
     ALLOWED_DESTINATIONS = ["orders", "shop.*"]   # and the DESTINATIONS above; nothing else
     RATE_LIMITS = {"payments": 200}   # records/s published to a destination (names or globs)
+    BREAKERS = {"payments": Breaker(failure_rate=0.5)}   # hold a destination that keeps failing
     ALERT_CHANNELS = [SlackWebhookNotifier(slack_webhook_conn_id="slack", text="{{ alert.summary() }}")]
 
 Everything here is a pure function of its inputs (the clock is a parameter), so the
@@ -32,6 +33,7 @@ from pathlib import Path
 from types import ModuleType
 
 from retry_scheduler.core import protocol
+from retry_scheduler.core.breakers import Breaker, BreakerError, breaker_for, breakers_of
 from retry_scheduler.core.destinations import Allowed, DestinationRuleError, Destinations
 from retry_scheduler.core.durations import parse_duration_ms
 
@@ -249,6 +251,9 @@ class PolicyRegistry:
     #: ``RATE_LIMITS``: destination names or globs (``"shop.*"``) and the most records per second the
     #: service publishes to each matching destination (:meth:`rate_limit`).
     rate_limits: tuple[tuple[str, float], ...] = ()
+    #: ``BREAKERS``: destination names or globs and their :class:`~retry_scheduler.core.breakers.Breaker`
+    #: (:meth:`breaker`).
+    breakers: tuple[tuple[str, Breaker], ...] = ()
 
     def __post_init__(self) -> None:
         if DEFAULT_POLICY not in self.policies:
@@ -275,6 +280,7 @@ class PolicyRegistry:
         destinations: Mapping[str, str] | None = None,
         allowed: Iterable[Allowed] = (),
         rate_limits: Mapping[str, float] | None = None,
+        breakers: Mapping[str, Breaker] | None = None,
     ) -> PolicyRegistry:
         """Build a registry; adds a conservative ``default`` when none is declared."""
         if isinstance(policies, str | bytes | Mapping) or not isinstance(policies, Iterable):
@@ -302,7 +308,13 @@ class PolicyRegistry:
                 raise PolicyError(
                     f"DESTINATIONS maps {dest!r} to {name!r}: both must be strings (topic, policy name)"
                 )
-        return cls(by_name, dict(destinations or {}), tuple(allowed), _rate_limits(rate_limits))
+        try:
+            declared_breakers = breakers_of(breakers)
+        except BreakerError as exc:
+            raise PolicyError(str(exc)) from None
+        return cls(
+            by_name, dict(destinations or {}), tuple(allowed), _rate_limits(rate_limits), declared_breakers
+        )
 
     def rate_limit(self, destination: str) -> float | None:
         """The most records per second the service publishes to ``destination`` (retries, replays and
@@ -310,6 +322,14 @@ class PolicyRegistry:
         None: no limit."""
         limits = [rate for pattern, rate in self.rate_limits if fnmatch.fnmatchcase(destination, pattern)]
         return min(limits) if limits else None
+
+    def breaker(self, destination: str) -> Breaker | None:
+        """The breaker of ``destination`` (``BREAKERS``: its own entry, else the first glob matching it);
+        None: it has none."""
+        return breaker_for(self.breakers, destination)
+
+    def has_breaker(self, destination: str) -> bool:
+        return breaker_for(self.breakers, destination) is not None
 
     def get(self, name: str) -> Policy:
         try:
@@ -391,7 +411,8 @@ def load_policies(path: str | Path) -> PolicyRegistry:
     The module declares ``POLICIES`` (a list of :class:`Policy`) and optionally
     ``DESTINATIONS`` (destination topic -> policy name), ``ALLOWED_DESTINATIONS`` (the other
     topics retries may go to: names, globs like ``"orders.*"`` or ``re.compile(...)``) and
-    ``RATE_LIMITS`` (destination name or glob -> the most records per second published to it).
+    ``RATE_LIMITS`` (destination name or glob -> the most records per second published to it) and
+    ``BREAKERS`` (destination name or glob -> :class:`~retry_scheduler.core.breakers.Breaker`).
     """
     path = Path(path)
     module = load_policies_module(path)
@@ -403,4 +424,5 @@ def load_policies(path: str | Path) -> PolicyRegistry:
         getattr(module, "DESTINATIONS", {}),
         getattr(module, "ALLOWED_DESTINATIONS", ()),
         getattr(module, "RATE_LIMITS", None),
+        getattr(module, "BREAKERS", None),
     )

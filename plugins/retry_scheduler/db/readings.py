@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import psycopg
 
 from retry_scheduler.core.jobs import HELD_DUE_MS
+from retry_scheduler.db.breakers import BreakerStatus, breaker_statuses
 from retry_scheduler.db.connection import StoreError
 from retry_scheduler.db.schema import q
 
@@ -138,6 +139,8 @@ class MonitorFigures:
     holds: Holds
     #: The longest-waiting stuck chains (at most five), as ``chains list --stuck`` shows them.
     stuck_chain_ids: tuple[str, ...]
+    #: The destinations' breakers not closed or still holding jobs (``BREAKERS``).
+    breakers: tuple[BreakerStatus, ...]
     stuck_delivery: StuckDelivery | None
 
 
@@ -260,6 +263,7 @@ class Readings:
                 if holds.stuck
                 else []
             )
+            breakers = breaker_statuses(self.conn)
         assert now is not None
         return MonitorFigures(
             now=now[0],
@@ -269,6 +273,7 @@ class Readings:
             deliveries=tuple(Delivery(str(r[0]), int(r[1]), int(r[2]), r[3]) for r in deliveries),
             holds=holds,
             stuck_chain_ids=tuple(str(row[0]) for row in stuck_ids),
+            breakers=tuple(breakers),
             stuck_delivery=None
             if stuck is None
             else StuckDelivery(stuck[0], stuck[1], int(stuck[2] or 0), stuck[3], float(stuck[4] or 0.0)),

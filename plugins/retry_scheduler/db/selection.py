@@ -28,7 +28,6 @@ from retry_scheduler.core.config import Settings
 from retry_scheduler.core.durations import TIME_HELP, moment, time_or_ago
 from retry_scheduler.core.jobs import Status
 from retry_scheduler.core.protocol import TOPIC_NAME
-from retry_scheduler.db.store import like_pattern
 
 #: The statuses a selection can choose: dead jobs (every path) and pending ones (the bulk retry).
 SELECTABLE = (Status.DEAD, Status.PENDING)
@@ -58,6 +57,16 @@ _FAILED_AT: dict[Status, tuple[LiteralString, LiteralString]] = {
     Status.PENDING: ("created_at >= %(since)s::timestamptz", "created_at < %(until)s::timestamptz"),
 }
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+#: ``!`` escapes LIKE wildcards: unlike a backslash it means the same with any standard_conforming_strings.
+LIKE_ESCAPE = "!"
+
+
+def like_pattern(glob: str) -> str:
+    """Translate a ``*`` glob into a LIKE pattern (escape ``!``): ``%`` and ``_`` match themselves."""
+    escaped = "".join(LIKE_ESCAPE + c if c in f"%_{LIKE_ESCAPE}" else c for c in glob)
+    return escaped.replace("*", "%")
 
 
 class SelectionError(ValueError):

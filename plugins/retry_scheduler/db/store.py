@@ -19,6 +19,7 @@ from psycopg.adapt import PyFormat
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.jobs import COPY_TYPES, CopyRow, OutgoingRow
+from retry_scheduler.db.breakers import BreakerRecords
 from retry_scheduler.db.connection import StoreError, connect, require_migrated
 from retry_scheduler.db.loop_records import LoopRecords
 from retry_scheduler.db.readings import HELD_DUE_AT, Readings
@@ -59,16 +60,6 @@ def refusal_reason(exc: Exception) -> str:
     return text.encode("ascii", "backslashreplace").decode("ascii").replace("\x00", "\\x00")
 
 
-#: ``!`` escapes LIKE wildcards: unlike a backslash it means the same with any standard_conforming_strings.
-LIKE_ESCAPE = "!"
-
-
-def like_pattern(glob: str) -> str:
-    """Translate a ``*`` glob into a LIKE pattern (escape ``!``): ``%`` and ``_`` match themselves."""
-    escaped = "".join(LIKE_ESCAPE + c if c in f"%_{LIKE_ESCAPE}" else c for c in glob)
-    return escaped.replace("*", "%")
-
-
 class VacuumNeed(NamedTuple):
     """What the publish loop's own vacuum weighs (:meth:`Store.vacuum_need`)."""
 
@@ -78,7 +69,7 @@ class VacuumNeed(NamedTuple):
     horizon: str | None  # the oldest snapshot another session of this database holds (its xmin)
 
 
-class Store(Readings, LoopRecords, DestinationSlots):
+class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
     """One connection to the retry database and the operations of the ingest and publish loops."""
 
     def __init__(self, database_url: str) -> None:
@@ -116,6 +107,7 @@ class Store(Readings, LoopRecords, DestinationSlots):
         adopted_topics: Collection[str] = (),
         chain_events: Sequence[tuple[str, str, str | None]] = (),
         refused: Refusal | None = None,
+        breakers: Callable[[str], bool] | None = None,
     ) -> list[str | None]:
         """Store new jobs (:class:`~retry_scheduler.core.jobs.CopyRow`) and, in the same transaction, the next
         ``offsets`` to read of ``consumer_group``'s retry-topic partitions.
@@ -137,6 +129,9 @@ class Store(Readings, LoopRecords, DestinationSlots):
         ``refused(row, the server's error)`` (a dead row that keeps the record's bytes), and the rest
         is stored as it was. Without ``refused`` the error is raised. A lost connection or any other
         error is raised as ever: the batch is read again from its offsets.
+
+        ``breakers`` says which destinations have a breaker (``BREAKERS``): the batch's records come
+        back from those (an attempt above 0) are counted in their rows (:mod:`retry_scheduler.core.breakers`).
         """
         if not rows and not chain_events:
             return []
@@ -151,6 +146,15 @@ class Store(Readings, LoopRecords, DestinationSlots):
                 cur.execute(q("mark_adopted_delivered"), {"topics": adopted})
             self._settle_holds(cur, rows, chain_events)
             registered = self._register_destinations(cur, rows)
+            if breakers is not None:
+                self.count_came_back(
+                    cur,
+                    [
+                        (row.destination, row.retry_id)
+                        for row in rows
+                        if row.attempt > 0 and row.destination and breakers(row.destination)
+                    ],
+                )
             if offsets:
                 keys = sorted(offsets)
                 cur.execute(

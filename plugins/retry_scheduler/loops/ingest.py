@@ -307,6 +307,7 @@ class Ingestor:
             adopted_topics=self.settings.adopt_topics,
             chain_events=batch.chain_events,
             refused=lambda row, reason: self.refused_row(batch, row, reason),
+            breakers=self.deployment.policies.has_breaker if self.deployment.policies.breakers else None,
         )
         counts = IngestCounts(consumed=len(batch.rows) + batch.release_records, stored=len(stored), batches=1)
         if batch.release_records:

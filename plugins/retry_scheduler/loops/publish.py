@@ -23,6 +23,7 @@ from retry_scheduler.core.metrics import SNAPSHOT_EVERY_S, Metrics, NoMetrics
 from retry_scheduler.db.chains import expire_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.db.vacuum import SelfVacuum
+from retry_scheduler.loops.breakers import DestinationBreakers
 from retry_scheduler.loops.claim_floors import ClaimFloors
 from retry_scheduler.loops.handover import ALIVE_S, LoopTenure, new_worker_id
 from retry_scheduler.loops.kafka import TopicManager, make_producer, wait_until_ready
@@ -55,6 +56,8 @@ class PublishCounts:
     fair_claimed: int = 0
     #: Of those, put off to later slots by their destination's rate limit (RATE_LIMITS).
     deferred: int = 0
+    #: Of those, held by their destination's open breaker (BREAKERS).
+    held: int = 0
     published: int = 0
     dead_published: int = 0
     failed: int = 0
@@ -68,6 +71,7 @@ class PublishCounts:
         self.claimed += other.claimed
         self.fair_claimed += other.fair_claimed
         self.deferred += other.deferred
+        self.held += other.held
         self.published += other.published
         self.dead_published += other.dead_published
         self.failed += other.failed
@@ -82,6 +86,7 @@ class PublishCounts:
             "claimed": self.claimed,
             "fair_claimed": self.fair_claimed,
             "deferred": self.deferred,
+            "held": self.held,
             "published": self.published,
             "dead_published": self.dead_published,
             "failed": self.failed,
@@ -117,6 +122,10 @@ class Publisher(ClaimFloors):
         self.rate_limits = DestinationRateLimits(
             deployment.policies.rate_limit, store, any_limit=bool(deployment.policies.rate_limits)
         )
+        self.breakers = DestinationBreakers(
+            deployment.policies.breaker, store, any_breaker=bool(deployment.policies.breakers),
+            clock=clock, metrics=self.metrics,
+        )  # fmt: skip
         self.store_factory = store_factory
         self.producer = producer or make_producer(settings)
         self.topics = topics or TopicManager(settings)
@@ -317,7 +326,10 @@ class Publisher(ClaimFloors):
             self._after_claim(floor, due_rows, claim_began)
             lane_rows = self.claim_lanes(due_rows)
             counts.fair_claimed = len(lane_rows)
-            due_rows, counts.deferred = self.rate_limits.apply(due_rows + lane_rows)
+            due_rows, counts.held = self.breakers.apply(due_rows + lane_rows)
+            due_rows, counts.deferred = self.rate_limits.apply(due_rows)
+            acked: list[tuple[int, int]] = []
+            failed_due: list[tuple[int, str]] = []
             if due_rows:
                 acked, failed_due, unroutable = self._produce_all(due_rows, to_dlq=False)
                 faults.checkpoint("publish.produced")
@@ -332,7 +344,8 @@ class Publisher(ClaimFloors):
                 self._advance_holds(due_rows, acked, unroutable)
             if failed:
                 counts.failed = self.store.mark_failed(failed)
-        counts.claimed = len(dead_rows) + len(due_rows) + counts.deferred
+        self.breakers.count(due_rows, acked, failed_due)
+        counts.claimed = len(dead_rows) + len(due_rows) + counts.deferred + counts.held
         if counts.claimed:
             counts.slowest_round_s, counts.slowest_round_jobs = time.perf_counter() - began, counts.claimed
         if failed:
@@ -460,8 +473,10 @@ class Publisher(ClaimFloors):
                 batch = self.publish_once()
                 if batch.claimed:
                     log.info(
-                        "claimed %s jobs: %s published, %s to DLQ, %s failed",
+                        "claimed %s jobs: %s published, %s to DLQ, %s failed%s",
                         batch.claimed, batch.published, batch.dead_published, batch.failed,
+                        "".join(f", {n} {what}" for n, what in ((batch.held, "held by a breaker"),
+                                (batch.deferred, "put off by a rate limit")) if n),
                     )  # fmt: skip
                 self.totals.add(batch)
                 self._report(batch, snapshot=not helper)
@@ -470,6 +485,7 @@ class Publisher(ClaimFloors):
                     if self.vacuum is not None:
                         self.vacuum.tick(self.store)
                     self._forget_released_chains()
+                    self.breakers.tick()
                 if batch.claimed >= self.settings.publish_batch:
                     continue  # more may be waiting
                 wait = self.store.seconds_until_next_due(after=self.store.claimed_up_to)

@@ -57,6 +57,8 @@ class Reading:
     stuck_chains: int = 0
     oldest_stuck_s: float = 0.0
     stuck_chain_ids: Sequence[str] = ()
+    #: The destinations' breakers not closed or still holding jobs (``BREAKERS``), as dicts.
+    breakers: Sequence[Mapping[str, Any]] = ()
     #: Share groups' letters of the last hour (:class:`~retry_scheduler.loops.sources.LetterReading`).
     letters: LetterReading = field(default_factory=lambda: LetterReading())
     letters_error: str | None = None
@@ -68,6 +70,10 @@ class Reading:
     @property
     def failing_deliveries(self) -> int:
         return sum(d.failing for d in self.deliveries)
+
+    @property
+    def open_breakers(self) -> int:
+        return sum(b["state"] != "closed" for b in self.breakers)
 
     @property
     def dead_last_hour(self) -> int:
@@ -107,6 +113,7 @@ class Reading:
             stuck_chains=figures.holds.stuck,
             oldest_stuck_s=figures.holds.oldest_stuck_s or 0.0,
             stuck_chain_ids=figures.stuck_chain_ids,
+            breakers=tuple(b.as_dict() for b in figures.breakers),
             letters=letters or LetterReading(),
             letters_error=letters_error,
         )
@@ -142,6 +149,8 @@ class Reading:
             "stuck_chains": self.stuck_chains,
             "oldest_stuck_s": round(self.oldest_stuck_s, 3),
             "stuck_chain_ids": list(self.stuck_chain_ids),
+            "open_breakers": self.open_breakers,
+            "breakers": [dict(b) for b in self.breakers],
             "letters_unreadable": self.letters.unreadable,
             "letter_retention_share": None
             if self.letters.retention_share is None
@@ -287,6 +296,24 @@ def _stuck_chains(reading: Reading, limit: str) -> Described:
     return head, detail, {"chains": list(reading.stuck_chain_ids[:5]), "held": reading.held}
 
 
+def _open_breakers(reading: Reading, limit: str) -> Described:
+    opened = [b for b in reading.breakers if b["state"] != "closed"][:5]
+    head = f"{reading.open_breakers} destination(s) held by their breaker ({limit})"
+    detail = (
+        "Their records failed or came back past their breaker's share (BREAKERS in the policies module): "
+        "their due jobs are held, attempts unspent, until a probe record stays away. "
+        + "; ".join(
+            f"{b['destination']} {b['state']} since {b['since']}, {b['held']} held: {(b['reason'] or '')[:200]}"
+            for b in opened
+        )
+        + ". Fix the consumer; `retry-scheduler breakers` shows them, `retry-scheduler breakers close "
+        "DESTINATION --yes` lets the held jobs go at once."
+        if opened
+        else "Every breaker is closed."
+    )
+    return head, detail, {"breakers": {b["destination"]: b["state"] for b in opened}}
+
+
 def _letters_unreadable(reading: Reading, limit: str) -> Described:
     lost = reading.letters.unreadable
     head = f"{lost} share-group dead letter(s) of the last hour kept without their record ({limit})"
@@ -371,6 +398,7 @@ REGISTRY: tuple[Check, ...] = (
         counts=True,
     ),
     Check("stuck_chains", "stuck_chain_s", lambda r: r.oldest_stuck_s, _stuck_chains),
+    Check("open_breakers", "open_breakers", lambda r: float(r.open_breakers), _open_breakers, counts=True),
     Check(
         "letters_unreadable",
         "letters_unreadable",

@@ -31,6 +31,8 @@ class Thresholds:
     #: Seconds the oldest record held in a stuck chain (ordered mode: its head is not at the
     #: scheduler) has waited.
     stuck_chain_s: float | None = 3600.0
+    #: Destinations whose breaker holds their jobs (BREAKERS; 0: any).
+    open_breakers: float | None = 0.0
     #: Share groups' letters of the last hour kept without their record (0: any).
     letters_unreadable: float | None = 0.0
     #: The largest share of its topic's retention a share group's letter's record had used when read.

@@ -38,8 +38,7 @@ from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import REPLAYED, OutgoingRow, destination_headers
 from retry_scheduler.db.connection import StoreError, connect
 from retry_scheduler.db.schema import queries
-from retry_scheduler.db.selection import Selection, SelectionError
-from retry_scheduler.db.store import like_pattern
+from retry_scheduler.db.selection import Selection, SelectionError, like_pattern
 from retry_scheduler.spark.bulk_guard import BulkAudit, guarded_run
 from retry_scheduler.spark.bulk_options import MARK_BATCH, Options, parse_args
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows, jdbc_target

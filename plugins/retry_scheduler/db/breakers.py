@@ -1,0 +1,189 @@
+"""Destinations' breakers in the job store (``BREAKERS``, :mod:`retry_scheduler.core.breakers`):
+:class:`BreakerRecords` is a mixin of :class:`retry_scheduler.db.store.Store`; its SQL is
+``sql/breakers.sql``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+import psycopg
+
+from retry_scheduler.core.breakers import BreakerRow
+from retry_scheduler.db.connection import StoreError
+from retry_scheduler.db.schema import q
+
+#: The due time of a job a breaker holds (9999-12-30 UTC): never claimed until the breaker lets it go.
+#: A day before ordered mode's held chains' (9999-12-31): those queries do not take it for one of theirs.
+BREAKER_DUE_AT = datetime(9999, 12, 30, tzinfo=UTC)
+
+
+class BreakerStatus(NamedTuple):
+    """A destination's breaker as ``status``, the metrics, ``retry_monitor`` and the page show it."""
+
+    destination: str
+    state: str
+    since: datetime | None
+    reason: str | None
+    trips: int
+    held: int
+    oldest_held_s: float | None
+    probe_retry_id: str | None
+    probe_at: datetime | None
+    sent: int
+    failed: int
+    came_back: int
+
+    def as_dict(self) -> dict[str, Any]:
+        d = self._asdict()
+        for key in ("since", "probe_at"):
+            d[key] = None if d[key] is None else d[key].isoformat()
+        if d["oldest_held_s"] is not None:
+            d["oldest_held_s"] = round(d["oldest_held_s"], 3)
+        return d
+
+
+@contextlib.contextmanager
+def joined(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """A transaction of its own, or, inside the caller's, no savepoint (see ``Store._joined``)."""
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        with conn.transaction():
+            yield
+    else:
+        yield
+
+
+def breaker_statuses(conn: psycopg.Connection[Any], destinations: Sequence[str] = ()) -> list[BreakerStatus]:
+    """Every breaker not closed or still holding jobs, and those of ``destinations``."""
+    with joined(conn):
+        rows = conn.execute(q("breaker_list"), {"destinations": list(destinations)}).fetchall()
+    return [
+        BreakerStatus(
+            str(r[0]),
+            str(r[1]),
+            r[2],
+            r[3],
+            int(r[4]),
+            int(r[5]),
+            None if r[6] is None else float(r[6]),
+            r[7],
+            r[8],
+            int(r[9]),
+            int(r[10]),
+            int(r[11]),
+        )
+        for r in rows
+    ]
+
+
+class BreakerRecords:
+    """The breakers' rows and the jobs they hold, through the store's connection ``conn``."""
+
+    conn: psycopg.Connection[Any]
+
+    def breaker_states(self, destinations: Sequence[str]) -> dict[str, tuple[str, int | None]]:
+        """Of ``destinations``, those whose breaker is not closed: its state and probe job."""
+        if not destinations:
+            return {}
+        with joined(self.conn):
+            rows = self.conn.execute(q("breaker_states"), {"destinations": list(destinations)}).fetchall()
+        return {str(d): (str(state), probe) for d, state, probe in rows}
+
+    def hold_jobs(self, ids: Sequence[int]) -> int:
+        """Hold claimed jobs (in the round's transaction, whose claim locked them)."""
+        if not ids:
+            return 0
+        with joined(self.conn):
+            return self.conn.execute(
+                q("breaker_hold"), {"ids": list(ids), "breaker_due": BREAKER_DUE_AT}
+            ).rowcount
+
+    def let_go(self, destination: str, limit: int) -> list[tuple[int, str]]:
+        """Let up to ``limit`` of ``destination``'s held jobs go, the oldest due first: their ids and
+        retry ids."""
+        with joined(self.conn):
+            rows = self.conn.execute(
+                q("breaker_let_go"),
+                {"destination": destination, "limit": limit, "breaker_due": BREAKER_DUE_AT},
+            ).fetchall()
+        return [(int(i), str(r)) for i, r in rows]
+
+    def lock_breakers(self, destinations: Sequence[str]) -> list[tuple[BreakerRow, bool]]:
+        """The breaker rows of ``destinations``, locked until the caller's transaction ends, each with
+        whether it holds jobs."""
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            raise StoreError("lock_breakers must be called inside a transaction, or its locks end at once")
+        rows = self.conn.execute(q("breaker_lock"), {"destinations": sorted(destinations)}).fetchall()
+        return [
+            (
+                BreakerRow(
+                    destination=r[0],
+                    state=r[1],
+                    since=r[2],
+                    reason=r[3],
+                    trips=r[4],
+                    window_at=r[5],
+                    sent=r[6],
+                    failed=r[7],
+                    came_back=r[8],
+                    prev_sent=r[9],
+                    prev_failed=r[10],
+                    prev_came_back=r[11],
+                    probe_job=r[12],
+                    probe_retry_id=r[13],
+                    probe_at=r[14],
+                    probe_came_back=r[15],
+                    probe_published_at=r[16],
+                    probe_error=r[17],
+                ),
+                bool(r[18]),
+            )
+            for r in rows
+        ]
+
+    def save_breaker(self, row: BreakerRow) -> None:
+        values = asdict(row)
+        values.pop("probe_published_at")
+        values.pop("probe_error")
+        with joined(self.conn):
+            self.conn.execute(q("breaker_save"), values)
+
+    def count_sent(self, counts: Mapping[str, tuple[int, int]]) -> None:
+        """Add a round's records sent and deliveries failed (``destination -> (sent, failed)``)."""
+        if not counts:
+            return
+        names = sorted(counts)
+        with joined(self.conn):
+            self.conn.execute(
+                q("breaker_count_sent"),
+                {
+                    "destinations": names,
+                    "sent": [counts[n][0] for n in names],
+                    "failed": [counts[n][1] for n in names],
+                },
+            )
+
+    def count_came_back(self, cur: psycopg.Cursor[Any], came_back: Sequence[tuple[str, str]]) -> None:
+        """Add the records come back (``(destination, retry id)``), in the ingest's transaction."""
+        if came_back:
+            cur.execute(
+                q("breaker_count_back"),
+                {"destinations": [c[0] for c in came_back], "retry_ids": [c[1] for c in came_back]},
+            )
+
+    def breakers(self, destinations: Sequence[str] = ()) -> list[BreakerStatus]:
+        """Every breaker not closed or still holding jobs, and those of ``destinations``."""
+        return breaker_statuses(self.conn, destinations)
+
+    def set_breakers(self, destinations: Sequence[str], state: str, reason: str) -> list[str]:
+        """Open or close breakers by hand (``breakers open|close``); the destinations found."""
+        with self.conn.transaction():
+            self.conn.execute(q("register_destinations"), {"destinations": sorted(destinations)})
+            rows = self.conn.execute(
+                q("breaker_set"), {"destinations": sorted(destinations), "state": state, "reason": reason}
+            ).fetchall()
+        return [str(r[0]) for r in rows]

@@ -1,0 +1,142 @@
+"""Destinations' breakers in the publish loop (``BREAKERS``, :mod:`retry_scheduler.core.breakers`).
+
+Three parts, each a no-op when the policies declare no breaker:
+
+- in a round (its transaction, its claim's locks), the claimed jobs of a destination whose breaker is
+  open are held: pending, attempts unspent, kept out of the claim until the breaker lets them go
+  (``breaker_hold``); while it probes, only its probe goes out;
+- after a round, the records it sent to destinations with a breaker and the deliveries that failed
+  are added to their rows (the ingest adds the records that come back, ``Store.insert_rows``);
+- every :data:`TICK_S`, the loop (not its helpers) moves each breaker as
+  :func:`~retry_scheduler.core.breakers.step` says: opens it, lets its probe out after the cool-down,
+  closes it and lets its held jobs go (:data:`LET_GO_BATCH` a tick, the oldest due first).
+
+A round reads the breakers' states without locking their rows, and only the tick changes a state: a
+job claimed as the breaker opens may still go out in that round (it was claimed while closed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from retry_scheduler.core.breakers import CLOSED, LET_ALL_GO, LET_PROBE_OUT, OPEN, Breaker, step
+from retry_scheduler.core.jobs import OutgoingRow
+from retry_scheduler.core.metrics import Metrics, NoMetrics
+from retry_scheduler.db.store import Store
+
+log = logging.getLogger(__name__)
+
+#: How often the loop moves its breakers, in seconds.
+TICK_S = 1.0
+#: The most held jobs a closed breaker lets go in one tick (the claim takes them in due order anyway).
+LET_GO_BATCH = 10_000
+
+
+class DestinationBreakers:
+    """Applies the deployment's ``BREAKERS`` to the publish loop (see the module)."""
+
+    def __init__(
+        self,
+        breaker: Callable[[str], Breaker | None],
+        store: Store,
+        *,
+        any_breaker: bool = True,
+        clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._breaker = breaker
+        self.store = store
+        self.any_breaker = any_breaker
+        self.clock = clock
+        self.metrics: Metrics = metrics or NoMetrics()
+        self._ticked_at = float("-inf")  # monotonic
+
+    def apply(self, rows: list[OutgoingRow]) -> tuple[list[OutgoingRow], int]:
+        """The claimed ``rows`` that may go out now, and how many were held; in the round's transaction."""
+        if not self.any_breaker or not rows:
+            return rows, 0
+        covered = sorted({r.destination for r in rows if r.destination and self._breaker(r.destination)})
+        states = self.store.breaker_states(covered)
+        if not states:
+            return rows, 0
+        held = [
+            row.id
+            for row in rows
+            if row.destination in states and row.id != states[row.destination][1]  # the probe goes
+        ]
+        if not held:
+            return rows, 0
+        self.store.hold_jobs(held)
+        holding = set(held)
+        return [row for row in rows if row.id not in holding], len(held)
+
+    def count(
+        self, rows: Sequence[OutgoingRow], acked: Sequence[tuple[int, int]], failed: Sequence[tuple[int, str]]
+    ) -> None:
+        """Add a round's records sent and deliveries failed to their destinations' breakers (after the
+        round committed: a count lost to a crash only makes a share a little smaller)."""
+        if not self.any_breaker or not rows:
+            return
+        destination = {row.id: row.destination for row in rows}
+        counts: dict[str, list[int]] = {}
+        for ids, slot in ((acked, 0), (failed, 1)):
+            for job_id, _ in ids:
+                d = destination.get(job_id)
+                if d and self._breaker(d):
+                    counts.setdefault(d, [0, 0])[slot] += 1
+        if counts:
+            self.store.count_sent({d: (c[0], c[1]) for d, c in counts.items()})
+
+    def tick(self, *, force: bool = False) -> list[tuple[str, str, str | None]]:
+        """Every :data:`TICK_S` (or now, with ``force``): move every breaker; the changes made
+        (destination, new state, why)."""
+        if not self.any_breaker:
+            return []
+        began = time.monotonic()
+        if not force and began - self._ticked_at < TICK_S:
+            return []
+        self._ticked_at = began
+        covered = [d for d in self.store.known_destinations() if self._breaker(d)]
+        if not covered:
+            return []
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        changes: list[tuple[str, str, str | None]] = []
+        with self.store.conn.transaction():
+            for row, holds in self.store.lock_breakers(covered):
+                breaker = self._breaker(row.destination)
+                assert breaker is not None
+                new, action = step(row, breaker, now)
+                if action == LET_PROBE_OUT:
+                    probe = self.store.let_go(row.destination, 1)
+                    if probe:
+                        new = replace(new, probe_job=probe[0][0], probe_retry_id=probe[0][1], probe_at=now)
+                        log.info("breaker of %s: probe %s goes out", row.destination, probe[0][1])
+                if new.state == CLOSED and (action == LET_ALL_GO or holds):
+                    gone = self.store.let_go(row.destination, LET_GO_BATCH)
+                    if gone:
+                        log.info("breaker of %s closed: %s held job(s) go", row.destination, len(gone))
+                if new != row:
+                    self.store.save_breaker(new)
+                if new.state != row.state:
+                    changes.append((row.destination, new.state, new.reason))
+        for destination, state, reason in changes:
+            if state == OPEN:
+                self.metrics.incr("retry_scheduler.breakers.opened", 1)
+                log.warning("breaker of %s open, its due jobs held: %s", destination, reason)
+            elif state == CLOSED:
+                log.info("breaker of %s closed: %s", destination, reason)
+            else:
+                log.info("breaker of %s probing: its cool-down is over", destination)
+        if not isinstance(self.metrics, NoMetrics):
+            try:
+                listed = self.store.breakers()
+            except Exception as exc:  # metrics never stop the loop
+                log.warning("breakers' gauges skipped: %s: %s", type(exc).__name__, exc)
+            else:
+                self.metrics.gauge("retry_scheduler.breakers.open", sum(b.state != CLOSED for b in listed))
+                self.metrics.gauge("retry_scheduler.breakers.held", sum(b.held for b in listed))
+        return changes

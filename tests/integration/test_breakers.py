@@ -1,0 +1,134 @@
+"""A breaker per destination (``BREAKERS``, issue 33): when the records sent to a destination come
+back (its consumer fails them again) or cannot be delivered, past a share, its due jobs are held with
+their attempts unspent, one probe goes out after the cool-down, and the breaker closes once a probe
+stays away; the held jobs then go.
+
+Through the real loops (ingest and publish in threads, as the ``retry_scheduler`` DAG runs them), the
+broker and PostgreSQL, with an application consuming the destination through the SDK's
+``RetryingConsumer``: its retries reach the retry topic and are stored again, which is what the
+breaker counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from retry_scheduler.core.breakers import Breaker
+from retry_scheduler.core.policy import Policy, PolicyRegistry
+from retry_scheduler.db.store import Store
+from retry_scheduler.ops.checks import Reading
+from tests.integration.test_loop import Loop, hdr, new_loop
+from tests.integration.test_replay_watch import WARM_UP, App, running_loops
+from tests.kafkautil import consume, create_topics
+
+pytestmark = pytest.mark.integration
+
+BREAKER = Breaker(failure_rate=0.5, min_records=10, window="1m", cool_down="3s", probe_window="3s")
+
+
+def breaker_loop(loop: Loop, breaker: Breaker = BREAKER) -> Loop:
+    """The loop with a breaker on its destination and a policy retrying every second, 50 times."""
+    dlq = loop.registry.get("default").dlq_topic
+    registry = PolicyRegistry.of(
+        [Policy("default", delays=["1s"], max_attempts=50, max_age="1h", dlq_topic=dlq)],
+        breakers={loop.dest: breaker},
+    )
+    return dataclasses.replace(loop, registry=registry)
+
+
+def breaker_of(loop: Loop) -> dict:
+    with Store(loop.settings.database_url) as store:
+        found = [b for b in store.breakers([loop.dest]) if b.destination == loop.dest]
+    return found[0].as_dict() if found else {"state": "closed", "held": 0, "trips": 0}
+
+
+def wait_for(what: str, until: Callable[[], bool], timeout_s: float = 60) -> float:
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {breaker_of_last}"
+        time.sleep(0.1)
+    return time.time()
+
+
+breaker_of_last: dict = {}
+
+
+def held_jobs(loop: Loop) -> dict[int, int]:
+    """The jobs the breaker holds: id -> attempt."""
+    with psycopg.connect(loop.settings.database_url) as conn:
+        rows = conn.execute(
+            "SELECT j.id, j.attempt FROM retry_jobs AS j JOIN retry_breaker_holds AS h USING (id) "
+            "WHERE j.due_at = '9999-12-30 00:00:00+00'"
+        ).fetchall()
+    return dict(rows)  # type: ignore[arg-type]
+
+
+def test_a_destination_whose_consumer_fails_everything_is_held_probed_and_let_go_once_it_recovers(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    global breaker_of_last
+    loop = breaker_loop(new_loop(database_url, bootstrap_servers, topic_prefix))
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic])
+    broken, succeeded = {"down": True}, set()
+
+    def failing(key: bytes) -> bool:
+        if broken["down"]:
+            return True
+        succeeded.add(key)
+        return False
+
+    app = App(loop, f"{topic_prefix}-payments", failing=failing)
+    keys = [f"k{i:02d}".encode() for i in range(20)]
+    with running_loops(loop), app.running(loop):
+        loop.send([{"key": k, "value": b"v", "headers": hdr(destination=loop.dest)} for k in keys])
+
+        def state(name: str) -> bool:
+            global breaker_of_last
+            breaker_of_last = breaker_of(loop)
+            return bool(breaker_of_last["state"] == name)
+
+        opened_seen = wait_for("the breaker to open", lambda: state("open"))
+        assert "came back" in breaker_of_last["reason"], breaker_of_last
+        # Held: pending, due never, their attempts as they were when the breaker took them.
+        wait_for("jobs held", lambda: len(held_jobs(loop)) >= 10)
+        held = held_jobs(loop)
+        # retry_monitor sees it.
+        with Store(database_url) as store:
+            reading = Reading.from_store(store.monitor_reading(300), 300)
+        assert reading.value("open_breakers") == 1.0
+        assert reading.breakers[0]["destination"] == loop.dest
+        # The probe goes out after the cool-down and comes back (the consumer is still down): open again.
+        wait_for("a probe to come back", lambda: breaker_of(loop)["trips"] >= 2, timeout_s=60)
+        assert "the probe" in breaker_of(loop)["reason"] and "came back" in breaker_of(loop)["reason"]
+        broken["down"] = False
+        wait_for("the breaker to close", lambda: state("closed") and breaker_of(loop)["held"] == 0, 60)
+        closed_at = breaker_of(loop)["since"]
+        wait_for("every record to succeed", lambda: succeeded >= set(keys))
+        time.sleep(2)  # anything more that would come
+    # What reached the destination while the breaker was open: probes only (one each opening).
+    seen = [r for r in consume(loop.bootstrap, [loop.dest], 40, timeout_s=10) if r.key != WARM_UP]
+    from datetime import datetime
+
+    closed = datetime.fromisoformat(closed_at).timestamp()
+    while_open = [r for r in seen if opened_seen + 0.5 <= r.timestamp_ms / 1000 < closed]
+    trips = breaker_of(loop)["trips"]
+    assert 1 <= len(while_open) <= trips, [(r.key, r.timestamp_ms) for r in while_open]
+    # Each record was sent a few times (first delivery, maybe one more before the breaker opened, a probe,
+    # the last), not the dozens its policy allows at one a second.
+    per_key = Counter(r.key for r in seen)
+    assert set(per_key) == set(keys) and max(per_key.values()) <= 5, per_key
+    # The held jobs went out with the attempt they were held with: none spent while held.
+    with psycopg.connect(database_url) as conn:
+        went = dict(
+            conn.execute(  # type: ignore[arg-type]
+                "SELECT id, attempt FROM retry_published_jobs WHERE id = ANY(%s)", (list(held),)
+            ).fetchall()
+        )
+    assert went == held
+    assert loop.rows("status = 'pending'") == []
