@@ -42,7 +42,7 @@ RETURNING j.id, j.retry_id;
 -- name: breaker_lock
 -- The tick: the breakers' rows of %(destinations)s, locked, with what it weighs besides them: the
 -- probe's acknowledgement time (published) and last delivery error, and how many jobs are held.
-SELECT d.destination, d.breaker, d.breaker_since, d.breaker_reason, d.breaker_trips, d.window_at,
+SELECT d.destination, d.breaker, d.breaker_since, d.breaker_reason, d.breaker_by, d.breaker_trips, d.window_at,
        d.sent, d.failed, d.came_back, d.prev_sent, d.prev_failed, d.prev_came_back,
        d.probe_job, d.probe_retry_id, d.probe_at, d.probe_came_back,
        (SELECT p.published_at FROM retry_published_jobs AS p WHERE p.id = d.probe_job),
@@ -55,7 +55,8 @@ FOR UPDATE OF d;
 
 -- name: breaker_save
 UPDATE retry_destinations
-SET breaker = %(state)s, breaker_since = %(since)s, breaker_reason = %(reason)s, breaker_trips = %(trips)s,
+SET breaker = %(state)s, breaker_since = %(since)s, breaker_reason = %(reason)s, breaker_by = %(by)s,
+    breaker_trips = %(trips)s,
     window_at = %(window_at)s, sent = %(sent)s, failed = %(failed)s, came_back = %(came_back)s,
     prev_sent = %(prev_sent)s, prev_failed = %(prev_failed)s, prev_came_back = %(prev_came_back)s,
     probe_job = %(probe_job)s, probe_retry_id = %(probe_retry_id)s, probe_at = %(probe_at)s,
@@ -96,7 +97,7 @@ WHERE d.destination = c.destination;
 -- name: breaker_list
 -- Every breaker not closed, or still holding jobs, or of %(destinations)s: its state, since when and why,
 -- how often it opened, the jobs it holds and the oldest one's wait, the probe.
-SELECT d.destination, d.breaker, d.breaker_since, d.breaker_reason, d.breaker_trips,
+SELECT d.destination, d.breaker, d.breaker_since, d.breaker_reason, d.breaker_by, d.breaker_trips,
        coalesce(h.held, 0), extract(epoch FROM clock_timestamp() - h.oldest)::float8,
        d.probe_retry_id, d.probe_at, d.sent, d.failed, d.came_back
 FROM retry_destinations AS d
@@ -108,9 +109,10 @@ ORDER BY d.destination;
 
 -- name: breaker_set
 -- An operator's `breakers open|close`: the state set by hand (the tick lets the held jobs of a closed
--- breaker go); the counts start again.
+-- breaker go; one opened by hand stays open until closed by hand); the counts start again.
 UPDATE retry_destinations
 SET breaker = %(state)s, breaker_since = clock_timestamp(), breaker_reason = %(reason)s,
+    breaker_by = CASE WHEN %(state)s = 'open' THEN %(by)s END,
     breaker_trips = breaker_trips + CASE WHEN %(state)s = 'open' THEN 1 ELSE 0 END,
     window_at = clock_timestamp(), sent = 0, failed = 0, came_back = 0, prev_sent = 0, prev_failed = 0,
     prev_came_back = 0, probe_job = NULL, probe_retry_id = NULL, probe_at = NULL, probe_came_back = false

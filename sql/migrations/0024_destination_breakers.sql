@@ -13,6 +13,8 @@ ALTER TABLE retry_destinations
         CHECK (breaker IN ('closed', 'open', 'probing')),
     ADD COLUMN IF NOT EXISTS breaker_since    timestamptz,
     ADD COLUMN IF NOT EXISTS breaker_reason   text,
+    -- who opened it by hand (`breakers open`): it then stays open, without a probe, until closed by hand
+    ADD COLUMN IF NOT EXISTS breaker_by       text,
     ADD COLUMN IF NOT EXISTS breaker_trips    integer     NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS window_at        timestamptz,
     ADD COLUMN IF NOT EXISTS sent             integer     NOT NULL DEFAULT 0,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from retry_scheduler import __version__
-from retry_scheduler.cli import chains, dev, dlq, harness, policies, service, spark
+from retry_scheduler.cli import breakers, chains, dev, dlq, harness, policies, service, spark
 from retry_scheduler.core.config import ConfigError, Settings
 
 
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--kafka-bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers (KAFKA_BOOTSTRAP_SERVERS)"
     )
     sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
-    for group in (service, policies, spark, dlq, chains, dev, harness):
+    for group in (service, policies, spark, dlq, chains, breakers, dev, harness):
         group.add_parsers(sub)
     _list_apart(parser, sub, DEVELOPMENT, "development and measurement (from a checkout or the dev extra)")
     return parser

@@ -34,11 +34,13 @@ def status_report(settings: Settings, destination: str | None, window_s: int) ->
     """The figures of ``status --json``: one key per job status (``held``: the pending ones held in
     ordered mode, in ``held_chains`` chains, the oldest stored ``oldest_held_s`` ago; ``stuck_chains``
     of them wait for a head the scheduler does not hold, the oldest record for ``oldest_stuck_s``),
-    plus dead reasons and lateness."""
+    plus dead reasons, lateness and ``breakers``: the destinations' breakers not closed or holding
+    jobs (and the destination's, with ``destination``)."""
     from retry_scheduler.db.store import Store
 
     with Store(settings.database_url) as store:
         reading = store.status(destination=destination, window_s=window_s)
+        breakers = store.breakers([destination] if destination else ())
     late, holds, overdue, vacuum = reading.lateness, reading.holds, reading.oldest_overdue, reading.vacuum
     report: dict[str, Any] = {s.value: reading.counts.get(s.value, 0) for s in Status}
     report["held"] = holds.held
@@ -71,6 +73,9 @@ def status_report(settings: Settings, destination: str | None, window_s: int) ->
         "live_rows": vacuum.live_rows,
         "last_vacuum": vacuum.last_vacuum.isoformat() if vacuum.last_vacuum else None,
     }
+    report["breakers"] = [
+        b.as_dict() for b in breakers if destination is None or b.destination == destination
+    ]
     report["destination"] = destination
     return report
 
@@ -102,6 +107,12 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(report["dead_by_reason"].items()))
             line += f"  ({reasons})"
         print(line)
+    for b in report["breakers"]:
+        if b["state"] != "closed" or b["held"]:
+            print(
+                f"  breaker {b['destination']}: {b['state']} since {b['since']}, {b['held']} job(s) held"
+                + (f": {b['reason']}" if b["reason"] else "")
+            )
     overdue = report["oldest_overdue"]
     print(
         "  oldest overdue: none"

@@ -13,7 +13,7 @@ first; otherwise it opens again for another cool-down::
     # or for every destination: {"*": Breaker()}
 
 closed --(share of bad records >= failure_rate, over >= min_records)--> open
-open --(cool_down elapsed)--> probing: one held job goes out
+open --(cool_down elapsed)--> probing: one held job goes out (not when opened by hand: it stays open)
 probing --(the probe delivered and away for probe_window)--> closed: the held jobs go
 probing --(the probe came back, or was not delivered within probe_window)--> open
 
@@ -142,6 +142,8 @@ class BreakerRow:
     state: str = CLOSED
     since: datetime | None = None
     reason: str | None = None
+    #: Who opened it by hand (``breakers open``): it stays open, without a probe, until closed by hand.
+    by: str | None = None
     trips: int = 0
     window_at: datetime | None = None
     sent: int = 0
@@ -222,6 +224,8 @@ def step(row: BreakerRow, breaker: Breaker, now: datetime) -> tuple[BreakerRow, 
             ), None  # fmt: skip
         return row, None
     if row.state == OPEN:
+        if row.by is not None:
+            return row, None
         if row.since is None or (now - row.since).total_seconds() >= breaker.cool_down_s:
             return replace(_fresh(row, now), state=PROBING), LET_PROBE_OUT
         return row, None

@@ -400,7 +400,7 @@ def load_policies_module(path: str | Path) -> ModuleType:
             getattr(exc, "lineno", None),
         )
         where = f"{path}, line {line}" if line else str(path)
-        what = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
+        what = str(exc) if isinstance(exc, PolicyError | BreakerError) else f"{type(exc).__name__}: {exc}"
         raise PolicyError(f"{where}: {what}") from None
     return module
 

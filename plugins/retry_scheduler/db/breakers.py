@@ -29,6 +29,8 @@ class BreakerStatus(NamedTuple):
     state: str
     since: datetime | None
     reason: str | None
+    #: Who opened it by hand (None: the breaker opened by itself).
+    by: str | None
     trips: int
     held: int
     oldest_held_s: float | None
@@ -67,14 +69,15 @@ def breaker_statuses(conn: psycopg.Connection[Any], destinations: Sequence[str] 
             str(r[1]),
             r[2],
             r[3],
-            int(r[4]),
+            r[4],
             int(r[5]),
-            None if r[6] is None else float(r[6]),
-            r[7],
+            int(r[6]),
+            None if r[7] is None else float(r[7]),
             r[8],
-            int(r[9]),
+            r[9],
             int(r[10]),
             int(r[11]),
+            int(r[12]),
         )
         for r in rows
     ]
@@ -140,7 +143,7 @@ class BreakerRecords:
                     probe_published_at=r[16],
                     probe_error=r[17],
                 ),
-                bool(r[18]),
+                bool(r[19]),
             )
             for r in rows
         ]
@@ -179,11 +182,13 @@ class BreakerRecords:
         """Every breaker not closed or still holding jobs, and those of ``destinations``."""
         return breaker_statuses(self.conn, destinations)
 
-    def set_breakers(self, destinations: Sequence[str], state: str, reason: str) -> list[str]:
-        """Open or close breakers by hand (``breakers open|close``); the destinations found."""
+    def set_breakers(self, destinations: Sequence[str], state: str, reason: str, by: str) -> list[str]:
+        """Open (``by`` an operator: it stays open until closed by hand) or close breakers by hand
+        (``breakers open|close``); the destinations set."""
         with self.conn.transaction():
             self.conn.execute(q("register_destinations"), {"destinations": sorted(destinations)})
             rows = self.conn.execute(
-                q("breaker_set"), {"destinations": sorted(destinations), "state": state, "reason": reason}
+                q("breaker_set"),
+                {"destinations": sorted(destinations), "state": state, "reason": reason, "by": by},
             ).fetchall()
         return [str(r[0]) for r in rows]

@@ -431,6 +431,40 @@ def release_chains(
     return {"released": done.chains, "heads_dead": done.heads_dead, "not_held": done.unknown}
 
 
+class BreakersBody(BaseModel):
+    """Close breakers by hand: their held jobs go at once, without a probe."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    destinations: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=249)]], Field(min_length=1, max_length=100)
+    ]
+    why: Annotated[str, Field(max_length=500)] = ""
+
+
+@app.get("/api/breakers")
+def breakers(user: Annotated[Any, Depends(reader)]) -> list[dict[str, Any]]:
+    """The destinations' breakers not closed or still holding jobs (``BREAKERS``)."""
+    from retry_scheduler.db.breakers import breaker_statuses
+
+    with dlq.connection(database()) as conn:
+        return [b.as_dict() for b in breaker_statuses(conn)]
+
+
+@app.post("/api/breakers/close")
+def close_breakers(body: BreakersBody, user: Annotated[Any, Depends(operator)]) -> dict[str, Any]:
+    """Close breakers by hand (``retry-scheduler breakers close``): their held jobs go at once."""
+    from retry_scheduler.db.store import Store
+
+    who = str(user.get_name())
+    why = f"closed by {who} on the dead letters page" + (f": {body.why.strip()}" if body.why.strip() else "")
+    with Store(database_url()) as store:
+        known = {b.destination for b in store.breakers(body.destinations)}
+        done = store.set_breakers(sorted(known & set(body.destinations)), "closed", why, who)
+    log.info("dead letters page, %s closed breakers %s", who, done)
+    return {"closed": done, "unknown": sorted(set(body.destinations) - set(done))}
+
+
 @app.post("/api/reevaluate")
 def reevaluate(request: Request, body: ActionBody, user: Annotated[Any, Depends(operator)]) -> dict[str, Any]:
     """Read the selected dead ``invalid`` jobs again against the current policies (a dry run unless

@@ -510,6 +510,34 @@
     await Promise.all([loadChains(), loadAudit()]);
   }
 
+  // --- breakers ----------------------------------------------------------------------------------
+
+  async function loadBreakers() {
+    const rows = await api("api/breakers");
+    $("#breakers-section").hidden = rows.length === 0;
+    $("#breakers tbody").replaceChildren(...rows.map((b) => el("tr", { "data-destination": b.destination },
+      el("td", {}, b.destination),
+      el("td", {}, b.state === "closed" ? "closed" : el("span", { class: "badge fatal" }, b.state)),
+      el("td", {}, b.since ? new Date(b.since).toLocaleString() : "—"),
+      el("td", { class: "num" }, fmtInt(b.held)),
+      el("td", { class: "num" }, fmtInt(b.trips)),
+      el("td", {}, b.reason || "—"),
+      el("td", {}, state.me.can_operate && b.state !== "closed"
+        ? el("button", { type: "button", "data-close": b.destination }, "Close") : ""))));
+  }
+
+  async function closeBreaker(event) {
+    const button = event.target.closest("button[data-close]");
+    if (!button) return;
+    const destination = button.dataset.close;
+    const why = window.prompt(
+      `Close the breaker of ${destination}? Its held jobs go out at once, without a probe.\n\nA note (optional):`, "");
+    if (why === null) return;
+    const done = await api("api/breakers/close", { body: { destinations: [destination], why } });
+    showMessage("ok", `Closed ${fmtInt(done.closed.length)} breaker(s): their held jobs go.`);
+    await loadBreakers();
+  }
+
   // --- wiring -------------------------------------------------------------------------------------
 
   async function init() {
@@ -555,13 +583,14 @@
     $("#detail-purge").addEventListener("click", guard(() => startAction("purge", "selected", [state.openId])));
     $("#detail-reevaluate").addEventListener("click", guard(() => startAction("reevaluate", "selected", [state.openId])));
     $("#chains").addEventListener("click", guard(releaseChain));
+    $("#breakers").addEventListener("click", guard(closeBreaker));
     $("#dialog-cancel").addEventListener("click", closeDialog);
     $("#dialog-confirm").addEventListener("click", guard(confirmAction));
     document.addEventListener("keydown", (event) => {
       if (event.key === "Escape" && state.dialog) closeDialog();
     });
 
-    await Promise.all([loadFacets(), loadPage(), loadAudit(), loadChains()]);
+    await Promise.all([loadFacets(), loadPage(), loadAudit(), loadChains(), loadBreakers()]);
     const linked = /^#job=(\d+)$/.exec(location.hash);
     if (linked) await openDetail(Number(linked[1]));
   }
