@@ -12,6 +12,8 @@ breaker counts.
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -132,3 +134,95 @@ def test_a_destination_whose_consumer_fails_everything_is_held_probed_and_let_go
         )
     assert went == held
     assert loop.rows("status = 'pending'") == []
+
+
+def test_deliveries_that_fail_open_the_breaker_and_a_delivered_probe_closes_it(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """The destination topic is missing (and not created): every delivery fails. The breaker holds the
+    jobs rather than failing them again and again; once the topic exists, the probe goes through and
+    the rest follows."""
+    global breaker_of_last
+    breaker = Breaker(failure_rate=0.5, min_records=3, window="1m", cool_down="2s", probe_window="2s")
+    loop = breaker_loop(new_loop(database_url, bootstrap_servers, topic_prefix, create_topics=False), breaker)
+    create_topics(loop.bootstrap, [loop.settings.retry_topic])
+    keys = [f"d{i}".encode() for i in range(6)]
+    with running_loops(loop):
+        loop.send([{"key": k, "value": b"v", "headers": hdr(destination=loop.dest)} for k in keys])
+
+        def opened() -> bool:
+            global breaker_of_last
+            breaker_of_last = breaker_of(loop)
+            return bool(breaker_of_last["state"] == "open")
+
+        wait_for("the breaker to open", opened)
+        assert "not delivered" in breaker_of_last["reason"], breaker_of_last
+        wait_for("every job held", lambda: len(held_jobs(loop)) == 6, timeout_s=30)
+        time.sleep(4)  # a cool-down and a probe window: the probe fails too (the topic is still missing)
+        failures = {r["id"]: r["publish_failures"] for r in loop.rows("status = 'pending'")}
+        create_topics(loop.bootstrap, [loop.dest])
+        wait_for("every record on the topic", lambda: len(loop.rows("status = 'published'")) == 6, 60)
+        assert breaker_of(loop)["state"] == "closed"
+    # Held, the jobs stopped failing: each failed a delivery or two before the breaker (and a probe's
+    # few), not once per backoff all along.
+    assert max(failures.values()) <= 4, failures
+    assert sorted(r.key for r in consume(loop.bootstrap, [loop.dest], 6)) == keys
+
+
+def test_an_operator_opens_a_breaker_for_maintenance_and_closes_it(
+    database_url: str,
+    bootstrap_servers: str,
+    topic_prefix: str,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from retry_scheduler.cli.main import main
+
+    loop = breaker_loop(new_loop(database_url, bootstrap_servers, topic_prefix), BREAKER)
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic])
+    policies = tmp_path / "retry_policies.py"
+    policies.write_text(
+        "from retry_scheduler.core.breakers import Breaker\nfrom retry_scheduler.core.policy import Policy\n"
+        "POLICIES = [Policy('default', delays=['1s'], max_attempts=50)]\n"
+        f"BREAKERS = {{{loop.dest!r}: Breaker(cool_down='3s')}}\n"
+    )
+    monkeypatch.setenv("RETRY_DATABASE_URL", database_url)
+    monkeypatch.setenv("RETRY_POLICIES", str(policies))
+    monkeypatch.setenv("RETRY_DESTINATION_ALLOWLIST", loop.settings.destination_allowlist or "")
+
+    assert main(["breakers", "open", loop.dest]) == 2
+    assert "not confirmed: add --yes to open these breakers" in capsys.readouterr().err
+    assert main(["breakers", "open", "payments", "--yes"]) == 2
+    assert "payments has no breaker: declare one in BREAKERS" in capsys.readouterr().err
+    assert main(["breakers", "open", loop.dest, "--why", "INC-42 maintenance", "--yes"]) == 0
+    assert f"1 breaker(s) open: {loop.dest}" in capsys.readouterr().out
+    with running_loops(loop):
+        loop.send(
+            [
+                {"key": f"m{i}".encode(), "value": b"v", "headers": hdr(destination=loop.dest)}
+                for i in range(4)
+            ]
+        )
+        wait_for("the jobs held", lambda: len(held_jobs(loop)) == 4, timeout_s=30)
+        time.sleep(5)  # past the cool-down: opened by hand, no probe goes out
+        assert len(held_jobs(loop)) == 4 and loop.rows("status = 'published'") == []
+        assert main(["status", "--json"]) == 0
+        [shown] = json.loads(capsys.readouterr().out)["breakers"]
+        assert (shown["destination"], shown["state"], shown["held"], shown["trips"]) == (
+            loop.dest,
+            "open",
+            4,
+            1,
+        )
+        assert shown["by"].startswith("cli:") and shown["reason"].endswith(": INC-42 maintenance")
+        assert main(["breakers", "list"]) == 0
+        listed = capsys.readouterr().out
+        assert loop.dest in listed and " open " in listed and "INC-42 maintenance" in listed
+        assert main(["breakers", "close", loop.dest, "--yes", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == {"state": "closed", "destinations": [loop.dest]}
+        wait_for("the held jobs out", lambda: len(loop.rows("status = 'published'")) == 4, timeout_s=30)
+    assert len(consume(loop.bootstrap, [loop.dest], 4)) == 4
+    assert main(["breakers", "list", "--json"]) == 0
+    [after] = json.loads(capsys.readouterr().out)
+    assert (after["state"], after["held"], after["by"]) == ("closed", 0, None)
