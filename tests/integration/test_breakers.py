@@ -25,6 +25,8 @@ from retry_scheduler.core.breakers import Breaker
 from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.db.store import Store
 from retry_scheduler.ops.checks import Reading
+from retry_scheduler.ops.monitor import evaluate
+from retry_scheduler.ops.thresholds import Thresholds
 from tests.integration.test_loop import Loop, hdr, new_loop
 from tests.integration.test_replay_watch import WARM_UP, App, running_loops
 from tests.kafkautil import consume, create_topics
@@ -105,6 +107,13 @@ def test_a_destination_whose_consumer_fails_everything_is_held_probed_and_let_go
             reading = Reading.from_store(store.monitor_reading(300), 300)
         assert reading.value("open_breakers") == 1.0
         assert reading.breakers[0]["destination"] == loop.dest
+        [alert] = [o.alert for o in evaluate(reading, Thresholds(), {}) if o.check == "open_breakers"]
+        assert (
+            alert is not None
+            and alert.title == "retry_monitor: 1 destination(s) held by their breaker (threshold 0)"
+        )
+        assert f"{loop.dest} open since " in alert.text and "came back" in alert.text
+        assert alert.fields["breakers"] == {loop.dest: "open"}
         # The probe goes out after the cool-down and comes back (the consumer is still down): open again.
         wait_for("a probe to come back", lambda: breaker_of(loop)["trips"] >= 2, timeout_s=60)
         assert "the probe" in breaker_of(loop)["reason"] and "came back" in breaker_of(loop)["reason"]
@@ -226,3 +235,36 @@ def test_an_operator_opens_a_breaker_for_maintenance_and_closes_it(
     assert main(["breakers", "list", "--json"]) == 0
     [after] = json.loads(capsys.readouterr().out)
     assert (after["state"], after["held"], after["by"]) == ("closed", 0, None)
+
+
+class Recorded:
+    """A metrics sink that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, float]] = []
+
+    def incr(self, name: str, count: int = 1) -> None:
+        self.sent.append(("incr", name, count))
+
+    def gauge(self, name: str, value: float) -> None:
+        self.sent.append(("gauge", name, value))
+
+    def timing(self, name: str, ms: float) -> None:
+        self.sent.append(("timing", name, ms))
+
+
+def test_the_tick_reports_the_breakers_gauges_and_each_opening(database_url: str) -> None:
+    from retry_scheduler.core.policy import DEFAULT
+    from retry_scheduler.loops.breakers import DestinationBreakers
+
+    registry = PolicyRegistry.of([DEFAULT], breakers={"shop.*": Breaker(min_records=3)})
+    with Store(database_url) as store:
+        store.set_breakers(["shop.cart"], "closed", "new", "test")  # registers the destination
+        metrics = Recorded()
+        breakers = DestinationBreakers(registry.breaker, store, metrics=metrics)  # type: ignore[arg-type]
+        store.count_sent({"shop.cart": (1, 5)})
+        assert breakers.tick(force=True)[0][:2] == ("shop.cart", "open")
+        assert ("incr", "retry_scheduler.breakers.opened", 1) in metrics.sent
+        assert ("gauge", "retry_scheduler.breakers.open", 1) in metrics.sent
+        assert ("gauge", "retry_scheduler.breakers.held", 0) in metrics.sent
+        assert breakers.tick() == []  # within a second of the last: nothing
