@@ -538,6 +538,7 @@ def test_dry_run_counts_per_destination_and_changes_nothing(
         "marking_s": None,
         "phases_s": {"select": result["phases_s"]["select"]},  # a dry run only counts
         "not_allowed": {},
+        "held_by_breaker": {},
         "rate_per_s": None,  # not paced
         "rate_limited": {},  # no destination with a rate limit
     }
@@ -792,6 +793,28 @@ def test_jobs_of_a_destination_no_longer_allowed_are_left_alone(
     statuses = {rid: r[0] for rid, r in rows(database_url).items()}
     assert {statuses[f"rid-{10 + i}"] for i in range(3)} == {"dead"}
     assert {statuses[f"rid-{i}"] for i in range(5)} == {"published"}
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_jobs_of_a_destination_whose_breaker_is_open_are_left_to_the_publish_loop(
+    spark: SparkSession, database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    orders, payments = f"{topic_prefix}.orders", f"{topic_prefix}.payments"
+    create_topics(bootstrap_servers, [orders, payments])
+    with Store(database_url) as store:
+        insert_jobs(
+            store, [make_job(i, orders) for i in range(4)] + [make_job(10 + i, payments) for i in range(3)]
+        )
+        store.set_breakers([payments], "open", "its consumer fails everything", "test")
+    dry = run(database_url, bootstrap_servers, "--dry-run")
+    assert (dry["selected"], dry["held_by_breaker"]) == (4, {payments: 3})
+    result = run(database_url, bootstrap_servers)
+    assert (result["selected"], result["published"], result["held_by_breaker"]) == (4, 4, {payments: 3})
+    assert consume(bootstrap_servers, [payments], expected=1, timeout_s=3) == []
+    statuses = {rid: r[0] for rid, r in rows(database_url).items()}
+    assert {statuses[f"rid-{10 + i}"] for i in range(3)} == {"dead"}
+    assert audit_rows(database_url)[-1][8] == {"breaker open": 3}
 
 
 def audit_rows(database_url: str) -> list[tuple[Any, ...]]:

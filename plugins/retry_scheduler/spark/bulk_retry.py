@@ -43,7 +43,7 @@ from retry_scheduler.spark.bulk_guard import BulkAudit, guarded_run
 from retry_scheduler.spark.bulk_options import MARK_BATCH, Options, parse_args
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows, jdbc_target
 from retry_scheduler.spark.progress import reporting
-from retry_scheduler.spark.selection import BulkRetryError, read_selection, summarize
+from retry_scheduler.spark.selection import BulkRetryError, left_alone, read_selection, summarize
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -376,16 +376,12 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
     jdbc = jdbc_target(opts.database_url)
 
     summary = summarize(opts.database_url, sel)
-    refused = {d: n for d, n in summary.per_destination.items() if not opts.destinations.allows(d)}
-    if refused:
-        # Checked again here, not only at ingest: a destination taken off the list stays unpublished to.
-        log.warning(
-            "run %s leaves %s jobs as they are: their destinations are not allowed (%s)",
-            opts.run_id, sum(refused.values()), opts.destinations.refusal(next(iter(refused))),
-        )  # fmt: skip
-        sel = replace(sel, excluded=tuple(sorted(refused)))
+    refused, held = left_alone(opts.run_id, opts.database_url, summary, opts.destinations)
+    if refused or held:
+        sel = replace(sel, excluded=tuple(sorted({**refused, **held})))
         summary = summarize(opts.database_url, sel)
     result["not_allowed"] = refused
+    result["held_by_breaker"] = held
     result["selected"] = summary.count
     # Destinations whose rate limit (RATE_LIMITS) is below the run's pace go at their limit.
     limited = {
@@ -394,9 +390,10 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
         if (limit := opts.rate_limit(d)) is not None and (opts.rate_per_s is None or limit < opts.rate_per_s)
     }
     result["rate_limited"] = limited
-    audit = start_audit(
-        summary.count + sum(refused.values()), {"destination not allowed": sum(refused.values())}
+    skipped = {"destination not allowed": sum(refused.values())} | (
+        {"breaker open": sum(held.values())} if held else {}
     )
+    audit = start_audit(summary.count + sum(skipped.values()), skipped)
     lap("select")
     log.info(
         "run %s selected %s %s jobs in %s destinations (ids %s..%s)",
@@ -415,6 +412,8 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
             print(f"  {destination:<40} {count:>10}{note}")
         for destination, count in refused.items():
             print(f"  {destination:<40} {count:>10}  not allowed: left alone")
+        for destination, count in held.items():
+            print(f"  {destination:<40} {count:>10}  its breaker is open: left alone")
         audit.finish(0)
         return result
     if not summary.count:

@@ -9,21 +9,25 @@ selection's checks and is quoted by :func:`~retry_scheduler.db.selection.sql_lit
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, LiteralString
 
 from psycopg import sql
 
+from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Status
 from retry_scheduler.core.protocol import DEAD_PARKED
 from retry_scheduler.db.connection import connect, require_migrated
+from retry_scheduler.db.schema import q
 from retry_scheduler.db.selection import Selection, SelectionError
 from retry_scheduler.spark.jdbc import PAYLOAD_BYTES_SQL, JdbcTarget
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+log = logging.getLogger(__name__)
 
 RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -113,6 +117,30 @@ def summarize(database_url: str, selection: Selection) -> SelectionSummary:
         max_id=max((int(r[3]) for r in rows), default=None),
         max_payload_bytes=max((int(r[4] or 0) for r in rows), default=0),
     )
+
+
+def left_alone(
+    run_id: str, database_url: str, summary: SelectionSummary, destinations: Destinations
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Of the selection's destinations, with how many jobs each: those not allowed (checked again here,
+    not only at ingest: a destination taken off the list stays unpublished to), and those whose breaker
+    (``BREAKERS``) is open or probing, left to the publish loop, which holds them. Logged."""
+    refused = {d: n for d, n in summary.per_destination.items() if not destinations.allows(d)}
+    held: dict[str, int] = {}
+    if summary.per_destination:
+        with connect(database_url) as conn:
+            rows = conn.execute(
+                q("breaker_states"), {"destinations": sorted(summary.per_destination)}
+            ).fetchall()
+        held = {str(r[0]): summary.per_destination[str(r[0])] for r in rows}
+    if refused:
+        why = destinations.refusal(next(iter(refused)))
+        log.warning("run %s leaves %s jobs as they are: their destinations are not allowed (%s)",
+                    run_id, sum(refused.values()), why)  # fmt: skip
+    if held:
+        log.warning("run %s leaves %s jobs as they are: the breakers of %s are open (retry-scheduler "
+                    "breakers list)", run_id, sum(held.values()), ", ".join(sorted(held)))  # fmt: skip
+    return refused, held
 
 
 def read_selection(
