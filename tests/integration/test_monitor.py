@@ -184,6 +184,7 @@ def test_nothing_is_sent_while_every_check_is_under_its_threshold(
         "undelivered_dead": (False, 0.0),  # within the minute they have to reach their DLQ topic
         "failing_deliveries": (False, 0.0),
         "stuck_chains": (False, 3600.0),  # nothing held
+        "open_breakers": (False, 0.0),  # no breaker declared
         "letters_unreadable": (False, 0.0),  # no share group's letters
         "letters_near_retention": (False, 0.5),
     }
