@@ -463,3 +463,44 @@ def test_an_operator_releases_a_stuck_chain_from_the_page(
         assert conn.execute(
             "SELECT why FROM retry_released_holds WHERE blocker = %s", [chain]
         ).fetchone() == ("dead",)
+
+
+def test_an_operator_closes_an_open_breaker_from_the_page(
+    airflow_server: AirflowServer, browser: Browser, jobs: dict[str, Any], retry_db: str
+) -> None:
+    """An open breaker shows on the page with why; an operator closes it, and it shows closed."""
+    destination = "payments-browser"
+    held = api.insert_dead(retry_db, destination, status="pending", dead_reason=None, dead_at=None,
+                           dlq_published_at=None, due_at=datetime(9999, 12, 30, tzinfo=UTC))  # fmt: skip
+    with psycopg.connect(retry_db) as conn:
+        conn.execute(
+            "INSERT INTO retry_destinations (destination) VALUES (%s) ON CONFLICT DO NOTHING", [destination]
+        )
+        conn.execute(
+            "UPDATE retry_destinations SET breaker = 'open', breaker_since = now(), breaker_trips = 2, "
+            "breaker_reason = 'the probe came back' WHERE destination = %s",
+            [destination],
+        )
+        conn.execute(
+            "INSERT INTO retry_breaker_holds (id, destination, due_at) VALUES (%s, %s, now())",
+            [held, destination],
+        )
+    context = browser.new_context(base_url=airflow_server.base_url)
+    try:
+        page = context.new_page()
+        page.goto("/retry-scheduler/")
+        login(page, "admin", "admin")
+        row = page.locator(f'#breakers tbody tr[data-destination="{destination}"]')
+        expect(row).to_contain_text("open")
+        expect(row).to_contain_text("the probe came back")
+        page.once("dialog", lambda dialog: dialog.accept("consumer fixed"))
+        row.get_by_role("button", name="Close").click()
+        expect(page.locator("#message")).to_contain_text("Closed 1 breaker(s)")
+        expect(row).to_contain_text("closed by admin on the dead letters page: consumer fixed")
+        expect(row.get_by_role("button", name="Close")).to_have_count(0)
+    finally:
+        context.close()
+    with psycopg.connect(retry_db) as conn:
+        assert conn.execute(
+            "SELECT breaker, breaker_by FROM retry_destinations WHERE destination = %s", [destination]
+        ).fetchone() == ("closed", None)
