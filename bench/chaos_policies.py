@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from retry_scheduler.core.breakers import Breaker
 from retry_scheduler.core.policy import Backoff, Policy
 
 DLQ_TOPIC = os.environ.get("CHAOS_DLQ_TOPIC", "chaos.dlq")
@@ -37,3 +38,7 @@ POLICIES = [
         dlq_topic=DLQ_TOPIC,
     ),
 ]
+
+#: The breaker trials (bench/chaos/breaker.py) open the destination's breaker by hand, so that it holds
+#: their jobs, and close it again: it never opens by itself in a trial (nothing comes back).
+BREAKERS = {ALLOWED_DESTINATIONS[0]: Breaker(cool_down="1h")} if os.environ.get("CHAOS_BREAKER") else {}

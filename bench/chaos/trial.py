@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.chaos.breaker import BREAKER_ENV, BREAKER_FAULTS, closer, hold, plan_breaker_fault
 from bench.chaos.common import (
     COUNTS_SQL,
     FATAL_ERROR,
@@ -226,6 +227,8 @@ def plan_fault(fault: str, rng: random.Random, records: int) -> tuple[dict[str, 
     Kills inside the loops go by checkpoint count; the broker and PostgreSQL are hit once a random
     number of jobs were stored (``after: stored``) or published (``after: published``).
     """
+    if fault in BREAKER_FAULTS:
+        return plan_breaker_fault(fault, rng, records)
     published = int(records * 0.78)  # 80 % of the workload goes back to its destination, 20 % dies
     if fault in ("kill_ingest_consumed", "kill_ingest_stored"):
         # A batch holds at most INGEST_BATCH records, so there are at least this many batches, shared by
@@ -325,7 +328,10 @@ def run_trial(
     ground = TrialGround.prepare(stack, index)
     topics, database_url, logs = ground.topics, ground.database_url, ground.logs
     detail, plans = plan_fault(fault, rng, records)
-    env = worker_env(stack, database_url, topics)
+    breaker = fault in BREAKER_FAULTS
+    env = worker_env(stack, database_url, topics, **(BREAKER_ENV if breaker else {}))
+    if breaker:
+        hold(database_url, topics.dest)
     workers = {
         kind: Worker(kind, env, logs / f"trial-{index:03d}-{kind}.log", plans.get(kind))
         for kind in ("ingest", "publish")
@@ -333,8 +339,12 @@ def run_trial(
     batch, expected = workload(rng, records, topics, int(time.time() * 1000))
     striker: threading.Thread | None = None
     with Supervisor(list(workers.values())):
-        if not plans:
-            strike = _striker(stack, fault, detail, workers, database_url)
+        if not plans or breaker:
+            strike = (
+                closer(detail, workers, database_url, topics.dest)
+                if breaker
+                else _striker(stack, fault, detail, workers, database_url)
+            )
             striker = threading.Thread(target=strike, name="chaos-fault")
             striker.start()
         send(stack.bootstrap, topics.retry, batch, chunks=8, gap_s=0.15)

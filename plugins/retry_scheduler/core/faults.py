@@ -3,7 +3,9 @@
 The ingest and publish loops call :func:`checkpoint` at the points where a crash matters most
 (``ingest.consumed``: a batch consumed, not yet stored; ``ingest.stored``: rows committed, offsets
 not yet; ``publish.produced`` / ``publish.dlq_produced``: the broker acknowledged, the jobs are
-not yet marked). So do the bulk operations: ``bulk_retry.acked`` (a Spark partition handed a batch
+not yet marked; ``publish.held``: a round's jobs held by their destination's open breaker, not yet
+committed; ``breaker.let_go``: a closed breaker's held jobs let go, not yet committed). So do the bulk
+operations: ``bulk_retry.acked`` (a Spark partition handed a batch
 of acknowledged jobs to be marked published, not yet committed), ``compaction.archived`` (the
 archive written, synced and verified, nothing deleted yet), ``compaction.deleted`` (one more delete
 batch committed), ``dlq.batch`` (a replay or purge batch changed, its transaction not yet
@@ -26,7 +28,16 @@ import signal
 ENV = "RETRY_FAULT"
 
 #: Every checkpoint the service code calls; a plan naming another is a typo, refused loudly.
-LOOP_CHECKPOINTS = frozenset({"ingest.consumed", "ingest.stored", "publish.produced", "publish.dlq_produced"})
+LOOP_CHECKPOINTS = frozenset(
+    {
+        "ingest.consumed",
+        "ingest.stored",
+        "publish.produced",
+        "publish.dlq_produced",
+        "publish.held",
+        "breaker.let_go",
+    }
+)
 #: Checkpoints of the bulk operations, where the whole job dies (see the module's docstring).
 JOB_CHECKPOINTS = frozenset(
     {"bulk_retry.acked", "compaction.archived", "compaction.deleted", "dlq.batch", "dlq.watch"}

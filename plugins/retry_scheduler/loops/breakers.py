@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from retry_scheduler.core import faults
 from retry_scheduler.core.breakers import CLOSED, LET_ALL_GO, LET_PROBE_OUT, OPEN, Breaker, step
 from retry_scheduler.core.jobs import OutgoingRow
 from retry_scheduler.core.metrics import Metrics, NoMetrics
@@ -71,6 +72,7 @@ class DestinationBreakers:
         if not held:
             return rows, 0
         self.store.hold_jobs(held)
+        faults.checkpoint("publish.held")
         holding = set(held)
         return [row for row in rows if row.id not in holding], len(held)
 
@@ -118,6 +120,7 @@ class DestinationBreakers:
                 if new.state == CLOSED and (action == LET_ALL_GO or holds):
                     gone = self.store.let_go(row.destination, LET_GO_BATCH)
                     if gone:
+                        faults.checkpoint("breaker.let_go")
                         log.info("breaker of %s closed: %s held job(s) go", row.destination, len(gone))
                 if new != row:
                     self.store.save_breaker(new)
