@@ -107,6 +107,12 @@ LEFT JOIN (
 WHERE d.breaker <> 'closed' OR h.held > 0 OR d.destination = ANY(%(destinations)s::text[])
 ORDER BY d.destination;
 
+-- name: breaker_held_destinations
+-- The destinations some of whose jobs a breaker holds (one index probe per destination).
+SELECT d.destination FROM retry_destinations AS d
+WHERE EXISTS (SELECT 1 FROM retry_breaker_holds AS h WHERE h.destination = d.destination)
+ORDER BY d.destination;
+
 -- name: breaker_set
 -- An operator's `breakers open|close`: the state set by hand (the tick lets the held jobs of a closed
 -- breaker go; one opened by hand stays open until closed by hand); the counts start again.

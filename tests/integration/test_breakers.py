@@ -268,3 +268,36 @@ def test_the_tick_reports_the_breakers_gauges_and_each_opening(database_url: str
         assert ("gauge", "retry_scheduler.breakers.open", 1) in metrics.sent
         assert ("gauge", "retry_scheduler.breakers.held", 0) in metrics.sent
         assert breakers.tick() == []  # within a second of the last: nothing
+
+
+def test_jobs_held_by_a_breaker_no_longer_declared_go(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """A breaker taken out of BREAKERS while it held jobs: the publish loop lets them go, and they
+    are published (nothing else would ever let them go)."""
+    loop = breaker_loop(new_loop(database_url, bootstrap_servers, topic_prefix))
+    create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic])
+    with Store(database_url) as store:
+        store.set_breakers([loop.dest], "open", "by hand", "cli:ann")
+    with running_loops(loop):
+        loop.send(
+            [
+                {"key": f"o{i}".encode(), "value": b"v", "headers": hdr(destination=loop.dest)}
+                for i in range(3)
+            ]
+        )
+        wait_for("the jobs held", lambda: len(held_jobs(loop)) == 3, timeout_s=30)
+    from retry_scheduler.core.deployment import Deployment
+    from retry_scheduler.loops.publish import Publisher
+
+    undeclared = Deployment(loop.settings, PolicyRegistry.of(loop.registry.policies.values()))
+    assert not undeclared.policies.breakers
+    with Store(database_url) as store:
+        publisher = Publisher(undeclared, store)
+        try:
+            published = publisher.run(3, grace_s=0)
+        finally:
+            publisher.close()
+    assert published.published == 3 and held_jobs(loop) == {}
+    assert breaker_of(loop)["state"] == "closed"
+    assert breaker_of(loop)["reason"] == "its breaker is no longer declared (BREAKERS)"

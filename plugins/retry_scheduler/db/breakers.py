@@ -115,6 +115,11 @@ class BreakerRecords:
             ).fetchall()
         return [(int(i), str(r)) for i, r in rows]
 
+    def held_destinations(self) -> list[str]:
+        """The destinations some of whose jobs a breaker holds."""
+        with joined(self.conn):
+            return [str(r[0]) for r in self.conn.execute(q("breaker_held_destinations")).fetchall()]
+
     def lock_breakers(self, destinations: Sequence[str]) -> list[tuple[BreakerRow, bool]]:
         """The breaker rows of ``destinations``, locked until the caller's transaction ends, each with
         whether it holds jobs."""

@@ -1,6 +1,7 @@
 """Destinations' breakers in the publish loop (``BREAKERS``, :mod:`retry_scheduler.core.breakers`).
 
-Three parts, each a no-op when the policies declare no breaker:
+Three parts, each a no-op when the policies declare no breaker (but for one query a minute: jobs
+held by a breaker since taken out of ``BREAKERS`` are let go):
 
 - in a round (its transaction, its claim's locks), the claimed jobs of a destination whose breaker is
   open are held: pending, attempts unspent, kept out of the claim until the breaker lets them go
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 TICK_S = 1.0
 #: The most held jobs a closed breaker lets go in one tick (the claim takes them in due order anyway).
 LET_GO_BATCH = 10_000
+#: Without any breaker declared, how often the loop looks for jobs a breaker taken out of ``BREAKERS``
+#: left held (none, but for such a change).
+ORPHANS_EVERY_S = 60.0
 
 
 class DestinationBreakers:
@@ -93,15 +97,32 @@ class DestinationBreakers:
         if counts:
             self.store.count_sent({d: (c[0], c[1]) for d, c in counts.items()})
 
+    def _let_orphans_go(self) -> None:
+        """Jobs held for a destination whose breaker is no longer declared (taken out of ``BREAKERS``
+        while open) go: nothing else would ever let them go."""
+        orphans = [d for d in self.store.held_destinations() if not self._breaker(d)]
+        if not orphans:
+            return
+        self.store.set_breakers(orphans, CLOSED, "its breaker is no longer declared (BREAKERS)", "")
+        for destination in orphans:
+            gone = self.store.let_go(destination, LET_GO_BATCH)
+            log.warning(
+                "%s job(s) held for %s go: its breaker is no longer declared (BREAKERS)",
+                len(gone),
+                destination,
+            )
+
     def tick(self, *, force: bool = False) -> list[tuple[str, str, str | None]]:
         """Every :data:`TICK_S` (or now, with ``force``): move every breaker; the changes made
-        (destination, new state, why)."""
-        if not self.any_breaker:
-            return []
+        (destination, new state, why). Without breakers declared, only every :data:`ORPHANS_EVERY_S`
+        the held jobs of breakers no longer declared are let go."""
         began = time.monotonic()
-        if not force and began - self._ticked_at < TICK_S:
+        if not force and began - self._ticked_at < (TICK_S if self.any_breaker else ORPHANS_EVERY_S):
             return []
         self._ticked_at = began
+        self._let_orphans_go()
+        if not self.any_breaker:
+            return []
         covered = [d for d in self.store.known_destinations() if self._breaker(d)]
         if not covered:
             return []
