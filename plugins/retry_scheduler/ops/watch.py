@@ -201,7 +201,8 @@ def watch_wave(
                 published,
                 0,
                 f"{pending:,} records of a wave were not published {watch.publish_timeout_s:g} s after they "
-                "fell due (is the retry_scheduler DAG running?): they stay pending and go when it runs; "
+                "fell due (is the retry_scheduler DAG running? is their destination's breaker open: "
+                "`retry-scheduler breakers list`?): they stay pending and go when it runs; "
                 f"{remaining:,} not sent, left dead",
             )
         sleep(POLL_S)
