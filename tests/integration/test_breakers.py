@@ -17,6 +17,7 @@ import pathlib
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
 
 import psycopg
 import pytest
@@ -122,18 +123,17 @@ def test_a_destination_whose_consumer_fails_everything_is_held_probed_and_let_go
         closed_at = breaker_of(loop)["since"]
         wait_for("every record to succeed", lambda: succeeded >= set(keys))
         time.sleep(2)  # anything more that would come
-    # What reached the destination while the breaker was open: probes only (one each opening).
+    # What reached the destination while the breaker was open (from 2 s after it was seen open: a round
+    # that claimed as it opened may still send; the first probe waits the 3 s cool-down): probes only.
     seen = [r for r in consume(loop.bootstrap, [loop.dest], 40, timeout_s=10) if r.key != WARM_UP]
-    from datetime import datetime
-
     closed = datetime.fromisoformat(closed_at).timestamp()
-    while_open = [r for r in seen if opened_seen + 0.5 <= r.timestamp_ms / 1000 < closed]
+    while_open = [r for r in seen if opened_seen + 2 <= r.timestamp_ms / 1000 < closed]
     trips = breaker_of(loop)["trips"]
     assert 1 <= len(while_open) <= trips, [(r.key, r.timestamp_ms) for r in while_open]
-    # Each record was sent a few times (first delivery, maybe one more before the breaker opened, a probe,
-    # the last), not the dozens its policy allows at one a second.
+    # Each record was sent a few times (first delivery, one or two more before the breaker opened, a
+    # probe, the last), not the dozens its policy allows at one a second.
     per_key = Counter(r.key for r in seen)
-    assert set(per_key) == set(keys) and max(per_key.values()) <= 5, per_key
+    assert set(per_key) == set(keys) and max(per_key.values()) <= 6, per_key
     # The held jobs went out with the attempt they were held with: none spent while held.
     with psycopg.connect(database_url) as conn:
         went = dict(
