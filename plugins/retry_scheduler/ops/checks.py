@@ -306,7 +306,7 @@ def _open_breakers(reading: Reading, limit: str) -> Described:
             f"{b['destination']} {b['state']} since {b['since']}, {b['held']} held: {(b['reason'] or '')[:200]}"
             for b in opened
         )
-        + ". Fix the consumer; `retry-scheduler breakers` shows them, `retry-scheduler breakers close "
+        + ". Fix the consumer; `retry-scheduler breakers list` shows them, `retry-scheduler breakers close "
         "DESTINATION --yes` lets the held jobs go at once."
         if opened
         else "Every breaker is closed."
