@@ -5,8 +5,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -14,7 +13,7 @@ from typing import Any, NamedTuple
 import psycopg
 
 from retry_scheduler.core.breakers import BreakerRow
-from retry_scheduler.db.connection import StoreError
+from retry_scheduler.db.connection import joined, require_transaction
 from retry_scheduler.db.schema import q
 
 #: The due time of a job a breaker holds (9999-12-30 UTC): never claimed until the breaker lets it go.
@@ -47,16 +46,6 @@ class BreakerStatus(NamedTuple):
         if d["oldest_held_s"] is not None:
             d["oldest_held_s"] = round(d["oldest_held_s"], 3)
         return d
-
-
-@contextlib.contextmanager
-def joined(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """A transaction of its own, or, inside the caller's, no savepoint (see ``Store._joined``)."""
-    if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-        with conn.transaction():
-            yield
-    else:
-        yield
 
 
 def breaker_statuses(conn: psycopg.Connection[Any], destinations: Sequence[str] = ()) -> list[BreakerStatus]:
@@ -123,8 +112,7 @@ class BreakerRecords:
     def lock_breakers(self, destinations: Sequence[str]) -> list[tuple[BreakerRow, bool]]:
         """The breaker rows of ``destinations``, locked until the caller's transaction ends, each with
         whether it holds jobs."""
-        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            raise StoreError("lock_breakers must be called inside a transaction, or its locks end at once")
+        require_transaction(self.conn, "lock_breakers")
         rows = self.conn.execute(q("breaker_lock"), {"destinations": sorted(destinations)}).fetchall()
         return [
             (

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -159,3 +160,27 @@ def redact_url(url: str) -> str:
     text = _URL_PASSWORD.sub(r"://\1:***@", url)
     text = _PARAM_PASSWORD.sub(r"\1***", text)
     return _KEYWORD_PASSWORD.sub(r"\1***", text)
+
+
+@contextlib.contextmanager
+def joined(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """A transaction of its own, or, inside the caller's, no savepoint: the statements join it.
+
+    A claim and its marks must not each run in a savepoint. A row locked (``FOR UPDATE``) in one
+    subtransaction and updated in another gets a MultiXact as its deleter, and an index scan can
+    never tell that such an old version is dead: every job published that way left an entry at
+    the head of the due index that each later claim walked, resolving the MultiXact on every
+    visit, until a VACUUM (claims of 34-41 ms at 2 000 retries/s with autovacuum off). Locked
+    and updated by the one transaction, the old version is known dead and its entry is skipped.
+    """
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        with conn.transaction():
+            yield
+    else:
+        yield
+
+
+def require_transaction(conn: psycopg.Connection[Any], what: str) -> None:
+    """Refuse ``what`` outside a transaction: the row locks it takes would end at once."""
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        raise StoreError(f"{what} must be called inside a transaction, or its locks end at once")

@@ -15,7 +15,7 @@ import psycopg
 
 from retry_scheduler.core.jobs import HELD_DUE_MS
 from retry_scheduler.db.breakers import BreakerStatus, breaker_statuses
-from retry_scheduler.db.connection import StoreError
+from retry_scheduler.db.connection import require_transaction
 from retry_scheduler.db.schema import q
 
 #: The due time of a held job, as PostgreSQL is sent it.
@@ -286,8 +286,7 @@ class Readings:
         (``with store.conn.transaction():``): the row locks are what keep overlapping monitor runs from
         announcing one incident twice.
         """
-        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            raise StoreError("lock_alerts must be called inside a transaction, or its locks end at once")
+        require_transaction(self.conn, "lock_alerts")
         with self.conn.transaction():
             self.conn.execute(q("alert_ensure"), {"checks": list(checks)})
             rows = self.conn.execute(q("alert_lock"), {"checks": list(checks)}).fetchall()

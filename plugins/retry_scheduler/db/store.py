@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -20,7 +20,7 @@ from psycopg.adapt import PyFormat
 from retry_scheduler.core import protocol
 from retry_scheduler.core.jobs import COPY_TYPES, CopyRow, OutgoingRow
 from retry_scheduler.db.breakers import BreakerRecords
-from retry_scheduler.db.connection import StoreError, connect, require_migrated
+from retry_scheduler.db.connection import connect, joined, require_migrated, require_transaction
 from retry_scheduler.db.loop_records import LoopRecords
 from retry_scheduler.db.readings import HELD_DUE_AT, Readings
 from retry_scheduler.db.schema import q
@@ -335,26 +335,12 @@ class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
             ).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
-    @contextlib.contextmanager
-    def _joined(self) -> Iterator[None]:
-        """A transaction of its own, or, inside the caller's, no savepoint: the statements join it.
-
-        A claim and its marks must not each run in a savepoint. A row locked (``FOR UPDATE``) in one
-        subtransaction and updated in another gets a MultiXact as its deleter, and an index scan can
-        never tell that such an old version is dead: every job published that way left an entry at
-        the head of the due index that each later claim walked, resolving the MultiXact on every
-        visit, until a VACUUM (claims of 34-41 ms at 2 000 retries/s with autovacuum off). Locked
-        and updated by the one transaction, the old version is known dead and its entry is skipped.
-        """
-        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            with self.conn.transaction():
-                yield
-        else:
-            yield
+    def _joined(self) -> contextlib.AbstractContextManager[None]:
+        """The statements in a transaction of their own, or joining the caller's (:func:`joined`)."""
+        return joined(self.conn)
 
     def _require_transaction(self, what: str) -> None:
-        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            raise StoreError(f"{what} must be called inside a transaction, or its locks end at once")
+        require_transaction(self.conn, what)
 
     def claim_due(self, limit: int, floor: datetime | None = None) -> list[OutgoingRow]:
         """Lock up to ``limit`` due pending jobs (oldest due first) that no one else holds, of those
