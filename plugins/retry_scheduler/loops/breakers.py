@@ -54,17 +54,26 @@ class DestinationBreakers:
         metrics: Metrics | None = None,
     ) -> None:
         self._breaker = breaker
+        self._covered: dict[str, bool] = {}  # looked up once per destination
         self.store = store
         self.any_breaker = any_breaker
         self.clock = clock
         self.metrics: Metrics = metrics or NoMetrics()
         self._ticked_at = float("-inf")  # monotonic
 
+    def covers(self, destination: str | None) -> bool:
+        """Whether ``destination`` has a breaker (a round asks for each of its jobs)."""
+        if not destination:
+            return False
+        if destination not in self._covered:
+            self._covered[destination] = self._breaker(destination) is not None
+        return self._covered[destination]
+
     def apply(self, rows: list[OutgoingRow]) -> tuple[list[OutgoingRow], int]:
         """The claimed ``rows`` that may go out now, and how many were held; in the round's transaction."""
         if not self.any_breaker or not rows:
             return rows, 0
-        covered = sorted({r.destination for r in rows if r.destination and self._breaker(r.destination)})
+        covered = sorted({r.destination for r in rows if r.destination and self.covers(r.destination)})
         states = self.store.breaker_states(covered)
         if not states:
             return rows, 0
@@ -92,7 +101,7 @@ class DestinationBreakers:
         for ids, slot in ((acked, 0), (failed, 1)):
             for job_id, _ in ids:
                 d = destination.get(job_id)
-                if d and self._breaker(d):
+                if d and self.covers(d):
                     counts.setdefault(d, [0, 0])[slot] += 1
         if counts:
             self.store.count_sent({d: (c[0], c[1]) for d, c in counts.items()})
@@ -100,7 +109,7 @@ class DestinationBreakers:
     def _let_orphans_go(self) -> None:
         """Jobs held for a destination whose breaker is no longer declared (taken out of ``BREAKERS``
         while open) go: nothing else would ever let them go."""
-        orphans = [d for d in self.store.held_destinations() if not self._breaker(d)]
+        orphans = [d for d in self.store.held_destinations() if not self.covers(d)]
         if not orphans:
             return
         self.store.set_breakers(orphans, CLOSED, "its breaker is no longer declared (BREAKERS)", "")
@@ -123,7 +132,7 @@ class DestinationBreakers:
         self._let_orphans_go()
         if not self.any_breaker:
             return []
-        covered = [d for d in self.store.known_destinations() if self._breaker(d)]
+        covered = [d for d in self.store.known_destinations() if self.covers(d)]
         if not covered:
             return []
         now = datetime.fromtimestamp(self.clock(), UTC)
