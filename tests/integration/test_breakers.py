@@ -28,7 +28,7 @@ from retry_scheduler.db.store import Store
 from retry_scheduler.ops.checks import Reading
 from retry_scheduler.ops.monitor import evaluate
 from retry_scheduler.ops.thresholds import Thresholds
-from tests.integration.test_loop import Loop, hdr, new_loop
+from tests.integration.test_loop import Loop, Recorder, hdr, new_loop
 from tests.integration.test_replay_watch import WARM_UP, App, running_loops
 from tests.kafkautil import consume, create_topics
 
@@ -237,22 +237,6 @@ def test_an_operator_opens_a_breaker_for_maintenance_and_closes_it(
     assert (after["state"], after["held"], after["by"]) == ("closed", 0, None)
 
 
-class Recorded:
-    """A metrics sink that keeps what it is sent."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str, float]] = []
-
-    def incr(self, name: str, count: int = 1) -> None:
-        self.sent.append(("incr", name, count))
-
-    def gauge(self, name: str, value: float) -> None:
-        self.sent.append(("gauge", name, value))
-
-    def timing(self, name: str, ms: float) -> None:
-        self.sent.append(("timing", name, ms))
-
-
 def test_the_tick_reports_the_breakers_gauges_and_each_opening(database_url: str) -> None:
     from retry_scheduler.core.policy import DEFAULT
     from retry_scheduler.loops.breakers import DestinationBreakers
@@ -260,7 +244,7 @@ def test_the_tick_reports_the_breakers_gauges_and_each_opening(database_url: str
     registry = PolicyRegistry.of([DEFAULT], breakers={"shop.*": Breaker(min_records=3)})
     with Store(database_url) as store:
         store.set_breakers(["shop.cart"], "closed", "new", "test")  # registers the destination
-        metrics = Recorded()
+        metrics = Recorder()
         breakers = DestinationBreakers(registry.breaker, store, metrics=metrics)  # type: ignore[arg-type]
         store.count_sent({"shop.cart": (1, 5)})
         assert breakers.tick(force=True)[0][:2] == ("shop.cart", "open")

@@ -310,23 +310,26 @@ def test_crash_between_produce_and_mark_republishes_with_same_identity(loop: Loo
     assert loop.rows()[0]["status"] == "published"
 
 
+class Recorder:
+    """A metrics sink that keeps what it is sent (the one boundary the metrics tests replace)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, float]] = []
+
+    def incr(self, name: str, count: int = 1) -> None:
+        self.sent.append(("incr", name, count))
+
+    def gauge(self, name: str, value: float) -> None:
+        self.sent.append(("gauge", name, value))
+
+    def timing(self, name: str, ms: float) -> None:
+        self.sent.append(("timing", name, ms))
+
+
 def test_metrics_are_reported_per_round_and_a_failing_snapshot_never_stops_publishing(loop: Loop) -> None:
     """The metrics sink records what the loop reports (a recorder at that one boundary); the snapshot's
     reading fails, as a statement timeout would, and the loop publishes on."""
     import threading
-
-    class Recorder:
-        def __init__(self) -> None:
-            self.sent: list[tuple[str, str, float]] = []
-
-        def incr(self, name: str, count: int = 1) -> None:
-            self.sent.append(("incr", name, count))
-
-        def gauge(self, name: str, value: float) -> None:
-            self.sent.append(("gauge", name, value))
-
-        def timing(self, name: str, ms: float) -> None:
-            self.sent.append(("timing", name, ms))
 
     loop.send(
         [
