@@ -1,20 +1,25 @@
 """Ordered mode's guarantee, attacked by a model-based test (issue 29).
 
-A seeded simulation drives the real parts (the consumer helper, 1 to 3 members of one group in ordered
+A seeded simulation drives the real parts (the consumer helper, 1 to 4 members of one group in ordered
 mode; the scheduler's ingest and publish loops; the embedded broker; PostgreSQL) through a random
 interleaving of: records sent, records failing once or twice, failing for good (their retries die)
 and failing fatally; the publisher dying after the broker acknowledged a round (its jobs published
 again: duplicates); a member killed at each of its checkpoints (after a retry, a park or a release
 was sent, after a hold was written, before an offset was committed) and another taking over; members
-joining (rebalances: partitions and their holds move); the scheduler restarted, and its ingest killed
-between reading a batch and storing it. A kill is in-process: the member's consumer is closed with
-nothing committed and the object dropped, which for the broker, PostgreSQL and the holds topic is
-what a SIGKILL leaves behind.
+joining and leaving (rebalances: partitions and their holds move); the scheduler restarted, and its
+ingest killed between reading a batch and storing it.
 
-Odd seeds kill their one member; even seeds have members join. Not both: the embedded broker (Tansu)
-never assigns a group's partitions again once a member left while others stayed (reproduced with plain
-confluent-kafka consumers: the remaining member gets nothing for minutes), so a member dying beside
-others is a scenario for a real Kafka cluster, not this one.
+A kill is what SIGKILL leaves behind for the broker, PostgreSQL and the holds topic: the member's
+consumer is dropped, not closed (librdkafka destroys it without ``consumer_close``: no offset
+committed, no rebalance callback, no LeaveGroup), so the group learns of it only when its session
+times out, and the member's other objects are never used again. A leave is a member closed (it
+commits nothing more and says LeaveGroup). Odd seeds have one member, killed at its checkpoints, a
+new one taking its place; even seeds have up to 4 members that join, are killed while others stay,
+and leave. Leaves happen only while the group is settled (no join, kill or leave for
+:data:`SETTLED_S`): the embedded broker (Tansu 0.6) never finishes a rebalance that a member left with
+a LeaveGroup before it completed (reproduced with plain confluent-kafka consumers: a member joins,
+another closes a second later, and no member is assigned anything again for minutes), which a real
+Kafka does; a kill, at any moment, is run as it comes, rebalances included.
 
 The oracle, after every run: for every key, the handler's successful calls are the key's records in
 their original order, all but those that died, none lost; a record handled twice in a row is allowed
@@ -22,8 +27,8 @@ only where a member was killed after handling it and before committing it (Kafka
 there are never more such repeats than kills. At the end no job may be pending and no member may
 hold a key, but for a key whose last head died with nothing parked (the helper cannot know of that
 death before the key's next record): such a key is sent one more record, which must be handled and
-free the key. ``RETRY_MODEL_SEEDS`` (comma-separated) picks the
-seeds; ``make chaos`` runs many more.
+free the key. ``RETRY_MODEL_SEEDS`` (comma-separated) picks the seeds; ``make chaos-ordered`` runs many
+more.
 """
 
 from __future__ import annotations
@@ -54,12 +59,19 @@ from tests.kafkautil import QUICK_JOIN, create_topics, produce
 pytestmark = pytest.mark.integration
 
 SEEDS = [int(s) for s in os.environ.get("RETRY_MODEL_SEEDS", "11,12,13,14").split(",") if s.strip()]
-#: The kinds of fault injected: an odd seed kills its one member at its checkpoints (a new one takes
-#: over), an even seed has members join (up to 3); both restart the scheduler and kill its ingest and
-#: its publisher. RETRY_MODEL_FAULTS (comma-separated) narrows them: arm, join, restart, kill-ingest,
+#: The kinds of fault injected: members killed at their checkpoints (arm: an odd seed's one member, a
+#: new one taking over; an even seed's members while others stay), members joining and leaving (even
+#: seeds, up to MAX_MEMBERS); the scheduler restarted, its ingest and its publisher killed.
+#: RETRY_MODEL_FAULTS (comma-separated) narrows them: arm, join, leave, restart, kill-ingest,
 #: kill-publish.
-KINDS = set(os.environ.get("RETRY_MODEL_FAULTS", "arm,join,restart,kill-ingest,kill-publish").split(","))
+KINDS = set(
+    os.environ.get("RETRY_MODEL_FAULTS", "arm,join,leave,restart,kill-ingest,kill-publish").split(",")
+)
 KEYS, PER_KEY = 4, 6
+#: Even seeds: at most this many members at once.
+MAX_MEMBERS = 4
+#: A leave waits until the group has seen no join, kill or leave for this long (see the module).
+SETTLED_S = 10.0
 #: Where a member is killed: right after sending a retry, a park or a dead letter; right after writing
 #: a hold; just before sending a release, and right after; just before committing an offset.
 MEMBER_CHECKPOINTS = ("sent", "hold", "before-release", "after-release", "before-commit")
@@ -154,8 +166,16 @@ class Member:
         setattr(obj, name, wrapper)
 
     def kill(self) -> None:
-        """What a SIGKILL leaves: nothing committed, nothing more sent; the group notices."""
-        self.helper.consumer._real.close()  # type: ignore[attr-defined]
+        """What a SIGKILL leaves: nothing committed, nothing more sent, no LeaveGroup. The consumer's
+        one reference is dropped: CPython destroys it at once, and librdkafka's destroy of a consumer
+        never closed skips ``consumer_close`` (no commit, no callback, no LeaveGroup); the group learns
+        of it when its session times out. The member object is never used again."""
+        proxy: Any = self.helper.consumer
+        proxy._real = None
+
+    def leave(self) -> None:
+        """A member stopped by its operator: closed (LeaveGroup), its partitions go to the others."""
+        self.helper.close()
 
 
 class Scheduler:
@@ -270,7 +290,7 @@ def test_every_key_keeps_its_order_under_random_faults(
     seed: int, database_url: str, bootstrap_servers: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     rng = random.Random(seed)
-    kills = seed % 2 == 1  # one member, killed at its checkpoints; else members joining
+    single = seed % 2 == 1  # one member, killed at its checkpoints; else up to MAX_MEMBERS
     loop, config, holds_topic = new_world(database_url, bootstrap_servers, topic_prefix)
     app = App(plan_for(rng))
     records = [
@@ -282,16 +302,31 @@ def test_every_key_keeps_its_order_under_random_faults(
     gone: list[Member] = []
     names = iter(f"m{i}" for i in range(1000))
 
+    changed = time.monotonic()  # the group's last join, kill or leave
+
     def join() -> None:
+        nonlocal changed
+        changed = time.monotonic()
         members.append(Member(next(names), config, loop, app, holds_topic))
 
     def kill(member: Member, why: str) -> None:
-        run.faults[why] += 1
+        nonlocal changed
+        changed = time.monotonic()
+        run.faults[why if single or len(members) == 1 else f"{why} (others stayed)"] += 1
         member.kill()
         members.remove(member)
         gone.append(member)
         if not members:
             join()  # a restart
+
+    def leave() -> None:
+        nonlocal changed
+        member = rng.choice(members)
+        changed = time.monotonic()
+        run.faults["member left"] += 1
+        member.leave()
+        members.remove(member)
+        gone.append(member)
 
     def restart_scheduler(why: str) -> None:
         nonlocal scheduler
@@ -301,10 +336,12 @@ def test_every_key_keeps_its_order_under_random_faults(
 
     def step(faults: bool) -> None:
         run.steps += 1
+        settled = time.monotonic() - changed > SETTLED_S
         action = rng.choices(
-            ["poll", "ingest", "publish", "send", "arm", "join", "restart"],
-            weights=[40, 12, 12, 6 if sent < len(records) else 0, 3 if faults and kills and "arm" in KINDS else 0,
-                     1 if faults and not kills and "join" in KINDS else 0,
+            ["poll", "ingest", "publish", "send", "arm", "join", "leave", "restart"],
+            weights=[40, 12, 12, 6 if sent < len(records) else 0, 3 if faults and "arm" in KINDS else 0,
+                     2 if faults and not single and "join" in KINDS else 0,
+                     2 if faults and not single and settled and len(members) > 1 and "leave" in KINDS else 0,
                      1 if faults and "restart" in KINDS else 0],
         )[0]  # fmt: skip
         if action == "poll":
@@ -325,9 +362,11 @@ def test_every_key_keeps_its_order_under_random_faults(
                 run.faults["publisher killed after the acks (duplicates)"] += 1
         elif action == "arm":
             rng.choice(members).armed = rng.choice(MEMBER_CHECKPOINTS)
-        elif action == "join" and len(members) < 3:
+        elif action == "join" and len(members) < MAX_MEMBERS:
             run.faults["member joined"] += 1
             join()
+        elif action == "leave":
+            leave()
         elif action == "restart":
             restart_scheduler("scheduler restarted")
 
