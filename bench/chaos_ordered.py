@@ -28,8 +28,6 @@ def summarize(lines: list[dict]) -> dict:
         "records": sum(line["records"] for line in lines),
         "steps": sum(line["steps"] for line in lines),
         "faults": sum(faults.values()),
-        # keys whose last head died with nothing parked, sent one more record to show they go on
-        "keys_probed": sum(line.get("keys_probed", 0) for line in lines),
         "faults_by_kind": dict(faults.most_common()),
     }
 

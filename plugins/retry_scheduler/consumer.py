@@ -75,7 +75,7 @@ from retry_scheduler.holds import (
     create_topics,
     shared_config,
 )
-from retry_scheduler.ordered import DEAD_LETTER, RELEASE, OrderedKeys
+from retry_scheduler.ordered import DEAD_LETTER, RELEASE, OrderedKeys, is_notice
 
 log = logging.getLogger(__name__)
 
@@ -358,7 +358,11 @@ class RetryingConsumer:
                 log.warning("consumer: %s (the client retries)", error)
             return False
         key = msg.key()
-        if self.ordered is not None and isinstance(key, bytes):
+        if is_notice(msg):  # the scheduler's word to ordered mode, never a record of the application
+            ok = None
+            if self.ordered is not None and isinstance(key, bytes):
+                self.ordered.notice(msg, (original_topic(msg) or "", key))
+        elif self.ordered is not None and isinstance(key, bytes):
             ok = self.ordered.process(msg, (original_topic(msg) or "", key))
         else:
             ok = self._handle(msg)[0]

@@ -9,7 +9,9 @@ head's retry comes back and is handled, a *release* (``retry.release``) lets the
 parked records one at a time in their original order; a parked record that fails becomes the chain's
 new head (its retry withdraws the release at ingest), and the rest of the chain waits for it again. A
 head that dies (on the DLQ) releases its chain as dead: ``after_dead`` says whether its records are
-handled or dead-lettered. The scheduler's side: ``sql/queries.sql``, ``set_chain_states`` and
+handled or dead-lettered; when nothing waits behind it, the scheduler's *notice* (``retry.notice:
+head-dead``, on the group's redelivery topic) tells the helper, which frees the key (:meth:`OrderedKeys.notice`;
+a notice is never handed to the handler). The scheduler's side: ``sql/queries.sql``, ``set_chain_states`` and
 ``advance_holds``; the protocol: ``docs/guide/header-protocol.md``, "Per-key ordering".
 
 What the helper keeps per key (:class:`~retry_scheduler.holds.Hold`, in the holds topic) makes it the
@@ -51,6 +53,13 @@ Call = Callable[[Message], "BaseException | None"]
 def _text(headers: Any, wanted: str) -> str | None:
     """A chain's id, as the scheduler reads it (stripped; None when empty)."""
     return (header_text(headers, wanted) or "").strip() or None
+
+
+def is_notice(msg: Message) -> bool:
+    """Whether ``msg`` is a notice of the scheduler to ordered mode (``retry.notice: head-dead``, no
+    value), not a record of the application: never handed to a handler."""
+    headers: Any = msg.headers()
+    return msg.value() is None and header_text(headers, protocol.NOTICE) == protocol.NOTICE_HEAD_DEAD
 
 
 def _number(headers: Any, wanted: str) -> int | None:
@@ -121,8 +130,15 @@ class OrderedKeys:
         #: The holds of the group's keys, as read from the holds topic and kept since.
         self.holds: dict[tuple[str, bytes], Hold] = {}
         #: ``duplicates`` skipped, records ``reparked`` (their turn had not come), records of an
-        #: ``unknown_chain`` (one the helper holds nothing for: handled), ``dead_heads`` learnt of.
-        self.counts = {"duplicates": 0, "reparked": 0, "unknown_chain": 0, "dead_heads": 0}
+        #: ``unknown_chain`` (one the helper holds nothing for: handled), ``dead_heads`` learnt of,
+        #: ``stale_notices`` (of a head the key no longer waits for: read again, or late).
+        self.counts = {
+            "duplicates": 0,
+            "reparked": 0,
+            "unknown_chain": 0,
+            "dead_heads": 0,
+            "stale_notices": 0,
+        }
 
     def held(self) -> dict[tuple[str, bytes], Hold]:
         """The keys held now (a head pending or records parked), without the finished chains."""
@@ -171,6 +187,30 @@ class OrderedKeys:
         if seen.chain is not None and not hold.legacy:
             return self._duplicate(msg, f"its chain {seen.chain} is not its key's ({hold.chain})")
         return self._park(msg, seen, where, hold)
+
+    def notice(self, msg: Message, where: tuple[str, bytes]) -> None:
+        """The scheduler's notice (:func:`is_notice`) that the head of key ``where``'s chain died: as a
+        record released behind the dead head would tell, and the key is free when nothing is parked
+        (``after_dead`` applies to what is). A notice of another chain or head than the key waits for
+        changes nothing (a copy read again after a crash, or one older than the key's chain)."""
+        seen = Seen.of(msg)
+        hold = self.holds.get(where)
+        if (
+            hold is None
+            or hold.finished
+            or hold.head is None
+            or seen.chain != hold.chain
+            or seen.dead_head not in (hold.head, protocol.CHAIN_ANY_HEAD)
+        ):
+            self.counts["stale_notices"] += 1
+            log.info(
+                "notice %s[%s]@%s (head %s of chain %s dead) changes nothing: the key waits for %s",
+                msg.topic(), msg.partition(), msg.offset(), seen.dead_head, seen.chain,
+                "nothing" if hold is None or hold.finished or hold.head is None else f"head {hold.head} of chain {hold.chain}",
+            )  # fmt: skip
+            return
+        self._head_died(hold)
+        self._settle(where, hold)
 
     def sweep(self, owned: Callable[[str, int], bool]) -> int:
         """Forget the finished chains older than :data:`FINISHED_KEEP_S` of the keys ``owned`` (original
@@ -222,12 +262,7 @@ class OrderedKeys:
     def _member(self, msg: Message, seen: Seen, where: tuple[str, bytes], hold: Hold) -> bool | None:
         """A record of the key's chain, published by the scheduler: handled if its turn has come."""
         if hold.head is not None and seen.dead_head in (hold.head, protocol.CHAIN_ANY_HEAD):
-            self.counts["dead_heads"] += 1
-            log.warning(
-                "retry %s of a held key is dead: the records held behind it are %s in order",
-                hold.head, "handled" if self.after_dead == RELEASE else "dead-lettered",
-            )  # fmt: skip
-            hold.dead, hold.head, hold.head_attempt, hold.head_position = hold.head, None, None, None
+            self._head_died(hold)
             self._put(where, hold)
         position = seen.position
         known = position in hold.parked
@@ -287,6 +322,15 @@ class OrderedKeys:
         hold.dead = None
         self._put(where, hold)
         self.retries.retry(msg, error, blocks=hold.chain, retry_id=retry_id)
+
+    def _head_died(self, hold: Hold) -> None:
+        """The head ``hold`` waits for is dead: the chain flows, ``after_dead`` deciding its records."""
+        self.counts["dead_heads"] += 1
+        log.warning(
+            "retry %s of a held key is dead: the records held behind it (%s) are %s in order",
+            hold.head, len(hold.parked) + hold.legacy, "handled" if self.after_dead == RELEASE else "dead-lettered",
+        )  # fmt: skip
+        hold.dead, hold.head, hold.head_attempt, hold.head_position = hold.head, None, None, None
 
     def _settle(self, where: tuple[str, bytes], hold: Hold) -> None:
         """Write ``hold`` after a record of its chain was done with: finished when nothing is left."""

@@ -25,9 +25,8 @@ The oracle, after every run: for every key, the handler's successful calls are t
 their original order, all but those that died, none lost; a record handled twice in a row is allowed
 only where a member was killed after handling it and before committing it (Kafka's at-least-once), so
 there are never more such repeats than kills. At the end no job may be pending and no member may
-hold a key, but for a key whose last head died with nothing parked (the helper cannot know of that
-death before the key's next record): such a key is sent one more record, which must be handled and
-free the key. ``RETRY_MODEL_SEEDS`` (comma-separated) picks the seeds; ``make chaos-ordered`` runs many
+hold a key: a key whose last head died with nothing parked behind it is freed by the scheduler's
+notice. ``RETRY_MODEL_SEEDS`` (comma-separated) picks the seeds; ``make chaos-ordered`` runs many
 more.
 """
 
@@ -48,13 +47,14 @@ import pytest
 from confluent_kafka import Message, TopicPartition
 
 from retry_scheduler.consumer import RetryingConsumer
+from retry_scheduler.core import protocol
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.chains import release_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
 from tests.integration.test_loop import Loop, new_loop
-from tests.kafkautil import QUICK_JOIN, create_topics, produce
+from tests.kafkautil import QUICK_JOIN, consume, create_topics, produce
 
 pytestmark = pytest.mark.integration
 
@@ -88,14 +88,17 @@ class App:
 
     plan: dict[tuple[bytes, int], Any]
     calls: Counter[tuple[bytes, int]] = field(default_factory=Counter)
-    #: Keys sent one more record (number PER_KEY) at the end: their last head died with nothing
-    #: parked, which the helper learns only from the key's next record (see ``finished``).
-    probed: set[bytes] = field(default_factory=set)
     handled: dict[bytes, list[int]] = field(default_factory=lambda: defaultdict(list))
+
+    #: Records without a value handed to the handler (a scheduler's notice must never be).
+    valueless: int = 0
 
     def handle(self, msg: Message) -> None:
         key, value = msg.key(), msg.value()
-        assert isinstance(key, bytes) and isinstance(value, bytes)
+        assert isinstance(key, bytes)
+        if value is None:
+            self.valueless += 1
+            return
         record = (key, int(value))
         self.calls[record] += 1
         fate = self.plan.get(record, 0)
@@ -265,22 +268,23 @@ def violations(app: App, run: Run) -> list[str]:
         got = app.handled[key]
         distinct = [n for i, n in enumerate(got) if i == 0 or got[i - 1] != n]
         repeats += len(got) - len(distinct)
-        want = [n for n in range(PER_KEY) if (key, n) not in dead] + ([PER_KEY] if key in app.probed else [])
+        want = [n for n in range(PER_KEY) if (key, n) not in dead]
         if distinct != want:
             found.append(f"key {key!r} handled {got}, want {want}")
+    if app.valueless:
+        found.append(f"{app.valueless} record(s) without a value (notices) handed to the handler")
     kills = sum(n for fault, n in run.faults.items() if fault.startswith("member killed"))
     if repeats > kills:
         found.append(f"{repeats} records handled again, only {kills} kills")
     return found
 
 
-def report(run: Run, found: list[str], finished: bool, probed: int = 0) -> None:
+def report(run: Run, found: list[str], finished: bool) -> None:
     """With ``RETRY_MODEL_REPORT`` set (``make chaos-ordered``): one JSON line per run appended there."""
     path = os.environ.get("RETRY_MODEL_REPORT")
     if path:
         line = {"seed": run.seed, "keys": KEYS, "records": KEYS * PER_KEY, "steps": run.steps,
-                "finished": finished, "violations": found, "faults": dict(run.faults),
-                "keys_probed": probed}  # fmt: skip
+                "finished": finished, "violations": found, "faults": dict(run.faults)}  # fmt: skip
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
 
@@ -373,27 +377,13 @@ def test_every_key_keeps_its_order_under_random_faults(
     def finished() -> bool:
         dead = app.dead()
         want = {(f"k{k}".encode(), n) for k in range(KEYS) for n in range(PER_KEY)} - dead
-        want |= {(key, PER_KEY) for key in app.probed}
         if not want <= {(key, n) for key, ns in app.handled.items() for n in ns}:
             return False
         with Store(loop.settings.database_url) as store:
             pending = store.conn.execute(
                 "SELECT count(*) FROM retry_jobs WHERE status = 'pending'"
             ).fetchone()
-            dead_ids = {
-                row[0] for row in store.conn.execute("SELECT retry_id FROM retry_jobs WHERE status = 'dead'")
-            }
         held = {where: hold for m in members for where, hold in owned_holds(m).items()}
-        # A key whose last head died with nothing parked behind it stays held at the helper, which
-        # cannot know of the death until the key's next record: that one is parked, released at once
-        # as behind a dead head, and handled. Such keys get one more record, whose handling (and the
-        # key's hold finished) shows the key is not stuck.
-        silent = {where[1] for where, hold in held.items() if not hold.parked and hold.head in dead_ids}
-        if pending == (0,) and silent and not silent <= app.probed:
-            for key in sorted(silent - app.probed):
-                app.probed.add(key)
-                produce(loop.bootstrap, loop.dest, [{"key": key, "value": str(PER_KEY).encode()}])
-            return False
         return pending == (0,) and not held
 
     def owned_holds(member: Member) -> dict[tuple[str, bytes], Any]:
@@ -437,7 +427,7 @@ def test_every_key_keeps_its_order_under_random_faults(
                 step(faults=False)
             done = finished()
             if not done:
-                report(run, violations(app, run), finished=False, probed=len(app.probed))
+                report(run, violations(app, run), finished=False)
             assert done, (
                 f"seed {seed}: not finished in time ({run.faults}, handled {dict(app.handled)}, members "
                 f"{[m.name for m in members]})\n{diagnosis()}\nthe log ends:\n{caplog.text[-20000:]}"
@@ -447,7 +437,7 @@ def test_every_key_keeps_its_order_under_random_faults(
             member.helper.close()
         scheduler.close()
     found = violations(app, run)
-    report(run, found, finished=True, probed=len(app.probed))
+    report(run, found, finished=True)
     assert not found, f"seed {seed}: {found} ({dict(run.faults)})"
     logging.getLogger(__name__).warning("seed %s: %s steps, faults %s", seed, run.steps, dict(run.faults))
     assert sum(run.faults.values()) > 0
@@ -570,3 +560,100 @@ def test_a_chain_released_by_an_operator_goes_on_at_the_helper_whatever_its_head
     finally:
         member.helper.close()
         scheduler.close()
+
+
+def test_a_head_that_dies_with_nothing_parked_frees_its_key_by_the_schedulers_notice(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """A key's only record fails until its retries are exhausted: its head dies at the scheduler with
+    nothing parked behind it, so no record of its chain would tell the helper. The scheduler's notice
+    (``retry.notice: head-dead`` on the group's redelivery topic, no value) frees the key at once, and
+    is never handed to the handler; the key's next record is handled straight away, not parked.
+    Before the notice, the key stayed held (in memory and the holds topic) until its next record."""
+    loop, config, holds_topic = new_world(database_url, bootstrap_servers, topic_prefix)
+    app = App({(b"k0", 0): "always"})
+    scheduler = Scheduler(loop)
+    member = Member("m0", config, loop, app, holds_topic)
+    where = (loop.dest, b"k0")
+    redelivery = f"{loop.dest}.{config['group.id']}.redelivery"
+
+    def until(done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not done():
+            assert time.monotonic() < deadline, f"{what}: not in 60 s (calls {dict(app.calls)})"
+            member.helper.poll(0.1)
+            scheduler.ingest(kill=False)
+            scheduler.publish(kill=False)
+
+    try:
+        produce(loop.bootstrap, loop.dest, [{"key": b"k0", "value": b"0"}])
+        until(lambda: where in member.helper.holds, "#0 failed, heading a chain")
+        hold = member.helper.holds[where]
+        chain, head, partition = hold.chain, hold.head, hold.partition
+        # The default policy allows 2 retries: #0 handled 3 times, then its head dies.
+        until(lambda: where not in member.helper.holds, "the key freed by the notice")
+        assert app.calls[(b"k0", 0)] == 3 and app.valueless == 0 and app.handled[b"k0"] == []
+        assert member.helper.ordered is not None
+        assert member.helper.ordered.counts["dead_heads"] == 1
+        assert member.helper.ordered.holds[where].finished
+        with Store(loop.settings.database_url) as store:
+            rows = store.conn.execute(
+                "SELECT status, dead_reason, held_by, msg_value FROM retry_jobs_all ORDER BY id"
+            ).fetchall()
+        assert ("dead", "exhausted", None, b"0") in rows  # the head, kept dead
+        assert ("published", None, chain, None) in rows  # its notice
+        notices = [
+            s for s in consume(loop.bootstrap, [redelivery], 4, timeout_s=10) if s.header(protocol.NOTICE)
+        ]
+        assert len(notices) == 1
+        notice = notices[0]
+        assert (notice.key, notice.value, notice.partition) == (
+            b"k0",
+            None,
+            0 if head is None else notice.partition,
+        )
+        assert notice.header(protocol.NOTICE) == protocol.NOTICE_HEAD_DEAD
+        assert notice.header(protocol.HOLD) == chain
+        assert notice.header(protocol.CHAIN_STATE) == f"{protocol.CHAIN_DEAD}:{head}"
+        assert notice.header(protocol.ORIGINAL_TOPIC) == loop.dest
+        # The key's next record is handled at once: no chain to park it in.
+        produce(loop.bootstrap, loop.dest, [{"key": b"k0", "value": b"1"}])
+        until(lambda: app.handled[b"k0"] == [1], "#1 handled")
+        with Store(loop.settings.database_url) as store:
+            parked = store.conn.execute(
+                "SELECT count(*) FROM retry_jobs_all WHERE msg_value = '1'"
+            ).fetchone()
+        assert parked == (0,)
+    finally:
+        member.helper.close()
+        scheduler.close()
+
+
+def test_a_notice_is_never_handed_to_a_handler_outside_ordered_mode(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """A group that left ordered mode while a head was pending still gets that head's notice on its
+    redelivery topic: the helper without ordered mode skips it (and commits past it), and a record
+    that only looks like one (a value, or another notice word) is the application's, handled."""
+    loop, config, _ = new_world(database_url, bootstrap_servers, topic_prefix)
+    redelivery = f"{loop.dest}.{config['group.id']}.redelivery"
+    seen: list[bytes | None] = []
+    helper = RetryingConsumer(config, [loop.dest], lambda msg: seen.append(msg.value()))
+    notice = [(protocol.NOTICE, protocol.NOTICE_HEAD_DEAD.encode()), (protocol.HOLD, b"c1"),
+              (protocol.CHAIN_STATE, b"dead:r1"), (protocol.ORIGINAL_TOPIC, loop.dest.encode())]  # fmt: skip
+    try:
+        produce(
+            loop.bootstrap, redelivery,
+            [{"key": b"k0", "value": None, "headers": notice},
+             {"key": b"k0", "value": b"mine", "headers": notice},
+             {"key": b"k0", "value": None, "headers": [(protocol.NOTICE, b"something-else")]}],
+            partition=0,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while len(seen) < 2:
+            assert time.monotonic() < deadline, f"not in 60 s: {seen}"
+            helper.poll(0.2)
+        committed = helper.consumer.committed([TopicPartition(redelivery, 0)], timeout=10)[0].offset
+        assert seen == [b"mine", None] and committed == 3
+    finally:
+        helper.close()

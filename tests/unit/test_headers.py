@@ -365,3 +365,29 @@ def test_a_forked_process_does_not_reuse_its_parents_retry_ids() -> None:
     parents = {new_retry_id() for _ in range(100)}
     assert len(childs) == 100
     assert not childs & parents
+
+
+def test_a_chain_head_that_dies_in_a_groups_redelivery_scope_gets_a_notice_row() -> None:
+    """Ordered mode: the retry of a chain's head that its policy gives up on, scoped to its group,
+    makes one more row, the notice the helper needs when nothing is parked behind the head; with
+    ``retry.scope: topic`` (every group reads the destination) or a head still pending, none."""
+    registry = PolicyRegistry.of([Policy("default", delays=["1s"], max_attempts=2)])
+    builder = RowBuilder(Deployment(Settings(), registry), LIMITS)
+    head = h(original_topic="orders", original_partition="3", original_offset="40", attempt="2", id="r1",
+             blocks="c1", scope="group", group="billing")  # fmt: skip
+    row = builder.row("retry", 0, 7, NOW - 5, b"k", b"v", head, NOW)
+    assert row is not None and row.dead_reason == p.DEAD_EXHAUSTED
+    [notice] = builder.take_notices()
+    assert (notice.source_topic, notice.source_partition, notice.source_offset) == ("retry", 0, 7)
+    assert notice.source_timestamp_ms == -1 - (NOW - 5)  # one per head record, stored once when read again
+    assert (notice.destination, notice.destination_partition) == ("orders.billing.redelivery", 3)
+    assert (notice.msg_key, notice.msg_value, notice.held_by, notice.status) == (b"k", None, "c1", "pending")
+    assert decode_headers(notice.headers) == [(p.NOTICE, p.NOTICE_HEAD_DEAD.encode())]
+    assert notice.retry_id != "r1" and "r1" in (notice.reason or "") and notice.dead_reason is None
+    assert builder.take_notices() == []
+
+    topic_scoped = [x for x in head if x[0] != p.SCOPE]
+    assert builder.row("retry", 0, 8, NOW, b"k", b"v", topic_scoped, NOW) is not None
+    pending = [x for x in head if x[0] != p.ATTEMPT] + h(attempt="1")
+    assert builder.row("retry", 0, 9, NOW, b"k", b"v", pending, NOW) is not None
+    assert builder.take_notices() == []

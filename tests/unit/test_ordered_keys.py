@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from retry_scheduler.core import protocol
-from retry_scheduler.ordered import OrderedKeys
+from retry_scheduler.ordered import OrderedKeys, is_notice
 
 TOPIC, KEY = "orders", b"k2"
 
@@ -91,3 +91,73 @@ def test_a_late_copy_of_an_older_chain_s_head_is_a_duplicate_once_a_newer_chain_
     assert first != second
     assert handled == [1, 2]  # not [1, 2, 1]
     assert late is None and keys.counts["duplicates"] == 1
+
+
+def notice_of(chain: str, head: str, offset: int, value: bytes | None = None) -> Message:
+    """A notice as the scheduler publishes it: the head ``head`` of ``chain`` died."""
+    headers = {protocol.NOTICE: protocol.NOTICE_HEAD_DEAD, protocol.HOLD: chain,
+               protocol.CHAIN_STATE: f"dead:{head}", protocol.ID: "n1", protocol.ATTEMPT: "2",
+               protocol.ORIGINAL_PARTITION: "1", protocol.ORIGINAL_OFFSET: "1"}  # fmt: skip
+    raw = [(name, v.encode()) for name, v in headers.items()]
+    return Message(topic=TOPIC, partition=1, offset=offset, key=KEY, value=value, headers=raw,
+                   timestamp=(1, 1_795_000_000_000))  # fmt: skip
+
+
+def failing(fails: set[int], handled: list[int]) -> Any:
+    """A handler failing the records (by original offset) in ``fails`` every time."""
+
+    def call(msg: Message) -> BaseException | None:
+        original = next(
+            (int(v) for k, v in msg.headers() or [] if k == protocol.ORIGINAL_OFFSET), msg.offset()
+        )
+        if original in fails:
+            return TimeoutError("not yet")
+        handled.append(original)
+        return None
+
+    return call
+
+
+def test_a_notice_of_the_pending_head_frees_a_key_with_nothing_parked() -> None:
+    sent, holds, handled = Sent(), Holds(), []
+    keys = OrderedKeys(holds, sent, failing({1}, handled))  # type: ignore[arg-type]
+    where = (TOPIC, KEY)
+    keys.process(record(1), where)  # fails: heads a chain
+    chain, head = keys.holds[where].chain, keys.holds[where].head
+    assert head is not None and keys.held()
+
+    keys.notice(notice_of(chain, head, offset=201), where)
+
+    assert not keys.held() and keys.holds[where].finished and holds.written[-1].finished
+    assert keys.counts["dead_heads"] == 1 and handled == []
+    keys.process(record(2), where)  # the key's next record: handled at once, not parked
+    assert handled == [2] and len(sent.retries) == 1
+
+
+def test_a_notice_with_records_parked_lets_them_go_in_order_and_a_stale_one_changes_nothing() -> None:
+    sent, holds, handled = Sent(), Holds(), []
+    keys = OrderedKeys(holds, sent, failing({1}, handled))  # type: ignore[arg-type]
+    where = (TOPIC, KEY)
+    keys.process(record(1), where)
+    keys.process(record(2), where)  # parked behind 1
+    chain, head = keys.holds[where].chain, keys.holds[where].head
+    assert head is not None
+
+    keys.notice(notice_of(chain, "another-head", offset=201), where)  # not the head the key waits for
+    keys.notice(notice_of("another-chain", head, offset=202), where)
+    assert keys.counts["stale_notices"] == 2 and keys.holds[where].head == head
+
+    keys.notice(notice_of(chain, head, offset=203), where)
+    assert keys.holds[where].head is None and keys.holds[where].parked == [(1, 2)]
+    assert not keys.holds[where].finished  # record 2 still to come, released behind the dead head
+    released = record(2, **{protocol.HOLD: chain, protocol.CHAIN_STATE: f"dead:{head}", protocol.ATTEMPT: "0",
+                            protocol.ORIGINAL_PARTITION: "1", protocol.ORIGINAL_OFFSET: "2"})  # fmt: skip
+    assert keys.process(released, where) is True and handled == [2] and keys.holds[where].finished
+    keys.notice(notice_of(chain, head, offset=204), where)  # read again after a restart
+    assert keys.counts["stale_notices"] == 3 and keys.counts["dead_heads"] == 1
+
+
+def test_only_a_valueless_record_with_the_notice_word_is_a_notice() -> None:
+    assert is_notice(notice_of("c", "h", 1))
+    assert not is_notice(notice_of("c", "h", 1, value=b"data"))  # an application's record
+    assert not is_notice(record(1, **{protocol.NOTICE: "other"}))

@@ -39,6 +39,13 @@ BLOCKS: Final = "retry.blocks"
 CHAIN_STATE: Final = "retry.chain-state"
 CHAIN_RELEASED: Final = "released"
 CHAIN_DEAD: Final = "dead"
+#: On a record the scheduler publishes, for the consumer helper only, to a group's redelivery topic
+#: when the head of a chain died there (``retry.notice: head-dead``, with ``retry.hold`` and
+#: ``retry.chain-state: dead:<retry.id>``, no value): the helper learns of the death even when no
+#: record of the key waits behind it, frees the key, and never hands the notice to the handler. Set
+#: by the scheduler only; not one of :data:`KNOWN` (it is stored with the notice's own headers).
+NOTICE: Final = "retry.notice"
+NOTICE_HEAD_DEAD: Final = "head-dead"
 #: ``dead:*``: a chain released by the scheduler (an operator's ``chains release``, a policy's max_age)
 #: whatever head the consumer waits for.
 CHAIN_ANY_HEAD: Final = "*"

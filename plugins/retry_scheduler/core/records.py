@@ -106,11 +106,19 @@ class RowBuilder:
         #: :meth:`take_chain_events`): ``(chain, CHAIN_RELEASED | CHAIN_BLOCKED | CHAIN_DEAD, the
         #: retry.id of the head it waits for or that died; None when released)``.
         self.chain_events: list[ChainEvent] = []
+        #: Ordered mode: the notices of heads that died in the records read so far (taken by
+        #: :meth:`take_notices`; see :func:`notice_of`).
+        self.notices: list[CopyRow] = []
 
     def take_chain_events(self) -> list[ChainEvent]:
         """The chain events of the records built since the last call, in their order."""
         events, self.chain_events = self.chain_events, []
         return events
+
+    def take_notices(self) -> list[CopyRow]:
+        """The notice rows of the heads that died in the records built since the last call."""
+        notices, self.notices = self.notices, []
+        return notices
 
     def row(
         self,
@@ -195,7 +203,7 @@ class RowBuilder:
                         else (parsed.blocks, CHAIN_BLOCKED, retry_id)
                     )
             # Positional (the hot path, a third faster than keywords), in CopyRow's field order.
-            return CopyRow(
+            row = CopyRow(
                 topic, partition, offset, timestamp_ms or 0, parsed.destination, parsed.destination_partition, key,
                 value, encode_headers(parsed.passthrough), parsed.attempt, policy.name, reason,
                 parsed.error_class, parsed.group, retry_id,
@@ -204,6 +212,9 @@ class RowBuilder:
                 pg_time(first_seen), due, _DEAD if dead else _PENDING, dead, policy.dlq_topic, due if dead else None,
                 parsed.hold,
             )  # fmt: skip
+            if dead and parsed.blocks is not None and parsed.scoped_from is not None:
+                self.notices.append(notice_of(row, parsed.blocks, dead))
+            return row
         except InvalidRecordError as exc:
             reason = str(exc)
         except Exception as exc:  # a fault of ours must not halt ingestion: keep the record, dead
@@ -316,6 +327,35 @@ class RowBuilder:
         if timestamp_ms is not None:
             self.untrusted_timestamps += 1
         return now_ms
+
+
+def notice_of(head: CopyRow, chain: str, dead_reason: str) -> CopyRow:
+    """The notice row of ``head``, the retry of a chain's head that died as it was stored.
+
+    The consumer helper learns that a head died from the chain's records the scheduler publishes with
+    ``retry.chain-state: dead:<retry.id>``; a head with no record of its key parked behind it would
+    leave the key held at the helper until the key's next record. So the chain gets one more held
+    record, stored in the head's batch (at least once, like any job): no value, ``retry.notice:
+    head-dead``, at the head's place in the key's order (first of the chain), going to the head's own
+    redelivery topic and partition when the chain is released as dead, i.e. at once. The helper frees
+    the key and hands the notice to no handler (``retry_scheduler.ordered``). Only for a group's
+    redelivery topic (``retry.scope: group``): one that every group reads is no place for it.
+
+    Its source key is the head's record with the timestamp ``-1 - t``: read again, the head's record
+    makes the same notice, which the unique source key stores once."""
+    return head._replace(
+        source_timestamp_ms=-1 - head.source_timestamp_ms,
+        msg_value=None,
+        headers=encode_headers([(protocol.NOTICE, protocol.NOTICE_HEAD_DEAD.encode())]),
+        reason=f"notice to the consumer helper: retry {head.retry_id}, the head of chain {chain}, died ({dead_reason})",
+        error_class=None,
+        retry_id=new_retry_id(),
+        due_at=HELD_DUE,
+        status=_PENDING,
+        dead_reason=None,
+        dead_at=None,
+        held_by=chain,
+    )
 
 
 #: Record timestamps before this (2000-01-01 UTC) are not trusted: seconds or a clock at zero.

@@ -152,7 +152,11 @@ class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
                     [
                         (row.destination, row.retry_id)
                         for row in rows
-                        if row.attempt > 0 and row.destination and breakers(row.destination)
+                        # a held record (parked, or a notice) did not fail: it did not come back
+                        if row.attempt > 0
+                        and row.held_by is None
+                        and row.destination
+                        and breakers(row.destination)
                     ],
                 )
             if offsets:

@@ -116,6 +116,9 @@ class Batch:
     #: The consumed records (confluent-kafka messages): a row PostgreSQL refuses is stored dead in its
     #: place with the record's headers as they came (:meth:`Ingestor.refused_row`).
     messages: Sequence[Any] = ()
+    #: Ordered mode: notice rows among ``rows``, one per chain head that died (no record of their own:
+    #: :func:`~retry_scheduler.core.records.notice_of`).
+    notices: int = 0
 
 
 class Ingestor:
@@ -294,8 +297,13 @@ class Ingestor:
         if self.sources is not None:
             rows = self.sources.complete(rows, now_ms, self.settings.max_reason_chars)
         untrusted = self.rows.untrusted_timestamps - untrusted_before
-        events = self.rows.take_chain_events()
-        return Batch(rows, offsets, untrusted, events, released, messages) if offsets else None
+        events, notices = self.rows.take_chain_events(), self.rows.take_notices()
+        rows.extend(notices)
+        return (
+            Batch(rows, offsets, untrusted, events, released, messages, notices=len(notices))
+            if offsets
+            else None
+        )
 
     def store_batch(self, batch: Batch) -> IngestCounts:
         """Store a batch's rows and its next offsets in one transaction."""
@@ -309,7 +317,9 @@ class Ingestor:
             refused=lambda row, reason: self.refused_row(batch, row, reason),
             breakers=self.deployment.policies.has_breaker if self.deployment.policies.breakers else None,
         )
-        counts = IngestCounts(consumed=len(batch.rows) + batch.release_records, stored=len(stored), batches=1)
+        counts = IngestCounts(
+            consumed=len(batch.rows) - batch.notices + batch.release_records, stored=len(stored), batches=1
+        )
         if batch.release_records:
             log.info("%s chain(s) of held records released", batch.release_records)
         counts.slowest_batch_s, counts.slowest_batch_records = time.perf_counter() - began, len(batch.rows)

@@ -152,6 +152,7 @@ def _evaluate(
             continue
         row = builder.row(topic, partition, offset, timestamp_ms, key, value, decoded, now_ms)
         builder.take_chain_events()
+        builder.take_notices()
         if row is None:
             dead.append((job_id, _INVALID, "a release record (retry.release): nothing to retry"))
         elif row.held_by is not None:
