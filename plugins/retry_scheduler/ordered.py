@@ -327,8 +327,8 @@ class OrderedKeys:
         """The head ``hold`` waits for is dead: the chain flows, ``after_dead`` deciding its records."""
         self.counts["dead_heads"] += 1
         log.warning(
-            "retry %s of a held key is dead: the records held behind it (%s) are %s in order",
-            hold.head, len(hold.parked) + hold.legacy, "handled" if self.after_dead == RELEASE else "dead-lettered",
+            "retry %s of a held key is dead: the records held behind it are %s in order (%s of them)",
+            hold.head, "handled" if self.after_dead == RELEASE else "dead-lettered", len(hold.parked) + hold.legacy,
         )  # fmt: skip
         hold.dead, hold.head, hold.head_attempt, hold.head_position = hold.head, None, None, None
 

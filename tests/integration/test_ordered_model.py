@@ -607,11 +607,7 @@ def test_a_head_that_dies_with_nothing_parked_frees_its_key_by_the_schedulers_no
         ]
         assert len(notices) == 1
         notice = notices[0]
-        assert (notice.key, notice.value, notice.partition) == (
-            b"k0",
-            None,
-            0 if head is None else notice.partition,
-        )
+        assert (notice.key, notice.value, notice.partition) == (b"k0", None, partition)
         assert notice.header(protocol.NOTICE) == protocol.NOTICE_HEAD_DEAD
         assert notice.header(protocol.HOLD) == chain
         assert notice.header(protocol.CHAIN_STATE) == f"{protocol.CHAIN_DEAD}:{head}"

@@ -391,3 +391,6 @@ def test_a_chain_head_that_dies_in_a_groups_redelivery_scope_gets_a_notice_row()
     pending = [x for x in head if x[0] != p.ATTEMPT] + h(attempt="1")
     assert builder.row("retry", 0, 9, NOW, b"k", b"v", pending, NOW) is not None
     assert builder.take_notices() == []
+    sent_dead = head + h(send_to="dlq")  # the consumer dead-lettered its head itself: it knows
+    assert builder.row("retry", 0, 10, NOW, b"k", b"v", sent_dead, NOW) is not None
+    assert builder.take_notices() == []

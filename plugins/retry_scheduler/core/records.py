@@ -212,7 +212,13 @@ class RowBuilder:
                 pg_time(first_seen), due, _DEAD if dead else _PENDING, dead, policy.dlq_topic, due if dead else None,
                 parsed.hold,
             )  # fmt: skip
-            if dead and parsed.blocks is not None and parsed.scoped_from is not None:
+            # (a head the consumer sent to the DLQ itself, retry.send-to=dlq, needs no notice: it knows)
+            if (
+                dead
+                and parsed.blocks is not None
+                and parsed.scoped_from is not None
+                and not parsed.send_to_dlq
+            ):
                 self.notices.append(notice_of(row, parsed.blocks, dead))
             return row
         except InvalidRecordError as exc:
@@ -339,7 +345,8 @@ def notice_of(head: CopyRow, chain: str, dead_reason: str) -> CopyRow:
     head-dead``, at the head's place in the key's order (first of the chain), going to the head's own
     redelivery topic and partition when the chain is released as dead, i.e. at once. The helper frees
     the key and hands the notice to no handler (``retry_scheduler.ordered``). Only for a group's
-    redelivery topic (``retry.scope: group``): one that every group reads is no place for it.
+    redelivery topic (``retry.scope: group``): one that every group reads is no place for it; and not
+    for a head the consumer sent to the DLQ itself (``retry.send-to: dlq``), which it knows is dead.
 
     Its source key is the head's record with the timestamp ``-1 - t``: read again, the head's record
     makes the same notice, which the unique source key stores once."""

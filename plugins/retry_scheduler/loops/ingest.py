@@ -116,8 +116,7 @@ class Batch:
     #: The consumed records (confluent-kafka messages): a row PostgreSQL refuses is stored dead in its
     #: place with the record's headers as they came (:meth:`Ingestor.refused_row`).
     messages: Sequence[Any] = ()
-    #: Ordered mode: notice rows among ``rows``, one per chain head that died (no record of their own:
-    #: :func:`~retry_scheduler.core.records.notice_of`).
+    #: Ordered mode: notice rows among ``rows`` (:func:`~retry_scheduler.core.records.notice_of`).
     notices: int = 0
 
 
