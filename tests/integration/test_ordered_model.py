@@ -443,6 +443,21 @@ def test_every_key_keeps_its_order_under_random_faults(
     assert sum(run.faults.values()) > 0
 
 
+def step_until(
+    done: Callable[[], bool], member: Member, scheduler: Scheduler, app: App, what: str, timeout_s: float
+) -> None:
+    """The scripted tests' loop: poll ``member``, then one ingest batch and one publish round, until
+    ``done()``; fails saying ``what`` did not happen after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, (
+            f"{what}: not in {timeout_s:.0f} s (handled {dict(app.handled)}, calls {dict(app.calls)})"
+        )
+        member.helper.poll(0.1)
+        scheduler.ingest(kill=False)
+        scheduler.publish(kill=False)
+
+
 class DestinationLater:
     """A member's consumer that delivers the redelivery topic's records before the destination's until
     ``until()``: an order the client may choose (nothing orders two topics' records)."""
@@ -478,12 +493,7 @@ def test_a_head_handled_with_nothing_parked_releases_what_a_dead_member_parked(
     second: Member | None = None
 
     def until(done: Callable[[], bool], member: Member, what: str) -> None:
-        deadline = time.monotonic() + 90
-        while not done():
-            assert time.monotonic() < deadline, f"{what}: not in 90 s (handled {dict(app.handled)})"
-            member.helper.poll(0.1)
-            scheduler.ingest(kill=False)
-            scheduler.publish(kill=False)
+        step_until(done, member, scheduler, app, what, timeout_s=90)
 
     def pending() -> list[tuple[Any, ...]]:
         with Store(loop.settings.database_url) as store:
@@ -578,12 +588,7 @@ def test_a_head_that_dies_with_nothing_parked_frees_its_key_by_the_schedulers_no
     redelivery = f"{loop.dest}.{config['group.id']}.redelivery"
 
     def until(done: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + 60
-        while not done():
-            assert time.monotonic() < deadline, f"{what}: not in 60 s (calls {dict(app.calls)})"
-            member.helper.poll(0.1)
-            scheduler.ingest(kill=False)
-            scheduler.publish(kill=False)
+        step_until(done, member, scheduler, app, what, timeout_s=60)
 
     try:
         produce(loop.bootstrap, loop.dest, [{"key": b"k0", "value": b"0"}])
