@@ -1,6 +1,6 @@
 """The embedded broker alone: does its CPU per record grow with what it holds? (``soak_p99_drift``)
 
-A private Tansu (memory storage) on a free port, one topic of four partitions, a producer sending
+A private dev broker (Apache Kafka 4.4) on a free port, one topic of four partitions, a producer sending
 ``--rate`` records a second as the soak's workload does (a tick every 0.1 s), and, unless
 ``--consumer none``, one consumer following it (``ours``: the ingest consumer's fetch settings;
 ``batched``: ``fetch.min.bytes`` 64 KiB and ``fetch.wait.max.ms`` 100, fewer and larger fetches).

@@ -230,7 +230,7 @@ class BenchEnv:
 
                 port = free_port()
                 self._broker = start_broker(
-                    port, "127.0.0.1", self.work_dir / "tansu.log", say=lambda m: log.info("%s", m)
+                    port, "127.0.0.1", self.work_dir / "kafka.log", say=lambda m: log.info("%s", m)
                 )
                 self.bootstrap = f"127.0.0.1:{port}"
         except BaseException:
@@ -327,8 +327,8 @@ class BenchEnv:
     def count_records(self, topic: str, expected: int, timeout_s: float = 60) -> int:
         """Read ``topic`` from the beginning and count its records (until ``expected`` and idle for 1 s).
 
-        Counted by reading rather than from the high watermarks, which Tansu does not report as
-        record counts.
+        Counted by reading rather than from the high watermarks, which are not record counts (an
+        idempotent or transactional producer's control records take offsets too).
         """
         assert self.bootstrap is not None
         consumer = Consumer(

@@ -66,6 +66,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from retry_scheduler.client import RetryClient, header_text
+from retry_scheduler.coordinator import committed_offsets
 from retry_scheduler.core import protocol
 from retry_scheduler.holds import (
     DEFAULT_HOLDS_TOPIC,
@@ -275,7 +276,7 @@ class RetryingConsumer:
         if fresh:
             try:
                 committed = {
-                    (tp.topic, tp.partition): tp.offset for tp in consumer.committed(fresh, timeout=10)
+                    (tp.topic, tp.partition): tp.offset for tp in committed_offsets(consumer, fresh, 10)
                 }
             except Exception as exc:  # closing, or the coordinator away: the group's positions as they are
                 log.warning("cannot read the committed offsets of %s: %s", [str(tp) for tp in fresh], exc)

@@ -44,6 +44,17 @@ def _cmd_dev_postgres(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_dev_kafka_deps(args: argparse.Namespace, settings: Settings) -> int:
+    """Fetch the dev broker's jars (Apache Kafka 4.4 and log4j2) from Maven Central into the cache."""
+    from retry_scheduler.dev.kafka_libs import fetch_kafka_libs, libs_complete, libs_dir
+
+    if libs_complete():
+        print(f"Apache Kafka's jars are in {libs_dir()}")
+        return 0
+    print(f"Apache Kafka's jars fetched into {fetch_kafka_libs()}")
+    return 0
+
+
 def _cmd_dev_clean(args: argparse.Namespace, settings: Settings) -> int:
     """Remove the databases and folders the dev tooling made for this dev home (a listing without --yes)."""
     from retry_scheduler.dev.clean import clean
@@ -145,7 +156,8 @@ def add_parsers(sub: Any) -> None:
     up = dev_sub.add_parser(
         "up",
         help="run broker, PostgreSQL and Airflow in the foreground until Ctrl-C",
-        description="Start the embedded Kafka-protocol broker on localhost:9092, make sure PostgreSQL "
+        description="Start the dev broker (Apache Kafka 4.4, its data in .dev/kafka) on localhost:9092 "
+        "unless one answers there (KAFKA_BOOTSTRAP_SERVERS), make sure PostgreSQL "
         "answers (starting one from the machine's binaries if needed), migrate, run Airflow "
         "(UI on http://localhost:8080, login admin/admin) and unpause the retry_scheduler and "
         "retry_monitor DAGs, until Ctrl-C.",
@@ -163,6 +175,14 @@ def add_parsers(sub: Any) -> None:
     dev_sub.add_parser(
         "postgres", help="make sure PostgreSQL answers at RETRY_DATABASE_URL (start one if not)"
     ).set_defaults(func=_cmd_dev_postgres)
+    dev_sub.add_parser(
+        "kafka-deps",
+        help="fetch the dev broker's jars (Apache Kafka 4.4) from Maven Central, once (make kafka-deps)",
+        description="Copy Apache Kafka 4.4.0 and a log4j2 backend, pinned in the package's "
+        "dev/kafka/pom.xml, from Maven Central into RETRY_KAFKA_LIBS or "
+        "~/.cache/kafka-retry-scheduler/ with Maven (mvn). The dev stack, the demo and the tests do it "
+        "on first use; nothing to do when they are there.",
+    ).set_defaults(func=_cmd_dev_kafka_deps)
     clean = dev_sub.add_parser(
         "clean",
         help="remove the databases and folders make up and make demo created (lists them without --yes)",

@@ -24,7 +24,7 @@ from retry_scheduler.dev.postgres import dev_mark
 from retry_scheduler.dev.procs import DevStackError, Say
 
 #: The dev home's folders ``dev clean`` removes; ``spark`` (the class archive) only with ``everything``.
-FOLDERS = ("airflow", "logs", "postgres", "spark-cluster", "archive")
+FOLDERS = ("airflow", "logs", "postgres", "kafka", "spark-cluster", "archive")
 
 
 @dataclass

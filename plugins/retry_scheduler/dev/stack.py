@@ -192,7 +192,10 @@ class DevStack:
             raise DevStackError(f"Port {self.api_port} is taken: stop the other Airflow or pick another port")
         host, _, port = self.settings.bootstrap_servers.split(",")[0].rpartition(":")
         if host in LOCAL_HOSTS:
-            self._adopt("broker", start_broker(int(port), "127.0.0.1", self.log_dir / "broker.log", self.say))
+            broker = start_broker(
+                int(port), "127.0.0.1", self.log_dir / "broker.log", self.say, home=self.dev_dir / "kafka"
+            )
+            self._adopt("broker", broker)
         elif not kafka_answers(self.settings.bootstrap_servers, 10.0):
             raise DevStackError(f"No Kafka broker answers at {self.settings.bootstrap_servers}")
         pg_log = self.log_dir / "postgres.log"

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
 
+from retry_scheduler.coordinator import committed_offsets
 from retry_scheduler.core import faults, protocol
 from retry_scheduler.core.adopt import source_format
 from retry_scheduler.core.deployment import Deployment
@@ -214,7 +215,7 @@ class Ingestor:
         stored = (self._control or self.store).ingest_offsets(self.settings.consumer_group)
         committed = {
             (tp.topic, tp.partition): tp.offset
-            for tp in self.consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=10)
+            for tp in committed_offsets(self.consumer, [TopicPartition(t, p) for t, p in partitions])
         }
         starts = []
         for t, p in partitions:

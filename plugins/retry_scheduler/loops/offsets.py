@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_STORED, Consumer, TopicPartition
 
+from retry_scheduler.coordinator import committed_offsets
 from retry_scheduler.core.config import Settings
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.kafka import consumer_config
@@ -100,7 +101,7 @@ def ingest_lag(
         unknown = [tp for tp in partitions if (tp.topic, tp.partition) not in stored]
         committed = {
             (tp.topic, tp.partition): tp.offset
-            for tp in (consumer.committed(unknown, timeout=timeout_s) if unknown else [])
+            for tp in (committed_offsets(consumer, unknown, timeout_s) if unknown else [])
         }
         by_topic: dict[str, int] = {}
         for tp in partitions:
