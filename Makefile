@@ -16,7 +16,7 @@ MAKEFLAGS += --jobs=2
 # apt-get, one at a time: two targets installing side by side would find dpkg's lock taken.
 APT := flock --wait 900 /tmp/.retry-scheduler-apt.lock apt-get
 
-.PHONY: help venv lint format postgres spark-deps browser-deps test test-fast test-random test-unit up demo bench bench-quick clean docs
+.PHONY: help venv lint format pg-deps postgres kafka-deps redis-deps spark-deps browser-deps test test-fast test-random test-unit up demo bench bench-quick clean docs
 
 help:
 	@echo "make demo   run an end-to-end scenario under the real Airflow scheduler (embedded defaults)"
@@ -52,28 +52,53 @@ format: venv
 	$(BIN)/ruff format plugins dags examples tests include bench
 	$(BIN)/ruff check --fix plugins dags examples tests include bench
 
+# What the targets need from Debian's packages is installed when missing (as root; otherwise the one
+# command that would): $(call need,CHECK,PACKAGES,WHAT NEEDS THEM).
+define need
+	@$(1) >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then echo "installing $(2) (Debian's packages) for $(3)"; \
+			($(APT) install -y -q $(2) || ($(APT) update -q && $(APT) install -y -q $(2))) >/dev/null; \
+		else echo "$(3) needs $(2): sudo apt-get install $(2)" >&2; exit 1; fi; }
+endef
+
+# PostgreSQL's server binaries. Debian's package creates and starts a cluster of its own on port 5432,
+# which asks for passwords over TCP: it is stopped at once, and the dev tooling starts its own there.
+PG_SERVER = ls /usr/lib/postgresql/*/bin/postgres
+pg-deps:
+	@$(PG_SERVER) >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" != 0 ]; then echo "PostgreSQL's server is not installed: sudo apt-get install postgresql" >&2; exit 1; fi; \
+		echo "installing postgresql (Debian's package) for the retry database"; \
+		($(APT) install -y -q postgresql || ($(APT) update -q && $(APT) install -y -q postgresql)) >/dev/null; \
+		pg_lsclusters --no-header 2>/dev/null | while read -r version cluster _rest; do \
+			pg_ctlcluster --skip-systemctl-redirect "$$version" "$$cluster" stop 2>/dev/null || true; done; }
+
 # PostgreSQL must answer for the tests; the dev tooling starts one from the machine's binaries if not.
-postgres: venv
+postgres: venv pg-deps
 	$(BIN)/retry-scheduler dev postgres
+
+# The dev broker, Apache Kafka 4.4 (KRaft): its jars from Maven Central by Maven, once, into a cache
+# (~/.cache/kafka-retry-scheduler); it runs on the machine's Java 17+.
+kafka-deps: venv
+	$(call need,command -v java,openjdk-17-jre-headless,the dev broker (Apache Kafka))
+	$(call need,command -v mvn,maven,fetching the dev broker's jars)
+	@$(BIN)/retry-scheduler dev kafka-deps
+
+# Redis, for the CeleryExecutor (make up EXECUTOR=celery and the Celery tests).
+redis-deps:
+	$(call need,command -v redis-server,redis-server,the CeleryExecutor's broker)
 
 # Spark reads PostgreSQL over JDBC: Debian's driver locally (a cluster uses RETRY_SPARK_PACKAGES), and Java 17+.
 # Then the class archive that makes every Spark job's driver start faster (once per JDK and Spark version).
 JDBC_JAR ?= /usr/share/java/postgresql.jar
 spark-deps: venv
-	@command -v java >/dev/null || { echo "Spark needs Java 17+: apt-get install openjdk-17-jre-headless" >&2; exit 1; }
-	@test -f $(JDBC_JAR) || { \
-		if [ "$$(id -u)" = 0 ]; then ($(APT) install -y -q libpostgresql-jdbc-java || \
-			($(APT) update -q && $(APT) install -y -q libpostgresql-jdbc-java)) >/dev/null; \
-		else echo "Spark needs the PostgreSQL JDBC driver: sudo apt-get install libpostgresql-jdbc-java" >&2; exit 1; fi; }
+	$(call need,command -v java,openjdk-17-jre-headless,Spark)
+	$(call need,test -f $(JDBC_JAR),libpostgresql-jdbc-java,Spark's JDBC reads)
 	$(BIN)/retry-scheduler dev spark-archive
 
 # The Dead letters page is tested in Debian's chromium, driven by Playwright (which cannot download its own here).
 CHROMIUM ?= /usr/bin/chromium
 browser-deps:
-	@test -x $(CHROMIUM) || { \
-		if [ "$$(id -u)" = 0 ]; then ($(APT) install -y -q chromium || \
-			($(APT) update -q && $(APT) install -y -q chromium)) >/dev/null; \
-		else echo "The browser tests need Debian's chromium: sudo apt-get install chromium" >&2; exit 1; fi; }
+	$(call need,test -x $(CHROMIUM),chromium,the browser tests)
 
 # Every test. The tests that wait more than they compute run side by side in $(TEST_WORKERS) processes
 # (pytest-xdist, work stealing: a worker whose tests are done takes over half of another's; each worker
@@ -84,7 +109,7 @@ browser-deps:
 TEST_WORKERS ?= 4
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 PARALLEL := -n $(TEST_WORKERS) --dist worksteal -m "not serial"
-test: lint postgres spark-deps browser-deps
+test: lint postgres kafka-deps spark-deps browser-deps redis-deps
 	@mkdir -p .test-reports
 	$(PYTEST) $(PARALLEL) --junitxml=.test-reports/parallel.xml
 	$(PYTEST) -m serial --junitxml=.test-reports/serial.xml
@@ -94,12 +119,12 @@ test: lint postgres spark-deps browser-deps
 ifndef SEED
 SEED := $(shell od -An -N3 -tu4 /dev/urandom | tr -d ' ')
 endif
-test-random: venv postgres spark-deps browser-deps
+test-random: venv postgres kafka-deps spark-deps browser-deps redis-deps
 	@echo "random order, seed $(SEED) (make test-random SEED=$(SEED) replays it)"
 	$(PYTEST) $(PARALLEL) --random-order-bucket=global --random-order-seed=$(SEED)
 
 # The edit-run loop: unit and integration tests without Airflow, Spark or the whole-machine ones (minutes).
-test-fast: venv postgres
+test-fast: venv postgres kafka-deps
 	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not serial and not airflow and not spark and not cluster" tests/unit tests/integration
 
 # The site (mkdocs.yml, docs/); tests/unit/test_docs.py builds it with --strict in make test.
@@ -111,21 +136,21 @@ test-unit: venv
 
 # EXECUTOR=celery runs the tasks on a Celery worker with Redis (started when none answers).
 EXECUTOR ?= local
-up: venv spark-deps
+up: venv pg-deps kafka-deps spark-deps $(if $(filter celery,$(EXECUTOR)),redis-deps)
 	$(BIN)/retry-scheduler dev up --executor $(EXECUTOR)
 
-demo: venv
+demo: venv pg-deps kafka-deps $(if $(filter celery,$(EXECUTOR)),redis-deps)
 	$(BIN)/retry-scheduler demo --executor $(EXECUTOR)
 
 # The report (report.json, report.md, PNG plots) goes to $(BENCH_OUT); every figure is measured with its
 # baseline in the same run, on a throwaway database (retry_bench) and an embedded broker on a free port.
 BENCH_OUT ?= bench/out
 BENCH_ARGS ?=
-bench: venv postgres spark-deps
+bench: venv postgres kafka-deps spark-deps
 	@mkdir -p $(BENCH_OUT)
 	$(BIN)/retry-scheduler bench --out $(BENCH_OUT) $(BENCH_ARGS)
 
-bench-quick: venv postgres
+bench-quick: venv postgres kafka-deps
 	@mkdir -p $(BENCH_OUT)/quick
 	$(BIN)/retry-scheduler bench --quick --out $(BENCH_OUT)/quick $(BENCH_ARGS)
 
@@ -135,14 +160,14 @@ bench-quick: venv postgres
 .PHONY: chaos chaos-ordered
 CHAOS_TRIALS ?= 100
 CHAOS_RECORDS ?= 2500
-chaos: venv
+chaos: venv pg-deps kafka-deps
 	$(BIN)/retry-scheduler chaos --trials $(CHAOS_TRIALS) --records $(CHAOS_RECORDS) --out bench/out \
 		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 # Ordered mode's model-based test over many seeds (tests/integration/test_ordered_model.py): one JSON
 # line per run in bench/out/chaos-ordered.jsonl, summed up in bench/out/chaos-ordered.json.
 CHAOS_ORDERED_SEEDS ?= $(shell seq -s, 101 120)
-chaos-ordered: venv
+chaos-ordered: venv pg-deps kafka-deps
 	rm -f bench/out/chaos-ordered.jsonl
 	RETRY_MODEL_SEEDS=$(CHAOS_ORDERED_SEEDS) RETRY_MODEL_REPORT=$(CURDIR)/bench/out/chaos-ordered.jsonl \
 		$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 tests/integration/test_ordered_model.py; \

@@ -82,9 +82,7 @@ def process_kind(pid: int, comm: str, cmdline: str) -> str:
     if comm == "postgres":
         return _postgres_kind(cmdline)
     if comm == "java":
-        return "Spark JVM"
-    if comm.startswith("tansu"):
-        return "broker"
+        return "broker" if " kafka.Kafka " in f" {cmdline} " else "Spark JVM"
     if comm.startswith("python") and ("pyspark.daemon" in cmdline or "pyspark.worker" in cmdline):
         return "Spark Python workers"
     if comm.startswith("python") and (

@@ -215,6 +215,8 @@ class BenchEnv:
         self._own_work_dir = work_dir is None
         self.tag = uuid.uuid4().hex[:6]
         self._broker: Any = None
+        #: Whether the broker is this environment's own (the dev tooling's), not a user's cluster.
+        self.owns_broker = False
         #: One dev stack for every measurement that runs under the scheduler (see
         #: ``bench.capacity.live_stack``), stopped with ``stacks`` before the broker.
         self.share_stack = share_stack
@@ -233,6 +235,7 @@ class BenchEnv:
                     port, "127.0.0.1", self.work_dir / "kafka.log", say=lambda m: log.info("%s", m)
                 )
                 self.bootstrap = f"127.0.0.1:{port}"
+                self.owns_broker = True
         except BaseException:
             self.__exit__()
             raise

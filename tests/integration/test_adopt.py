@@ -18,7 +18,7 @@ from retry_scheduler.db.selection import Selection, writer_topics
 from retry_scheduler.ops.browse import list_dead
 from retry_scheduler.ops.dlq import Operation, run_action
 from tests.integration.test_loop import Loop, new_loop
-from tests.kafkautil import consume, create_topics
+from tests.kafkautil import consume, create_topics, produce
 
 pytestmark = pytest.mark.integration
 
@@ -373,11 +373,11 @@ def test_share_group_letters_adopted_for_retry_come_back_to_their_topic_when_due
 def test_a_pointer_to_a_record_removed_by_retention_is_kept_saying_so_with_the_topic_s_retention(
     bootstrap_servers: str, database_url: str, topic_prefix: str
 ) -> None:
-    """The embedded broker keeps every record (no retention, no DeleteRecords): the consumer is the one
-    boundary replaced, answering the watermarks Kafka answers once retention removed offsets 0-99;
-    the topic and its retention.ms are real."""
+    """The source partition's first 100 records are gone (removed by the broker, as retention does:
+    DeleteRecords moves the log start offset the same way); the letter points at offset 41."""
     import time
 
+    from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from retry_scheduler.core.deployment import Deployment
@@ -388,13 +388,9 @@ def test_a_pointer_to_a_record_removed_by_retention_is_kept_saying_so_with_the_t
     loop = new_loop(database_url, bootstrap_servers, topic_prefix, adopt_topics={work_dlq: "share"})
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     admin.create_topics([NewTopic(work, 1, 1, config={"retention.ms": "604800000"})])[work].result(timeout=15)
-
-    class RetentionPassed:  # Kafka's answer for a partition whose first 100 records retention removed
-        def get_watermark_offsets(self, tp, timeout=None):
-            return (100, 250)
-
-        def close(self) -> None:
-            pass
+    produce(bootstrap_servers, work, [{"key": b"k%d" % i, "value": b"v"} for i in range(150)], partition=0)
+    [deleted] = admin.delete_records([TopicPartition(work, 0, 100)]).values()
+    assert deleted.result(timeout=15).low_watermark == 100  # the partition's new log start offset
 
     settings = loop.settings
     limits = Deployment.load(settings).limits
@@ -403,7 +399,6 @@ def test_a_pointer_to_a_record_removed_by_retention_is_kept_saying_so_with_the_t
         work_dlq, 0, 7, now_ms, None, None, share(topic_prefix, work, 0, 41)["headers"], now_ms
     )
     reader = SourceReader(settings, [work_dlq], limits.destinations.refusal)
-    reader._consumer = RetentionPassed()  # type: ignore[assignment]
 
     [kept] = reader.complete([row], now_ms, 2000)
 

@@ -77,7 +77,8 @@ def test_processes_are_told_apart_by_name_and_command_line() -> None:
     assert process_kind(1, "postgres", "postgres: 15/main: checkpointer ") == "PostgreSQL: server"
     assert process_kind(1, "postgres", "/usr/lib/postgresql/15/bin/postgres -D /x") == "PostgreSQL: server"
     assert process_kind(1, "java", "java -cp ... org.apache.spark.deploy.SparkSubmit") == "Spark JVM"
-    assert process_kind(1, "tansu-v0.6.0-51", "tansu broker") == "broker"
+    kafka = "java -Xmx1g -cp /c/kafka-4.4.0/* kafka.Kafka /t/kafka/server.properties"
+    assert process_kind(1, "java", kafka) == "broker"
     assert process_kind(1, "python3", "/venv/bin/python -m pyspark.daemon") == "Spark Python workers"
     assert process_kind(1, "python3", "/venv/bin/python /repo/include/spark/bulk_retry.py --x") == (
         "Spark Python driver"

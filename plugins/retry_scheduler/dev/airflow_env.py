@@ -125,7 +125,7 @@ def airflow_env(
                 {"conn_type": "kafka", "extra": {**settings.kafka, "session.timeout.ms": 6000}}
             ),
             # The dead-letter watcher's consumer (retry_scheduler.airflow.dead_letters): a group of its
-            # own; from the earliest record, as the embedded broker starts empty.
+            # own; from the earliest record, as the dev broker starts empty.
             "AIRFLOW_CONN_RETRY_DLQ_WATCH": json.dumps(
                 {
                     "conn_type": "kafka",
@@ -143,7 +143,7 @@ def airflow_env(
             # The destinations the given settings add to the policies module's (empty: the environment's).
             "RETRY_DESTINATION_ALLOWLIST": settings.destination_allowlist
             or env.get("RETRY_DESTINATION_ALLOWLIST", ""),
-            # The embedded broker starts empty: destination and DLQ topics are created on first use.
+            # The dev broker starts empty: destination and DLQ topics are created on first use.
             "RETRY_CREATE_TOPICS": "true",
             # Every process agrees on the dev home (Spark's class archive, the Parquet archive).
             "RETRY_DEV_HOME": str(dev_home()),

@@ -1,4 +1,4 @@
-"""Run the whole stack on one machine: embedded Kafka-protocol broker, PostgreSQL and Airflow 3.
+"""Run the whole stack on one machine: the dev broker (Apache Kafka 4.4), PostgreSQL and Airflow 3.
 
 ``make up`` and the demo use :class:`DevStack`; ``retry_scheduler.dev.airflow_api`` drives the
 Airflow it starts, whose environment comes from :mod:`retry_scheduler.dev.airflow_env`.

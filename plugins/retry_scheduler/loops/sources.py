@@ -1,11 +1,12 @@
-"""The source records of pointer-only dead letters, read back from their topics at ingest.
+"""The source records of share groups' dead letters, read back from their topics at ingest.
 
 The broker's dead-letter queue for a share group (KIP-1191) copies the failed record's key and value
-only with ``errors.deadletterqueue.copy.record.enable``; without it (the default) a letter is a
-pointer: ``__dlq.errors.topic``, ``.partition`` and ``.offset``, no key, no value, none of the
-record's headers. The ingest loop reads such a record from its topic while it still exists
+only with ``errors.deadletterqueue.copy.record.enable``, and never its headers; without that setting
+(the default) a letter is a pointer: ``__dlq.errors.topic``, ``.partition`` and ``.offset``, no key,
+no value. The ingest loop reads the record from its topic while it still exists
 (:class:`SourceReader`), and the job holds its key, value, headers (the record's own, then the
-letter's) and timestamp, as a copied letter would.
+letter's) and timestamp: what a replay publishes is the record as it was, byte for byte. A copied
+letter whose record can no longer be read keeps its copy (key and value, without headers).
 
 A record that no longer exists (its topic deleted, its offset below the partition's start: removed by
 retention, or above its end: the topic made again) cannot be completed: the job is kept dead
@@ -44,7 +45,7 @@ READ_TIMEOUT_S = 10.0
 #: How long a read goes on after the partition's end was reported, for a record still to come.
 END_GRACE_S = 1.0
 #: A read that hears nothing at all for this long is past the partition's end: Kafka answers such a
-#: fetch with an error (offset out of range), some brokers (the embedded Tansu) with nothing.
+#: fetch with an error (offset out of range), some Kafka-protocol brokers with nothing.
 SILENT_S = 5.0
 
 
@@ -61,6 +62,12 @@ class Source:
 def pointer_only(row: CopyRow) -> bool:
     """Whether a letter's row holds no record to send (no key, no value) for a destination."""
     return row.msg_key is None and row.msg_value is None and row.destination is not None
+
+
+def copied(row: CopyRow) -> bool:
+    """Whether a letter's row holds the record's key or value (copied into the letter) but, as the
+    broker writes it, none of the record's headers, and points at the record for them."""
+    return not pointer_only(row) and row.destination is not None and row.original_offset is not None
 
 
 class SourceReader:
@@ -93,9 +100,12 @@ class SourceReader:
         wanted: dict[tuple[str, int], list[int]] = defaultdict(list)
         pointless: list[int] = []
         for i, row in enumerate(rows):
-            if row.source_topic in self.topics and pointer_only(row):
+            if row.source_topic not in self.topics:
+                continue
+            if pointer_only(row) or copied(row):
                 if row.original_partition is None or row.original_offset is None:
-                    pointless.append(i)
+                    if pointer_only(row):
+                        pointless.append(i)
                 else:
                     wanted[(row.destination or "", row.original_partition)].append(i)
         if not wanted and not pointless:
@@ -121,6 +131,13 @@ class SourceReader:
                 if source is not None:
                     rows[i] = self._completed(row, source, now_ms)
                     self.completed += 1
+                elif copied(row):  # the letter's copy is sent, without the headers it never had
+                    log.info(
+                        "the dead letter %s[%s]@%s holds a copy of %s[%s]@%s, whose headers cannot be "
+                        "read (%s): kept with the copy", row.source_topic, row.source_partition,
+                        row.source_offset, topic, partition, row.original_offset,
+                        missing.get(row.original_offset or 0, "not found"),
+                    )  # fmt: skip
                 else:
                     why = missing.get(row.original_offset or 0, "it was not found")
                     rows[i] = self._lost(row, why, now_ms, max_reason_chars)
