@@ -31,6 +31,8 @@ ONLY = Thresholds(
     dead_per_hour=None,
     stuck_delivery_s=None,
     consumer_lag=None,
+    ingest_retention_share=None,
+    removed_unread=None,
     undelivered_dead=None,
     failing_deliveries=None,
     stuck_chain_s=None,
@@ -83,6 +85,60 @@ def test_records_not_ingested_yet_are_the_lag_from_postgresql_s_offsets_else_the
         f"Behind, by topic: {settings.retry_topic} 10. Is the retry_scheduler DAG's ingest task running"
     )
     assert resolved.startswith("[RESOLVED] retry_monitor: consumer_lag back to normal: 3 records")
+
+
+def test_retries_waiting_near_their_topic_s_retention_and_retries_removed_unread_alert(
+    database_url: str, bootstrap_servers: str, topic_prefix: str, webhook: WebhookReceiver
+) -> None:
+    """A retry topic that keeps records 2 minutes: its oldest record not ingested was written 80 s
+    ago (67 % of it), then the broker removes two records the ingest never read (DeleteRecords moves
+    the partition's start as retention does)."""
+    import time
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    settings = Settings(
+        database_url=database_url,
+        kafka={"bootstrap.servers": bootstrap_servers},
+        retry_topic=f"{topic_prefix}-retry",
+        consumer_group=f"{topic_prefix}-scheduler",
+    )
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    topic = NewTopic(settings.retry_topic, 1, 1, config={"retention.ms": "120000"})
+    admin.create_topics([topic])[settings.retry_topic].result(timeout=15)
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    written = int(time.time() * 1000) - 80_000
+    for n in range(4):
+        producer.produce(settings.retry_topic, value=b"r%d" % n, timestamp=written + n)
+    assert producer.flush(15) == 0
+    with psycopg.connect(database_url) as conn:  # the ingest stands at the partition's first record
+        conn.execute(
+            "INSERT INTO retry_ingest_offsets (consumer_group, topic, partition, next_offset) VALUES (%s, %s, 0, 0)",
+            [settings.consumer_group, settings.retry_topic],
+        )
+    check = replace(ONLY, ingest_retention_share=0.5, removed_unread=0)
+
+    near = run_monitor(database_url, check, alert_notifiers(), lag=lag_reader(settings))
+    [deleted] = admin.delete_records([TopicPartition(settings.retry_topic, 0, 2)]).values()
+    assert deleted.result(timeout=15).low_watermark == 2
+    removed = run_monitor(database_url, check, alert_notifiers(), lag=lag_reader(settings))
+
+    reading = near["reading"]
+    assert near["firing"] == ["ingest_near_retention"]
+    assert 0.6 < reading["lag_retention_share"] < 0.8 and reading["lag_retention_ms"] == 120_000
+    assert reading["lag_retention_topic"] == settings.retry_topic and reading["removed_unread"] == {}
+    assert removed["reading"]["removed_unread"] == {settings.retry_topic: 2}
+    assert removed["firing"] == ["ingest_near_retention", "removed_unread"]
+    texts = [post["text"] for post in webhook.delivered()]
+    assert texts[0].startswith(
+        f"[FIRING] retry_monitor: the oldest record not ingested on {settings.retry_topic} is 6"
+    )
+    assert "keeps records for 120.0 s (retention.ms)" in texts[0]
+    assert texts[1].startswith(
+        "[FIRING] retry_monitor: 2 records were removed from the retry topics before the ingest read them "
+        "(threshold 0)"
+    )
 
 
 def test_a_broker_out_of_reach_leaves_the_lag_unjudged_and_the_other_checks_running(

@@ -7,7 +7,7 @@ import time
 import pytest
 from confluent_kafka import Consumer
 
-from retry_scheduler.client import SHARE_CONSUMERS, RetryClient, RetryDeliveryError
+from retry_scheduler.client import RetryClient
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.deployment import Deployment
@@ -65,54 +65,6 @@ def test_failing_consumer_retries_then_dead_letters(
     assert ("trace", b"abc") in dead.headers
     retried = consume(bootstrap_servers, [orders], 3)
     assert len({s.header(p.ID) for s in retried if s.header(p.ID)} | {dead.header(p.ID)}) == 1  # one identity
-
-
-@pytest.mark.skipif(not SHARE_CONSUMERS, reason="the installed confluent-kafka has no share consumer")
-def test_a_share_consumer_hands_a_record_over_and_it_comes_back_when_due_counting_the_groups_deliveries(
-    database_url: str, bootstrap_servers: str, topic_prefix: str
-) -> None:
-    """The embedded broker has no share groups: the record is one a ``ShareConsumer`` polled as the
-    client builds it (a ``Message`` with its ``delivery_count()``), and the consumer boundary records
-    the acknowledgements; the retry topic, the scheduler and the record's way back are real."""
-    from confluent_kafka import AcknowledgeType, Message
-
-    from tests.integration.test_loop import new_loop
-
-    class Polled(Message):  # as ShareConsumer.poll returns it: delivered twice by the group
-        def delivery_count(self) -> int:
-            return 2
-
-    class Acknowledgements:  # the share consumer's acknowledge, recorded
-        def __init__(self) -> None:
-            self.made: list[tuple[bytes, AcknowledgeType]] = []
-
-        def acknowledge(self, message: Message, ack_type: AcknowledgeType) -> None:
-            self.made.append((message.key(), ack_type))
-
-    loop = new_loop(database_url, bootstrap_servers, topic_prefix)  # default policy: 1 s, two attempts
-    work = f"{topic_prefix}-work"
-    create_topics(bootstrap_servers, [work, loop.settings.retry_topic], partitions=3)
-    polled = Polled(topic=work, partition=1, offset=41, key=b"job-1", value=b"payload",
-                    headers=[("tenant", b"acme")], timestamp=(1, int(time.time() * 1000) - 5000))  # fmt: skip
-    consumer = Acknowledgements()
-    client = RetryClient({"bootstrap.servers": bootstrap_servers}, retry_topic=loop.settings.retry_topic,
-                         group=f"{topic_prefix}-workers")  # fmt: skip
-
-    retry_id = client.retry_shared(consumer, polled, TimeoutError("downstream timed out"))
-
-    assert consumer.made == [(b"job-1", AcknowledgeType.ACCEPT)]  # handed over, not rejected
-    [sent] = consume(bootstrap_servers, [loop.settings.retry_topic], 1)
-    assert sent.header(p.ATTEMPT) == "1" and sent.header(p.ID) == retry_id  # one redelivery by the group
-    loop.ingest(1)
-    loop.publish(4)
-    back = [s for s in consume(bootstrap_servers, [work], 1) if s.key == b"job-1"]
-    assert len(back) == 1 and back[0].value == b"payload" and back[0].partition == 1
-    assert back[0].header(p.ATTEMPT) == "2" and back[0].header("tenant") == "acme"
-
-    unreachable = RetryClient({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 1500}, timeout_s=3)
-    with pytest.raises(RetryDeliveryError):
-        unreachable.retry_shared(consumer, polled, TimeoutError("downstream timed out"))
-    assert consumer.made[-1] == (b"job-1", AcknowledgeType.RELEASE)  # the group delivers it again
 
 
 def test_retry_shared_is_absent_without_share_consumers() -> None:

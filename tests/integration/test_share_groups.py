@@ -19,7 +19,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from retry_scheduler.client import RetryClient
+from retry_scheduler.client import RetryClient, RetryDeliveryError
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.db.selection import Selection
@@ -70,10 +70,11 @@ def test_a_share_consumer_hands_a_failed_record_to_retry_and_it_comes_back_after
     database_url: str, bootstrap_servers: str, topic_prefix: str
 ) -> None:
     """A real ``ShareConsumer`` releases a record once (the group delivers it again at once, as share
-    groups do), then hands it over with ``retry_shared``: acknowledged ACCEPT, on the retry topic with
-    ``retry.attempt`` 1 (one redelivery by the group), and back on its topic after the policy's delay,
-    where the group reads it with ``retry.attempt`` 2; the original is never delivered again."""
-    loop = new_loop(database_url, bootstrap_servers, topic_prefix)  # default policy: 1 s, two attempts
+    groups do); a hand-over that cannot reach the retry topic acknowledges it RELEASE (delivered a third
+    time); then ``retry_shared`` hands it over: acknowledged ACCEPT, on the retry topic with
+    ``retry.attempt`` 2 (two redeliveries by the group), and back on its topic after the policy's delay,
+    where the group reads it with ``retry.attempt`` 3; the original is never delivered again."""
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix)
     work, group = f"{topic_prefix}-work", f"{topic_prefix}-workers"
     create_topics(bootstrap_servers, [work, loop.settings.retry_topic], partitions=1)
     configure_group(bootstrap_servers, group, share_auto_offset_reset="earliest")
@@ -83,6 +84,7 @@ def test_a_share_consumer_hands_a_failed_record_to_retry_and_it_comes_back_after
     client = RetryClient(
         {"bootstrap.servers": bootstrap_servers}, retry_topic=loop.settings.retry_topic, group=group
     )
+    unreachable = RetryClient({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 1500}, timeout_s=3)
     consumer = share_consumer(bootstrap_servers, group, [work])
     try:
         first = poll_for(consumer, lambda m: m.key() == b"job-1")
@@ -91,16 +93,24 @@ def test_a_share_consumer_hands_a_failed_record_to_retry_and_it_comes_back_after
         consumer.commit_sync()
         second = poll_for(consumer, lambda m: m.key() == b"job-1")
         assert (second.offset(), second.delivery_count()) == (first.offset(), 2)
+        with pytest.raises(RetryDeliveryError):
+            unreachable.retry_shared(consumer, second, TimeoutError("downstream timed out"))
+        consumer.commit_sync()  # acknowledged RELEASE: delivered again
+        third = poll_for(consumer, lambda m: m.key() == b"job-1")
+        assert (third.offset(), third.delivery_count()) == (first.offset(), 3)
 
         handed = time.time()
-        retry_id = client.retry_shared(consumer, second, TimeoutError("downstream timed out"))
+        # the test deployment's "backoff" policy: 3 attempts, 1 s doubling (the third waits 4 s)
+        retry_id = client.retry_shared(
+            consumer, third, TimeoutError("downstream timed out"), policy="backoff"
+        )
         consumer.commit_sync()
 
         [sent] = consume(bootstrap_servers, [loop.settings.retry_topic], 1)
-        assert sent.header(p.ATTEMPT) == "1" and sent.header(p.ID) == retry_id  # one redelivery counted
+        assert sent.header(p.ATTEMPT) == "2" and sent.header(p.ID) == retry_id  # two redeliveries counted
         assert sent.header(p.ORIGINAL_TOPIC) == work and sent.header(p.ORIGINAL_OFFSET) == str(first.offset())
         loop.ingest(1)
-        loop.publish(4)
+        loop.publish(8)
 
         back = poll_for(consumer, lambda m: m.key() == b"job-1")
         consumer.acknowledge(back, AcknowledgeType.ACCEPT)
@@ -108,10 +118,10 @@ def test_a_share_consumer_hands_a_failed_record_to_retry_and_it_comes_back_after
         assert back.offset() > first.offset() and back.delivery_count() == 1  # a new record, not the old one
         headers = dict(back.headers() or [])
         assert back.value() == b"payload" and headers["tenant"] == b"acme"
-        assert headers[p.ATTEMPT] == b"2" and headers[p.ID] == retry_id.encode()
+        assert headers[p.ATTEMPT] == b"3" and headers[p.ID] == retry_id.encode()
         [row] = loop.rows("status = 'published'")
         assert row["published_at"] >= row["due_at"]  # never early
-        assert row["due_at"].timestamp() >= handed + 1.0 - 0.5  # the policy's delay, not at once
+        assert row["due_at"].timestamp() >= handed + 4.0 - 0.5  # the policy's delay, not at once
         # The original was accepted: the group never hands it out again.
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:

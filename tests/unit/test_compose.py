@@ -467,6 +467,8 @@ DEFAULTS_ARE_RIGHT = {
     "RETRY_SELF_VACUUM": "on: it acts only where the server's autovacuum does not cover retry_jobs",
     "RETRY_TOPIC_REPLICATION_FACTOR": "the broker's default",
     "RETRY_TOPIC_MIN_INSYNC_REPLICAS": "one broker: the broker's default",
+    "RETRY_TOPIC_RETENTION_MS": "seven days, Kafka's own default, stated on the retry topics",
+    "RETRY_TOPIC_RETENTION_BYTES": "no size bound: time alone removes retries",
     "RETRY_WEB_POOL_SIZE": "tuned default",
     "RETRY_SPARK_JARS": "the image's /usr/share/java/postgresql.jar (libpostgresql-jdbc-java)",
     "RETRY_SPARK_PACKAGES": "the JDBC jar is in the image: nothing to download",

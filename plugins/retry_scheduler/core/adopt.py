@@ -2,7 +2,7 @@
 Streams' and the broker's for share groups.
 
 A deployment names such topics and their format (``RETRY_ADOPT_TOPICS=orders.DLT=spring,
-connect.dlq=connect,clicks.dlq=streams,work.dlq=share``); the ingest loop reads them beside the retry
+connect.dlq=connect,clicks.dlq=streams,dlq.work=share``); the ingest loop reads them beside the retry
 topics and stores each record as a dead job (reason ``adopted``) that is browsed, replayed and purged
 like the service's own:
 
@@ -227,7 +227,7 @@ def adopt(spec: str, headers: Sequence[tuple[str, bytes | None]], max_reason_cha
 
 
 def parse_adopt_topics(raw: str) -> dict[str, str]:
-    """``orders.DLT=spring,work.dlq=share:retry`` into ``{"orders.DLT": "spring", "work.dlq": "share:retry"}``."""
+    """``orders.DLT=spring,dlq.work=share:retry`` into ``{"orders.DLT": "spring", "dlq.work": "share:retry"}``."""
     topics: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in raw.split(","))):
         name, sep, spec = (x.strip() for x in item.partition("="))
@@ -240,7 +240,7 @@ def parse_adopt_topics(raw: str) -> dict[str, str]:
         ):
             raise ValueError(
                 f"RETRY_ADOPT_TOPICS entry {item!r} must look like TOPIC=FORMAT or TOPIC=FORMAT:retry with "
-                f"FORMAT one of {', '.join(FORMATS)}, e.g. orders.DLT=spring or work.dlq=share:retry"
+                f"FORMAT one of {', '.join(FORMATS)}, e.g. orders.DLT=spring or dlq.work=share:retry"
             )
         topics[name] = f"{fmt}:{RETRY}" if colon else fmt
     return topics

@@ -161,7 +161,7 @@ class Settings:
             "RETRY_ADOPT_TOPICS",
             "other tools' dead-letter topics read as dead jobs, `TOPIC=FORMAT` with `spring`, `connect`, "
             "`streams` (Kafka Streams) or `share` (a share group's), or `TOPIC=FORMAT:retry` to retry "
-            "their letters by policy, e.g. `orders.DLT=spring,work.dlq=share:retry`",
+            "their letters by policy, e.g. `orders.DLT=spring,dlq.work=share:retry`",
         ),
     )
     #: The consumer helpers' holds topics (ordered mode): never destinations. ``retry.holds`` always.
@@ -212,6 +212,24 @@ class Settings:
         metadata=env(
             "RETRY_TOPIC_MIN_INSYNC_REPLICAS",
             "`min.insync.replicas` of the topics the service creates; `-1`: the broker's default",
+        ),
+    )
+    #: ``retention.ms`` of the retry topics the service creates: a record not ingested by then is lost.
+    retry_topic_retention_ms: int = field(
+        default=7 * 24 * 3600 * 1000,
+        metadata=env(
+            "RETRY_TOPIC_RETENTION_MS",
+            "`retention.ms` of the retry topics the service creates (default 7 days, Kafka's own); "
+            "`retry_monitor` alerts when the ingest falls behind by half of it",
+        ),
+    )
+    #: ``retention.bytes`` (per partition) of the retry topics the service creates; -1: no size bound.
+    retry_topic_retention_bytes: int = field(
+        default=-1,
+        metadata=env(
+            "RETRY_TOPIC_RETENTION_BYTES",
+            "`retention.bytes` (per partition) of the retry topics the service creates; `-1` (default): "
+            "no size bound, time alone removes records",
         ),
     )
     #: Records whose key + value + headers exceed this are dead (invalid).
@@ -360,6 +378,16 @@ class Settings:
                 f"RETRY_TOPIC_MIN_INSYNC_REPLICAS must be -1 (the broker's default) or at least 1, "
                 f"not {self.topic_min_insync_replicas}"
             )
+        if self.retry_topic_retention_ms < 60_000 and self.retry_topic_retention_ms != -1:
+            raise ConfigError(
+                "RETRY_TOPIC_RETENTION_MS must be at least 60000 (a minute) or -1 (kept for ever), "
+                f"not {self.retry_topic_retention_ms}"
+            )
+        if self.retry_topic_retention_bytes == 0 or self.retry_topic_retention_bytes < -1:
+            raise ConfigError(
+                "RETRY_TOPIC_RETENTION_BYTES must be a positive number of bytes or -1 (no size bound), "
+                f"not {self.retry_topic_retention_bytes}"
+            )
         if 0 < self.topic_replication_factor < self.topic_min_insync_replicas:
             raise ConfigError(
                 f"RETRY_TOPIC_MIN_INSYNC_REPLICAS ({self.topic_min_insync_replicas}) is more than "
@@ -467,6 +495,12 @@ class Settings:
             ),
             topic_min_insync_replicas=env_int(
                 env, "RETRY_TOPIC_MIN_INSYNC_REPLICAS", defaults.topic_min_insync_replicas
+            ),
+            retry_topic_retention_ms=env_int(
+                env, "RETRY_TOPIC_RETENTION_MS", defaults.retry_topic_retention_ms
+            ),
+            retry_topic_retention_bytes=env_int(
+                env, "RETRY_TOPIC_RETENTION_BYTES", defaults.retry_topic_retention_bytes
             ),
             max_record_bytes=env_int(env, "RETRY_MAX_RECORD_BYTES", defaults.max_record_bytes),
             max_header_name_chars=env_int(env, "RETRY_MAX_HEADER_NAME_CHARS", defaults.max_header_name_chars),

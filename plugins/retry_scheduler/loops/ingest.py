@@ -39,7 +39,7 @@ from retry_scheduler.loops.ingest_worker import (
     run_workers,
     spawn_worker,
 )
-from retry_scheduler.loops.kafka import TopicManager, make_consumer
+from retry_scheduler.loops.kafka import ensure_retry_topics, make_consumer
 from retry_scheduler.loops.offsets import same_partition, start_offset
 from retry_scheduler.loops.sources import SourceReader, share_topics
 
@@ -155,11 +155,7 @@ class Ingestor:
         self.share = share
         if consumer is None:
             if share is None:
-                # Our own retry topics are created when missing, whatever the destination setting,
-                # with partitions enough to share evenly among the ingest worker processes.
-                TopicManager(settings).ensure(
-                    settings.retry_topics, create=True, partitions=RETRY_TOPIC_PARTITIONS
-                )
+                ensure_retry_topics(settings, RETRY_TOPIC_PARTITIONS)
             consumer = make_consumer(settings)
         self.consumer = consumer
         share_letters = share_topics(settings)

@@ -215,6 +215,14 @@ def admin_client(settings: Settings) -> AdminClient:
     return AdminClient(_logged(admin_client_config(settings)))
 
 
+def retry_topic_config(settings: Settings) -> dict[str, str]:
+    """The configuration of the retry topics the service creates: their retention, stated."""
+    return {
+        "retention.ms": str(settings.retry_topic_retention_ms),
+        "retention.bytes": str(settings.retry_topic_retention_bytes),
+    }
+
+
 class TopicManager:
     """Knows which topics exist and creates missing ones where configuration allows."""
 
@@ -239,8 +247,16 @@ class TopicManager:
                 return self.partition_counts[base]
         return default
 
-    def ensure(self, topics: Iterable[str], *, create: bool, partitions: int = 3) -> list[str]:
-        """Return the topics still missing after creating what ``create`` allows."""
+    def ensure(
+        self,
+        topics: Iterable[str],
+        *,
+        create: bool,
+        partitions: int = 3,
+        config: dict[str, str] | None = None,
+    ) -> list[str]:
+        """Return the topics still missing after creating what ``create`` allows, with ``config``
+        added to the topic configuration the settings give (``min.insync.replicas``)."""
         wanted = set(topics) - self.known
         if not wanted:
             return []
@@ -250,7 +266,7 @@ class TopicManager:
             return missing
         replication = self.settings.topic_replication_factor
         min_insync = self.settings.topic_min_insync_replicas
-        config = {} if min_insync < 0 else {"min.insync.replicas": str(min_insync)}
+        config = {**({} if min_insync < 0 else {"min.insync.replicas": str(min_insync)}), **(config or {})}
         futures = self.admin.create_topics(
             [NewTopic(t, self._partitions_for(t, partitions), replication, config=config) for t in missing]
         )
@@ -268,3 +284,13 @@ class TopicManager:
                     continue
             self.known.add(topic)
         return sorted(set(missing) - self.known)
+
+
+def ensure_retry_topics(settings: Settings, partitions: int) -> None:
+    """Create the topics the ingest loop reads when missing, whatever the destination setting: the
+    service's own (the retry and delay topics) with ``partitions`` and the stated retention
+    (:func:`retry_topic_config`), an adopted topic (another tool's) with the broker's defaults."""
+    topics = TopicManager(settings)
+    own = [t for t in settings.retry_topics if t not in settings.adopt_topics]
+    topics.ensure(own, create=True, partitions=partitions, config=retry_topic_config(settings))
+    topics.ensure(settings.adopt_topics, create=True, partitions=partitions)

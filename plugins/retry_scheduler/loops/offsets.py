@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_STORED, Consumer, TopicPartition
 
@@ -18,6 +18,7 @@ from retry_scheduler.coordinator import committed_offsets
 from retry_scheduler.core.config import Settings
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.kafka import consumer_config
+from retry_scheduler.loops.sources import topic_retention
 
 #: How long to wait for the record that tells whether a partition is the one PostgreSQL's offset is of.
 PROBE_S = 5.0
@@ -75,6 +76,23 @@ class IngestLag:
     by_topic: dict[str, int]
     #: Retry topics the broker does not have (yet): nothing to ingest there.
     missing_topics: tuple[str, ...] = ()
+    #: Of each topic with records not ingested, how old the oldest of them is (its timestamp).
+    oldest_unread_s: dict[str, float] = field(default_factory=dict)
+    #: Each topic's ``retention.ms`` (None: kept for ever, or the broker did not tell).
+    retention_ms: dict[str, int | None] = field(default_factory=dict)
+    #: Records the broker removed (retention) before ingestion read them, by topic: retries lost.
+    removed_unread: dict[str, int] = field(default_factory=dict)
+
+    def retention_share(self) -> tuple[float, str] | None:
+        """The largest share of its topic's retention the oldest record not ingested has used (1.0: it
+        is as old as the retention, about to be removed unread), with that topic; None when no topic
+        with records not ingested has a known retention."""
+        shares = [
+            (age_s * 1000 / retention, topic)
+            for topic, age_s in self.oldest_unread_s.items()
+            if (retention := self.retention_ms.get(topic))
+        ]
+        return max(shares) if shares else None
 
 
 def ingest_lag(
@@ -104,11 +122,44 @@ def ingest_lag(
             for tp in (committed_offsets(consumer, unknown, timeout_s) if unknown else [])
         }
         by_topic: dict[str, int] = {}
+        removed: dict[str, int] = {}
+        unread: list[TopicPartition] = []
         for tp in partitions:
             low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
             at = stored.get((tp.topic, tp.partition), committed.get((tp.topic, tp.partition), -1))
             behind = max(0, high - max(at, low))
             by_topic[tp.topic] = by_topic.get(tp.topic, 0) + behind
-        return IngestLag(sum(by_topic.values()), by_topic, tuple(missing))
+            if 0 <= at < low:  # the ingest stood before the partition's start: removed unread
+                removed[tp.topic] = removed.get(tp.topic, 0) + low - at
+            if behind:
+                unread.append(TopicPartition(tp.topic, tp.partition, max(at, low)))
+        oldest = _oldest_unread(consumer, unread, timeout_s)
+        retention = topic_retention(settings, sorted(oldest)) if oldest else {}
+        return IngestLag(sum(by_topic.values()), by_topic, tuple(missing), oldest, retention, removed)
     finally:
         consumer.close()
+
+
+def _oldest_unread(consumer: Consumer, starts: list[TopicPartition], timeout_s: float) -> dict[str, float]:
+    """The age in seconds of the first record at each of ``starts``, the oldest of each topic (by the
+    record's timestamp); a partition that gives no record within ``timeout_s`` is left out."""
+    if not starts:
+        return {}
+    now = time.time()
+    oldest: dict[str, float] = {}
+    waiting = {(tp.topic, tp.partition) for tp in starts}
+    consumer.assign(starts)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while waiting and time.monotonic() < deadline:
+            for msg in consumer.consume(len(waiting) * 50, 0.2):
+                where = (msg.topic() or "", msg.partition() or 0)
+                if msg.error() is not None or where not in waiting:
+                    continue
+                waiting.discard(where)
+                kind, stamp = msg.timestamp()
+                if kind and stamp > 0:
+                    oldest[where[0]] = max(oldest.get(where[0], 0.0), now - stamp / 1000)
+    finally:
+        consumer.unassign()
+    return oldest

@@ -48,6 +48,14 @@ class Reading:
     consumer_lag: int | None = None
     lag_by_topic: Mapping[str, int] = field(default_factory=dict)
     lag_error: str | None = None
+    #: The largest share of its retry topic's ``retention.ms`` the oldest record not ingested has used,
+    #: that topic, the record's age and the retention; None when nothing waits or no retention is known.
+    lag_retention_share: float | None = None
+    lag_retention_topic: str | None = None
+    lag_oldest_s: float = 0.0
+    lag_retention_ms: int | None = None
+    #: Records removed from the retry topics (retention) before the ingest read them, per topic.
+    removed_unread: Mapping[str, int] = field(default_factory=dict)
     #: Per topic: dead jobs off their DLQ topic past the grace, jobs failing repeatedly, the last error.
     deliveries: Sequence[Delivery] = ()
     #: Ordered mode: records held, in how many chains; the chains stuck (their head not at the
@@ -90,6 +98,8 @@ class Reading:
         letters_error: str | None = None,
     ) -> Reading:
         overdue, late, stuck = figures.oldest_overdue, figures.lateness, figures.stuck_delivery
+        nearest = None if lag is None else lag.retention_share()
+        near_topic = None if nearest is None else nearest[1]
         return cls(
             at=figures.now,
             oldest_overdue_s=0.0 if overdue is None else max(0.0, overdue.overdue_s),
@@ -107,6 +117,11 @@ class Reading:
             consumer_lag=None if lag is None else lag.total,
             lag_by_topic={} if lag is None else dict(lag.by_topic),
             lag_error=lag_error,
+            lag_retention_share=None if nearest is None else nearest[0],
+            lag_retention_topic=near_topic,
+            lag_oldest_s=0.0 if lag is None or near_topic is None else lag.oldest_unread_s[near_topic],
+            lag_retention_ms=None if lag is None or near_topic is None else lag.retention_ms.get(near_topic),
+            removed_unread={} if lag is None else dict(lag.removed_unread),
             deliveries=figures.deliveries,
             held=figures.holds.held,
             held_chains=figures.holds.chains,
@@ -141,6 +156,13 @@ class Reading:
             "consumer_lag": self.consumer_lag,
             "lag_by_topic": dict(self.lag_by_topic),
             "lag_error": self.lag_error,
+            "lag_retention_share": None
+            if self.lag_retention_share is None
+            else round(self.lag_retention_share, 4),
+            "lag_retention_topic": self.lag_retention_topic,
+            "lag_oldest_s": round(self.lag_oldest_s, 3),
+            "lag_retention_ms": self.lag_retention_ms,
+            "removed_unread": dict(self.removed_unread),
             "undelivered_dead": self.undelivered_dead,
             "failing_deliveries": self.failing_deliveries,
             "deliveries": [d._asdict() for d in self.deliveries],
@@ -248,6 +270,42 @@ def _consumer_lag(reading: Reading, limit: str) -> Described:
             else "Ingestion is up to date."
         )
     return head, detail, {"by_topic": dict(top), "error": reading.lag_error}
+
+
+def _lag_near_retention(reading: Reading, limit: str) -> Described:
+    share = reading.lag_retention_share
+    if share is None:
+        why = reading.lag_error or "no record waits to be ingested, or its topic's retention is not known"
+        return f"no retry-topic record waits near its retention ({limit})", why, {}
+    topic, retention_s = reading.lag_retention_topic, (reading.lag_retention_ms or 0) / 1000
+    head = f"the oldest record not ingested on {topic} is {share:.0%} of its retention old ({limit})"
+    detail = (
+        f"It was written {_secs(reading.lag_oldest_s)} ago and {topic} keeps records for "
+        f"{_secs(retention_s)} (retention.ms): a retry the ingest has not read by then is removed unread, "
+        "and lost. Is the retry_scheduler DAG's ingest task running and keeping up (consumer_lag)? Keep "
+        "the topic's records longer meanwhile (kafka-configs --alter --entity-type topics --entity-name "
+        f"{topic} --add-config retention.ms=...)."
+    )
+    extra = {
+        "topic": topic,
+        "oldest_s": round(reading.lag_oldest_s, 3),
+        "retention_ms": reading.lag_retention_ms,
+    }
+    return head, detail, extra
+
+
+def _removed_unread(reading: Reading, limit: str) -> Described:
+    lost = sum(reading.removed_unread.values())
+    head = f"{lost} records were removed from the retry topics before the ingest read them ({limit})"
+    detail = (
+        "Removed by the topics' retention while the ingest stood before them, by topic: "
+        + ", ".join(f"{t} {n}" for t, n in sorted(reading.removed_unread.items()))
+        + ". They are lost: their retries were never stored. Find what stopped the ingest "
+        "(consumer_lag, the retry_scheduler DAG's runs) and keep the retry topics' records longer."
+        if lost
+        else (reading.lag_error or "Every record of the retry topics was read before its removal.")
+    )
+    return head, detail, {"by_topic": dict(reading.removed_unread)}
 
 
 def _deliveries(key: str, head: str, reading: Reading) -> Described:
@@ -381,6 +439,20 @@ REGISTRY: tuple[Check, ...] = (
         "consumer_lag",
         lambda r: _maybe(r.consumer_lag),
         _consumer_lag,
+        counts=True,
+    ),
+    Check(
+        "ingest_near_retention",
+        "ingest_retention_share",
+        lambda r: r.lag_retention_share,
+        _lag_near_retention,
+        counts=True,
+    ),
+    Check(
+        "removed_unread",
+        "removed_unread",
+        lambda r: None if r.consumer_lag is None else float(sum(r.removed_unread.values())),
+        _removed_unread,
         counts=True,
     ),
     Check(

@@ -24,6 +24,10 @@ class Thresholds:
     stuck_delivery_s: float | None = 600.0
     #: Records on the retry topics not ingested yet.
     consumer_lag: float | None = 100_000.0
+    #: The largest share of its retry topic's retention the oldest record not ingested has used.
+    ingest_retention_share: float | None = 0.5
+    #: Records removed from the retry topics (retention) before the ingest read them (0: any).
+    removed_unread: float | None = 0.0
     #: Dead jobs still off their DLQ topic a minute after they died (0: any).
     undelivered_dead: float | None = 0.0
     #: Pending jobs whose last five deliveries to their destination failed (0: any).
