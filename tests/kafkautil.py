@@ -12,7 +12,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from bench import chaos
 from bench.chaos import create_topics
 
-__all__ = ["QUICK_JOIN", "Seen", "consume", "create_topics", "produce"]
+__all__ = ["QUICK_JOIN", "Seen", "configure_group", "consume", "create_topics", "produce"]
 
 #: For a consumer group's members in tests where the application's configuration is not the point:
 #: a member killed -9 (no LeaveGroup) holds its partitions until the session times out, 45 s at
@@ -108,3 +108,25 @@ def consume(bootstrap: str, topics: Sequence[str], expected: int, timeout_s: flo
         consumer.close()
     assert not errors, f"the consumer reported errors after {len(seen)} records: {errors}"
     return seen
+
+
+def configure_group(bootstrap: str, group: str, **settings: str) -> None:
+    """Set a group's own configuration (IncrementalAlterConfigs on the GROUP resource): a share group's
+    ``share.auto.offset.reset`` and dead-letter settings, a KIP-848 group's session and heartbeat.
+    Keyword names stand for the dotted ones (``share_auto_offset_reset``)."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    entries = [
+        ConfigEntry(name.replace("_", "."), value, incremental_operation=AlterConfigOpType.SET)
+        for name, value in settings.items()
+    ]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=15)

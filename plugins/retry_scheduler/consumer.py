@@ -199,6 +199,16 @@ class RetryingConsumer:
         )
         self.handler = handler
         self.retries = retries or RetryClient(shared_config(config), group=group, scope=scope)
+        consumer_protocol = config.get("group.protocol") == "consumer"
+        if (
+            ordered
+            and self.redelivery_topics
+            and consumer_protocol
+            and not config.get("group.remote.assignor")
+        ):
+            # KIP-848's range assignor gives a member partition p of every topic of equal partition
+            # count (its co-partitioning): a key's partition and its redelivery partition together.
+            config = {**config, "group.remote.assignor": "range"}
         self.consumer = Consumer(
             {"topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS, **config, "enable.auto.commit": False}
         )
@@ -222,18 +232,21 @@ class RetryingConsumer:
             self.ordered = OrderedKeys(self.hold_store, self.retries, self._call, after_dead)
         #: Whether the group's rebalance protocol hands out partitions incrementally (librdkafka
         #: tells no one: an assign() of the other kind fails inside the callback, and nothing is read).
-        self._incremental = config.get("group.protocol") == "consumer" or "cooperative" in str(
+        self._incremental = consumer_protocol or "cooperative" in str(
             config.get("partition.assignment.strategy", "")
         )
         if self.redelivery_topics:
             self._create_redelivery_topics(shared_config(config))
-            strategy = str(config.get("partition.assignment.strategy", "range,roundrobin"))
-            if ordered and (self._incremental or not strategy.startswith("range")):
+            if consumer_protocol:
+                assignor, setting = str(config.get("group.remote.assignor")), "group.remote.assignor"
+            else:
+                assignor = str(config.get("partition.assignment.strategy", "range,roundrobin"))
+                setting = "partition.assignment.strategy"
+            if ordered and (not assignor.startswith("range") or "cooperative" in assignor):
                 log.error(
-                    "ordered mode with scope='group' needs partition.assignment.strategy=range (the "
-                    "classic protocol): with %s a key's retries may come back to another member than the "
-                    "one that parked its records, which then wait", (config.get("group.protocol") == "consumer"
-                    and "group.protocol=consumer") or f"partition.assignment.strategy={strategy}",
+                    "ordered mode with scope='group' needs the range assignor (%s=range): with %s=%s a "
+                    "key's retries may come back to another member than the one that parked its "
+                    "records, which then wait", setting, setting, assignor,
                 )  # fmt: skip
         self.consumer.subscribe(
             self.topics + self.redelivery_topics, on_assign=self._assigned, on_revoke=self._revoked

@@ -1,7 +1,7 @@
 """Ordered mode's guarantee, attacked by a model-based test (issue 29).
 
 A seeded simulation drives the real parts (the consumer helper, 1 to 4 members of one group in ordered
-mode; the scheduler's ingest and publish loops; the embedded broker; PostgreSQL) through a random
+mode; the scheduler's ingest and publish loops; Apache Kafka 4.4; PostgreSQL) through a random
 interleaving of: records sent, records failing once or twice, failing for good (their retries die)
 and failing fatally; the publisher dying after the broker acknowledged a round (its jobs published
 again: duplicates); a member killed at each of its checkpoints (after a retry, a park or a release
@@ -15,11 +15,12 @@ committed, no rebalance callback, no LeaveGroup), so the group learns of it only
 times out, and the member's other objects are never used again. A leave is a member closed (it
 commits nothing more and says LeaveGroup). Odd seeds have one member, killed at its checkpoints, a
 new one taking its place; even seeds have up to 4 members that join, are killed while others stay,
-and leave. Leaves happen only while the group is settled (no join, kill or leave for
-:data:`SETTLED_S`): the embedded broker (Tansu 0.6) never finishes a rebalance that a member left with
-a LeaveGroup before it completed (reproduced with plain confluent-kafka consumers: a member joins,
-another closes a second later, and no member is assigned anything again for minutes), which a real
-Kafka does; a kill, at any moment, is run as it comes, rebalances included.
+and leave, at any moment: a leave or a kill in the middle of a rebalance included.
+
+Every seed runs under both rebalance protocols: the classic one (eager, the ``range`` assignor the
+helper needs in ordered mode) and KIP-848's consumer protocol (``group.protocol=consumer``: the
+broker assigns, incrementally, with its ``range`` assignor, which the helper asks for), the group's
+session 6 s and heartbeat 0.5 s in both.
 
 The oracle, after every run: for every key, the handler's successful calls are the key's records in
 their original order, all but those that died, none lost; a record handled twice in a row is allowed
@@ -54,7 +55,7 @@ from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
 from tests.integration.test_loop import Loop, new_loop
-from tests.kafkautil import QUICK_JOIN, consume, create_topics, produce
+from tests.kafkautil import QUICK_JOIN, configure_group, consume, create_topics, produce
 
 pytestmark = pytest.mark.integration
 
@@ -70,8 +71,8 @@ KINDS = set(
 KEYS, PER_KEY = 4, 6
 #: Even seeds: at most this many members at once.
 MAX_MEMBERS = 4
-#: A leave waits until the group has seen no join, kill or leave for this long (see the module).
-SETTLED_S = 10.0
+#: The rebalance protocols every seed runs under (``group.protocol``).
+PROTOCOLS = ("classic", "consumer")
 #: Where a member is killed: right after sending a retry, a park or a dead letter; right after writing
 #: a hold; just before sending a release, and right after; just before committing an offset.
 MEMBER_CHECKPOINTS = ("sent", "hold", "before-release", "after-release", "before-commit")
@@ -228,15 +229,16 @@ class Scheduler:
 @dataclass
 class Run:
     seed: int
+    protocol: str = "classic"
     faults: Counter[str] = field(default_factory=Counter)
     steps: int = 0
 
 
 def new_world(
-    database_url: str, bootstrap_servers: str, topic_prefix: str
+    database_url: str, bootstrap_servers: str, topic_prefix: str, group_protocol: str = "classic"
 ) -> tuple[Loop, dict[str, Any], str]:
-    """The scheduler's loop and its topics (2 partitions each), the members' consumer config, the
-    holds topic."""
+    """The scheduler's loop and its topics (2 partitions each), the members' consumer config (under
+    ``group_protocol``, a member killed found out after 6 s either way), the holds topic."""
     loop = new_loop(
         database_url, bootstrap_servers, topic_prefix, destination_allowlist=rf"^{topic_prefix}-orders$"
     )
@@ -244,7 +246,13 @@ def new_world(
     create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic, f"{topic_prefix}-dlq"], partitions=2)
     create_topics(loop.bootstrap, [f"{loop.dest}.{group}.redelivery"], partitions=2)
     config = {"bootstrap.servers": loop.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-              "topic.metadata.refresh.interval.ms": 1000, **QUICK_JOIN}  # fmt: skip
+              "topic.metadata.refresh.interval.ms": 1000}  # fmt: skip
+    if group_protocol == "consumer":  # the session is the broker's: the group's own configuration
+        configure_group(loop.bootstrap, group, consumer_session_timeout_ms="6000",
+                        consumer_heartbeat_interval_ms="500")  # fmt: skip
+        config["group.protocol"] = "consumer"
+    else:
+        config.update(QUICK_JOIN)
     return loop, config, f"{topic_prefix}-holds"
 
 
@@ -283,39 +291,39 @@ def report(run: Run, found: list[str], finished: bool) -> None:
     """With ``RETRY_MODEL_REPORT`` set (``make chaos-ordered``): one JSON line per run appended there."""
     path = os.environ.get("RETRY_MODEL_REPORT")
     if path:
-        line = {"seed": run.seed, "keys": KEYS, "records": KEYS * PER_KEY, "steps": run.steps,
+        line = {"seed": run.seed, "protocol": run.protocol, "keys": KEYS, "records": KEYS * PER_KEY, "steps": run.steps,
                 "finished": finished, "violations": found, "faults": dict(run.faults)}  # fmt: skip
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
 
 
+@pytest.mark.parametrize("group_protocol", PROTOCOLS)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_every_key_keeps_its_order_under_random_faults(
-    seed: int, database_url: str, bootstrap_servers: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
+    seed: int,
+    group_protocol: str,
+    database_url: str,
+    bootstrap_servers: str,
+    topic_prefix: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     rng = random.Random(seed)
     single = seed % 2 == 1  # one member, killed at its checkpoints; else up to MAX_MEMBERS
-    loop, config, holds_topic = new_world(database_url, bootstrap_servers, topic_prefix)
+    loop, config, holds_topic = new_world(database_url, bootstrap_servers, topic_prefix, group_protocol)
     app = App(plan_for(rng))
     records = [
         {"key": f"k{k}".encode(), "value": str(n).encode()} for n in range(PER_KEY) for k in range(KEYS)
     ]
-    run = Run(seed)
+    run = Run(seed, group_protocol)
     scheduler = Scheduler(loop)
     members: list[Member] = []
     gone: list[Member] = []
     names = iter(f"m{i}" for i in range(1000))
 
-    changed = time.monotonic()  # the group's last join, kill or leave
-
     def join() -> None:
-        nonlocal changed
-        changed = time.monotonic()
         members.append(Member(next(names), config, loop, app, holds_topic))
 
     def kill(member: Member, why: str) -> None:
-        nonlocal changed
-        changed = time.monotonic()
         run.faults[why if single or len(members) == 1 else f"{why} (others stayed)"] += 1
         member.kill()
         members.remove(member)
@@ -324,9 +332,7 @@ def test_every_key_keeps_its_order_under_random_faults(
             join()  # a restart
 
     def leave() -> None:
-        nonlocal changed
         member = rng.choice(members)
-        changed = time.monotonic()
         run.faults["member left"] += 1
         member.leave()
         members.remove(member)
@@ -340,12 +346,11 @@ def test_every_key_keeps_its_order_under_random_faults(
 
     def step(faults: bool) -> None:
         run.steps += 1
-        settled = time.monotonic() - changed > SETTLED_S
         action = rng.choices(
             ["poll", "ingest", "publish", "send", "arm", "join", "leave", "restart"],
             weights=[40, 12, 12, 6 if sent < len(records) else 0, 3 if faults and "arm" in KINDS else 0,
                      2 if faults and not single and "join" in KINDS else 0,
-                     2 if faults and not single and settled and len(members) > 1 and "leave" in KINDS else 0,
+                     2 if faults and not single and len(members) > 1 and "leave" in KINDS else 0,
                      1 if faults and "restart" in KINDS else 0],
         )[0]  # fmt: skip
         if action == "poll":
@@ -429,7 +434,7 @@ def test_every_key_keeps_its_order_under_random_faults(
             if not done:
                 report(run, violations(app, run), finished=False)
             assert done, (
-                f"seed {seed}: not finished in time ({run.faults}, handled {dict(app.handled)}, members "
+                f"seed {seed} ({group_protocol}): not finished in time ({run.faults}, handled {dict(app.handled)}, members "
                 f"{[m.name for m in members]})\n{diagnosis()}\nthe log ends:\n{caplog.text[-20000:]}"
             )
     finally:
@@ -438,8 +443,10 @@ def test_every_key_keeps_its_order_under_random_faults(
         scheduler.close()
     found = violations(app, run)
     report(run, found, finished=True)
-    assert not found, f"seed {seed}: {found} ({dict(run.faults)})"
-    logging.getLogger(__name__).warning("seed %s: %s steps, faults %s", seed, run.steps, dict(run.faults))
+    assert not found, f"seed {seed} ({group_protocol}): {found} ({dict(run.faults)})"
+    logging.getLogger(__name__).warning(
+        "seed %s (%s): %s steps, faults %s", seed, group_protocol, run.steps, dict(run.faults)
+    )
     assert sum(run.faults.values()) > 0
 
 

@@ -10,14 +10,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import AcknowledgeType, Message, ShareConsumer
-from confluent_kafka.admin import (
-    AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-    NewTopic,
-    ResourceType,
-)
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from retry_scheduler.client import RetryClient, RetryDeliveryError
 from retry_scheduler.core import protocol as p
@@ -25,22 +18,9 @@ from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.db.selection import Selection
 from retry_scheduler.ops.dlq import Operation, run_action
 from tests.integration.test_loop import new_loop
-from tests.kafkautil import consume, create_topics, produce
+from tests.kafkautil import configure_group, consume, create_topics, produce
 
 pytestmark = pytest.mark.integration
-
-
-def configure_group(bootstrap: str, group: str, **settings: str) -> None:
-    """Set a share group's configuration (``share.auto.offset.reset`` and the dead-letter settings are
-    group configurations, set with IncrementalAlterConfigs on the GROUP resource)."""
-    entries = [
-        ConfigEntry(name.replace("_", "."), value, incremental_operation=AlterConfigOpType.SET)
-        for name, value in settings.items()
-    ]
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
-    for future in admin.incremental_alter_configs([resource]).values():
-        future.result(timeout=15)
 
 
 def share_consumer(bootstrap: str, group: str, topics: list[str]) -> ShareConsumer:

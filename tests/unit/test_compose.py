@@ -477,7 +477,14 @@ DEFAULTS_ARE_RIGHT = {
     "RETRY_SPARK_LOCAL_NICE": "the jobs run on the Spark cluster: it applies to local mode only",
 }
 #: Read only by the dev tooling and the chaos harness, never by a deployed service.
-DEV_ONLY = {"RETRY_DEV_API_HOST", "RETRY_DEV_METADATA_DB", "RETRY_DEV_REDIS_URL", "RETRY_FAULT"}
+DEV_ONLY = {
+    "RETRY_DEV_API_HOST",
+    "RETRY_DEV_METADATA_DB",
+    "RETRY_DEV_REDIS_URL",
+    "RETRY_FAULT",
+    "RETRY_KAFKA_LIBS",
+    "KAFKA_HEAP_OPTS",
+}
 
 
 def settings_read_by_the_service() -> set[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from retry_scheduler.core.protocol import HOLDS_TOPIC
+from retry_scheduler.core.setting_checks import check_settings
 from retry_scheduler.core.setting_values import (
     ConfigError,
     env_bool,
@@ -356,65 +357,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "database_url", libpq_url(self.database_url))
-        if clash := sorted(set(self.adopt_topics) & {self.retry_topic, *self.delay_topics}):
-            raise ConfigError(
-                f"RETRY_ADOPT_TOPICS names {', '.join(clash)}, a retry topic of this service: adopt only "
-                "other tools' dead-letter topics"
-            )
-        if self.delivery_timeout_ms >= self.lease_ms:
-            raise ConfigError(
-                f"delivery timeout ({self.delivery_timeout_ms} ms) must be shorter than the claim "
-                f"lease ({self.lease_ms} ms), or a job in flight could be claimed twice"
-            )
-        if self.ingest_workers < 1:
-            raise ConfigError(f"RETRY_INGEST_WORKERS must be at least 1, not {self.ingest_workers}")
-        if self.topic_replication_factor == 0 or self.topic_replication_factor < -1:
-            raise ConfigError(
-                f"RETRY_TOPIC_REPLICATION_FACTOR must be -1 (the broker's default) or at least 1, "
-                f"not {self.topic_replication_factor}"
-            )
-        if self.topic_min_insync_replicas == 0 or self.topic_min_insync_replicas < -1:
-            raise ConfigError(
-                f"RETRY_TOPIC_MIN_INSYNC_REPLICAS must be -1 (the broker's default) or at least 1, "
-                f"not {self.topic_min_insync_replicas}"
-            )
-        if self.retry_topic_retention_ms < 60_000 and self.retry_topic_retention_ms != -1:
-            raise ConfigError(
-                "RETRY_TOPIC_RETENTION_MS must be at least 60000 (a minute) or -1 (kept for ever), "
-                f"not {self.retry_topic_retention_ms}"
-            )
-        if self.retry_topic_retention_bytes == 0 or self.retry_topic_retention_bytes < -1:
-            raise ConfigError(
-                "RETRY_TOPIC_RETENTION_BYTES must be a positive number of bytes or -1 (no size bound), "
-                f"not {self.retry_topic_retention_bytes}"
-            )
-        if 0 < self.topic_replication_factor < self.topic_min_insync_replicas:
-            raise ConfigError(
-                f"RETRY_TOPIC_MIN_INSYNC_REPLICAS ({self.topic_min_insync_replicas}) is more than "
-                f"RETRY_TOPIC_REPLICATION_FACTOR ({self.topic_replication_factor}): no write could succeed"
-            )
-        if self.max_clock_skew_ms < 0 or self.max_retry_ahead_ms < 0:
-            raise ConfigError("RETRY_MAX_CLOCK_SKEW_MS and RETRY_MAX_RETRY_AHEAD_MS must be >= 0")
-        if self.replay_approval_above < 0:
-            raise ConfigError(
-                f"RETRY_REPLAY_APPROVAL_ABOVE must be >= 0 (0: no approval), not {self.replay_approval_above}"
-            )
-        if self.park_after_replays < 0:
-            raise ConfigError(
-                f"RETRY_PARK_AFTER_REPLAYS must be >= 0 (0: never park), not {self.park_after_replays}"
-            )
-        if self.max_header_name_chars < 1:
-            raise ConfigError(
-                f"RETRY_MAX_HEADER_NAME_CHARS must be at least 1, not {self.max_header_name_chars}"
-            )
-        if self.publish_workers < 1:
-            raise ConfigError(f"RETRY_PUBLISH_WORKERS must be at least 1, not {self.publish_workers}")
-        if not 1 <= self.publish_tasks <= 32:
-            raise ConfigError(f"RETRY_PUBLISH_TASKS must be from 1 to 32, not {self.publish_tasks}")
-        try:
-            re.compile(self.destination_allowlist)
-        except re.error as exc:
-            raise ConfigError(f"RETRY_DESTINATION_ALLOWLIST is not a valid regex: {exc}") from None
+        check_settings(self)
 
     @property
     def policies_file(self) -> Path:

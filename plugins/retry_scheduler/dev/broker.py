@@ -3,12 +3,13 @@
 ``retry-scheduler dev up``, the demo, the benchmark, the chaos harness and the tests start it on this
 machine when ``KAFKA_BOOTSTRAP_SERVERS`` points here and nothing answers. Its storage is formatted
 once with the feature level that gives share groups their dead-letter topic (``share.version=2``,
-KIP-1191); the broker runs as ``java -cp <jars> kafka.Kafka server.properties`` with its log in the
+KIP-1191; 4.4's default, asked for by name so a newer default cannot take it away); the broker runs as ``java -cp <jars> kafka.Kafka server.properties`` with its log in the
 stack's logs folder, and counts as up when it answers a metadata request naming itself.
 
 Settings that differ from Kafka's defaults, all because there is one broker on a small machine:
-replication factor 1 for the internal topics, and ``group.initial.rebalance.delay.ms=0`` (a new
-group's first members are assigned at once instead of after 3 s). ``KAFKA_HEAP_OPTS`` sizes the heap
+replication factor 1 for the internal topics, ``group.initial.rebalance.delay.ms=0`` (a new
+group's first members are assigned at once instead of after 3 s), and floors of 6 s and 0.5 s for a
+KIP-848 group's own session timeout and heartbeat (its defaults stay 45 s and 5 s). ``KAFKA_HEAP_OPTS`` sizes the heap
 as Kafka's own scripts read it (default ``-Xms256m -Xmx1g``).
 """
 
@@ -88,6 +89,10 @@ def server_properties(home: Path, port: int, controller_port: int, host: str = "
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
+        # KIP-848 groups: a group may set its own session and heartbeat (consumer.session.timeout.ms,
+        # consumer.heartbeat.interval.ms) below the broker's floors of 45 s and 5 s; the defaults stay.
+        "group.consumer.min.session.timeout.ms": "6000",
+        "group.consumer.min.heartbeat.interval.ms": "500",
     }
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
