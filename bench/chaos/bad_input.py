@@ -10,7 +10,15 @@ from typing import Any
 
 from bench.chaos.common import KIND_HEADER, Header
 from bench.chaos.stack import ChaosStack, Supervisor, Worker, worker_env
-from bench.chaos.topics import Seen, Topics, create_topics, read_topics, send, wait_done
+from bench.chaos.topics import (
+    PERMISSIVE_TOPIC_CONFIG,
+    Seen,
+    Topics,
+    create_topics,
+    read_topics,
+    send,
+    wait_done,
+)
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.jobs import decode_headers
 
@@ -211,7 +219,7 @@ def run_bad_input(
     began = time.monotonic()
     topics = Topics("bad")
     database_url = stack.create_database("chaos_bad_input")
-    create_topics(stack.bootstrap, topics.all)
+    create_topics(stack.bootstrap, topics.all, config=PERMISSIVE_TOPIC_CONFIG)
     corpus = bad_inputs(topics, max_record_bytes)
     env = worker_env(stack, database_url, topics, RETRY_MAX_RECORD_BYTES=str(max_record_bytes))
     logs = stack.work_dir / "logs"

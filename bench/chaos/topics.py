@@ -62,9 +62,22 @@ class Seen:
             return None
 
 
-def create_topics(bootstrap: str, topics: Iterable[str], partitions: int = 3) -> None:
+#: Topics where the hostile corpus can arrive at all. Kafka 4 refuses by default a record timestamped
+#: more than an hour ahead (``message.timestamp.after.max.ms``; brokers before 4.0 took any) and a
+#: batch over 1 MiB (``max.message.bytes``): a cluster whose topics allow them delivers such records
+#: to the service, which must cope.
+PERMISSIVE_TOPIC_CONFIG = {
+    "message.timestamp.after.max.ms": str(2**63 - 1),
+    "max.message.bytes": str(16 * 1024 * 1024),
+}
+
+
+def create_topics(
+    bootstrap: str, topics: Iterable[str], partitions: int = 3, config: dict[str, str] | None = None
+) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
-    for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
+    new = [NewTopic(t, partitions, 1, config=config or {}) for t in topics]
+    for future in admin.create_topics(new).values():
         future.result(15)
 
 
