@@ -100,8 +100,10 @@ def _postgres_kind(cmdline: str) -> str:
     benchmark's do) or the service's; the server's own processes (and connections too short to be
     sampled, counted through the postmaster) apart."""
     words = cmdline.split()
-    if len(words) >= 5 and words[0] == "postgres:" and "(" in words[4]:
-        return "PostgreSQL: Airflow's metadata" if "airflow" in words[3] else "PostgreSQL: service"
+    # With a cluster_name (Debian's clusters: "15/main:") the user, database and host come after it.
+    host = next((i for i, word in enumerate(words[:6]) if "(" in word), None)
+    if words[:1] == ["postgres:"] and host is not None and host >= 3:
+        return "PostgreSQL: Airflow's metadata" if "airflow" in words[host - 1] else "PostgreSQL: service"
     return "PostgreSQL: server"
 
 
@@ -265,7 +267,7 @@ def rss_by_kind() -> dict[str, float]:
             with open(f"/proc/{pid}/statm") as statm:
                 rss = int(statm.read().split()[1]) * page
             cmdline = ""
-            if seen is not None and (seen.comm == "postgres" or _retitled(seen.comm)):
+            if seen is not None and (seen.comm in ("postgres", "java") or _retitled(seen.comm)):
                 with open(f"/proc/{pid}/cmdline", "rb") as raw:
                     cmdline = raw.read().replace(b"\0", b" ").decode("utf-8", "replace")
         except (OSError, IndexError, ValueError):

@@ -36,6 +36,7 @@ def new_dev_stack(database_url: str, tmp_path: Path, prefix: str, **options: Any
         **{"say": lambda _message: None, "parse_interval_s": PARSE_INTERVAL_S, **options},
     )
     stack.log_dir = tmp_path / "logs"
+    stack.kafka_home = tmp_path / "kafka"  # a broker of its own: a stack on the default port keeps .dev/kafka
     _forget_triggers(with_database(database_url, stack.metadata_db))
     return stack
 

@@ -81,6 +81,7 @@ def test_retries_come_back_never_early_from_loops_on_a_celery_worker(
         triggerer=False,  # nothing defers
     )
     stack.log_dir = tmp_path / "logs"
+    stack.kafka_home = tmp_path / "kafka"  # a broker of its own: a stack on the default port keeps .dev/kafka
     destination = f"demo.celery-{uuid.uuid4().hex[:8]}"  # dags/retry_policies.py allows demo.*
     began = datetime.now(UTC)
     with stack:

@@ -74,6 +74,11 @@ def test_processes_are_told_apart_by_name_and_command_line() -> None:
     assert process_kind(1, "postgres", backend) == "PostgreSQL: service"
     backend = "postgres: 15/main: postgres retry_bench_capacity_airflow 127.0.0.1(5) idle"
     assert process_kind(1, "postgres", backend) == "PostgreSQL: Airflow's metadata"
+    # a cluster without a cluster_name (the dev tooling's own): no "15/main:" in the title
+    assert (
+        process_kind(1, "postgres", "postgres: postgres retry_bench 127.0.0.1(5) COPY")
+        == "PostgreSQL: service"
+    )
     assert process_kind(1, "postgres", "postgres: 15/main: checkpointer ") == "PostgreSQL: server"
     assert process_kind(1, "postgres", "/usr/lib/postgresql/15/bin/postgres -D /x") == "PostgreSQL: server"
     assert process_kind(1, "java", "java -cp ... org.apache.spark.deploy.SparkSubmit") == "Spark JVM"

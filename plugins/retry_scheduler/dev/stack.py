@@ -162,6 +162,8 @@ class DevStack:
         self.health_timeout, self.say = health_timeout, say
         self.dev_dir = dev_home()
         self.log_dir = self.dev_dir / "logs"
+        #: The dev broker's configuration and data, kept between runs (a stack of its own elsewhere).
+        self.kafka_home = self.dev_dir / "kafka"
         self.airflow_home = airflow_home or Path(os.environ.get("AIRFLOW_HOME") or self.dev_dir / "airflow")
         self.base_url = f"http://localhost:{api_port}"
         self.env: dict[str, str] = {}
@@ -193,7 +195,7 @@ class DevStack:
         host, _, port = self.settings.bootstrap_servers.split(",")[0].rpartition(":")
         if host in LOCAL_HOSTS:
             broker = start_broker(
-                int(port), "127.0.0.1", self.log_dir / "broker.log", self.say, home=self.dev_dir / "kafka"
+                int(port), "127.0.0.1", self.log_dir / "broker.log", self.say, home=self.kafka_home
             )
             self._adopt("broker", broker)
         elif not kafka_answers(self.settings.bootstrap_servers, 10.0):
