@@ -1,8 +1,8 @@
 """``retry-scheduler bench``: measure the service against baselines run in the same process and run.
 
 Every figure is measured on the real PostgreSQL (a throwaway database, ``retry_bench``, migrated
-with :func:`retry_scheduler.db.store.migrate` and dropped at the end) and the embedded Kafka-protocol
-broker (a Tansu started on a free port, memory storage), through the service's own code paths:
+with :func:`retry_scheduler.db.store.migrate` and dropped at the end) and a Kafka
+broker (the dev tooling's Apache Kafka 4.4, on a free port), through the service's own code paths:
 :class:`~retry_scheduler.loops.ingest.Ingestor` fed from a real retry topic, and
 :class:`~retry_scheduler.loops.publish.Publisher` on due jobs stored with
 :func:`bench.jobs.insert_jobs` (the ingest's own ``Store.insert_rows``). Each baseline runs right after its figure, on the

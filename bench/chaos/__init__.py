@@ -1,7 +1,7 @@
 """Chaos runs: kill, freeze and restart the parts of the service under load, then account for every record.
 
 ``retry-scheduler chaos`` (``make chaos``) starts a PostgreSQL of its own (the machine's binaries, a
-temporary directory, a free port) and an embedded broker of its own, so restarting the one or freezing
+temporary directory, a free port) and an Apache Kafka 4.4 broker of its own, so restarting the one or freezing
 the other disturbs nothing else on the machine. Each trial gets a fresh database and fresh topics, runs
 the ingest and publish loops as separate OS processes (``retry-scheduler run --only ...``), sends a
 workload of a few thousand records and injects one fault at a random point:

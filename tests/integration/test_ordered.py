@@ -453,7 +453,7 @@ def test_the_hold_store_reads_back_its_groups_holds_and_skips_what_is_not_one(
     billing.put("orders", b"k2", Hold("D", "r1", 1))
     billing.put("orders", b"k2", None)  # free again
     shipping.put("orders", b"k1", Hold("X", "rx", 1))
-    for record in (  # one at a time: the embedded broker's end offset counts a batch as one record
+    produce(bootstrap_servers, topic, [
         {"key": b"billing\0orders\0k3", "value": b"not json"},
         {"key": b"billing\0orders\0k4", "value": b'{"blocker": 5}'},
         {"key": b"billing\0\xff\0k5", "value": b'{"blocker": "E"}'},
@@ -466,8 +466,7 @@ def test_the_hold_store_reads_back_its_groups_holds_and_skips_what_is_not_one(
         },
         {"key": b"billing\0orders\0k9", "value": b'{"blocker": "G", "released": false, "parked": 1}'},
         {"key": b"unrelated", "value": b"{}"},
-    ):
-        produce(bootstrap_servers, topic, [record])
+    ])  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="retry_scheduler.holds"):
         assert billing.load() == {
             ("orders", b"k1"): flowing,

@@ -88,7 +88,7 @@ def add_parsers(sub: Any) -> None:
         "bench",
         help="measure throughput, lateness and claim cost against baselines; write bench/out/report.*",
         description="Create a throwaway database (retry_bench) on the server of RETRY_DATABASE_URL and start "
-        "an embedded broker on a free port, run each measurement through the service's own code with its "
+        "the dev broker (Apache Kafka 4.4) on a free port, run each measurement through the service's own code with its "
         "baseline in the same run (ingest vs PostgreSQL COPY, publish vs PgQueuer and a naive poller, claim "
         "cost with 10 million rows vs 10 000, PySpark bulk retry and compaction, lateness under the Airflow "
         "scheduler), then write report.json, report.md and PNG plots and print a table. Exits 1 when a "
