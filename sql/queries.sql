@@ -558,3 +558,12 @@ DELETE FROM retry_released_holds AS r
 WHERE r.released_at < now() - %(keep_s)s * interval '1 second'
   AND NOT EXISTS (SELECT 1 FROM retry_jobs WHERE held_by = r.blocker AND status = 'pending')
   AND NOT (r.why = 'blocked' AND EXISTS (SELECT 1 FROM retry_jobs WHERE retry_id = r.head AND status = 'pending'));
+
+-- name: notify_overdue
+-- In the transaction that stores jobs already past their due time: the publishers' claims start below
+-- the earliest (retry_scheduler.db.overdue). Delivered when the transaction commits, or never.
+SELECT pg_notify(%(channel)s, %(due_ms)s);
+
+-- name: listen_overdue
+-- A publisher's connection hears of jobs stored past their due time (retry_scheduler.db.overdue.CHANNEL).
+LISTEN retry_overdue;

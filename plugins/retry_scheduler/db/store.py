@@ -22,6 +22,7 @@ from retry_scheduler.core.jobs import COPY_TYPES, CopyRow, OutgoingRow
 from retry_scheduler.db.breakers import BreakerRecords
 from retry_scheduler.db.connection import connect, joined, require_migrated, require_transaction
 from retry_scheduler.db.loop_records import LoopRecords
+from retry_scheduler.db.overdue import notify_overdue
 from retry_scheduler.db.readings import HELD_DUE_AT, Readings
 from retry_scheduler.db.schema import q
 from retry_scheduler.db.slots import DestinationSlots
@@ -139,6 +140,7 @@ class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
             if rows:
                 again = self._maybe_stored(cur, rows, consumer_group)
                 rows, stored = self._store_rows(cur, rows, refused, again)
+                notify_overdue(cur, rows)  # the publishers' claims start below them
             else:
                 stored = []
             adopted = sorted({row.source_topic for row in rows} & set(adopted_topics))

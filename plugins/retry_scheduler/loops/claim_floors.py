@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import OutgoingRow
+from retry_scheduler.db.overdue import OverdueNotices
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.handover import LoopTenure
 
@@ -61,6 +62,8 @@ class ClaimFloors:
         #: oldest due job); see :meth:`claim_lanes`.
         self._lane_floors: dict[str, datetime | None] = {}
         self._lanes_read_at = float("-inf")  # monotonic: when it last read retry_destinations
+        #: Jobs stored below the floor, told by the batches that stored them (LISTEN/NOTIFY).
+        self._overdue = OverdueNotices(self.store.conn)
 
     @property
     def floor(self) -> datetime | None:
@@ -75,9 +78,11 @@ class ClaimFloors:
         and PostgreSQL can neither remove those entries nor mark them dead until that snapshot ends:
         a claim from the index's head walks all of them, and at thousands of retries a second claims
         grow to seconds. So a claim starts where this publisher's previous claim left nothing
-        claimable behind (less :data:`FLOOR_LAG`). What falls due below that mark afterwards (a job
-        whose delivery backoff ended, one a crashed publisher released, a record stored long after
-        its due time) is claimed by the next sweep, which comes after at most
+        claimable behind (less :data:`FLOOR_LAG`). A job stored below that mark (a record stored
+        long after its due time) is told of by the batch that stored it
+        (:mod:`retry_scheduler.db.overdue`): the next claim starts just below it. What else falls
+        due below the mark (a job whose delivery backoff ended, one a crashed publisher released)
+        is claimed by the next sweep, which comes after at most
         :data:`SWEEP_COST_SHARE` times the last sweep's duration (so within milliseconds when the
         index is clean, and rarely while a snapshot is held: sweeps stay about 5 % of the
         publisher's time) and never more than :data:`SWEEP_MAX_EVERY_S` apart. One publisher of a
@@ -86,6 +91,11 @@ class ClaimFloors:
         """
         if self._floor is None:
             return None
+        overdue_ms = self._overdue.take()
+        if overdue_ms is not None:  # stored below the floor: claimed from just below them, at once
+            below = datetime.fromtimestamp(overdue_ms / 1000, tz=UTC) - FLOOR_LAG
+            if below < self._floor:
+                return below
         if time.monotonic() < self._sweep_after or not self._sweeping.acquire(blocking=False):
             return self._floor
         self._holds_sweep = True
