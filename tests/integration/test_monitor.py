@@ -181,6 +181,8 @@ def test_nothing_is_sent_while_every_check_is_under_its_threshold(
         "dead_per_hour": (False, 5.0),
         "stuck_delivery": (False, 600.0),  # the 5 dead jobs died just now: not waiting long yet
         "consumer_lag": (False, 100_000.0),  # no reader given: nothing to judge
+        "ingest_near_retention": (False, 0.5),
+        "removed_unread": (False, 0.0),
         "undelivered_dead": (False, 0.0),  # within the minute they have to reach their DLQ topic
         "failing_deliveries": (False, 0.0),
         "stuck_chains": (False, 3600.0),  # nothing held

@@ -6,7 +6,8 @@ only with ``errors.deadletterqueue.copy.record.enable``, and never its headers; 
 no value. The ingest loop reads the record from its topic while it still exists
 (:class:`SourceReader`), and the job holds its key, value, headers (the record's own, then the
 letter's) and timestamp: what a replay publishes is the record as it was, byte for byte. A copied
-letter whose record can no longer be read keeps its copy (key and value, without headers).
+letter whose record can no longer be read, or whose pointer now finds another key or value there
+(the topic made again), keeps its copy (key and value, without headers).
 
 A record that no longer exists (its topic deleted, its offset below the partition's start: removed by
 retention, or above its end: the topic made again) cannot be completed: the job is kept dead
@@ -128,7 +129,19 @@ class SourceReader:
             for i in indexes:
                 row = rows[i]
                 source = found.get(row.original_offset or 0)
-                if source is not None:
+                if (
+                    source is not None
+                    and copied(row)
+                    and (source.key, source.value) != (row.msg_key, row.msg_value)
+                ):
+                    # Another record at that offset (the topic made again): the letter's copy is the
+                    # record; it is kept without headers.
+                    log.info(
+                        "the dead letter %s[%s]@%s holds a copy that is not the record now at %s[%s]@%s: "
+                        "kept with the copy", row.source_topic, row.source_partition, row.source_offset,
+                        topic, partition, row.original_offset,
+                    )  # fmt: skip
+                elif source is not None:
                     rows[i] = self._completed(row, source, now_ms)
                     self.completed += 1
                 elif copied(row):  # the letter's copy is sent, without the headers it never had
