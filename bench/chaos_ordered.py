@@ -14,16 +14,22 @@ from collections import Counter
 from pathlib import Path
 
 
+def _run(line: dict) -> str:
+    """A run's name: its seed and its rebalance protocol (``12/consumer``)."""
+    return f"{line['seed']}/{line.get('protocol', 'classic')}"
+
+
 def summarize(lines: list[dict]) -> dict:
     faults: Counter[str] = Counter()
     for line in lines:
         faults.update(line["faults"])
     return {
         "runs": len(lines),
-        "seeds": sorted(line["seed"] for line in lines),
-        "unfinished": sorted(line["seed"] for line in lines if not line["finished"]),
+        "seeds": sorted({line["seed"] for line in lines}),
+        "runs_by_protocol": dict(Counter(line.get("protocol", "classic") for line in lines)),
+        "unfinished": sorted(_run(line) for line in lines if not line["finished"]),
         "ordered_violations": sum(len(line["violations"]) for line in lines),
-        "violations": {str(line["seed"]): line["violations"] for line in lines if line["violations"]},
+        "violations": {_run(line): line["violations"] for line in lines if line["violations"]},
         "keys": sum(line["keys"] for line in lines),
         "records": sum(line["records"] for line in lines),
         "steps": sum(line["steps"] for line in lines),
