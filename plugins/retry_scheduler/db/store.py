@@ -22,7 +22,7 @@ from retry_scheduler.core.jobs import COPY_TYPES, CopyRow, OutgoingRow
 from retry_scheduler.db.breakers import BreakerRecords
 from retry_scheduler.db.connection import connect, joined, require_migrated, require_transaction
 from retry_scheduler.db.loop_records import LoopRecords
-from retry_scheduler.db.overdue import notify_overdue
+from retry_scheduler.db.overdue import OverdueNotices, notify_overdue
 from retry_scheduler.db.readings import HELD_DUE_AT, Readings
 from retry_scheduler.db.schema import q
 from retry_scheduler.db.slots import DestinationSlots
@@ -92,6 +92,10 @@ class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
 
     def close(self) -> None:
         self.conn.close()
+
+    def listen_overdue(self) -> OverdueNotices:
+        """Hear, on this store's connection, of jobs stored after their due time (:mod:`.overdue`)."""
+        return OverdueNotices(self.conn)
 
     def __enter__(self) -> Store:
         return self

@@ -16,7 +16,6 @@ from datetime import UTC, datetime, timedelta
 
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import OutgoingRow
-from retry_scheduler.db.overdue import OverdueNotices
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.handover import LoopTenure
 
@@ -63,7 +62,7 @@ class ClaimFloors:
         self._lane_floors: dict[str, datetime | None] = {}
         self._lanes_read_at = float("-inf")  # monotonic: when it last read retry_destinations
         #: Jobs stored below the floor, told by the batches that stored them (LISTEN/NOTIFY).
-        self._overdue = OverdueNotices(self.store.conn)
+        self._overdue = self.store.listen_overdue()
 
     @property
     def floor(self) -> datetime | None:
