@@ -62,7 +62,8 @@ def test_every_key_is_reported(report: dict) -> None:
     assert machine["cores"] >= 1 and machine["memory_gib"] > 0
     assert machine["postgresql"].startswith("PostgreSQL")
     assert machine["packages"]["confluent-kafka"]
-    assert machine["broker"].startswith("Apache Kafka 4.4")
+    # the run was given the tests' broker: said as a broker of the user's, not the run's own
+    assert machine["broker"] == "external (KAFKA_BOOTSTRAP_SERVERS)"
     assert all(value > 0 for value in machine["calibration"].values())  # the machine's speed, timed
     # How the machine's CPU went (busy, idle, stolen by the hypervisor): over the run and each measurement.
     assert abs(sum(machine["cpu_during_run"].values()) - 100) <= 0.2
