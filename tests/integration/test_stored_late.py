@@ -13,10 +13,7 @@ dead row version visible to the publisher's claims.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -24,9 +21,9 @@ import pytest
 
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.store import Store
-from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
 from tests.integration.test_loop import Loop, hdr, new_loop
+from tests.integration.test_replay_watch import running_loops
 from tests.kafkautil import create_topics, produce
 
 pytestmark = pytest.mark.integration
@@ -37,33 +34,6 @@ pytestmark = pytest.mark.integration
 #: minute) or its next run, which is what this guards against.
 AT_ONCE_S = 1.0
 BOUND_S = 5 * AT_ONCE_S
-
-
-@contextmanager
-def loops_running(loop: Loop, seconds: float) -> Iterator[None]:
-    """The ingest and publish loops in threads of their own for ``seconds`` (or until the block ends)."""
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def run(make: object) -> None:
-        try:
-            with Store(loop.settings.database_url) as store:
-                worker = make(Deployment(loop.settings, loop.registry), store)  # type: ignore[operator]
-                worker.run(seconds, should_stop=stop.is_set, grace_s=0)
-                worker.close()
-        except BaseException as exc:  # raised in the test's thread below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(kind,), daemon=True) for kind in (Ingestor, Publisher)]
-    for thread in threads:
-        thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(60)
-    assert not errors, errors
 
 
 def published_within(loop: Loop, keys: list[bytes], timeout_s: float = 30) -> list[dict]:
@@ -92,7 +62,7 @@ def test_a_job_stored_after_its_due_time_is_published_within_a_second_of_being_s
         if snapshot:  # a transaction that keeps its snapshot for the whole test
             holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             holder.execute("SELECT count(*) FROM retry_jobs").fetchone()
-        with loops_running(loop, 60):
+        with running_loops(loop):
             time.sleep(3)  # the loops have started and are idle
             keys: list[bytes] = []
             for wave in range(5):  # waves a second apart: each stored while the loops are running
