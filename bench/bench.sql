@@ -260,11 +260,14 @@ SELECT EXISTS (SELECT 1 FROM retry_jobs WHERE destination = %(destination)s AND 
 
 -- name: bench_lateness_between
 -- A destination's published jobs due from %(since)s to %(until)s (epoch s): how many, their p99 and
--- worst lateness, how many were early.
+-- worst lateness (due -> acknowledged), how many were early, and the p99 and worst of send -> stored
+-- (the record's timestamp, first_seen_at for a first failure, to its ingest transaction's start).
 SELECT count(*),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at))::float8,
        max(extract(epoch FROM published_at - due_at))::float8,
-       count(*) FILTER (WHERE published_at < due_at)
+       count(*) FILTER (WHERE published_at < due_at),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM created_at - first_seen_at))::float8,
+       max(extract(epoch FROM created_at - first_seen_at))::float8
 FROM retry_jobs_all
 WHERE destination = %(destination)s AND status = 'published'
   AND due_at >= to_timestamp(%(since)s) AND due_at < to_timestamp(%(until)s);

@@ -209,15 +209,22 @@ def lateness_timeline(
 
 def lateness_between(env: BenchEnv, destination: str, since: float, until: float) -> dict[str, Any]:
     """A destination's published records due from ``since`` to ``until`` (epoch s): how many, their p99
-    and worst lateness, how many were early."""
-    count, p99, worst, early = env.sql(
+    and worst lateness (due -> acknowledged), how many were early, and the p99 and worst of send ->
+    stored (``stored_p99_s``, ``stored_max_s``: the record's timestamp to its ingest transaction)."""
+    count, p99, worst, early, stored_p99, stored_worst = env.sql(
         "bench_lateness_between", {"destination": destination, "since": since, "until": until}, fetch=True
     )[0]
+
+    def seconds(value: float | None) -> float | None:
+        return round(float(value), 4) if value is not None else None
+
     return {
         "published": int(count),
-        "p99_s": round(p99, 4) if p99 is not None else None,
-        "max_s": round(worst, 4) if worst is not None else None,
+        "p99_s": seconds(p99),
+        "max_s": seconds(worst),
         "early": int(early),
+        "stored_p99_s": seconds(stored_p99),
+        "stored_max_s": seconds(stored_worst),
     }
 
 

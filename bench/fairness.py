@@ -22,6 +22,7 @@ import logging
 import time
 from typing import Any
 
+from bench.capacity import lateness_between
 from bench.env import BenchEnv, Result, Sizes, due_job, insert_due_jobs, per_second
 from bench.jobs import insert_jobs
 from retry_scheduler.core.deployment import Deployment
@@ -58,15 +59,7 @@ def _publish_all(env: BenchEnv, settings: Any, total: int, limit_s: float) -> tu
 
 
 def _lateness(env: BenchEnv, destination: str) -> dict[str, Any]:
-    [(count, p99, worst, early)] = env.sql(
-        "bench_lateness_between", {"destination": destination, "since": 0, "until": 4e9}, fetch=True
-    )
-    return {
-        "published": int(count),
-        "p99_s": None if p99 is None else round(float(p99), 4),
-        "max_s": None if worst is None else round(float(worst), 4),
-        "early": int(early),
-    }
+    return lateness_between(env, destination, 0, 4e9)
 
 
 def _stream_run(env: BenchEnv, sizes: Sizes, small: str, flood: str | None, settings: Any) -> dict[str, Any]:

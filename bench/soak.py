@@ -3,6 +3,8 @@
 ``soak_p99_drift``: records are sent at ``soak_rate`` (half the capacity target) for ``soak_seconds``,
 each due 5 s after it is sent; the p99 lateness of the records due in the last ``DRIFT_WINDOW_S``
 over that of the first (target: at most 1.2, lateness that does not creep up as the run goes on).
+Each window's lateness is split into send -> stored (the ingest's part) and due -> acknowledged (the
+publish loop's part).
 Every ``SAMPLE_EVERY_S`` the run records ``retry_jobs``' dead and live rows and sizes
 (``table_timeline``), and every ``RSS_EVERY_S`` the resident memory of each kind of process
 (``rss_timeline``): none may grow without bound. Every ``CPU_EVERY_S`` the CPU each kind of process
@@ -94,6 +96,11 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
         f"{step['early']} early, p99 {step['p99_s']} s, max {step['max_s']} s.",
         f"p99 of the records due in the first {window} s: {first} s; in the last {window} s: {last} s "
         f"(drift {result.figures['soak_p99_drift']}).",
+        "Split: send -> stored p99 "
+        + " / ".join(f"{spans[n]['stored_p99_s']} s" for n in ("first", "last"))
+        + " (first / last window), due -> acknowledged p99 "
+        + " / ".join(f"{spans[n]['p99_s']} s" for n in ("first", "last"))
+        + ".",
         f"retry_jobs: {min(tables, default=0)}-{max(tables, default=0)} MB over the run "
         f"(the last third at most {max(tables[-thirds:], default=0) if thirds else '-'} MB), at most "
         f"{max((r[1] for r in table), default=0):,} dead rows.",
