@@ -272,6 +272,17 @@ FROM retry_jobs_all
 WHERE destination = %(destination)s AND status = 'published'
   AND due_at >= to_timestamp(%(since)s) AND due_at < to_timestamp(%(until)s);
 
+-- name: bench_stored_to_published
+-- A destination's published jobs: how many, and the p50, p99 and worst of stored (their ingest
+-- transaction's start) -> acknowledged; for jobs stored after their due time, the time they waited.
+SELECT count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at))::float8,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at))::float8,
+       max(extract(epoch FROM published_at - created_at))::float8,
+       count(*) FILTER (WHERE due_at > created_at)
+FROM retry_jobs_all
+WHERE destination = %(destination)s AND status = 'published';
+
 -- name: bench_stored_published_per_second
 -- A destination's jobs second by second (epoch s): how many were stored (their ingest transaction
 -- began) and how many acknowledged in it.

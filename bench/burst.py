@@ -2,20 +2,23 @@
 
 A team whose downstream service goes down sends its consumer's failures to be retried as fast as it
 reads them. ``burst_ingest_msgs_per_s``: ``burst_records`` records are sent as fast as one producer
-(a process of its own) can to a delay topic of its run (``burst_topic``, ``RETRY_DELAY_TOPICS``), each due
-``burst_due_s`` after it was sent, and counted from the first send to the start of the ingest
-transaction that stored the last one. ``burst_publish_late_s``: the worst lateness of the burst's
-records (target: published within 60 s of their due time).
+(a process of its own) can to the header-driven retry topic, the **same** one the steady traffic is
+sent to, each with a ``retry.at`` ``burst_due_s`` after it was sent, and counted from the first send
+to the start of the ingest transaction that stored the last one (found on the ingest's stored
+offsets reaching the topic's end offsets as they were when the burst's last record was acknowledged).
+``burst_publish_late_s``: the worst lateness of the burst's records (target: published within 60 s of
+their due time).
 
 ``burst_steady_p99_s``: steady traffic at ``burst_steady_rate``/s, each record due 5 s after it is sent
-to the header-driven retry topic, runs alone for ``burst_baseline_s`` (its p99 then is the baseline,
+to the same retry topic, runs alone for ``burst_baseline_s`` (its p99 then is the baseline,
 ``burst_steady_baseline_p99_s``) and goes on through the burst; the figure is the p99 of the steady
 records due from the burst's first send to its last acknowledgement.
 
-The burst has a topic of its own on purpose: a Kafka partition is read in order, so records sent to
-the same partitions behind a million others wait for the ingest to reach them, whatever the service
-does (about the backlog over the ingest rate). A team that may flood gets its own retry (or delay)
-topic, and the ingest's fetches then take from every partition in turn.
+A Kafka partition is read in order: steady records sent behind the burst's on the same partitions
+wait until the ingest has read what is ahead of them. Their lateness while the burst is stored is
+about the backlog over the ingest rate, less the 5 s of delay they had; this measurement shows how
+much that is. A team that may flood keeps that away from others with a retry (or delay) topic of its
+own: the ingest's fetches take from every partition in turn.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from typing import Any
 
 from bench.capacity import (
     DUE_IN_MS,
-    burst_topic,
     cpu_budget,
     lateness_between,
     lateness_timeline,
@@ -43,7 +45,7 @@ from bench.cpu import ProcessCpu, cpu_shares, cpu_times
 from bench.env import BenchEnv, BenchError, Result, Sizes
 from bench.held import table_sampler
 from bench.slow import steady_producer
-from bench.waits import stored_from, wait_not_pending, wait_stored
+from bench.waits import topic_end, wait_not_pending, wait_stored
 
 log = logging.getLogger(__name__)
 
@@ -84,17 +86,19 @@ def _store_window(
     return {"core_s": ranked, "machine_cpu": machine}
 
 
-def _send_burst(bootstrap: str, topic: str, records: int, destination: str) -> float:
+def _send_burst(bootstrap: str, topic: str, records: int, destination: str, due_s: int) -> float:
     """Send the burst from a process of its own (and so a core: "as fast as the producer can", and the
-    steady producer's thread is not starved of the GIL meanwhile); returns the seconds it took."""
+    steady producer's thread is not starved of the GIL meanwhile), each record due ``due_s`` after it
+    is produced; returns the seconds it took."""
     code = (
         "import sys; from bench.env import produce_records; "
-        "print(produce_records(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], None))"
+        "print(produce_records(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], None, "
+        "due_in_ms=int(sys.argv[5])))"
     )
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
-        [sys.executable, "-c", code, bootstrap, topic, str(records), destination],
+        [sys.executable, "-c", code, bootstrap, topic, str(records), destination, str(due_s * 1000)],
         capture_output=True, text=True, env=env, timeout=PUBLISH_DEADLINE_S,
     )  # fmt: skip
     if done.returncode:
@@ -112,7 +116,7 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
     stop = threading.Event()
     sent_box: list[int] = []
     with (
-        live_stack(env, "burst", sizes) as stack,
+        live_stack(env, "burst") as stack,
         table_sampler(env) as table,
         contextlib.ExitStack() as cleanup,
     ):
@@ -133,11 +137,15 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
         cleanup.callback(steady.join)
         cleanup.callback(stop.set)
         time.sleep(sizes.burst_baseline_s)
-        stored_before = stored_from(env, burst_topic(env))  # nothing is sent to it before the burst
+        topic = settings.retry_topic
         burst_began, cpu_at_burst, machine_at_burst = time.time(), cpu.running_seconds(), cpu_times()
-        send_s = _send_burst(settings.bootstrap_servers, burst_topic(env), sizes.burst_records, burst_dest)
+        send_s = _send_burst(
+            settings.bootstrap_servers, topic, sizes.burst_records, burst_dest, sizes.burst_due_s
+        )
         log.info("burst: %s records sent in %.1f s", sizes.burst_records, send_s)
-        wait_stored(env, burst_topic(env), stored_before, sizes.burst_records, PUBLISH_DEADLINE_S)
+        # Stored once the ingest reached where the topic ended when the last one was acknowledged
+        # (the steady records sent meanwhile are behind or among them).
+        wait_stored(env, topic, 0, topic_end(settings.bootstrap_servers, topic), PUBLISH_DEADLINE_S)
         store_window = _store_window(
             cpu_at_burst, cpu.running_seconds(), cpu_shares(machine_at_burst, cpu_times())
         )
@@ -173,7 +181,7 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
     result.details = {
         "records": sizes.burst_records,
         "due_s": sizes.burst_due_s,
-        "topic": burst_topic(env),
+        "topic": settings.retry_topic,
         "send_s": round(send_s, 2),
         "sent_per_s": round(sizes.burst_records / send_s, 1) if send_s > 0 else None,
         "ingest_s": round(ingest_s, 2),
@@ -211,8 +219,8 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
     }
     published_in = round(last_ack - float(burst["first_due"]), 1)
     result.notes = [
-        f"{sizes.burst_records:,} records sent by one producer process to the delay topic {burst_topic(env)} "
-        f"(due {sizes.burst_due_s} s after each was sent) in {send_s:.1f} s "
+        f"{sizes.burst_records:,} records sent by one producer process to the retry topic {settings.retry_topic}, "
+        f"the steady traffic's (due {sizes.burst_due_s} s after each was sent), in {send_s:.1f} s "
         f"({result.details['sent_per_s']:,.0f}/s), stored by {ingest_s:.1f} s after the first send: "
         f"{result.figures['burst_ingest_msgs_per_s']:,.0f}/s.",
         f"The burst published from its first due time to its last acknowledgement in {published_in} s "
@@ -220,7 +228,7 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
         f"({burst['early']} early), p99 {result.details['burst']['p99_s']} s, worst "
         f"{result.figures['burst_publish_late_s']} s after its due time.",
         f"Steady traffic at {sizes.burst_steady_rate:,}/s (due {DUE_IN_MS / 1000:g} s after each was sent, "
-        f"on {settings.retry_topic}): alone for {sizes.burst_baseline_s} s p99 {baseline['p99_s']} s; "
+        f"on the same topic): alone for {sizes.burst_baseline_s} s p99 {baseline['p99_s']} s; "
         f"due during the burst ({during['published']:,} records) p99 {during['p99_s']} s, worst "
         f"{during['max_s']} s; after it p99 {after['p99_s']} s; "
         f"{steady_summary['early']} early of {sent:,}.",

@@ -69,41 +69,28 @@ def _stack(env: BenchEnv, name: str, **options: Any) -> Any:
     return stack
 
 
-def burst_topic(env: BenchEnv) -> str:
-    """The delay topic the burst measurement sends to (its delay: ``Sizes.burst_due_s``): one per run,
-    as every topic a run reads is (a broker kept between runs holds an earlier run's burst, which a new
-    run's consumer group would otherwise read again while the new burst is measured)."""
-    return f"retry.burst-{env.tag}"
-
-
 @contextlib.contextmanager
-def live_stack(env: BenchEnv, name: str, sizes: Sizes) -> Iterator[Any]:
+def live_stack(env: BenchEnv, name: str) -> Iterator[Any]:
     """A dev stack with the ``retry_scheduler`` DAG live under its real scheduler, for measurement ``name``.
 
     The measurement's own (started here; stopped, and its Airflow metadata dropped, when the block
     ends), unless the run shares one (``env.share_stack``): then the first measurement starts it and
     the rest use it as it is until the run ends. A stack's start costs about a CPU minute, which the
     tests' short runs (a few seconds of traffic each) share; a full run gives each measurement a
-    fresh stack, so that none measures another's history. A shared stack also ingests the burst's
-    delay topic, so that the burst measurement can use it whatever ran first."""
+    fresh stack, so that none measures another's history."""
     if env.share_stack:
         if env.shared_stack is None:
-            env.shared_stack = env.stacks.enter_context(_started(env, "shared", sizes, burst=True))
+            env.shared_stack = env.stacks.enter_context(_started(env, "shared"))
         yield env.shared_stack
         return
-    with _started(env, name, sizes, burst=name == "burst") as stack:
+    with _started(env, name) as stack:
         yield stack
 
 
 @contextlib.contextmanager
-def _started(env: BenchEnv, name: str, sizes: Sizes, *, burst: bool) -> Iterator[Any]:
+def _started(env: BenchEnv, name: str) -> Iterator[Any]:
     stack = _stack(env, name)
-    delay = {}
-    if burst:
-        env.create_topics([burst_topic(env)])
-        delay = {"RETRY_DELAY_TOPICS": f"{burst_topic(env)}={sizes.burst_due_s}s"}
-    # The stack's Airflow processes take their environment as it is when the stack starts.
-    with _environ(**delay), env.dropped_afterwards(stack.metadata_db), stack:
+    with env.dropped_afterwards(stack.metadata_db), stack:
         _go_live(stack, stack.settings)
         yield stack
 
@@ -411,7 +398,7 @@ def measure_capacity(env: BenchEnv, sizes: Sizes) -> Result:
     autovacuum = env.sql("bench_autovacuum", {}, fetch=True)[0][0] == "on"
     steps: list[dict[str, Any]] = []
     if sizes.capacity_rates:
-        with live_stack(env, "capacity", sizes) as stack:
+        with live_stack(env, "capacity") as stack:
             settings = stack.settings
             metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
             for rate in sizes.capacity_rates:

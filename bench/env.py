@@ -455,10 +455,11 @@ def insert_due_jobs(url: str, count: int, source_topic: str, destination: str) -
 
 
 def produce_records(
-    bootstrap: str, topic: str, count: int, destination: str, at_ms: int | None, first: int = 0
-) -> float:
-    """Produce ``count`` retry records (numbered from ``first``) as fast as one producer can; returns
-    the seconds taken. ``at_ms`` None: without ``retry.at`` (for a delay topic)."""
+    bootstrap: str, topic: str, n: int, destination: str, at_ms: int | None, first: int = 0,
+    due_in_ms: int = -1,
+) -> float:  # fmt: skip
+    """Produce ``n`` retry records (numbered from ``first``) as fast as one producer can; returns the seconds
+    taken. ``at_ms`` None: no ``retry.at`` (a delay topic's); ``due_in_ms`` >= 0: each due that long after sent."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -475,8 +476,9 @@ def produce_records(
             errors.append(str(err))
 
     began = time.perf_counter()
-    for i in range(first, first + count):
-        key, value, headers = retry_record(i, destination, at_ms)
+    for i in range(first, first + n):
+        at = at_ms if due_in_ms < 0 else int(time.time() * 1000) + due_in_ms
+        key, value, headers = retry_record(i, destination, at)
         while True:
             try:
                 producer.produce(

@@ -14,12 +14,25 @@ baseline's. Every ``SAMPLE_EVERY_S`` the windows record ``retry_jobs``' dead and
 and the due index's size, and the age of the oldest snapshot (``table_timeline``).
 
 ``held_snapshot_spark_p99_s`` and ``held_snapshot_spark_throughput_ratio``: a third window at the same
-rate while ``include/spark/bulk_retry.py`` re-publishes ``held_spark_rows`` dead jobs (stored before
+rate, the snapshot held again for the whole of it, while ``include/spark/bulk_retry.py`` re-publishes ``held_spark_rows`` dead jobs (stored before
 the window, to a destination of their own) through Spark in local mode against the same database, as
 ``retry-scheduler bulk-retry`` runs it: its executors read the selection over JDBC and its workers mark
 what the broker acknowledged, each in transactions of their own. The p99 and the throughput are of the
 window's records due while the job ran (its JVM's start to its exit); the window's whole p99 is in
 the details.
+
+``held_snapshot_overdue_p99_s``: through every window, ``OVERDUE_RATE`` records a second are sent
+with a ``retry.at`` a minute in the past (ingest fell behind, or a producer's clock), to a destination
+of their own; the figure is the p99 of stored (the ingest transaction's start) -> acknowledged of
+those of the held window (target: 1 s; each window's figures are in its ``overdue``). A publisher
+that only looked below its last claim's floor on its periodic sweep would leave them a minute.
+
+The bounds the table is judged against (each window's ``bounds``): while a snapshot is held nothing
+written since may be vacuumed, so ``retry_jobs`` may gain up to :data:`VERSIONS_PER_JOB` dead row
+versions for each job that went through the window (a record stored, claimed and moved out; a dead
+job re-published by the bulk retry), and no more; its size may grow by up to :data:`MAX_ROW_BYTES` a
+version. A table past them is leaking versions (a claim rewriting rows it does not take, a retry
+loop): the window says so.
 """
 
 from __future__ import annotations
@@ -35,12 +48,21 @@ from typing import Any
 
 from bench.capacity import MAX_P99_S, _step, lateness_between, live_stack
 from bench.env import BenchEnv, Result, Sizes
+from bench.slow import steady_producer
 
 log = logging.getLogger(__name__)
 
 SAMPLE_EVERY_S = 5.0
 #: Throughput with the snapshot held must be at least this share of the baseline's.
 MIN_RATIO = 0.9
+#: Records a second sent already overdue beside each window's traffic, and how overdue.
+OVERDUE_RATE = 10
+OVERDUE_BY_MS = 60_000
+#: Dead row versions a job may leave in retry_jobs while a snapshot holds back vacuum: its insert
+#: claimed (an update) and moved out (a delete), or a dead job marked by the bulk retry (an update).
+VERSIONS_PER_JOB = 2
+#: Bytes of table a row version may take, at most (a retry record's row is about 0.5 KiB, headers included).
+MAX_ROW_BYTES = 1024
 
 
 @contextlib.contextmanager
@@ -167,6 +189,47 @@ def spark_bulk_retry(env: BenchEnv, settings: Any, destination: str, rows: int) 
         job["rows_per_s"] = round(job["by_status"].get("published", 0) / max(0.001, job["seconds"]), 1)
 
 
+@contextlib.contextmanager
+def overdue_records(env: BenchEnv, settings: Any, window: str) -> Iterator[dict[str, Any]]:
+    """Send :data:`OVERDUE_RATE` records a second, each due :data:`OVERDUE_BY_MS` before it is sent,
+    while the block runs; then wait for them (a minute at most) and yield into the dict how many
+    were sent and their stored -> acknowledged figures."""
+    destination = f"bench.overdue-{env.tag}-{window}"
+    env.create_topics([destination])
+    stop = threading.Event()
+    sent: list[int] = []
+    thread = threading.Thread(
+        target=lambda: sent.append(
+            steady_producer(
+                settings.bootstrap_servers, settings.retry_topic, destination, OVERDUE_RATE, float("inf"),
+                -OVERDUE_BY_MS, f"overdue-{window}", stop,
+            )
+        ),
+        name="bench-held-overdue",
+    )  # fmt: skip
+    figures: dict[str, Any] = {"destination": destination, "overdue_by_s": OVERDUE_BY_MS / 1000}
+    thread.start()
+    try:
+        yield figures
+    finally:
+        stop.set()
+        thread.join()
+        deadline = time.monotonic() + 60
+        while True:  # a few hundred rows: counted each half second until all are published
+            [(count, p50, p99, worst, not_overdue)] = env.sql(
+                "bench_stored_to_published", {"destination": destination}, fetch=True
+            )
+            if count >= (sent[0] if sent else 0) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        figures.update(
+            sent=sent[0] if sent else 0, published=int(count), not_overdue=int(not_overdue),
+            p50_s=None if p50 is None else round(float(p50), 4),
+            p99_s=None if p99 is None else round(float(p99), 4),
+            max_s=None if worst is None else round(float(worst), 4),
+        )  # fmt: skip
+
+
 def _window(
     env: BenchEnv, settings: Any, rate: int, seconds: int, metadata_url: str, load: str, sizes: Sizes
 ) -> dict[str, Any]:
@@ -175,7 +238,8 @@ def _window(
     bulk_destination = _seed_dead(env, sizes.held_spark_rows) if load == "spark" else ""
     with contextlib.ExitStack() as blocks:
         samples = blocks.enter_context(table_sampler(env))
-        if load == "held":
+        overdue = blocks.enter_context(overdue_records(env, settings, load))
+        if load in ("held", "spark"):
             blocks.enter_context(held_snapshot(env))
         job = None
         if load == "spark":
@@ -185,6 +249,9 @@ def _window(
         step = _step(env, settings, rate, seconds, metadata_url, label=load)
     step["window"] = load
     step["table_timeline"] = samples
+    step["overdue"] = overdue
+    jobs = step["sent"] + overdue["sent"] + (sizes.held_spark_rows if load == "spark" else 0)
+    step["bounds"] = _bounds(samples, jobs)
     step["published_per_s"] = _throughput(env, step["destination"])
     if job is not None:
         step["spark"] = job
@@ -204,6 +271,21 @@ def _window(
         during["published_per_s"] = _throughput(env, step["destination"], job["started_at"], job["ended_at"])
         job["during"] = during
     return step
+
+
+def _bounds(samples: list[list[Any]], jobs: int) -> dict[str, Any]:
+    """The most dead rows and table MB a window may reach with ``jobs`` going through it (from what
+    the table held at its first sample), what it reached, and whether that is within them."""
+    if not samples:
+        return {"within": None}
+    first = samples[0]
+    dead_bound = first[1] + VERSIONS_PER_JOB * jobs
+    mb_bound = round(first[3] + VERSIONS_PER_JOB * jobs * MAX_ROW_BYTES / 2**20, 2)
+    dead, mb = max(row[1] for row in samples), max(row[3] for row in samples)
+    return {
+        "jobs": jobs, "dead_rows": dead, "dead_rows_bound": dead_bound, "table_mb": mb,
+        "table_mb_bound": mb_bound, "within": dead <= dead_bound and mb <= mb_bound,
+    }  # fmt: skip
 
 
 def _why_no_spark(sizes: Sizes) -> str:
@@ -228,7 +310,7 @@ def measure_held_snapshot(env: BenchEnv, sizes: Sizes) -> Result:
     rate, seconds = sizes.held_rate, sizes.held_seconds
     why_no_spark = _why_no_spark(sizes)
     loads = ("baseline", "held") if why_no_spark else ("baseline", "held", "spark")
-    with live_stack(env, "held", sizes) as stack:
+    with live_stack(env, "held") as stack:
         settings = stack.settings
         metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
         windows = [_window(env, settings, rate, seconds, metadata_url, load, sizes) for load in loads]
@@ -241,10 +323,12 @@ def measure_held_snapshot(env: BenchEnv, sizes: Sizes) -> Result:
     result.figures = {
         "held_snapshot_p99_s": held["p99_s"],
         "held_snapshot_throughput_ratio": ratio(held["published_per_s"]),
+        "held_snapshot_overdue_p99_s": held["overdue"]["p99_s"],
     }
     result.details = {
         "rate_per_s": rate, "seconds": seconds, "autovacuum": autovacuum, "windows": windows,
-        "max_p99_s": MAX_P99_S, "min_ratio": MIN_RATIO,
+        "max_p99_s": MAX_P99_S, "min_ratio": MIN_RATIO, "versions_per_job": VERSIONS_PER_JOB,
+        "max_row_bytes": MAX_ROW_BYTES,
     }  # fmt: skip
     if why_no_spark:
         for key in ("held_snapshot_spark_p99_s", "held_snapshot_spark_throughput_ratio"):
@@ -274,17 +358,37 @@ def measure_held_snapshot(env: BenchEnv, sizes: Sizes) -> Result:
             f"max {during['max_s']} s, {during['early']} early, {during['published_per_s']} published/s."
         )
 
-    label = {"baseline": "alone", "held": "snapshot held", "spark": "Spark bulk retry"}
+    def overdue_text(o: dict[str, Any]) -> str:
+        return (
+            f"Records sent {o['overdue_by_s']:g} s overdue: {o['published']:,} of {o['sent']:,} published, "
+            f"stored -> acknowledged p50 {o['p50_s']} s, p99 {o['p99_s']} s, max {o['max_s']} s."
+        )
+
+    def bounds_text(b: dict[str, Any]) -> str:
+        if b.get("within") is None:
+            return "no table samples"
+        return (
+            f"{'within' if b['within'] else 'PAST'} its bounds for {b['jobs']:,} jobs "
+            f"({b['dead_rows_bound']:,} dead rows, {b['table_mb_bound']} MB)"
+        )
+
+    label = {"baseline": "alone", "held": "snapshot held", "spark": "snapshot held and a Spark bulk retry"}
     result.notes = [
         f"{rate:,} records/s for {seconds} s under the Airflow scheduler, first alone, then while a REPEATABLE "
         "READ transaction that had read retry_jobs held its snapshot open for the whole window"
-        + ("" if why_no_spark else f", then beside a Spark bulk retry of {sizes.held_spark_rows:,} dead jobs")
+        + (
+            ""
+            if why_no_spark
+            else f", then with the snapshot held again beside a Spark bulk retry of "
+            f"{sizes.held_spark_rows:,} dead jobs"
+        )
         + f" (autovacuum {'on' if autovacuum else 'off'}).",
         *[
             f"{label[w['window']]}: {w['published']:,} of {w['sent']:,} published, {w['early']} early, "
             f"p50 {w['p50_s']} s, p99 {w['p99_s']} s, max {w['max_s']} s, {w['published_per_s']} published/s; "
             f"retry_jobs at most {most(w, 1):,} dead rows, {most(w, 3)} MB (due index {most(w, 4)} MB), oldest "
-            f"snapshot {most(w, 5):,} transactions old." + spark_text(w)
+            f"snapshot {most(w, 5):,} transactions old; {bounds_text(w['bounds'])}. {overdue_text(w['overdue'])}"
+            + spark_text(w)
             for w in windows
             if w["table_timeline"]
         ],

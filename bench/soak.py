@@ -56,7 +56,7 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
     autovacuum = env.sql("bench_autovacuum", {}, fetch=True)[0][0] == "on"
     rate, seconds = sizes.soak_rate, sizes.soak_seconds
     window = min(DRIFT_WINDOW_S, seconds // 4)
-    with live_stack(env, "soak", sizes) as stack:
+    with live_stack(env, "soak") as stack:
         settings = stack.settings
         metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
         with (

@@ -5,6 +5,9 @@ window's jobs, which at millions of rows would take the CPU of the very records 
 from __future__ import annotations
 
 import time
+import uuid
+
+from confluent_kafka import Consumer, TopicPartition
 
 from bench.env import BenchEnv
 
@@ -12,6 +15,19 @@ from bench.env import BenchEnv
 def stored_from(env: BenchEnv, topic: str) -> int:
     """Records the service's ingest stored from ``topic`` so far (its stored next offsets, summed)."""
     return int(env.sql("bench_topic_stored", {"topic": topic}, fetch=True)[0][0])
+
+
+def topic_end(bootstrap: str, topic: str) -> int:
+    """The sum of ``topic``'s end offsets (high watermarks) now: the stored next offsets the ingest
+    reaches once it has stored every record the topic holds."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-end-{uuid.uuid4().hex[:8]}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions
+        )
+    finally:
+        consumer.close()
 
 
 def wait_stored(env: BenchEnv, topic: str, before: int, expected: int, deadline_s: float) -> None:

@@ -1,5 +1,5 @@
 """The benchmark's measurements under the real scheduler in small, in one run on one dev stack: a
-snapshot held open, a burst sent to a delay topic beside steady traffic, and a soak; with what the
+snapshot held open (with a Spark bulk retry beside it too), a burst sent to the retry topic of the steady traffic, and a soak; with what the
 report says of each (no timing asserted). The capacity measurement (serial) is tested apart."""
 
 from __future__ import annotations
@@ -90,9 +90,21 @@ def test_the_held_snapshot_windows_publish_everything_and_show_the_snapshot_held
         # be none once a window's jobs are all published, but not at every sample.
         assert len(table) >= 2 and table[0][0] < 1 and max(row[2] for row in table) > 0, table
         assert table[-1][3] > 0, table
-    # The snapshot really was held: the oldest snapshot grew older through the held window only.
-    held_age = [row[5] for row in with_snapshot["table_timeline"]]
-    assert held_age[-1] > held_age[0] and held_age[-1] > max(row[5] for row in baseline["table_timeline"])
+        # Within the stated bounds: at most 2 dead row versions (and 1 KiB) per job of the window.
+        bounds = window["bounds"]
+        assert bounds["within"] is True and bounds["dead_rows"] <= bounds["dead_rows_bound"], bounds
+        # Records sent a minute overdue were stored and published, none of them due when stored.
+        overdue = window["overdue"]
+        assert overdue["sent"] > 0 and overdue["published"] == overdue["sent"], overdue
+        assert overdue["not_overdue"] == 0 and 0 <= overdue["p50_s"] <= overdue["p99_s"] <= overdue["max_s"]
+    assert with_spark["bounds"]["jobs"] == with_spark["sent"] + with_spark["overdue"]["sent"] + 1_500
+    assert report["held_snapshot_overdue_p99_s"] == with_snapshot["overdue"]["p99_s"]
+    # The snapshot really was held: the oldest snapshot grew older through the held windows only
+    # (the Spark bulk retry ran while it was held).
+    for window in (with_snapshot, with_spark):
+        held_age = [row[5] for row in window["table_timeline"]]
+        assert held_age[-1] > held_age[0], window["table_timeline"]
+        assert held_age[-1] > max(row[5] for row in baseline["table_timeline"])
     assert report["held_snapshot_p99_s"] == with_snapshot["p99_s"] is not None
     assert report["held_snapshot_throughput_ratio"] == pytest.approx(
         with_snapshot["published_per_s"] / baseline["published_per_s"], abs=0.001
@@ -118,18 +130,18 @@ def test_the_held_snapshot_windows_publish_everything_and_show_the_snapshot_held
     assert (out / "held_snapshot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_burst_is_stored_and_published_from_its_delay_topic_and_the_steady_traffic_goes_on(
+def test_the_burst_is_stored_and_published_from_the_steady_traffics_topic_and_the_steady_traffic_goes_on(
     run: Run,
 ) -> None:
     report, out = run
     burst = report["measurements"]["burst"]
     details = burst["details"]
 
-    # Every burst record was stored and published, none before its due time: the delay topic's
-    # delay made them due burst_due_s after they were sent (their due times span the send).
+    # Every burst record was stored and published, none before its due time: each was due
+    # burst_due_s after it was sent (their due times span the send), on the steady traffic's topic.
     assert details["burst"]["stored"] == details["burst"]["published"] == 2_000, details["burst"]
     assert details["burst"]["early"] == 0
-    assert details["topic"].startswith("retry.burst-") and details["due_s"] == 8  # one topic per run
+    assert details["topic"] == "retry" and details["due_s"] == 8
     assert 0 <= details["burst"]["due_span_s"] <= details["send_s"] + 1, details
     stored = sum(row[1] for row in details["burst_timeline"])
     published = sum(row[2] for row in details["burst_timeline"])
@@ -159,7 +171,9 @@ def test_the_burst_is_stored_and_published_from_its_delay_topic_and_the_steady_t
     # The window in which the burst was sent and stored has its own CPU budget, the burst's producer
     # process counted as the load generator.
     window = details["store_window_cpu"]
-    assert window["core_s"].get("load generator", 0) > 0 and window["core_s"].get("ingest workers", 0) > 0
+    # (With one retry topic a small run's ingest may run in its task's process, not in ingest workers.)
+    service = {k: v for k, v in window["core_s"].items() if k not in ("load generator", "broker")}
+    assert window["core_s"].get("load generator", 0) > 0 and sum(service.values()) > 0, window
     assert window["machine_cpu"]["busy_pct"] > 0, window
     md = (out / "report.md").read_text()
     assert "While the burst was sent and stored" in md
