@@ -194,6 +194,11 @@ def lateness_timeline(
     return {"timeline": timeline, "task_starts": starts, "task_ends": ends, "late_seconds": late}
 
 
+def seconds(value: float | None) -> float | None:
+    """A figure in seconds as the reports give it (to 0.1 ms), or None."""
+    return round(float(value), 4) if value is not None else None
+
+
 def lateness_between(env: BenchEnv, destination: str, since: float, until: float) -> dict[str, Any]:
     """A destination's published records due from ``since`` to ``until`` (epoch s): how many, their p99
     and worst lateness (due -> acknowledged), how many were early, and the p99 and worst of send ->
@@ -201,9 +206,6 @@ def lateness_between(env: BenchEnv, destination: str, since: float, until: float
     count, p99, worst, early, stored_p99, stored_worst = env.sql(
         "bench_lateness_between", {"destination": destination, "since": since, "until": until}, fetch=True
     )[0]
-
-    def seconds(value: float | None) -> float | None:
-        return round(float(value), 4) if value is not None else None
 
     return {
         "published": int(count),

@@ -14,9 +14,9 @@ baseline's. Every ``SAMPLE_EVERY_S`` the windows record ``retry_jobs``' dead and
 and the due index's size, and the age of the oldest snapshot (``table_timeline``).
 
 ``held_snapshot_spark_p99_s`` and ``held_snapshot_spark_throughput_ratio``: a third window at the same
-rate, the snapshot held again for the whole of it, while ``include/spark/bulk_retry.py`` re-publishes ``held_spark_rows`` dead jobs (stored before
-the window, to a destination of their own) through Spark in local mode against the same database, as
-``retry-scheduler bulk-retry`` runs it: its executors read the selection over JDBC and its workers mark
+rate, the snapshot held again for the whole of it, while ``include/spark/bulk_retry.py`` re-publishes
+``held_spark_rows`` dead jobs (stored before the window, to a destination of their own) through Spark
+in local mode against the same database, as ``retry-scheduler bulk-retry`` runs it: its executors read the selection over JDBC and its workers mark
 what the broker acknowledged, each in transactions of their own. The p99 and the throughput are of the
 window's records due while the job ran (its JVM's start to its exit); the window's whole p99 is in
 the details.
@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.capacity import MAX_P99_S, _step, lateness_between, live_stack
+from bench.capacity import MAX_P99_S, _step, lateness_between, live_stack, seconds
 from bench.env import BenchEnv, Result, Sizes
 from bench.slow import steady_producer
 
@@ -224,9 +224,7 @@ def overdue_records(env: BenchEnv, settings: Any, window: str) -> Iterator[dict[
             time.sleep(0.5)
         figures.update(
             sent=sent[0] if sent else 0, published=int(count), not_overdue=int(not_overdue),
-            p50_s=None if p50 is None else round(float(p50), 4),
-            p99_s=None if p99 is None else round(float(p99), 4),
-            max_s=None if worst is None else round(float(worst), 4),
+            p50_s=seconds(p50), p99_s=seconds(p99), max_s=seconds(worst),
         )  # fmt: skip
 
 
