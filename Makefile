@@ -16,7 +16,7 @@ MAKEFLAGS += --jobs=2
 # apt-get, one at a time: two targets installing side by side would find dpkg's lock taken.
 APT := flock --wait 900 /tmp/.retry-scheduler-apt.lock apt-get
 
-.PHONY: help venv lint format pg-deps postgres kafka-deps redis-deps spark-deps browser-deps test test-fast test-random test-unit up demo bench bench-quick clean docs
+.PHONY: help venv lint format system-deps pg-deps postgres kafka-deps redis-deps spark-deps browser-deps test test-fast test-random test-unit up demo bench bench-quick clean docs
 
 help:
 	@echo "make demo   run an end-to-end scenario under the real Airflow scheduler (embedded defaults)"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench  benchmark report against baselines, full sizes (bench/out/report.md; ~1 h)"
 	@echo "make chaos  fault injection: 100 trials and the bad-input corpus (bench/out/chaos.json; ~18 min)"
 	@echo "make lint   ruff + mypy only"
+	@echo "make system-deps  what the targets need from Debian's packages, installed when missing (root)"
 	@echo "make docs   the documentation site from docs/ into site/ (make test builds it strictly)"
 
 # uv installs the packages (about 30 s from an empty cache against pip's 80, and the install tests'
@@ -71,6 +72,13 @@ pg-deps:
 		($(APT) install -y -q postgresql || ($(APT) update -q && $(APT) install -y -q postgresql)) >/dev/null; \
 		pg_lsclusters --no-header 2>/dev/null | while read -r version cluster _rest; do \
 			pg_ctlcluster --skip-systemctl-redirect "$$version" "$$cluster" stop 2>/dev/null || true; done; }
+
+# Everything the targets need from Debian's packages, at once (.ci/run starts with it: a fresh machine
+# has no PostgreSQL server, Redis, Chromium, JDK, Maven or JDBC driver).
+system-deps: pg-deps redis-deps browser-deps
+	$(call need,command -v java,openjdk-17-jre-headless,Spark and the dev broker)
+	$(call need,command -v mvn,maven,fetching the dev broker's jars)
+	$(call need,test -f $(JDBC_JAR),libpostgresql-jdbc-java,Spark's JDBC reads)
 
 # PostgreSQL must answer for the tests; the dev tooling starts one from the machine's binaries if not.
 postgres: venv pg-deps
