@@ -235,8 +235,10 @@ def _window(
     (``held``) or a Spark bulk retry (``spark``)."""
     bulk_destination = _seed_dead(env, sizes.held_spark_rows) if load == "spark" else ""
     with contextlib.ExitStack() as blocks:
-        samples = blocks.enter_context(table_sampler(env))
+        # Outermost: the wait for its last records comes after the snapshot and the sampler end (a
+        # sample taken after the snapshot's release would show it gone inside the window).
         overdue = blocks.enter_context(overdue_records(env, settings, load))
+        samples = blocks.enter_context(table_sampler(env))
         if load in ("held", "spark"):
             blocks.enter_context(held_snapshot(env))
         job = None
