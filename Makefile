@@ -110,10 +110,10 @@ browser-deps:
 
 # Every test. The tests that wait more than they compute run side by side in $(TEST_WORKERS) processes
 # (pytest-xdist, work stealing: a worker whose tests are done takes over half of another's; each worker
-# has its own broker, databases and Airflow home). Those that need the whole machine (marked serial:
-# benchmarks, chaos, capacity, the Spark cluster) run alone after them. Each part prints its 15 slowest
-# tests and writes a JUnit report to .test-reports/ (.ci/run prints the slowest of both); a process a
-# test left running fails the run.
+# has its own broker, databases and Airflow home); the longest start first (e2e, clusters, chaos trials,
+# the ordered model). Those that measure the machine (marked serial: benchmarks, capacity, CPU shares)
+# run alone after them. Each part prints its 15 slowest tests and writes a JUnit report to
+# .test-reports/ (.ci/run prints the slowest of both); a process a test left running fails the run.
 TEST_WORKERS ?= 4
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 PARALLEL := -n $(TEST_WORKERS) --dist worksteal -m "not serial"
@@ -131,9 +131,10 @@ test-random: venv postgres kafka-deps spark-deps browser-deps redis-deps
 	@echo "random order, seed $(SEED) (make test-random SEED=$(SEED) replays it)"
 	$(PYTEST) $(PARALLEL) --random-order-bucket=global --random-order-seed=$(SEED)
 
-# The edit-run loop: unit and integration tests without Airflow, Spark or the whole-machine ones (minutes).
+# The edit-run loop: unit and integration tests without Airflow, Spark, clusters, chaos trials and the
+# ordered model (marked long), or those that measure the machine (minutes).
 test-fast: venv postgres kafka-deps
-	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not serial and not airflow and not spark and not cluster" tests/unit tests/integration
+	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not serial and not long and not airflow and not spark and not cluster" tests/unit tests/integration
 
 # The site (mkdocs.yml, docs/); tests/unit/test_docs.py builds it with --strict in make test.
 docs: venv

@@ -50,8 +50,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist, start the longest tests first, spread over the workers.
 
     Work stealing first hands each of the N workers a contiguous share of the collection (about
-    len/N tests), then an idle worker takes the second half of the longest queue. The end-to-end and
-    Spark cluster tests (each a dev stack or a cluster, minutes of mostly waiting) would otherwise sit
+    len/N tests), then an idle worker takes the second half of the longest queue. The end-to-end,
+    cluster and ``long`` tests (a dev stack, a cluster or chaos trials: minutes each) would otherwise sit
     in the middle of one share and start late, and the last of them would end the run alone. They are
     dealt round the shares' heads, a module's together (its tests may share a stack); the rest keep
     their order. Every worker computes the same order.
@@ -60,7 +60,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
     if workers < 2:
         return
-    heads = [i for i in items if i.nodeid.startswith("tests/e2e/") or i.get_closest_marker("cluster")]
+    heads = [
+        i
+        for i in items
+        if i.nodeid.startswith("tests/e2e/")
+        or i.get_closest_marker("cluster")
+        or i.get_closest_marker("long")
+    ]
     if not heads:
         return
     first = set(heads)

@@ -20,7 +20,7 @@ from bench.chaos import FAULTS, run_chaos
 from bench.chaos.bulk import BULK_FAULTS
 from retry_scheduler.core import protocol as p
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 SEED = int(os.environ.get("CHAOS_SEED", "20261121"))
 

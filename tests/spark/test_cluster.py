@@ -25,7 +25,7 @@ from retry_scheduler.dev.spark_cluster import SparkCluster
 from tests.conftest import BASE_PYTHON
 from tests.kafkautil import consume, create_topics
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.serial]
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 JOBS = 50_000
 
