@@ -111,10 +111,10 @@ browser-deps:
 # Every test. The tests that wait more than they compute run side by side in $(TEST_WORKERS) processes
 # (pytest-xdist, work stealing: a worker whose tests are done takes over half of another's; each worker
 # has its own broker, databases and Airflow home); the longest start first (e2e, clusters, chaos trials,
-# the ordered model). Those that measure the machine (marked serial: benchmarks, capacity, CPU shares)
-# run alone after them. Each part prints its 15 slowest tests and writes a JUnit report to
+# the ordered model, the benchmark in small). Those that measure the machine (marked serial: the
+# capacity steps, whose lateness is timed, and CPU shares) run alone after them. Each part prints its 15 slowest tests and writes a JUnit report to
 # .test-reports/ (.ci/run prints the slowest of both); a process a test left running fails the run.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 5
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 PARALLEL := -n $(TEST_WORKERS) --dist worksteal -m "not serial"
 test: lint postgres kafka-deps spark-deps browser-deps redis-deps

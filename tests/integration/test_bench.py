@@ -17,7 +17,7 @@ from bench.report import TARGETS
 from retry_scheduler.core.config import Settings
 from tests.conftest import ADMIN_URL
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 SIZES = replace(Sizes.quick(), ingest_warmup=200, pgqueuer_rows=1_000, naive_rows=100)
 DB_NAME = f"retry_bench_test_{uuid.uuid4().hex[:8]}"

@@ -130,6 +130,12 @@ def _pg_bin_dir() -> Path | None:
     return found[0].parent if found else Path(on_path).resolve().parent if on_path else None
 
 
+#: The dev server's ``max_connections``: a dev stack holds up to about 30 connections while its DAG
+#: runs overlap, so PostgreSQL's default of 100 fits three stacks and the tests' fixtures; 200 fits six
+#: (``make test`` runs up to one per worker; each connection costs a few MB only while it is open).
+DEV_MAX_CONNECTIONS = 200
+
+
 def ensure_postgres(
     database_url: str, data_dir: Path, say: Say = print, log_path: Path | None = None
 ) -> Proc | None:
@@ -179,6 +185,7 @@ def ensure_postgres(
         if done.returncode != 0:
             raise DevStackError(f"initdb failed in {data_dir}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     options = ["-p", str(port), "-k", str(data_dir), "-c", "listen_addresses=127.0.0.1"]
+    options += ["-c", f"max_connections={DEV_MAX_CONNECTIONS}"]
     proc = spawn([str(bin_dir / "postgres"), "-D", str(data_dir), *options], log_path, **as_user)
     deadline = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < deadline:
