@@ -144,7 +144,10 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
         )
         log.info("burst: %s records sent in %.1f s", sizes.burst_records, send_s)
         # Stored once the ingest reached where the topic ended when the last one was acknowledged
-        # (the steady records sent meanwhile are behind or among them).
+        # (the steady records sent meanwhile are behind or among them). Every live stack of a run
+        # ingests `retry` under the DAG's one consumer group (Airflow's environment names none: the
+        # default), so its stored offsets are the only rows of the topic and their sum goes on from
+        # where the run's earlier stacks left it, as the topic's end offsets do.
         wait_stored(env, topic, 0, topic_end(settings.bootstrap_servers, topic), PUBLISH_DEADLINE_S)
         store_window = _store_window(
             cpu_at_burst, cpu.running_seconds(), cpu_shares(machine_at_burst, cpu_times())
