@@ -131,8 +131,8 @@ test-random: venv postgres kafka-deps spark-deps browser-deps redis-deps
 	@echo "random order, seed $(SEED) (make test-random SEED=$(SEED) replays it)"
 	$(PYTEST) $(PARALLEL) --random-order-bucket=global --random-order-seed=$(SEED)
 
-# The edit-run loop: unit and integration tests without Airflow, Spark, clusters, chaos trials and the
-# ordered model (marked long), or those that measure the machine (minutes).
+# The edit-run loop: unit and integration tests without Airflow, Spark, clusters, chaos trials, the
+# ordered model's random runs and the benchmark in small (marked long), or the machine's measures (minutes).
 test-fast: venv postgres kafka-deps
 	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not serial and not long and not airflow and not spark and not cluster" tests/unit tests/integration
 

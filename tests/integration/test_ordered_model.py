@@ -57,7 +57,7 @@ from retry_scheduler.loops.publish import Publisher
 from tests.integration.test_loop import Loop, new_loop
 from tests.kafkautil import QUICK_JOIN, configure_group, consume, create_topics, produce
 
-pytestmark = [pytest.mark.integration, pytest.mark.long]
+pytestmark = pytest.mark.integration
 
 SEEDS = [int(s) for s in os.environ.get("RETRY_MODEL_SEEDS", "11,12,13,14").split(",") if s.strip()]
 #: The kinds of fault injected: members killed at their checkpoints (arm: an odd seed's one member, a
@@ -297,6 +297,7 @@ def report(run: Run, found: list[str], finished: bool) -> None:
             out.write(json.dumps(line) + "\n")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("group_protocol", PROTOCOLS)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_every_key_keeps_its_order_under_random_faults(
