@@ -14,7 +14,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # class archive and the browser check); their lines may interleave.
 MAKEFLAGS += --jobs=2
 # apt-get, one at a time: two targets installing side by side would find dpkg's lock taken.
-APT := flock --wait 900 /tmp/.retry-scheduler-apt.lock apt-get
+APT := DEBIAN_FRONTEND=noninteractive flock --wait 900 /tmp/.retry-scheduler-apt.lock apt-get
 
 .PHONY: help venv lint format system-deps pg-deps postgres kafka-deps redis-deps spark-deps browser-deps test test-fast test-random test-unit up demo bench bench-quick clean docs
 
@@ -58,7 +58,8 @@ format: venv
 define need
 	@$(1) >/dev/null 2>&1 || { \
 		if [ "$$(id -u)" = 0 ]; then echo "installing $(2) (Debian's packages) for $(3)"; \
-			($(APT) install -y -q $(2) || ($(APT) update -q && $(APT) install -y -q $(2))) >/dev/null; \
+			($(APT) install -y -q $(2) || ($(APT) update -q && $(APT) install -y -q $(2))) >/dev/null \
+				&& $(1) >/dev/null 2>&1 || { echo "installing $(2) failed: run apt-get install $(2)" >&2; exit 1; }; \
 		else echo "$(3) needs $(2): sudo apt-get install $(2)" >&2; exit 1; fi; }
 endef
 
@@ -69,7 +70,8 @@ pg-deps:
 	@$(PG_SERVER) >/dev/null 2>&1 || { \
 		if [ "$$(id -u)" != 0 ]; then echo "PostgreSQL's server is not installed: sudo apt-get install postgresql" >&2; exit 1; fi; \
 		echo "installing postgresql (Debian's package) for the retry database"; \
-		($(APT) install -y -q postgresql || ($(APT) update -q && $(APT) install -y -q postgresql)) >/dev/null; \
+		($(APT) install -y -q postgresql || ($(APT) update -q && $(APT) install -y -q postgresql)) >/dev/null \
+			&& $(PG_SERVER) >/dev/null 2>&1 || { echo "installing postgresql failed: run apt-get install postgresql" >&2; exit 1; }; \
 		pg_lsclusters --no-header 2>/dev/null | while read -r version cluster _rest; do \
 			pg_ctlcluster --skip-systemctl-redirect "$$version" "$$cluster" stop 2>/dev/null || true; done; }
 
@@ -112,8 +114,9 @@ browser-deps:
 # (pytest-xdist, work stealing: a worker whose tests are done takes over half of another's; each worker
 # has its own broker, databases and Airflow home); the longest start first (e2e, clusters, chaos trials,
 # the ordered model, the benchmark in small). Those that measure the machine (marked serial: the
-# capacity steps, whose lateness is timed, and CPU shares) run alone after them. Each part prints its 15 slowest tests and writes a JUnit report to
-# .test-reports/ (.ci/run prints the slowest of both); a process a test left running fails the run.
+# capacity steps, whose lateness is timed, and CPU shares) run alone after them. Each part prints its
+# 15 slowest tests and writes a JUnit report to .test-reports/ (.ci/run prints the slowest of both); a
+# process a test left running fails the run.
 TEST_WORKERS ?= 5
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 PARALLEL := -n $(TEST_WORKERS) --dist worksteal -m "not serial"

@@ -184,8 +184,8 @@ def ensure_postgres(
         )
         if done.returncode != 0:
             raise DevStackError(f"initdb failed in {data_dir}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    options = ["-p", str(port), "-k", str(data_dir), "-c", "listen_addresses=127.0.0.1"]
-    options += ["-c", f"max_connections={DEV_MAX_CONNECTIONS}"]
+    options = ["-p", str(port), "-k", str(data_dir), "-c", "listen_addresses=127.0.0.1",
+               "-c", f"max_connections={DEV_MAX_CONNECTIONS}"]  # fmt: skip
     proc = spawn([str(bin_dir / "postgres"), "-D", str(data_dir), *options], log_path, **as_user)
     deadline = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < deadline:
