@@ -704,7 +704,7 @@ def test_order_holds_when_a_second_member_joins_and_takes_partitions_over(
         c.retries.retry_topic = loop.settings.retry_topic
         return c, threading.Thread(target=c.run, args=(0.2,), name=name, daemon=True)
 
-    service = Service(loop)
+    service: Service | None = None
     first, first_thread = member("first")
     second, second_thread = member("second")
     try:
@@ -715,6 +715,14 @@ def test_order_holds_when_a_second_member_joins_and_takes_partitions_over(
             time.sleep(0.05)
         assert any(h.parked for h in first.holds.values()), first.holds
         second_thread.start()  # joins: the group rebalances while keys are held
+        # The retries come back only once the second member owns a partition: started before, the
+        # scheduler could bring every retry back to the first member before the rebalance ended
+        # (a loaded machine), and the second would have nothing left to take over.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (first.revocations and second.consumer.assignment()):
+            time.sleep(0.1)
+        assert first.revocations and second.consumer.assignment(), "the second member got no partition"
+        service = Service(loop)
         deadline = time.monotonic() + 150
         store = HoldStore(config, group, holds_topic)
         while time.monotonic() < deadline:
@@ -728,7 +736,8 @@ def test_order_holds_when_a_second_member_joins_and_takes_partitions_over(
         second.stop()
         first_thread.join(30)
         second_thread.join(30)
-        service.close()
+        if service is not None:
+            service.close()
 
     assert first.revocations >= 1  # the first member gave a partition up
     assert app.members == {"first", "second"}  # both members handled records
