@@ -198,6 +198,20 @@ SELECT floor(extract(epoch FROM due_at))::float8 AS due_second, count(*),
 FROM retry_jobs_all WHERE destination = %(destination)s AND status = 'published'
 GROUP BY 1 ORDER BY 1;
 
+-- name: bench_lateness_slices
+-- A destination's published jobs by slices of %(width)s s of due time from %(since)s (epoch s): the
+-- slice's start (seconds from %(since)s), how many, their p99 lateness (whether lateness stays flat).
+SELECT floor((extract(epoch FROM due_at) - %(since)s) / %(width)s)::float8 * %(width)s, count(*),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at))::float8
+FROM retry_jobs_all WHERE destination = %(destination)s AND status = 'published'
+GROUP BY 1 ORDER BY 1;
+
+-- name: bench_store_times
+-- When a destination's jobs were stored (their ingest transactions' starts, epoch s), each once, in
+-- order: a long time between two is a time the ingest stored nothing.
+SELECT DISTINCT extract(epoch FROM created_at)::float8 FROM retry_jobs_all
+WHERE destination = %(destination)s ORDER BY 1;
+
 -- name: bench_task_times
 -- (Airflow's metadata database) When the retry_scheduler DAG's tasks started and ended around a window:
 -- a loop ends when the one that started after it takes over (the handover).

@@ -15,6 +15,7 @@ one Celery stack serves both runs, its second worker added between them.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import statistics
@@ -24,8 +25,9 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from bench.cpu import ProcessCpu, cpu_shares, cpu_times
+from bench.cpu import ProcessCpu, cpu_shares, cpu_times, rss_by_kind
 from bench.env import BenchEnv, BenchError, Result, Sizes, insert_due_jobs, per_second
+from bench.follower import Follower
 from bench.queries import bq
 from bench.slow import steady_producer
 from bench.waits import stored_from, wait_published
@@ -37,6 +39,14 @@ log = logging.getLogger(__name__)
 MAX_P99_S = 1.0
 #: Each record of the capacity workload is due this long after it is sent.
 DUE_IN_MS = 5_000
+#: A sustained rate's lateness is flat: the p99 of its window's last minute of due time is at most
+#: this much above its first minute's (a rise that goes on grows without bound in a longer window).
+MAX_RISE_S = 0.25
+#: Lateness is also given by slices of due time this long (``p99_by_slice``), to see it rise or stay.
+SLICE_S = 30
+#: A handover's gap is the longest time with nothing stored within this many seconds of an ingest
+#: task's end (a loop ends once a newer one has taken over).
+HANDOVER_NEAR_S = 15.0
 
 
 @contextlib.contextmanager
@@ -124,17 +134,27 @@ def _step(
         name="bench-capacity-producer",
     )  # fmt: skip
     stored_before = stored_from(env, settings.retry_topic)  # the stack sends it nothing of its own now
-    machine_before, began = cpu_times(), time.time()
-    with ProcessCpu() as cpu:
-        producer.start()
-        producer.join()
-    machine = cpu_shares(machine_before, cpu_times())
-    sent = sent_box[0] if sent_box else 0
-    published = wait_published(env, settings.retry_topic, stored_before, sent, destination, 120)
+    rss_before = rss_by_kind()
+    with Follower(settings.bootstrap_servers, destination) as follower:
+        machine_before, began = cpu_times(), time.time()
+        with ProcessCpu() as cpu:
+            producer.start()
+            producer.join()
+        machine = cpu_shares(machine_before, cpu_times())
+        rss_after = rss_by_kind()
+        sent = sent_box[0] if sent_box else 0
+        published = wait_published(env, settings.retry_topic, stored_before, sent, destination, 120)
+        follower.wait_for(published, 30)
+    seen = follower.figures()
     samples = sorted(float(r[0]) for r in env.sql("bench_lateness", {"destination": destination}, fetch=True))
     p99 = samples[min(len(samples) - 1, int(0.99 * len(samples)))] if samples else None
     early = sum(1 for s in samples if s < 0)
-    sustained = published >= sent > 0 and early == 0 and p99 is not None and p99 <= MAX_P99_S
+    timeline = lateness_timeline(env, destination, metadata_url, began, time.time())
+    rise = timeline["p99_rise_s"]
+    sustained = (
+        published >= sent > 0 and early == 0 and p99 is not None and p99 <= MAX_P99_S
+        and (rise is None or rise <= MAX_RISE_S)
+    )  # fmt: skip
     step = {
         "destination": destination,
         "rate_per_s": rate,
@@ -149,8 +169,10 @@ def _step(
         "early": early,
         "sustained": sustained,
         "machine_cpu": machine,
+        **seen,
+        "rss_mib": {kind: [round(rss_before.get(kind, 0.0)), round(mib)] for kind, mib in rss_after.items()},
         **cpu_budget(cpu.seconds(), sent),
-        **lateness_timeline(env, destination, metadata_url, began, time.time()),
+        **timeline,
     }
     log.info("capacity: %s", step)
     return step
@@ -163,7 +185,12 @@ def lateness_timeline(
     its count, p99 and worst lateness (``timeline``), when the DAG's tasks running in the window
     started and ended (``task_starts``, ``task_ends``: a loop ends when a newer one takes over), and
     each second with a record later than ``MAX_P99_S`` with the task start and the task end just
-    before it (``late_seconds``)."""
+    before it (``late_seconds``).
+
+    Whether lateness stays flat: the p99 of each ``SLICE_S`` of due time (``p99_by_slice``: start,
+    count, p99) and ``p99_rise_s``, the last minute's p99 less the first minute's. The ingest's gaps
+    (:func:`store_gaps`): the longest time nothing of the destination was stored, at each ingest
+    handover and in the whole window."""
     import psycopg
 
     from retry_scheduler.core.config import libpq_url
@@ -191,7 +218,63 @@ def lateness_timeline(
                 "at_s": offset, "max_s": worst, "after_task": start_task, "task_started_s_before": started_s,
                 "after_task_end": end_task, "task_ended_s_before": ended_s,
             })  # fmt: skip
-    return {"timeline": timeline, "task_starts": starts, "task_ends": ends, "late_seconds": late}
+    slices = [
+        [round(start), int(n), round(p99, 3)]
+        for start, n, p99 in env.sql(
+            "bench_lateness_slices",
+            {"destination": destination, "since": began, "width": SLICE_S},
+            fetch=True,
+        )
+    ]
+    stored_at = [
+        float(row[0]) for row in env.sql("bench_store_times", {"destination": destination}, fetch=True)
+    ]
+    # Two runs' ingest tasks may end together (a late run catching up): one handover.
+    handovers: list[float] = []
+    for at in sorted(at + began for task, at in ends if task == "ingest"):
+        if not handovers or at - handovers[-1] > 1.0:
+            handovers.append(round(at, 3))
+    return {
+        "timeline": timeline, "task_starts": starts, "task_ends": ends, "late_seconds": late,
+        "p99_by_slice": slices, "p99_rise_s": p99_rise(env, destination, began, slices),
+        **store_gaps(stored_at, handovers),
+    }  # fmt: skip
+
+
+def p99_rise(env: BenchEnv, destination: str, began: float, slices: list[list[Any]]) -> float | None:
+    """The p99 lateness of the last minute of a destination's due times less its first minute's (its
+    due times span ``slices``, from ``began``); None when they span under three minutes."""
+    if not slices:
+        return None
+    first_due, last_due = began + slices[0][0], began + slices[-1][0] + SLICE_S
+    if last_due - first_due < 180:
+        return None
+    first = lateness_between(env, destination, first_due, first_due + 60)["p99_s"]
+    last = lateness_between(env, destination, last_due - 60, last_due)["p99_s"]
+    return round(last - first, 4) if first is not None and last is not None else None
+
+
+def store_gaps(stored_at: list[float], handovers: list[float]) -> dict[str, Any]:
+    """The ingest's gaps, from the times a destination's jobs were stored (``stored_at``, sorted epoch s)
+    and the ends of the ingest tasks (``handovers``, epoch s): ``handover_gaps_s``, for each handover
+    inside the stored span, the longest time with nothing stored within ``HANDOVER_NEAR_S`` of it; their
+    p50 and worst (``handover_gap_p50_s``, ``handover_gap_max_s``); and the window's longest time with
+    nothing stored (``store_gap_max_s``, with its start ``store_gap_max_at``, epoch s)."""
+    pairs = list(itertools.pairwise(stored_at))
+    gaps = []
+    for at in handovers:
+        if not pairs or not stored_at[0] < at < stored_at[-1]:
+            continue  # the window's first loop, or one that ended after the traffic did
+        near = [b - a for a, b in pairs if b >= at - HANDOVER_NEAR_S and a <= at + HANDOVER_NEAR_S]
+        gaps.append(round(max(near), 3))
+    widest = max(pairs, key=lambda p: p[1] - p[0], default=None)
+    return {
+        "handover_gaps_s": gaps,
+        "handover_gap_p50_s": round(statistics.median(gaps), 3) if gaps else None,
+        "handover_gap_max_s": max(gaps) if gaps else None,
+        "store_gap_max_s": round(widest[1] - widest[0], 3) if widest else None,
+        "store_gap_max_at": round(widest[0], 3) if widest else None,
+    }
 
 
 def seconds(value: float | None) -> float | None:
@@ -218,7 +301,39 @@ def lateness_between(env: BenchEnv, destination: str, since: float, until: float
 
 
 def late_text(step: dict[str, Any]) -> str:
-    """Where a step's lateness came from, as a sentence of the report."""
+    """Where a step's lateness came from, as a sentence of the report: whether it stayed flat, the
+    ingest's gaps, and the seconds with a record later than ``MAX_P99_S``."""
+    return f"{_flat_text(step)} {_gaps_text(step)} {_late_seconds_text(step)}".strip()
+
+
+def _flat_text(step: dict[str, Any]) -> str:
+    slices = step.get("p99_by_slice") or []
+    if not slices:
+        return ""
+    p99s = ", ".join(f"{p99:g}" for _start, _n, p99 in slices)
+    rise = step.get("p99_rise_s")
+    return f"At {step['rate_per_s']:,}/s the p99 of each {SLICE_S} s of due time was {p99s} s" + (
+        f" (last minute less first: {rise:+g} s)." if rise is not None else "."
+    )
+
+
+def _gaps_text(step: dict[str, Any]) -> str:
+    gaps = step.get("handover_gaps_s")
+    if gaps is None:
+        return ""
+    widest = step.get("store_gap_max_s")
+    return (
+        f"Ingest handovers: {len(gaps)}; the longest time with nothing stored near one: "
+        + (
+            f"p50 {step['handover_gap_p50_s']} s, worst {step['handover_gap_max_s']} s"
+            if gaps
+            else "none to measure"
+        )
+        + f"; the window's longest time with nothing stored: {widest} s."
+    )
+
+
+def _late_seconds_text(step: dict[str, Any]) -> str:
     late, seconds = step.get("late_seconds") or [], len(step.get("timeline") or [])
     if not late:
         return f"At {step['rate_per_s']:,}/s no second of due time had a record later than {MAX_P99_S:g} s."
@@ -311,7 +426,25 @@ def budget_text(step: dict[str, Any]) -> str:
         f"CPU at {step['rate_per_s']:,}/s, core-milliseconds per 1 000 retries: {kinds}; the loop's own "
         f"(ingest and publish tasks, ingest workers) {step['loop_cpu_us_per_retry']} µs per retry"
         + (f"; the machine {busy:g} % busy." if busy is not None else ".")
+        + _consumer_text(step)
     )
+
+
+def _consumer_text(step: dict[str, Any]) -> str:
+    """What the consumer following the destination saw, and the broker's memory, as report text."""
+    text = ""
+    if step.get("at_consumer_p99_s") is not None:
+        text += (
+            f" A consumer following the destination received {step['at_consumer_received']:,} records, "
+            f"arrival less due time p50 {step['at_consumer_p50_s']} s, p99 {step['at_consumer_p99_s']} s, "
+            f"worst {step['at_consumer_max_s']} s, {step['at_consumer_early']} early."
+        )
+    broker = (step.get("rss_mib") or {}).get("broker")
+    if broker:
+        text += (
+            f" The broker's resident memory: {broker[0]} MiB before the window, {broker[1]} MiB at its end."
+        )
+    return text
 
 
 def _publish_with_celery(env: BenchEnv, sizes: Sizes) -> list[dict[str, Any]]:
@@ -430,10 +563,12 @@ def measure_capacity(env: BenchEnv, sizes: Sizes) -> Result:
             f"Rates stepped through {', '.join(str(s['rate_per_s']) for s in steps)} records/s for "
             f"{sizes.capacity_seconds} s each, every record due {DUE_IN_MS / 1000:.0f} s after it was sent, while "
             "the real Airflow scheduler ran the retry_scheduler DAG (LocalExecutor); sustained means all "
-            f"published, none early, p99 lateness <= {MAX_P99_S:.0f} s: {sustained:,} records/s.",
+            f"published, none early, p99 lateness <= {MAX_P99_S:.0f} s, and flat (the last minute's p99 at most "
+            f"{MAX_RISE_S:g} s above the first minute's): {sustained:,} records/s.",
             (
                 f"Not sustained at {first_miss['rate_per_s']:,}/s: {first_miss['published']:,} of {first_miss['sent']:,} "
-                f"published within 120 s of the window, p99 {first_miss['p99_s']} s, {first_miss['early']} early."
+                f"published within 120 s of the window, p99 {first_miss['p99_s']} s, {first_miss['early']} early, "
+                f"p99 rise {first_miss.get('p99_rise_s')} s."
                 if first_miss
                 else "Every step was sustained: the capacity is above the last step."
             ),

@@ -46,6 +46,7 @@ MEASUREMENTS = (
     "soak",
     "ordered",
     "fairness",
+    "handover",
 )
 #: Partitions of every benchmark topic: a multiple of the ingest worker processes (2), as a deployment
 #: would choose, so that each worker has an equal share.
@@ -139,6 +140,11 @@ class Sizes:
     fairness_window_s: float = 15.0
     #: ... the first of them due this long after it is stored (the publisher starts at once).
     fairness_first_due_s: float = 5.0
+    #: The ingest handover (bench.handover): steady traffic this long at this rate while the stack
+    #: also adopts this many empty dead-letter topics (6 partitions each, 42 partitions in all).
+    handover_rate: int = 1_000
+    handover_seconds: int = 300
+    handover_topics: int = 6
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -175,6 +181,9 @@ class Sizes:
             fairness_small=100,
             fairness_window_s=0.5,
             fairness_first_due_s=1.0,
+            handover_rate=50,
+            handover_seconds=10,
+            handover_topics=2,
         )
 
 

@@ -244,6 +244,7 @@ def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
     from bench.capacity import measure_capacity
     from bench.claim import measure_claim
     from bench.fairness import measure_fairness
+    from bench.handover import measure_handover
     from bench.held import measure_held_snapshot
     from bench.ordered import measure_ordered
     from bench.publish import measure_publish
@@ -262,6 +263,7 @@ def _measurers() -> dict[str, Callable[[BenchEnv, Sizes], Result]]:
         "soak": measure_soak,
         "ordered": measure_ordered,
         "fairness": measure_fairness,
+        "handover": measure_handover,
     }
 
 

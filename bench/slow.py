@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from bench.cpu import ProcessCpu, cpu_use_text
 from bench.env import BenchError, Result
+from bench.follower import DUE_HEADER
 from bench.queries import bq
 from retry_scheduler.core import protocol
 from retry_scheduler.db.connection import connect
@@ -315,6 +316,7 @@ def steady_producer(
                 (protocol.DESTINATION, destination.encode()),
                 (protocol.AT, str(now_ms + delay_ms).encode()),
                 (protocol.REASON, b"TimeoutError: bench"),
+                (DUE_HEADER, str(now_ms + delay_ms).encode()),  # passed through: read by bench.follower
             ]
             producer.produce(
                 topic,

@@ -38,6 +38,16 @@ def test_capacity_steps_the_rate_under_the_scheduler(tmp_path: Path, bootstrap_s
         assert step["task_starts"] and {t for t, _ in step["task_starts"]} <= {"ingest", "publish"}, step
         assert all(t in ("ingest", "publish") and at >= 0 for t, at in step["task_ends"]), step
         assert step["late_seconds"] == [], step["late_seconds"]
+        # By 30 s of due time too; the rise needs three minutes of due times.
+        assert sum(n for _at, n, _p99 in step["p99_by_slice"]) == step["published"], step["p99_by_slice"]
+        assert step["p99_rise_s"] is None
+        # The ingest's gaps: the widest in the window (records come 20-40 a second), each handover's.
+        assert 0 < step["store_gap_max_s"] <= step["seconds"], step
+        assert all(0 < gap <= step["store_gap_max_s"] for gap in step["handover_gaps_s"]), step
+        # A consumer followed the destination: every record reached it, none before its due time.
+        assert step["at_consumer_received"] >= step["published"] and step["at_consumer_early"] == 0, step
+        assert 0 <= step["at_consumer_p50_s"] <= step["at_consumer_p99_s"] <= step["at_consumer_max_s"]
+        assert step["rss_mib"]["broker"][1] > 0, step["rss_mib"]  # the tests' broker, a local JVM
     assert report["sustained_retries_per_s"] == 40
     assert report["targets"]["sustained_retries_per_s"]["target"] == 10_000
     # The same figure again under its autovacuum name only where the server ran with autovacuum on.
@@ -60,6 +70,8 @@ def test_capacity_steps_the_rate_under_the_scheduler(tmp_path: Path, bootstrap_s
     assert "Capacity under the Airflow scheduler" in md
     assert "CPU at 40/s, core-milliseconds per 1 000 retries: " in md
     assert "At 40/s no second of due time had a record later than 1 s." in md
+    assert "At 40/s the p99 of each 30 s of due time was " in md
+    assert "A consumer following the destination received " in md
     assert (tmp_path / "capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # lateness over time
 
 

@@ -101,7 +101,8 @@ def add_parsers(sub: Any) -> None:
         "--only",
         metavar="NAMES",
         help="comma-separated subset of: "
-        "ingest, publish, claim, spark, lateness, capacity, held_snapshot, burst, soak, ordered, fairness "
+        "ingest, publish, claim, spark, lateness, capacity, held_snapshot, burst, soak, ordered, fairness, "
+        "handover "
         "(default: all)",
     )
     bench.add_argument("--out", default="bench/out", metavar="DIR", help="report directory (bench/out)")
