@@ -34,17 +34,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.capacity import (
-    DUE_IN_MS,
-    cpu_budget,
-    lateness_between,
-    lateness_timeline,
-    live_stack,
-)
+from bench.capacity import DUE_IN_MS, cpu_budget, live_stack
 from bench.cpu import ProcessCpu, cpu_shares, cpu_times
-from bench.env import BenchEnv, BenchError, Result, Sizes
+from bench.env import BenchEnv, BenchError, Result
 from bench.held import table_sampler
+from bench.sizes import Sizes
 from bench.slow import steady_producer
+from bench.timeline import lateness_between, lateness_timeline
 from bench.waits import topic_end, wait_not_pending, wait_stored
 
 log = logging.getLogger(__name__)

@@ -10,13 +10,9 @@ from typing import Any
 
 import psycopg
 
-from bench.env import (
-    BenchEnv,
-    BenchError,
-    Result,
-    Sizes,
-)
+from bench.env import BenchEnv, BenchError, Result
 from bench.queries import bq
+from bench.sizes import Sizes
 from retry_scheduler.db.connection import connect
 from retry_scheduler.db.store import Store
 

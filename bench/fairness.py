@@ -22,9 +22,10 @@ import logging
 import time
 from typing import Any
 
-from bench.capacity import lateness_between
-from bench.env import BenchEnv, Result, Sizes, due_job, insert_due_jobs, per_second
+from bench.env import BenchEnv, Result, due_job, insert_due_jobs, per_second
 from bench.jobs import insert_jobs
+from bench.sizes import Sizes
+from bench.timeline import lateness_between
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher

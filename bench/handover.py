@@ -6,7 +6,7 @@ are sent to ``retry`` at ``handover_rate`` for ``handover_seconds``, the stack a
 ``handover_topics`` dead-letter topics of :data:`~bench.env.PARTITIONS` partitions each (with
 ``retry``'s six, 42 partitions by default: the run that once showed a 90 s gap had 42). Each
 handover's gap is the longest time with nothing stored near the old loop's end
-(:func:`bench.capacity.store_gaps`); target: under a second.
+(:func:`bench.timeline.store_gaps`); target: under a second.
 
 The adopted topics carry no traffic: what is measured is the new loop's start over that many
 partitions (their offsets planned, their worker processes assigned), which is what the gap was.
@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 
 from bench.capacity import _environ, _step, live_stack
-from bench.env import PARTITIONS, BenchEnv, Result, Sizes
+from bench.env import PARTITIONS, BenchEnv, Result
+from bench.sizes import Sizes
 
 log = logging.getLogger(__name__)
 

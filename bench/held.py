@@ -46,9 +46,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.capacity import MAX_P99_S, _step, lateness_between, live_stack, seconds
-from bench.env import BenchEnv, Result, Sizes
+from bench.capacity import _step, live_stack
+from bench.env import BenchEnv, Result
+from bench.sizes import Sizes
 from bench.slow import steady_producer
+from bench.timeline import MAX_P99_S, lateness_between, seconds
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,6 @@ from bench.env import (
     BenchEnv,
     BenchError,
     Result,
-    Sizes,
     per_second,
     produce_records,
     ratio,
@@ -41,6 +40,7 @@ from bench.env import (
 )
 from bench.machine import machine_info
 from bench.queries import bq
+from bench.sizes import Sizes
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.connection import connect

@@ -32,8 +32,9 @@ from typing import Any
 
 from confluent_kafka import Message, Producer
 
-from bench.env import PARTITIONS, BenchEnv, BenchError, Result, Sizes
+from bench.env import PARTITIONS, BenchEnv, BenchError, Result
 from bench.loop_threads import LoopThreads
+from bench.sizes import Sizes
 from retry_scheduler.consumer import RetryingConsumer
 from retry_scheduler.core import protocol
 from retry_scheduler.core.policy import Policy, PolicyRegistry

@@ -9,17 +9,8 @@ from collections import defaultdict
 from typing import Any
 
 from bench.cpu import ProcessCpu, part_cpu
-from bench.env import (
-    PARTITIONS,
-    BenchEnv,
-    BenchError,
-    Result,
-    Sizes,
-    TimedStore,
-    insert_due_jobs,
-    per_second,
-    ratio,
-)
+from bench.env import PARTITIONS, BenchEnv, BenchError, Result, TimedStore, insert_due_jobs, per_second, ratio
+from bench.sizes import Sizes
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.env import Result, Sizes
-
+    from bench.env import Result
 from bench.cpu import cpu_text
 from bench.plots import write_plots
+from bench.sizes import Sizes
 
 log = logging.getLogger(__name__)
 

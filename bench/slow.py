@@ -23,7 +23,8 @@ from retry_scheduler.db.connection import connect
 from retry_scheduler.dev.procs import free_port
 
 if TYPE_CHECKING:
-    from bench.env import BenchEnv, Sizes
+    from bench.env import BenchEnv
+    from bench.sizes import Sizes
     from retry_scheduler.core.config import Settings
 
 log = logging.getLogger(__name__)

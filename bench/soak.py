@@ -19,10 +19,12 @@ import logging
 import time
 from typing import Any
 
-from bench.capacity import DUE_IN_MS, _step, lateness_between, live_stack
+from bench.capacity import DUE_IN_MS, _step, live_stack
 from bench.cpu import ProcessCpu, rss_by_kind
-from bench.env import BenchEnv, Result, Sizes
+from bench.env import BenchEnv, Result
 from bench.held import periodic_samples, table_sampler
+from bench.sizes import Sizes
+from bench.timeline import lateness_between
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from typing import Any, cast
 import psycopg
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
@@ -29,6 +30,7 @@ from retry_scheduler.dev.airflow_api import api_token, trigger_dag, unpause_dag
 from retry_scheduler.dev.demo import warm_up
 from retry_scheduler.dev.procs import free_port, port_open
 from retry_scheduler.dev.stack import DevStack
+from retry_scheduler.loops.kafka import RETRY_TOPIC_PARTITIONS
 from tests.conftest import _db_url, checkout_database
 from tests.e2e.stacks import PARSE_INTERVAL_S
 from tests.kafkautil import consume, create_topics
@@ -86,6 +88,10 @@ def test_retries_come_back_never_early_from_loops_on_a_celery_worker(
     began = datetime.now(UTC)
     with stack:
         assert any(f"Redis started on 127.0.0.1:{redis_port}" in note for note in notes), notes
+        # The stack created the retry topic as the ingest does, before the DAG ran or anything was sent
+        # to it (a first record would have had the broker make it with 1 partition).
+        topics = AdminClient({"bootstrap.servers": settings.bootstrap_servers}).list_topics(timeout=10).topics
+        assert len(topics[settings.retry_topic].partitions) == RETRY_TOPIC_PARTITIONS
         create_topics(settings.bootstrap_servers, [destination])
         token = api_token(stack.base_url)
         unpause_dag(stack.base_url, token, "retry_scheduler")

@@ -1052,6 +1052,20 @@ def test_the_ingest_loop_shares_the_partitions_among_worker_processes(loop: Loop
     assert offsets == [(0, 30), (1, 30), (2, 30), (3, 30)]
 
 
+def test_a_retry_topic_with_fewer_partitions_than_ingest_workers_is_said(
+    loop: Loop, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As the broker makes a topic a first record is sent to: its default of one partition.
+    _send_to_partitions(loop, partitions=1, per_partition=10)
+
+    with caplog.at_level("WARNING", logger="retry_scheduler.loops.ingest"):
+        total = _run_ingest_loop(loop, 10, ingest_workers=2, ingest_batch=10)
+
+    assert total.stored == 10  # ingested all the same, by the loop itself
+    assert "have 1 partition(s) in all: only 1 of RETRY_INGEST_WORKERS=2 ingest processes" in caplog.text
+    assert "--partitions 6" in caplog.text
+
+
 def test_a_killed_ingest_worker_stops_the_loop_and_the_next_loop_loses_nothing(
     loop: Loop, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.capacity import store_gaps
+from bench.timeline import store_gaps
 
 
 def _steady(start: float, end: float, every: float = 0.1) -> list[float]:

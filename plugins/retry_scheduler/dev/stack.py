@@ -46,6 +46,7 @@ from retry_scheduler.dev.procs import (
     tail,
     terminate_all,
 )
+from retry_scheduler.loops.kafka import ensure_retry_topics
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,10 @@ class DevStack:
             self._adopt("broker", broker)
         elif not kafka_answers(self.settings.bootstrap_servers, 10.0):
             raise DevStackError(f"No Kafka broker answers at {self.settings.bootstrap_servers}")
+        # The retry topics as the ingest creates them, before anything is sent to them: a first record
+        # (the demo's warm-up, an application) would have the broker create one with its default of
+        # 1 partition, which one ingest process reads alone.
+        ensure_retry_topics(self.settings)
         pg_log = self.log_dir / "postgres.log"
         self._adopt(
             "postgres",

@@ -39,7 +39,12 @@ from retry_scheduler.loops.ingest_worker import (
     run_workers,
     spawn_worker,
 )
-from retry_scheduler.loops.kafka import ensure_retry_topics, make_consumer
+from retry_scheduler.loops.kafka import (
+    RETRY_TOPIC_PARTITIONS,
+    ensure_retry_topics,
+    few_partitions,
+    make_consumer,
+)
 from retry_scheduler.loops.offsets import same_partition, start_offset
 from retry_scheduler.loops.sources import SourceReader, share_topics
 
@@ -95,10 +100,6 @@ class IngestCounts:
 
 class IngestBusyError(RuntimeError):
     """Another ingest loop holds the retry topics; this one got no turn in time."""
-
-
-#: Partitions of a retry topic the ingest loop creates: a multiple of 1, 2, 3 and 6 worker processes.
-RETRY_TOPIC_PARTITIONS = 6
 
 
 @dataclass
@@ -412,6 +413,8 @@ class Ingestor:
                 log.info("another ingest loop held the retry topics all along: nothing to do")
                 return IngestCounts()
             plan = self.plan() if workers > 1 else []
+            if workers > 1 and len(plan) < workers:
+                log.warning(few_partitions(len(plan), workers, self.settings.retry_topics))
             if len(plan) > 1:
                 while go_on():
                     self._run_workers(plan, workers, go_on, spares)

@@ -7,7 +7,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -286,7 +286,23 @@ class TopicManager:
         return sorted(set(missing) - self.known)
 
 
-def ensure_retry_topics(settings: Settings, partitions: int) -> None:
+#: Partitions of a retry topic the ingest loop creates: a multiple of 1, 2, 3 and 6 worker processes.
+RETRY_TOPIC_PARTITIONS = 6
+
+
+def few_partitions(partitions: int, workers: int, topics: Sequence[str]) -> str:
+    """What to do when the retry topics have fewer partitions than ingest worker processes: a
+    partition is read by one process, so the others have nothing to do (a topic the broker created
+    on a first record sent to it has the broker's ``num.partitions``, 1 by default)."""
+    return (
+        f"the retry topics ({', '.join(topics)}) have {partitions} partition(s) in all: only {partitions or 1} "
+        f"of RETRY_INGEST_WORKERS={workers} ingest processes can ingest. Add partitions (kafka-topics.sh "
+        f"--alter --topic TOPIC --partitions {RETRY_TOPIC_PARTITIONS}; it moves keys to other partitions, so "
+        "in ordered mode do it while no key is held), or set RETRY_INGEST_WORKERS to match."
+    )
+
+
+def ensure_retry_topics(settings: Settings, partitions: int = RETRY_TOPIC_PARTITIONS) -> None:
     """Create the topics the ingest loop reads when missing, whatever the destination setting: the
     service's own (the retry and delay topics) with ``partitions`` and the stated retention
     (:func:`retry_topic_config`), an adopted topic (another tool's) with the broker's defaults."""
