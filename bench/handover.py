@@ -15,12 +15,27 @@ partitions (their offsets planned, their worker processes assigned), which is wh
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 from bench.capacity import _environ, _step, live_stack
 from bench.env import PARTITIONS, BenchEnv, Result
 from bench.sizes import Sizes
 
 log = logging.getLogger(__name__)
+
+
+#: What an ingest loop logs when it shares the partitions among its worker processes.
+_SHARING = re.compile(r"ingesting (\d+) partitions in \d+ worker processes")
+
+
+def partitions_ingested(logs: Path) -> list[int]:
+    """The partitions each ingest loop of a stack said it shared among its workers (its task logs
+    under ``logs``), each count once, sorted: what the loops really read, not what was set up."""
+    found: set[int] = set()
+    for log_file in logs.glob("dag_id=retry_scheduler/*/task_id=ingest/*.log"):
+        found.update(int(n) for n in _SHARING.findall(log_file.read_text(errors="replace")))
+    return sorted(found)
 
 
 def measure_handover(env: BenchEnv, sizes: Sizes) -> Result:
@@ -42,8 +57,11 @@ def measure_handover(env: BenchEnv, sizes: Sizes) -> Result:
         step = _step(
             env, stack.settings, sizes.handover_rate, sizes.handover_seconds, metadata_url, "handover"
         )
+        ingested = partitions_ingested(stack.airflow_home / "logs")
     gaps = step["handover_gaps_s"]
-    result.details = {"step": step, "partitions": partitions, "adopted_topics": adopted}
+    result.details = {
+        "step": step, "partitions": partitions, "partitions_ingested": ingested, "adopted_topics": adopted,
+    }  # fmt: skip
     if gaps:
         result.figures["handover_gap_p50_s"] = step["handover_gap_p50_s"]
         result.figures["handover_gap_max_s"] = step["handover_gap_max_s"]
@@ -56,7 +74,8 @@ def measure_handover(env: BenchEnv, sizes: Sizes) -> Result:
     result.notes = [
         f"{step['sent']:,} records sent to retry at {sizes.handover_rate:,}/s for {sizes.handover_seconds} s "
         f"while the stack ingested {partitions} partitions ({len(adopted)} adopted "
-        f"topics besides retry); {len(gaps)} ingest handovers, each gap the longest time with nothing stored "
+        f"topics besides retry; the ingest loops said they shared {', '.join(map(str, ingested)) or 'none'}); "
+        f"{len(gaps)} ingest handovers, each gap the longest time with nothing stored "
         f"near the old loop's end: {', '.join(f'{g:g}' for g in gaps) or 'none'} s. The window's longest time "
         f"with nothing stored: {step['store_gap_max_s']} s; p99 lateness {step['p99_s']} s, "
         f"{step['published']:,} published, {step['early']} early.",

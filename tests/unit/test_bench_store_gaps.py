@@ -1,6 +1,9 @@
-"""store_gaps: the ingest's longest times with nothing stored, at each handover and in the whole window."""
+"""store_gaps: the ingest's longest times with nothing stored, at each handover and in the whole window;
+what the ingest loops said they read."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from bench.timeline import store_gaps
 
@@ -39,3 +42,16 @@ def test_nothing_stored() -> None:
         "store_gap_max_s": None,
         "store_gap_max_at": None,
     }
+
+
+def test_the_partitions_each_ingest_loop_said_it_shared(tmp_path: Path) -> None:
+    from bench.handover import partitions_ingested
+
+    for run, said in (("run_id=a", "ingesting 42 partitions in 2 worker processes"), ("run_id=b", "other")):
+        log = tmp_path / "dag_id=retry_scheduler" / run / "task_id=ingest" / "attempt=1.log"
+        log.parent.mkdir(parents=True)
+        log.write_text(f'{{"event":"{said}","logger":"retry_scheduler.loops.ingest"}}\n')
+    publish = tmp_path / "dag_id=retry_scheduler" / "run_id=a" / "task_id=publish" / "attempt=1.log"
+    publish.parent.mkdir(parents=True)
+    publish.write_text("ingesting 7 partitions in 2 worker processes\n")  # not an ingest task's log
+    assert partitions_ingested(tmp_path) == [42]
