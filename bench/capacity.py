@@ -4,7 +4,9 @@ publish throughput with one and with two Celery workers.
 ``sustained_retries_per_s``: the ``retry_scheduler`` DAG runs under the dev stack's scheduler while
 records are sent to ``retry`` at a fixed rate for a window, each due a few seconds later; a rate
 is sustained when every record of the window is published, none early, with p99 lateness at most
-``MAX_P99_S``. The rate steps up until one is not sustained (or the steps run out).
+``MAX_P99_S`` and flat (its last minute's p99 at most ``MAX_RISE_S`` above its first minute's). The
+rate steps up until one is not sustained (or the steps run out). A consumer follows the destination
+through each window (:mod:`bench.follower`), as the application it is retried to would.
 
 ``publish_rows_per_s_1_worker`` / ``_2_workers``: the same number of due jobs is published by the DAG
 on the CeleryExecutor with one and then two Celery workers (``RETRY_PUBLISH_TASKS=2`` publish tasks
