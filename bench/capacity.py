@@ -31,7 +31,7 @@ from bench.env import BenchEnv, BenchError, Result, insert_due_jobs, per_second
 from bench.follower import Follower
 from bench.sizes import Sizes
 from bench.slow import steady_producer
-from bench.timeline import MAX_P99_S, late_text, lateness_timeline
+from bench.timeline import MAX_P99_S, late_text, lateness_timeline, percentile
 from bench.waits import stored_from, wait_published
 from retry_scheduler.dev.procs import free_port
 
@@ -142,7 +142,7 @@ def _step(
         follower.wait_for(published, 30)
     seen = follower.figures()
     samples = sorted(float(r[0]) for r in env.sql("bench_lateness", {"destination": destination}, fetch=True))
-    p99 = samples[min(len(samples) - 1, int(0.99 * len(samples)))] if samples else None
+    p99 = percentile(samples, 0.99) if samples else None
     early = sum(1 for s in samples if s < 0)
     timeline = lateness_timeline(env, destination, metadata_url, began, time.time())
     rise = timeline["p99_rise_s"]

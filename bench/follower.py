@@ -1,7 +1,7 @@
 """A consumer following a destination live, as the application retries go back to does.
 
-The capacity steps, the held snapshot's windows, the burst's steady traffic and the soak run one
-beside the service: the broker then serves the fetches real applications make (its CPU and memory
+Every window of a fixed rate under the scheduler (:func:`bench.capacity._step`: the capacity steps,
+the held snapshot's windows, the soak, the handover) runs one beside the service: the broker then serves the fetches real applications make (its CPU and memory
 per 1 000 retries include them), and lateness is also seen where the application sees it: the time
 a record reaches the consumer less its due time, from the ``bench.due-ms`` header the workload's
 producer sets (the service passes headers it does not know through to the destination).
@@ -15,6 +15,8 @@ import time
 import uuid
 from array import array
 from typing import Any
+
+from bench.timeline import percentile
 
 #: The header the workload's producers set to each record's due time (epoch ms).
 DUE_HEADER = "bench.due-ms"
@@ -82,7 +84,7 @@ class Follower:
         return {
             "at_consumer_received": self.received,
             "at_consumer_p50_s": round(statistics.median(samples), 4),
-            "at_consumer_p99_s": round(samples[min(len(samples) - 1, int(0.99 * len(samples)))], 4),
+            "at_consumer_p99_s": round(percentile(samples, 0.99), 4),
             "at_consumer_max_s": round(samples[-1], 4),
             "at_consumer_early": sum(1 for s in samples if s < 0),
         }

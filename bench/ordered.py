@@ -35,6 +35,7 @@ from confluent_kafka import Message, Producer
 from bench.env import PARTITIONS, BenchEnv, BenchError, Result
 from bench.loop_threads import LoopThreads
 from bench.sizes import Sizes
+from bench.timeline import percentile
 from retry_scheduler.consumer import RetryingConsumer
 from retry_scheduler.core import protocol
 from retry_scheduler.core.policy import Policy, PolicyRegistry
@@ -177,7 +178,7 @@ def measure_ordered(env: BenchEnv, sizes: Sizes) -> Result:
         parking_records_per_s=round((len(parks) - 1) / max(parks[-1] - parks[0], 1e-9)) if parks else None,
         round_trips_per_parked_record=round(round_trips, 2),
         held_step_p50_s=round(statistics.median(steps), 4),
-        held_step_p99_s=round(steps[min(len(steps) - 1, int(0.99 * len(steps)))], 4),
+        held_step_p99_s=round(percentile(steps, 0.99), 4),
         held_chain_drain_s=round(statistics.median(drains), 2),
     )
     result.details.update(keys=keys, records=total, chain=per_key - 1, writes=writes, parks_sent=len(parks),

@@ -18,6 +18,7 @@ from bench.cpu import ProcessCpu, cpu_use_text
 from bench.env import BenchError, Result
 from bench.follower import DUE_HEADER
 from bench.queries import bq
+from bench.timeline import percentile
 from retry_scheduler.core import protocol
 from retry_scheduler.db.connection import connect
 from retry_scheduler.dev.procs import free_port
@@ -392,12 +393,8 @@ def measure_lateness(env: BenchEnv, sizes: Sizes) -> Result:
     if published < sent or not samples:
         raise BenchError(f"lateness: {published} of {sent} retries published within 120 s of the last one")
     ordered = sorted(samples)
-
-    def pct(p: float) -> float:
-        return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
-
     early = sum(1 for v in samples if v < 0)
-    result.figures = {"lateness_p99_s": round(pct(0.99), 4), "early_count": early}
+    result.figures = {"lateness_p99_s": round(percentile(ordered, 0.99), 4), "early_count": early}
     result.samples = {"lateness_s": samples}
     result.details = {
         "records": sent,
@@ -405,9 +402,9 @@ def measure_lateness(env: BenchEnv, sizes: Sizes) -> Result:
         "rate_per_s": sizes.lateness_rate,
         "seconds": sizes.lateness_seconds,
         "due_after_send_ms": delay_ms,
-        "p50_s": round(pct(0.5), 4),
-        "p90_s": round(pct(0.9), 4),
-        "p99_s": round(pct(0.99), 4),
+        "p50_s": round(percentile(ordered, 0.5), 4),
+        "p90_s": round(percentile(ordered, 0.9), 4),
+        "p99_s": round(percentile(ordered, 0.99), 4),
         "max_s": round(ordered[-1], 4),
         "mean_s": round(statistics.fmean(samples), 4),
         "early": early,
@@ -425,7 +422,7 @@ def measure_lateness(env: BenchEnv, sizes: Sizes) -> Result:
         f"{sent:,} retries sent at {sizes.lateness_rate}/s for {sizes.lateness_seconds} s to the retry topic, "
         f"each due {delay_ms / 1000:.0f} s after it was sent, while the real Airflow scheduler ran the "
         f"`retry_scheduler` DAG (dev stack: scheduler, dag processor, triggerer, api-server, LocalExecutor).",
-        f"Lateness = broker acknowledgement time minus due time: p50 {pct(0.5):.3f} s, p99 {pct(0.99):.3f} s, "
+        f"Lateness = broker acknowledgement time minus due time: p50 {percentile(ordered, 0.5):.3f} s, p99 {percentile(ordered, 0.99):.3f} s, "
         f"max {ordered[-1]:.3f} s; {early} published early.",
         f"Not timed: the stack's start-up ({startup_s:.0f} s) and the first DAG run going live "
         f"({warmup_s:.0f} s, a warm-up record).",

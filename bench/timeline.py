@@ -120,6 +120,12 @@ def store_gaps(stored_at: list[float], handovers: list[float]) -> dict[str, Any]
     }
 
 
+def percentile(ordered: list[float], q: float) -> float:
+    """The ``q``-quantile (0 to 1) of ``ordered`` (sorted, not empty): the value at the nearest rank
+    below, as every figure of the benchmark takes it."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def seconds(value: float | None) -> float | None:
     """A figure in seconds as the reports give it (to 0.1 ms), or None."""
     return round(float(value), 4) if value is not None else None

@@ -40,7 +40,6 @@ from retry_scheduler.loops.ingest_worker import (
     spawn_worker,
 )
 from retry_scheduler.loops.kafka import (
-    RETRY_TOPIC_PARTITIONS,
     ensure_retry_topics,
     few_partitions,
     make_consumer,
@@ -156,7 +155,7 @@ class Ingestor:
         self.share = share
         if consumer is None:
             if share is None:
-                ensure_retry_topics(settings, RETRY_TOPIC_PARTITIONS)
+                ensure_retry_topics(settings)
             consumer = make_consumer(settings)
         self.consumer = consumer
         share_letters = share_topics(settings)
