@@ -239,6 +239,25 @@ SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0), pg_relation_size('r
        (SELECT max(age(backend_xmin)) FROM pg_stat_activity WHERE backend_xmin IS NOT NULL)
 FROM pg_stat_user_tables AS s WHERE s.relname = 'retry_jobs';
 
+-- name: bench_pg_activity
+-- PostgreSQL's cumulative work so far, for the soak's drift per 1 000 retries: the service database's
+-- block reads and hits, rows read and written; retry_jobs' scans, autovacuum and autoanalyze runs; the
+-- checkpoints and the buffers they wrote; the WAL written (records, full-page images, bytes). Which of
+-- these grows per retry as the run goes on says where a rising CPU per retry goes.
+SELECT json_build_object(
+    'blocks read', d.blks_read, 'blocks hit', d.blks_hit, 'rows returned', d.tup_returned,
+    'rows fetched', d.tup_fetched, 'rows inserted', d.tup_inserted, 'rows updated', d.tup_updated,
+    'rows deleted', d.tup_deleted, 'commits', d.xact_commit,
+    'retry_jobs seq scans', t.seq_scan, 'retry_jobs seq rows read', t.seq_tup_read,
+    'retry_jobs index scans', t.idx_scan, 'retry_jobs index rows fetched', t.idx_tup_fetch,
+    'retry_jobs HOT updates', t.n_tup_hot_upd, 'retry_jobs autovacuums', t.autovacuum_count,
+    'retry_jobs autoanalyzes', t.autoanalyze_count,
+    'checkpoints', b.checkpoints_timed + b.checkpoints_req, 'checkpoint buffers', b.buffers_checkpoint,
+    'bgwriter buffers', b.buffers_clean, 'backend buffers written', b.buffers_backend,
+    'WAL records', w.wal_records, 'WAL full-page images', w.wal_fpi, 'WAL bytes', w.wal_bytes)
+FROM pg_stat_database AS d, pg_stat_user_tables AS t, pg_stat_bgwriter AS b, pg_stat_wal AS w
+WHERE d.datname = current_database() AND t.relname = 'retry_jobs';
+
 -- name: bench_published_due_between
 -- A destination's published jobs due from %(since)s to %(until)s (epoch s), and the seconds from the
 -- first one's due time to the last one's acknowledgement.

@@ -9,7 +9,10 @@ Every ``SAMPLE_EVERY_S`` the run records ``retry_jobs``' dead and live rows and 
 (``table_timeline``), and every ``RSS_EVERY_S`` the resident memory of each kind of process
 (``rss_timeline``): none may grow without bound. Every ``CPU_EVERY_S`` the CPU each kind of process
 has used so far (``cpu_timeline``): ``cpu_drift`` compares each kind's core-milliseconds per 1 000
-retries over the first and the last drift window, which says where a drift's work went.
+retries over the first and the last drift window, which says where a drift's work went. PostgreSQL's
+own counters are sampled as often (``pg_activity_timeline``: blocks read and hit, rows, scans of
+``retry_jobs``, autovacuum runs, checkpoints, WAL): ``pg_activity_drift`` compares each per 1 000
+retries the same way, which says what the server's sessions did more of when their CPU rises.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
             rss_sampler() as rss,
             ProcessCpu(interval_s=1.0) as cpu,
             periodic_samples(cpu.running_seconds, CPU_EVERY_S, "CPU", final=True) as cpu_timeline,
+            periodic_samples(lambda: pg_activity(env), CPU_EVERY_S, "PostgreSQL activity", final=True) as pg,
         ):
             began = time.time()
             step = _step(env, settings, rate, seconds, metadata_url, label="soak")
@@ -82,10 +86,12 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
     }
     grown = growth(rss)
     cpu_drift = cpu_per_retry_drift(cpu_timeline, rate, window)
+    pg_drift = per_retry_drift(pg, rate, window, scale=1.0)
     result.details = {
         "rate_per_s": rate, "seconds": seconds, "drift_window_s": window, "spans": spans, "step": step,
         "table_timeline": table, "rss_timeline": rss, "rss_growth_mb": grown, "max_drift": MAX_DRIFT,
         "cpu_timeline": cpu_timeline, "cpu_drift": cpu_drift,
+        "pg_activity_timeline": pg, "pg_activity_drift": pg_drift,
         "autovacuum": autovacuum,
     }  # fmt: skip
     if not first:
@@ -121,14 +127,45 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
             or "-"
         )
         + ".",
+        "PostgreSQL's work per 1 000 retries in the first and the last drift window (what changed most "
+        "first): "
+        + (
+            ", ".join(
+                f"{what} {d['first']:g} -> {d['last']:g}"
+                for what, d in sorted(pg_drift.items(), key=lambda kv: -_change(kv[1]))[:8]
+            )
+            or "-"
+        )
+        + ".",
     ]
     return result
+
+
+def pg_activity(env: BenchEnv) -> dict[str, float]:
+    """PostgreSQL's cumulative counters so far (``bench_pg_activity``): {what: count}."""
+    return {what: float(n or 0) for what, n in env.sql("bench_pg_activity", {}, fetch=True)[0][0].items()}
+
+
+def _change(d: dict[str, float]) -> float:
+    """How much a figure changed from the first drift window to the last, as a ratio (either way)."""
+    low, high = sorted((d["first"], d["last"]))
+    return high / low if low > 0 else (float("inf") if high > 0 else 1.0)
 
 
 def cpu_per_retry_drift(timeline: list[list[Any]], rate: int, window_s: int) -> dict[str, dict[str, float]]:
     """Each kind's core-milliseconds per 1 000 retries sent over the first ``window_s`` of the
     timeline and over its last (from the cumulative samples nearest those bounds): ``{kind: {first,
     last}}``, the kinds that used at least 0.1 core-ms per 1 000 in either."""
+    return per_retry_drift(timeline, rate, window_s, scale=1000.0)
+
+
+def per_retry_drift(
+    timeline: list[list[Any]], rate: int, window_s: int, scale: float
+) -> dict[str, dict[str, float]]:
+    """Each cumulative figure of ``timeline`` ([seconds, {name: so far}]) per 1 000 retries sent, times
+    ``scale`` (1 000 turns CPU seconds into milliseconds), over the first ``window_s`` and over the
+    last (from the samples nearest those bounds): ``{name: {first, last}}``, those at least 0.1 in
+    either."""
     if len(timeline) < 3:
         return {}
 
@@ -141,6 +178,6 @@ def cpu_per_retry_drift(timeline: list[list[Any]], rate: int, window_s: int) -> 
     for name, (start, stop) in spans.items():
         retries = rate * (stop[0] - start[0])
         for kind, used in stop[1].items():
-            core_ms = 1000 * (used - start[1].get(kind, 0.0)) / retries * 1000 if retries > 0 else 0.0
-            drift.setdefault(kind, {"first": 0.0, "last": 0.0})[name] = round(core_ms, 1)
+            per_1000 = scale * (used - start[1].get(kind, 0.0)) / retries * 1000 if retries > 0 else 0.0
+            drift.setdefault(kind, {"first": 0.0, "last": 0.0})[name] = round(per_1000, 1)
     return {kind: d for kind, d in drift.items() if max(d.values()) >= 0.1}

@@ -208,6 +208,11 @@ def test_the_soak_publishes_everything_and_samples_lateness_table_and_memory(run
     assert len(cpu) >= 4 and cpu[0][0] < 1, cpu
     assert cpu[-1][1]["publish task"] >= cpu[len(cpu) // 2][1].get("publish task", 0) > 0, cpu
     assert {"publish task", "broker"} <= set(details["cpu_drift"]), details["cpu_drift"]
+    # PostgreSQL's own counters, sampled as often: the rows the ingest stored among them, per retry.
+    pg = details["pg_activity_timeline"]
+    assert len(pg) >= 4 and pg[-1][1]["rows inserted"] > pg[0][1]["rows inserted"], pg
+    assert details["pg_activity_drift"]["rows inserted"]["last"] > 0, details["pg_activity_drift"]
     md = (out / "report.md").read_text()
     assert "A soak" in md and "Resident memory" in md and "core-ms per 1 000 retries in the first" in md
+    assert "PostgreSQL's work per 1 000 retries" in md
     assert (out / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

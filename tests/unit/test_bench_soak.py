@@ -9,7 +9,7 @@ import time
 import pytest
 
 from bench.cpu import ProcessCpu
-from bench.soak import cpu_per_retry_drift, growth
+from bench.soak import _change, cpu_per_retry_drift, growth, per_retry_drift
 
 
 def test_memory_growth_is_of_the_kinds_running_a_third_of_the_way_in_and_at_the_end() -> None:
@@ -41,6 +41,22 @@ def test_cpu_per_retry_of_each_kind_over_the_first_and_the_last_window() -> None
     }
     # A kind born mid-run counts from zero; too few samples tell nothing.
     assert cpu_per_retry_drift(timeline[:2], rate=1_000, window_s=10) == {}
+
+
+def test_postgresql_counters_per_retry_over_the_first_and_the_last_window() -> None:
+    # Cumulative counters (not seconds: scale 1), 1 000 retries/s: blocks hit per 1 000 retries rise
+    # from 5 000 to 9 000, two checkpoints in the last window and none in the first.
+    timeline = [
+        [0.0, {"blocks hit": 0, "checkpoints": 0}],
+        [10.0, {"blocks hit": 50_000, "checkpoints": 0}],
+        [20.0, {"blocks hit": 110_000, "checkpoints": 1}],
+        [30.0, {"blocks hit": 180_000, "checkpoints": 1}],
+        [40.0, {"blocks hit": 270_000, "checkpoints": 3}],
+    ]
+    drift = per_retry_drift(timeline, rate=1_000, window_s=10, scale=1.0)
+    assert drift == {"blocks hit": {"first": 5000.0, "last": 9000.0}, "checkpoints": {"first": 0.0, "last": 0.2}}
+    # Sorted by how much they changed: from none to some is the most.
+    assert _change(drift["checkpoints"]) == float("inf") > _change(drift["blocks hit"]) == 1.8
 
 
 @pytest.mark.serial  # other tests' processes running beside it would count as 'other' too
