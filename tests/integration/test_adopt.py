@@ -5,6 +5,7 @@ topic like the service's own."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import ConfigError, Settings
 from retry_scheduler.core.destinations import Destinations
+from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.db.selection import Selection, writer_topics
 from retry_scheduler.ops.browse import list_dead
 from retry_scheduler.ops.dlq import Operation, run_action
@@ -416,3 +418,42 @@ def test_a_pointer_to_a_record_removed_by_retention_is_kept_saying_so_with_the_t
         "(retention.ms=604800000))"
     ) in kept.reason
     assert reader.lost == 1
+
+
+@pytest.mark.parametrize("max_attempts", [3, 5])
+def test_a_record_that_always_fails_in_streams_dies_by_its_policy_when_adopted_for_retry(
+    database_url: str, bootstrap_servers: str, topic_prefix: str, max_attempts: int
+) -> None:
+    """Kafka Streams copies the failed record's headers, ours included, into its letter: each letter
+    counts the ``retry.attempt`` the record came back with (issue 60's defect: each started the policy
+    over at attempt 0, and a record that always fails came back every delay for ever). The letters are
+    built here as ``streams()`` describes; the record goes round through the real loops and broker."""
+    work, letters = f"{topic_prefix}-clicks", f"{topic_prefix}-clicks.dlq"
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix, adopt_topics={letters: "streams:retry"})
+    loop = dataclasses.replace(
+        loop, registry=PolicyRegistry.of([Policy("default", delays=["1s"], max_attempts=max_attempts)])
+    )
+    create_topics(loop.bootstrap, [work, letters], partitions=2)  # the first letter names partition 1
+    record = streams(topic_prefix, b"always")  # its first failure: none of our headers yet
+    for n in range(max_attempts + 1):
+        loop.send([record], topic=letters)
+        loop.ingest(1)
+        newest = loop.rows(f"source_topic = '{letters}'")[-1]
+        if newest["status"] == "dead":
+            break
+        loop.publish(3)
+        back = [s for s in consume(loop.bootstrap, [work], expected=n + 1) if s.key == b"always"][-1]
+        assert back.header(p.ATTEMPT) == str(n + 1)  # once: the copied one is not passed through again
+        failed_again = [
+            ("__streams.errors.exception", b"java.lang.IllegalStateException"),
+            ("__streams.errors.message", b"still failing"),
+            ("__streams.errors.topic", work.encode()),
+            ("__streams.errors.partition", str(back.partition).encode()),
+            ("__streams.errors.offset", str(back.offset).encode()),
+        ]
+        record = {"key": back.key, "value": back.value, "headers": [*back.headers, *failed_again]}
+    rows = loop.rows(f"source_topic = '{letters}'")
+    assert [r["attempt"] for r in rows] == list(range(max_attempts + 1)), rows
+    assert [r["status"] for r in rows] == ["published"] * max_attempts + ["dead"]
+    assert (rows[-1]["dead_reason"], rows[-1]["dlq_topic"]) == ("exhausted", letters)  # kept where it is
+    assert len({r["retry_id"] for r in rows}) == 1  # one retry, followed through each letter

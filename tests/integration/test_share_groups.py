@@ -5,6 +5,7 @@ scheduler adopts (``=share`` and ``=share:retry``), completes from their source 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from retry_scheduler.client import RetryClient, RetryDeliveryError
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.destinations import Destinations
+from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.db.selection import Selection
 from retry_scheduler.ops.dlq import Operation, run_action
 from tests.integration.test_loop import new_loop
@@ -222,3 +224,35 @@ def test_the_broker_s_share_group_letters_adopted_for_retry_come_back_when_due(
     [published] = loop.rows(f"source_topic = '{dlq}' AND status = 'published'")
     assert published["published_at"] >= published["due_at"]
     assert published["due_at"].timestamp() >= read + 1.0 - 0.5
+
+
+@pytest.mark.parametrize("max_attempts", [2, 4])
+def test_a_record_the_share_group_always_rejects_dies_by_its_policy_when_adopted_for_retry(
+    database_url: str, bootstrap_servers: str, topic_prefix: str, max_attempts: int
+) -> None:
+    """The broker's letter points at the record that came back, which carries our ``retry.attempt``: each
+    letter counts from there (issue 60's defect: every letter started the policy over, at attempt 0,
+    and a record that always fails came back every delay for ever)."""
+    work = f"{topic_prefix}-work"
+    group, dlq = dead_letter_group(bootstrap_servers, topic_prefix, work, copy=False)
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix, adopt_topics={dlq: "share:retry"})
+    loop = dataclasses.replace(
+        loop, registry=PolicyRegistry.of([Policy("default", delays=["1s"], max_attempts=max_attempts)])
+    )
+    produce(
+        bootstrap_servers, work, [{"key": b"always", "value": b"fails", "headers": [("tenant", b"acme")]}]
+    )
+    for _ in range(max_attempts + 1):
+        reject_all(bootstrap_servers, group, work, {b"always"})
+        loop.ingest(1)
+        newest = loop.rows(f"source_topic = '{dlq}'")[-1]
+        if newest["status"] == "dead":
+            break
+        loop.publish(3)
+        assert loop.rows(f"id = {newest['id']}")[0]["status"] == "published"
+    rows = loop.rows(f"source_topic = '{dlq}'")
+    assert [r["attempt"] for r in rows] == list(range(max_attempts + 1)), rows
+    assert [r["status"] for r in rows] == ["published"] * max_attempts + ["dead"]
+    assert (rows[-1]["dead_reason"], rows[-1]["dlq_topic"]) == ("exhausted", dlq)  # kept where it is
+    assert len({r["retry_id"] for r in rows}) == 1  # one retry, followed through each letter
+    assert all(bytes(r["msg_value"]) == b"fails" for r in rows)  # each completed from the record

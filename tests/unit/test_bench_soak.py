@@ -54,7 +54,10 @@ def test_postgresql_counters_per_retry_over_the_first_and_the_last_window() -> N
         [40.0, {"blocks hit": 270_000, "checkpoints": 3}],
     ]
     drift = per_retry_drift(timeline, rate=1_000, window_s=10, scale=1.0)
-    assert drift == {"blocks hit": {"first": 5000.0, "last": 9000.0}, "checkpoints": {"first": 0.0, "last": 0.2}}
+    assert drift == {
+        "blocks hit": {"first": 5000.0, "last": 9000.0},
+        "checkpoints": {"first": 0.0, "last": 0.2},
+    }
     # Sorted by how much they changed: from none to some is the most.
     assert _change(drift["checkpoints"]) == float("inf") > _change(drift["blocks hit"]) == 1.8
 

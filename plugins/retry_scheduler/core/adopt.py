@@ -16,8 +16,12 @@ like the service's own:
 
 The record is already on a dead-letter topic: it is not published to one again. Its key, value and
 headers are kept byte for byte, the tool's headers included. With ``TOPIC=FORMAT:retry`` the letters
-are not kept dead but retried: scheduled by their destination's policy (attempt: the delivery count
-less one for a share group, else 0) and published back to their original topic when due.
+are not kept dead but retried: scheduled by their destination's policy and published back to their
+original topic when due. The attempt counts the retries already made: the ``retry.attempt`` the
+record carries (a record this service published and that failed again: Streams, Spring and Connect
+copy its headers into their letter, a share group's letter points at it), plus a share group's
+deliveries less one; so a record that always fails dies by its policy
+(:meth:`retry_scheduler.core.records.RowBuilder.recount`).
 
 Spring Kafka (``DeadLetterPublishingRecoverer``) writes the partition as a 4-byte and the offset and
 timestamp as 8-byte big-endian integers, and the texts in UTF-8. Kafka Connect

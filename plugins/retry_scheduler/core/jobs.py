@@ -182,16 +182,31 @@ class OutgoingRow(NamedTuple):
 REPLAYED = "replayed"
 
 
+#: The headers :func:`destination_headers` sets. A job's own earlier ones are left out of what it passes
+#: through: a tool that copies a failed record's headers into its dead letter (Kafka Streams, Spring)
+#: hands ours back, and a letter adopted ``:retry`` would otherwise go back with two ``retry.attempt``.
+_SET_ON_DESTINATION = frozenset(
+    {
+        protocol.ATTEMPT, protocol.ID, protocol.ORIGINAL_TOPIC, protocol.ORIGINAL_PARTITION,
+        protocol.ORIGINAL_OFFSET, protocol.ORIGINAL_TIMESTAMP,
+    }
+)  # fmt: skip
+
+
 def destination_headers(row: OutgoingRow) -> list[Header]:
-    """Headers of a retry published back to its destination: attempt raised, id and origin kept.
+    """Headers of a retry published back to its destination: attempt raised, id and origin kept (each
+    once: a passed-through header of the same name is left out).
 
     A released held job (ordered mode) did not fail: its attempt stays, ``retry.hold`` names the chain
     it waited in, which tells the consumer helper it is one of that chain, and ``retry.chain-state``
     how the chain was released (``dead``: its head died). A replayed head (:data:`REPLAYED`) goes back
     without its ``retry.blocks``."""
+    passthrough: Sequence[Header] = [
+        h for h in decode_headers(row.headers) if h[0] not in _SET_ON_DESTINATION
+    ]
     if row.held_by is not None:
         held = [
-            *decode_headers(row.headers),
+            *passthrough,
             (protocol.ATTEMPT, str(row.attempt).encode()),
             *_common(row),
             (protocol.HOLD, row.held_by.encode()),
@@ -199,7 +214,6 @@ def destination_headers(row: OutgoingRow) -> list[Header]:
         if row.chain_state is not None:
             held.append((protocol.CHAIN_STATE, row.chain_state.encode()))
         return held
-    passthrough: Sequence[Header] = decode_headers(row.headers)
     if row.chain_state == REPLAYED:
         # Back from the dead letters: without its chain, and counted (retry.replays, one more).
         replays = replays_of(passthrough) + 1

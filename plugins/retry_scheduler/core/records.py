@@ -14,6 +14,8 @@ from retry_scheduler.core.adopt import AdoptError, adopt, retried
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.durations import format_duration_ms
 from retry_scheduler.core.headers import (
+    MAX_EPOCH_MS,
+    MAX_INT32,
     MAX_RETRY_ID_CHARS,
     Header,
     InvalidRecordError,
@@ -21,7 +23,16 @@ from retry_scheduler.core.headers import (
     parse_headers,
     truncate_reason,
 )
-from retry_scheduler.core.jobs import HELD_DUE, CopyRow, Status, encode_headers, pg_time, replays_of
+from retry_scheduler.core.jobs import (
+    HELD_DUE,
+    CopyRow,
+    Status,
+    decode_headers,
+    encode_headers,
+    ms_of_pg_time,
+    pg_time,
+    replays_of,
+)
 from retry_scheduler.core.policy import UnknownPolicyError
 
 #: A chain event (:attr:`RowBuilder.chain_events`): its head's retry is pending, so the chain waits.
@@ -46,6 +57,24 @@ def _raw_text(headers: Sequence[Header], wanted: str) -> str | None:
 
 def _raw_retry_id(headers: Sequence[Header]) -> str | None:
     return _raw_text(headers, protocol.ID)
+
+
+def _raw_int(headers: Sequence[Header], wanted: str, high: int) -> int | None:
+    """The last ``wanted`` header as a whole number from 0 to ``high``; None when absent or not one."""
+    text = _raw_text(headers, wanted)
+    if text is None or not text.strip().isdigit():
+        return None
+    number = int(text.strip())
+    return number if number <= high else None
+
+
+def carried_attempt(headers: Sequence[Header]) -> int:
+    """The retries a record already carries (its last ``retry.attempt``; 0 without a valid one).
+
+    A record this service published carries it, and a tool that copies the failed record's headers into
+    its dead letter (Kafka Streams) or points at it (a share group's letter) hands it back: a letter
+    adopted ``:retry`` goes on counting from there, so that its policy ends it rather than start over."""
+    return _raw_int(headers, protocol.ATTEMPT, MAX_INT32) or 0
 
 
 def new_retry_id() -> str:
@@ -242,30 +271,28 @@ class RowBuilder:
         (:mod:`retry_scheduler.core.adopt`): its original topic is the destination, its exception the
         error class and reason; kept byte for byte. One that names no valid original topic is invalid.
         From a topic adopted with ``:retry``, a pending row instead, scheduled by the destination's
-        policy (its attempt: a share group's delivery count less one, else 0), or dead as that policy says."""
+        policy (its attempt: the ``retry.attempt`` the record carries, plus a share group's deliveries
+        less one), or dead as that policy says."""
         try:
             spec = self.adopt_topics[topic]
             found = adopt(spec, headers or (), self.limits.max_reason_chars)
             policy = self.registry.resolve(None, found.original_topic)
-            first_seen = found.original_timestamp_ms
+            first_seen = self._carried_first_seen(headers or (), now_ms) or found.original_timestamp_ms
             if first_seen is None or not MIN_TRUSTED_MS <= first_seen <= now_ms + self.max_skew_ms:
                 first_seen = self._seen_ms(timestamp_ms, now_ms)
-            # A share group's deliveries less the first are retries already made, as retry.attempt counts.
-            now, attempt = pg_time(now_ms), max((found.delivery_count or 1) - 1, 0)
+            # Retries already made: those the record carries (a tool that copies the failed record's
+            # headers hands back ours), and a share group's deliveries less the first.
+            deliveries = max((found.delivery_count or 1) - 1, 0)
+            now, attempt = pg_time(now_ms), min(carried_attempt(headers or ()) + deliveries, MAX_INT32)
             retry_id = _raw_retry_id(headers or ()) or new_retry_id()
             dead: str | None = protocol.DEAD_ADOPTED
             due, why = now, found.reason
             if retried(spec):
                 refusal = self.limits.destinations.refusal(found.original_topic)
                 if refusal is None:
-                    # The delay counts from when the letter is read: a tool's letter may carry the
-                    # failed record's own timestamp (Streams, Spring), long before it failed.
-                    decision = policy.decide(
-                        attempt=attempt, first_seen_ms=first_seen, base_ms=now_ms, now_ms=now_ms,
-                        retry_id=retry_id, error_class=found.error_class,
-                    )  # fmt: skip
-                    # Dead by the policy (exhausted, fatal), it stays where it is: on its dead-letter topic.
-                    dead, due = decision.dead_reason, pg_time(decision.due_ms)
+                    dead, due = self._retry_decision(
+                        found.original_topic, attempt, first_seen, now_ms, retry_id, found.error_class
+                    )
                 else:  # kept, dead, as without :retry; a replay is refused the same way
                     why = truncate_reason(
                         f"{found.reason or 'no reason given'}; not retried: {refusal}",
@@ -283,6 +310,59 @@ class RowBuilder:
         except Exception as exc:  # a fault of ours must not halt ingestion: keep the record, dead
             reason = f"the dead letter could not be adopted ({type(exc).__name__}: {exc})"
         return self.invalid(topic, partition, offset, timestamp_ms, key, value, headers, now_ms, reason)
+
+    def _retry_decision(
+        self,
+        destination: str,
+        attempt: int,
+        first_seen_ms: int,
+        now_ms: int,
+        retry_id: str,
+        error: str | None,
+    ) -> tuple[str | None, int]:
+        """A letter retried (``:retry``) by its destination's policy: (dead reason or None, due as a
+        COPY time). The delay counts from when the letter is read: a tool's letter may carry the
+        failed record's own timestamp (Streams, Spring), long before it failed. Dead by the policy
+        (exhausted, fatal, expired), it stays where it is: on its dead-letter topic."""
+        decision = self.registry.resolve(None, destination).decide(
+            attempt=attempt, first_seen_ms=first_seen_ms, base_ms=now_ms, now_ms=now_ms,
+            retry_id=retry_id, error_class=error,
+        )  # fmt: skip
+        return decision.dead_reason, pg_time(decision.due_ms)
+
+    def _carried_first_seen(self, headers: Sequence[Header], now_ms: int) -> int | None:
+        """When a record that went through this service first failed (its ``retry.original-timestamp``),
+        if it carries one that is trusted: a policy's maximum age counts from there."""
+        carried = _raw_int(headers, protocol.ORIGINAL_TIMESTAMP, MAX_EPOCH_MS)
+        return (
+            carried
+            if carried is not None and MIN_TRUSTED_MS <= carried <= now_ms + self.max_skew_ms
+            else None
+        )
+
+    def recount(self, row: CopyRow, now_ms: int) -> CopyRow:
+        """A share group's pointer-only letter from a ``:retry`` topic, completed from its source record
+        (:mod:`retry_scheduler.loops.sources`): scheduled again now that the record's own headers are
+        known. The retries it carries (``retry.attempt``, when this service published it) are added to
+        the share group's deliveries, its ``retry.id`` and first failure are kept, and the destination's
+        policy decides again: a record that always fails dies by its policy instead of starting over.
+        Any other row is returned as it is."""
+        spec = self.adopt_topics.get(row.source_topic)
+        if spec is None or not retried(spec) or row.status != _PENDING or row.destination is None:
+            return row
+        headers = decode_headers(row.headers)
+        carried, first_seen = carried_attempt(headers), self._carried_first_seen(headers, now_ms)
+        if not carried and first_seen is None:
+            return row
+        attempt, retry_id = min(row.attempt + carried, MAX_INT32), _raw_retry_id(headers) or row.retry_id
+        first_seen = first_seen or ms_of_pg_time(row.first_seen_at)
+        dead, due = self._retry_decision(
+            row.destination, attempt, first_seen, now_ms, retry_id, row.error_class
+        )
+        return row._replace(
+            attempt=attempt, retry_id=retry_id, first_seen_at=pg_time(first_seen), due_at=due,
+            status=_DEAD if dead else _PENDING, dead_reason=dead, dead_at=due if dead else None,
+        )  # fmt: skip
 
     def invalid(
         self,
