@@ -242,9 +242,10 @@ FROM pg_stat_user_tables AS s WHERE s.relname = 'retry_jobs';
 -- name: bench_pg_activity
 -- PostgreSQL's cumulative work so far, for the soak's drift per 1 000 retries: the service database's
 -- block reads and hits, rows read and written; retry_jobs' scans, autovacuum and autoanalyze runs; the
--- checkpoints and the buffers they wrote; the WAL written (records, full-page images, bytes). Which of
--- these grows per retry as the run goes on says where a rising CPU per retry goes.
-SELECT json_build_object(
+-- checkpoints and the buffers they wrote; the WAL written (records, full-page images, bytes); and each
+-- table's rows read by sequential scans and fetched through indexes. Which of these grows per retry as
+-- the run goes on says where a rising CPU per retry goes.
+SELECT jsonb_build_object(
     'blocks read', d.blks_read, 'blocks hit', d.blks_hit, 'rows returned', d.tup_returned,
     'rows fetched', d.tup_fetched, 'rows inserted', d.tup_inserted, 'rows updated', d.tup_updated,
     'rows deleted', d.tup_deleted, 'commits', d.xact_commit,
@@ -255,6 +256,9 @@ SELECT json_build_object(
     'checkpoints', b.checkpoints_timed + b.checkpoints_req, 'checkpoint buffers', b.buffers_checkpoint,
     'bgwriter buffers', b.buffers_clean, 'backend buffers written', b.buffers_backend,
     'WAL records', w.wal_records, 'WAL full-page images', w.wal_fpi, 'WAL bytes', w.wal_bytes)
+    || (SELECT jsonb_object_agg(relname || ' seq rows read', seq_tup_read)
+               || jsonb_object_agg(relname || ' index rows fetched', coalesce(idx_tup_fetch, 0))
+        FROM pg_stat_user_tables)
 FROM pg_stat_database AS d, pg_stat_user_tables AS t, pg_stat_bgwriter AS b, pg_stat_wal AS w
 WHERE d.datname = current_database() AND t.relname = 'retry_jobs';
 
