@@ -33,7 +33,7 @@ from retry_scheduler.core.jobs import (
     pg_time,
     replays_of,
 )
-from retry_scheduler.core.policy import UnknownPolicyError
+from retry_scheduler.core.policy import Policy, UnknownPolicyError
 
 #: A chain event (:attr:`RowBuilder.chain_events`): its head's retry is pending, so the chain waits.
 CHAIN_BLOCKED = "blocked"
@@ -290,8 +290,8 @@ class RowBuilder:
             if retried(spec):
                 refusal = self.limits.destinations.refusal(found.original_topic)
                 if refusal is None:
-                    dead, due = self._retry_decision(
-                        found.original_topic, attempt, first_seen, now_ms, retry_id, found.error_class
+                    dead, due = _retry_decision(
+                        policy, attempt, first_seen, now_ms, retry_id, found.error_class
                     )
                 else:  # kept, dead, as without :retry; a replay is refused the same way
                     why = truncate_reason(
@@ -310,25 +310,6 @@ class RowBuilder:
         except Exception as exc:  # a fault of ours must not halt ingestion: keep the record, dead
             reason = f"the dead letter could not be adopted ({type(exc).__name__}: {exc})"
         return self.invalid(topic, partition, offset, timestamp_ms, key, value, headers, now_ms, reason)
-
-    def _retry_decision(
-        self,
-        destination: str,
-        attempt: int,
-        first_seen_ms: int,
-        now_ms: int,
-        retry_id: str,
-        error: str | None,
-    ) -> tuple[str | None, int]:
-        """A letter retried (``:retry``) by its destination's policy: (dead reason or None, due as a
-        COPY time). The delay counts from when the letter is read: a tool's letter may carry the
-        failed record's own timestamp (Streams, Spring), long before it failed. Dead by the policy
-        (exhausted, fatal, expired), it stays where it is: on its dead-letter topic."""
-        decision = self.registry.resolve(None, destination).decide(
-            attempt=attempt, first_seen_ms=first_seen_ms, base_ms=now_ms, now_ms=now_ms,
-            retry_id=retry_id, error_class=error,
-        )  # fmt: skip
-        return decision.dead_reason, pg_time(decision.due_ms)
 
     def _carried_first_seen(self, headers: Sequence[Header], now_ms: int) -> int | None:
         """When a record that went through this service first failed (its ``retry.original-timestamp``),
@@ -356,9 +337,8 @@ class RowBuilder:
             return row
         attempt, retry_id = min(row.attempt + carried, MAX_INT32), _raw_retry_id(headers) or row.retry_id
         first_seen = first_seen or ms_of_pg_time(row.first_seen_at)
-        dead, due = self._retry_decision(
-            row.destination, attempt, first_seen, now_ms, retry_id, row.error_class
-        )
+        policy = self.registry.resolve(None, row.destination)
+        dead, due = _retry_decision(policy, attempt, first_seen, now_ms, retry_id, row.error_class)
         return row._replace(
             attempt=attempt, retry_id=retry_id, first_seen_at=pg_time(first_seen), due_at=due,
             status=_DEAD if dead else _PENDING, dead_reason=dead, dead_at=due if dead else None,
@@ -413,6 +393,20 @@ class RowBuilder:
         if timestamp_ms is not None:
             self.untrusted_timestamps += 1
         return now_ms
+
+
+def _retry_decision(
+    policy: Policy, attempt: int, first_seen_ms: int, now_ms: int, retry_id: str, error: str | None
+) -> tuple[str | None, int]:
+    """A letter retried (``:retry``) by its destination's ``policy``: (dead reason or None, due as a
+    COPY time). The delay counts from when the letter is read: a tool's letter may carry the failed
+    record's own timestamp (Streams, Spring), long before it failed. Dead by the policy (exhausted,
+    fatal, expired), it stays where it is: on its dead-letter topic."""
+    decision = policy.decide(
+        attempt=attempt, first_seen_ms=first_seen_ms, base_ms=now_ms, now_ms=now_ms,
+        retry_id=retry_id, error_class=error,
+    )  # fmt: skip
+    return decision.dead_reason, pg_time(decision.due_ms)
 
 
 def notice_of(head: CopyRow, chain: str, dead_reason: str) -> CopyRow:

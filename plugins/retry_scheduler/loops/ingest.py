@@ -163,7 +163,8 @@ class Ingestor:
         self.sources = (
             SourceReader(settings, share_letters, self.limits.destinations.refusal) if share_letters else None
         )
-        self.totals, self.metrics = IngestCounts(), metrics or NoMetrics()
+        self.totals = IngestCounts()
+        self.metrics: Metrics = metrics or NoMetrics()
         self._control: Store | None = None
         self._lock: IngestLock | None = None
         self._assigned: set[tuple[str, int]] = set()
@@ -290,9 +291,7 @@ class Ingestor:
                     released += 1
             offsets[(topic, partition)] = offset + 1  # a partition's records come in order
         if self.sources is not None:
-            rows = self.sources.complete(rows, now_ms, self.settings.max_reason_chars)
-            for i in self.sources.just_completed:  # a :retry letter counts its record's retries
-                rows[i] = self.rows.recount(rows[i], now_ms)
+            rows = self.sources.complete(rows, now_ms, self.settings.max_reason_chars, then=self.rows.recount)
         untrusted = self.rows.untrusted_timestamps - untrusted_before
         events, notices = self.rows.take_chain_events(), self.rows.take_notices()
         rows.extend(notices)

@@ -89,18 +89,23 @@ class SourceReader:
         self._retention: dict[str, int | None] = {}
         #: Letters completed and kept without their record so far.
         self.completed = self.lost = 0
-        #: Where the rows the last :meth:`complete` completed are in the list it returned.
-        self.just_completed: list[int] = []
 
     def close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
 
-    def complete(self, rows: list[CopyRow], now_ms: int, max_reason_chars: int) -> list[CopyRow]:
+    def complete(
+        self,
+        rows: list[CopyRow],
+        now_ms: int,
+        max_reason_chars: int,
+        then: Callable[[CopyRow, int], CopyRow] = lambda row, _now_ms: row,
+    ) -> list[CopyRow]:
         """``rows`` with each pointer-only letter of :attr:`topics` completed from its source record, or
-        kept dead without a destination when that record cannot be read (the reason says why)."""
-        self.just_completed = []
+        kept dead without a destination when that record cannot be read (the reason says why). Each
+        completed row is passed through ``then(row, now_ms)`` (the ingest schedules a ``:retry`` letter
+        again, now that its record's headers are known: :meth:`~retry_scheduler.core.records.RowBuilder.recount`)."""
         wanted: dict[tuple[str, int], list[int]] = defaultdict(list)
         pointless: list[int] = []
         for i, row in enumerate(rows):
@@ -145,9 +150,8 @@ class SourceReader:
                         topic, partition, row.original_offset,
                     )  # fmt: skip
                 elif source is not None:
-                    rows[i] = self._completed(row, source, now_ms)
+                    rows[i] = then(self._completed(row, source, now_ms), now_ms)
                     self.completed += 1
-                    self.just_completed.append(i)
                 elif copied(row):  # the letter's copy is sent, without the headers it never had
                     log.info(
                         "the dead letter %s[%s]@%s holds a copy of %s[%s]@%s, whose headers cannot be "
