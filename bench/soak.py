@@ -13,12 +13,20 @@ retries over the first and the last drift window, which says where a drift's wor
 own counters are sampled as often (``pg_activity_timeline``: blocks read and hit, rows, scans of
 ``retry_jobs``, autovacuum runs, checkpoints, WAL): ``pg_activity_drift`` compares each per 1 000
 retries the same way, which says what the server's sessions did more of when their CPU rises.
+Both drifts end with the traffic: the samples taken after it (the benchmark's own reading of the
+run, a full scan of the published jobs or three) are kept in the timelines and left out of the
+windows. And every ``CPU_EVERY_S`` a fresh process times a fixed Python loop in CPU seconds
+(``host_speed_timeline``): a host that slows down as the run goes on (these machines' speed varies by
+the hour) makes every process spend more CPU per retry, which is not the service's drift.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -38,6 +46,13 @@ RSS_EVERY_S = 30.0
 CPU_EVERY_S = 60.0
 #: The last drift window's p99 may be at most this times the first's.
 MAX_DRIFT = 1.2
+#: The host's speed: the CPU seconds a fresh Python process spends on this many additions.
+SPEED_LOOP = 2_000_000
+_SPEED_PROBE = (
+    "import time\nt = time.process_time()\ns = 0\n"
+    f"for i in range({SPEED_LOOP}):\n    s += i\n"
+    "print(time.process_time() - t)"
+)
 
 
 def rss_sampler() -> contextlib.AbstractContextManager[list[list[Any]]]:
@@ -70,6 +85,7 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
             ProcessCpu(interval_s=1.0) as cpu,
             periodic_samples(cpu.running_seconds, CPU_EVERY_S, "CPU", final=True) as cpu_timeline,
             periodic_samples(lambda: pg_activity(env), CPU_EVERY_S, "PostgreSQL activity", final=True) as pg,
+            periodic_samples(host_speed, CPU_EVERY_S, "host speed") as speed,
         ):
             began = time.time()
             step = _step(env, settings, rate, seconds, metadata_url, label="soak")
@@ -85,13 +101,17 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
         "soak_p99_s": step["p99_s"],
     }
     grown = growth(rss)
-    cpu_drift = cpu_per_retry_drift(cpu_timeline, rate, window)
-    pg_drift = per_retry_drift(pg, rate, window, scale=1.0)
+    # The traffic's end: its last records fall due DUE_IN_MS after they are sent.
+    end_s = seconds + DUE_IN_MS / 1000
+    cpu_drift = cpu_per_retry_drift(cpu_timeline, rate, window, end_s=end_s)
+    pg_drift = per_retry_drift(pg, rate, window, scale=1.0, end_s=end_s)
+    speed_drift = window_medians(speed, window, end_s)
     result.details = {
         "rate_per_s": rate, "seconds": seconds, "drift_window_s": window, "spans": spans, "step": step,
         "table_timeline": table, "rss_timeline": rss, "rss_growth_mb": grown, "max_drift": MAX_DRIFT,
         "cpu_timeline": cpu_timeline, "cpu_drift": cpu_drift,
         "pg_activity_timeline": pg, "pg_activity_drift": pg_drift,
+        "host_speed_timeline": speed, "host_speed_drift": speed_drift,
         "autovacuum": autovacuum,
     }  # fmt: skip
     if not first:
@@ -137,8 +157,33 @@ def measure_soak(env: BenchEnv, sizes: Sizes) -> Result:
             or "-"
         )
         + ".",
+        f"The host's speed, a Python loop of {SPEED_LOOP:,} additions in CPU seconds (median of the first "
+        f"and of the last drift window): {speed_drift['first']} -> {speed_drift['last']} s"
+        + (
+            f" ({speed_drift['last'] / speed_drift['first']:.2f}x: every process's CPU per retry moves with it)."
+            if speed_drift["first"] and speed_drift["last"]
+            else "."
+        ),
     ]
     return result
+
+
+def host_speed() -> float:
+    """The CPU seconds a fresh Python process spends on :data:`SPEED_LOOP` additions (CPU time, not
+    wall time: how fast the host runs code, not how busy the run keeps it)."""
+    out = subprocess.run([sys.executable, "-c", _SPEED_PROBE], capture_output=True, text=True, check=True)
+    return round(float(out.stdout), 4)
+
+
+def window_medians(timeline: list[list[Any]], window_s: int, end_s: float) -> dict[str, float | None]:
+    """The median of a timeline's values ([seconds, value]) in its first ``window_s`` and in the last
+    ``window_s`` before ``end_s``: ``{first, last}``, None for a window without a sample."""
+
+    def median(low: float, high: float) -> float | None:
+        values = [row[1] for row in timeline if low <= row[0] <= high]
+        return round(statistics.median(values), 4) if values else None
+
+    return {"first": median(0, window_s), "last": median(end_s - window_s, end_s)}
 
 
 def pg_activity(env: BenchEnv) -> dict[str, float]:
@@ -152,20 +197,25 @@ def _change(d: dict[str, float]) -> float:
     return high / low if low > 0 else (float("inf") if high > 0 else 1.0)
 
 
-def cpu_per_retry_drift(timeline: list[list[Any]], rate: int, window_s: int) -> dict[str, dict[str, float]]:
+def cpu_per_retry_drift(
+    timeline: list[list[Any]], rate: int, window_s: int, end_s: float | None = None
+) -> dict[str, dict[str, float]]:
     """Each kind's core-milliseconds per 1 000 retries sent over the first ``window_s`` of the
     timeline and over its last (from the cumulative samples nearest those bounds): ``{kind: {first,
     last}}``, the kinds that used at least 0.1 core-ms per 1 000 in either."""
-    return per_retry_drift(timeline, rate, window_s, scale=1000.0)
+    return per_retry_drift(timeline, rate, window_s, scale=1000.0, end_s=end_s)
 
 
 def per_retry_drift(
-    timeline: list[list[Any]], rate: int, window_s: int, scale: float
+    timeline: list[list[Any]], rate: int, window_s: int, scale: float, end_s: float | None = None
 ) -> dict[str, dict[str, float]]:
     """Each cumulative figure of ``timeline`` ([seconds, {name: so far}]) per 1 000 retries sent, times
     ``scale`` (1 000 turns CPU seconds into milliseconds), over the first ``window_s`` and over the
     last (from the samples nearest those bounds): ``{name: {first, last}}``, those at least 0.1 in
-    either."""
+    either. The last window ends at the last sample taken by ``end_s`` (the traffic's end): what ran
+    after it, the benchmark's own reading of the run, is no retry's work."""
+    if end_s is not None:
+        timeline = [row for row in timeline if row[0] <= end_s]
     if len(timeline) < 3:
         return {}
 

@@ -212,7 +212,10 @@ def test_the_soak_publishes_everything_and_samples_lateness_table_and_memory(run
     pg = details["pg_activity_timeline"]
     assert len(pg) >= 4 and pg[-1][1]["rows inserted"] > pg[0][1]["rows inserted"], pg
     assert details["pg_activity_drift"]["rows inserted"]["last"] > 0, details["pg_activity_drift"]
+    # The host's speed, timed in a fresh process at each sample, in both windows.
+    assert len(details["host_speed_timeline"]) >= 3, details["host_speed_timeline"]
+    assert all(v and v > 0 for v in details["host_speed_drift"].values()), details["host_speed_drift"]
     md = (out / "report.md").read_text()
     assert "A soak" in md and "Resident memory" in md and "core-ms per 1 000 retries in the first" in md
-    assert "PostgreSQL's work per 1 000 retries" in md
+    assert "PostgreSQL's work per 1 000 retries" in md and "The host's speed" in md
     assert (out / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

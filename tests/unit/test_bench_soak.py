@@ -9,7 +9,7 @@ import time
 import pytest
 
 from bench.cpu import ProcessCpu
-from bench.soak import _change, cpu_per_retry_drift, growth, per_retry_drift
+from bench.soak import _change, cpu_per_retry_drift, growth, host_speed, per_retry_drift, window_medians
 
 
 def test_memory_growth_is_of_the_kinds_running_a_third_of_the_way_in_and_at_the_end() -> None:
@@ -60,6 +60,35 @@ def test_postgresql_counters_per_retry_over_the_first_and_the_last_window() -> N
     }
     # Sorted by how much they changed: from none to some is the most.
     assert _change(drift["checkpoints"]) == float("inf") > _change(drift["blocks hit"]) == 1.8
+
+
+def test_the_drift_windows_end_with_the_traffic_not_with_the_benchmark_reading_the_run() -> None:
+    # A 40 s run: its traffic ends at 40 s, then the benchmark reads the run back (a full scan of the
+    # published jobs: 900 000 rows at once), and the final sample at 55 s holds that reading.
+    timeline = [
+        [0.0, {"rows returned": 0}],
+        [10.0, {"rows returned": 90_000}],
+        [20.0, {"rows returned": 180_000}],
+        [30.0, {"rows returned": 270_000}],
+        [40.0, {"rows returned": 360_000}],
+        [55.0, {"rows returned": 1_260_000}],
+    ]
+    flat = {"rows returned": {"first": 9000.0, "last": 9000.0}}
+    assert per_retry_drift(timeline, rate=1_000, window_s=10, scale=1.0, end_s=45.0) == flat
+    # Without the end, the last window takes the reading in (what the second soak's report said).
+    assert per_retry_drift(timeline, rate=1_000, window_s=10, scale=1.0)["rows returned"]["last"] > 9000
+    assert cpu_per_retry_drift(timeline, rate=1_000, window_s=10, end_s=45.0) == {
+        "rows returned": {"first": 9_000_000.0, "last": 9_000_000.0}
+    }
+
+
+def test_the_host_speed_is_the_median_cpu_time_of_a_fixed_loop_in_each_window() -> None:
+    speed = host_speed()
+    assert 0 < speed < 10, speed  # CPU seconds of 2 million additions in a fresh process
+    timeline = [[0.0, 0.10], [5.0, 0.12], [10.0, 0.11], [30.0, 0.15], [35.0, 0.13], [40.0, 0.14], [55.0, 9.0]]
+    # The last window is 35-45 s: the samples at 35 and 40 s (55 s is the reading after the traffic).
+    assert window_medians(timeline, window_s=10, end_s=45.0) == {"first": 0.11, "last": 0.135}
+    assert window_medians(timeline[:1], window_s=10, end_s=45.0) == {"first": 0.1, "last": None}
 
 
 @pytest.mark.serial  # other tests' processes running beside it would count as 'other' too
