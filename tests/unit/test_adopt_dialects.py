@@ -8,7 +8,14 @@ import re
 
 import pytest
 
-from retry_scheduler.core.adopt import AdoptError, adopt, parse_adopt_topics, retried, source_format
+from retry_scheduler.core.adopt import (
+    AdoptError,
+    adopt,
+    parse_adopt_topics,
+    retried,
+    root_cause,
+    source_format,
+)
 
 
 def share_letter(**overrides: bytes | None) -> list[tuple[str, bytes | None]]:
@@ -95,3 +102,88 @@ def test_the_topics_spec_says_the_format_and_whether_letters_are_retried() -> No
     for wrong in ("a.dlq=share:later", "a.dlq=share:", "a.dlq=kafka", "a dlq=share"):
         with pytest.raises(ValueError, match="must look like TOPIC=FORMAT or TOPIC=FORMAT:retry"):
             parse_adopt_topics(wrong)
+
+
+#: Kafka Connect 4.4's letter for a value JsonConverter cannot read, as the interop test's worker wrote
+#: it (tests/interop/test_tools.py), its stack trace cut to what matters here.
+CONNECT_TRACE = (
+    b"org.apache.kafka.connect.errors.DataException: Converting byte[] to Kafka Connect data failed due to "
+    b"serialization error: \n\tat org.apache.kafka.connect.json.JsonConverter.toConnectData(JsonConverter.java:333)\n"
+    b"Caused by: org.apache.kafka.common.errors.SerializationException: com.fasterxml.jackson.core."
+    b"JsonParseException: Unrecognized token 'fail': was expecting (JSON String, Number, Array, Object or "
+    b"token 'null', 'true' or 'false')\n at [Source: REDACTED; line: 1, column: 5]\n\tat org.apache.kafka...\n"
+    b"Caused by: com.fasterxml.jackson.core.JsonParseException: Unrecognized token 'fail': was expecting "
+    b"(JSON String, Number, Array, Object or token 'null', 'true' or 'false')\n at [Source: REDACTED]\n"
+    b"\tat com.fasterxml.jackson.core.JsonParser._constructError(JsonParser.java:2584)\n\t... 12 more\n"
+)
+
+
+def connect_letter(**override: bytes | None) -> list[tuple[str, bytes | None]]:
+    headers = {
+        "__connect.errors.topic": b"payments",
+        "__connect.errors.partition": b"1",
+        "__connect.errors.offset": b"0",
+        "__connect.errors.connector.name": b"jdbc-sink",
+        "__connect.errors.exception.class.name": b"org.apache.kafka.connect.errors.DataException",
+        "__connect.errors.exception.message": b"Converting byte[] to Kafka Connect data failed due to "
+        b"serialization error: ",
+        "__connect.errors.exception.stacktrace": CONNECT_TRACE,
+        **override,
+    }
+    return [("tenant", b"acme"), *((k, v) for k, v in headers.items() if v is not None)]
+
+
+def test_a_connect_letter_names_the_cause_its_converter_wraps_from_the_stack_trace() -> None:
+    found = adopt("connect", connect_letter(), 500)
+    assert found.error_class == "com.fasterxml.jackson.core.JsonParseException"
+    assert found.reason is not None
+    assert found.reason.startswith(
+        "Converting byte[] to Kafka Connect data failed due to serialization error: Unrecognized token 'fail'"
+    )
+    assert found.reason.endswith("(in org.apache.kafka.connect.errors.DataException)")
+    # Without a trace (context headers of an older worker), or one without a cause: the wrapper, as before.
+    for trace in (None, b"org.apache.kafka.connect.errors.DataException: boom\n\tat x.Y.z(Y.java:1)\n"):
+        plain = adopt("connect", connect_letter(**{"__connect.errors.exception.stacktrace": trace}), 500)
+        assert plain.error_class == "org.apache.kafka.connect.errors.DataException"
+
+
+def test_a_connect_letter_of_a_record_that_failed_before_says_its_newest_failure() -> None:
+    """A record published back by a :retry carries its older letter's headers; Connect adds its own after."""
+    older = [(k, v) for k, v in connect_letter() if k.startswith("__connect.")]
+    newest = connect_letter(
+        **{
+            "__connect.errors.exception.class.name": b"org.apache.kafka.connect.errors.ConnectException",
+            "__connect.errors.exception.message": b"Sink refused the record",
+            "__connect.errors.exception.stacktrace": b"org.apache.kafka.connect.errors.ConnectException: no\n",
+            "__connect.errors.offset": b"9",
+        }
+    )
+    found = adopt("connect", [*older, *newest], 500)
+    assert (found.error_class, found.reason) == (
+        "org.apache.kafka.connect.errors.ConnectException",
+        "Sink refused the record",
+    )
+    assert found.original_offset == 0  # where the record first failed
+
+
+@pytest.mark.parametrize(
+    "trace",
+    [
+        b"Caused by: \n",
+        b"Caused by: not a class name: because\n",
+        b"Caused by: " + b"a." * 400 + b"B: long\n",
+        b"\xff\xfe Caused by: x.Y: in the middle of a line\n",
+        b"no causes at all" * 10_000,
+    ],
+)
+def test_a_hostile_stack_trace_names_no_cause(trace: bytes) -> None:
+    assert root_cause(trace) is None
+    found = adopt("connect", connect_letter(**{"__connect.errors.exception.stacktrace": trace}), 500)
+    assert found.error_class == "org.apache.kafka.connect.errors.DataException"
+
+
+def test_only_the_start_of_a_huge_stack_trace_is_read_for_its_cause() -> None:
+    assert root_cause(b"Caused by: a.B: first\n" + b"\tat x\n" * 100_000 + b"Caused by: c.D: too far\n") == (
+        "a.B",
+        "first",
+    )

@@ -174,3 +174,23 @@ def test_a_hostile_attempt_is_exhausted_and_still_fits_the_column() -> None:
     source = [(protocol.ATTEMPT, b"2147483647")]
     row = rows.recount(row._replace(headers=encode_headers(source) + row.headers), NOW)
     assert (row.attempt, row.status, row.dead_reason) == (2**31 - 1, "dead", protocol.DEAD_EXHAUSTED)
+
+
+def test_a_tool_s_duplicate_letters_of_one_record_are_one_failure() -> None:
+    """A Connect task restarted, or a Streams instance killed before it committed, writes a record's
+    letter again: both letters get the same retry.id (named by the letter topic, the record's topic,
+    partition and offset, and the group), so a replay of both publishes two identified duplicates."""
+    rows = builder(3)
+    first = rows.row("work.streams-dlq", 0, 10, NOW, b"k", b"v", streams_letter([]), NOW)
+    again = rows.row("work.streams-dlq", 0, 11, NOW, b"k", b"v", streams_letter([]), NOW)
+    assert first is not None and again is not None
+    assert first.retry_id == again.retry_id and len(first.retry_id) == 36
+    # Another record of the work topic, or the same one in another letter topic, is another failure.
+    other = [(k, b"8" if k == "__streams.errors.offset" else v) for k, v in streams_letter([])]
+    assert rows.row("work.streams-dlq", 0, 12, NOW, b"k", b"v", other, NOW).retry_id != first.retry_id  # type: ignore[union-attr]
+    assert rows.row("work.share-dlq", 0, 1, NOW, None, None, share_letter(1), NOW).retry_id != first.retry_id  # type: ignore[union-attr]
+    # A letter of a record we published carries its retry.id: that one counts.
+    carried = rows.row(
+        "work.streams-dlq", 0, 13, NOW, b"k", b"v", streams_letter([(protocol.ID, b"r-1")]), NOW
+    )
+    assert carried is not None and carried.retry_id == "r-1"

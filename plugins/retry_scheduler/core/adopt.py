@@ -1,7 +1,7 @@
 """Dead-letter topics written by other tools, read as dead jobs: Spring Kafka's, Kafka Connect's, Kafka
 Streams' and the broker's for share groups.
 
-A deployment names such topics and their format (``RETRY_ADOPT_TOPICS=orders.DLT=spring,
+A deployment names such topics and their format (``RETRY_ADOPT_TOPICS=orders-dlt=spring,
 connect.dlq=connect,clicks.dlq=streams,dlq.work=share``); the ingest loop reads them beside the retry
 topics and stores each record as a dead job (reason ``adopted``) that is browsed, replayed and purged
 like the service's own:
@@ -31,9 +31,14 @@ dead-letter queue (``ShareGroupDLQ``, KIP-1191) write every value as a UTF-8 str
 or malformed is left out (the job still is adopted), but a record that names no valid original topic
 cannot be replayed anywhere: it is stored as invalid, with the reason.
 
-Streams copies the failed record's own headers ahead of its ``__streams.errors.*`` ones, so a record
-that failed in Streams before carries older ones first: the last of each name counts for Streams and
-share groups (the first, as before, for Spring and Connect). A share group's letter holds the source
+Every tool copies the failed record's own headers ahead of its own (the broker's share-group letter
+holds none), so a record that failed in a tool before carries the older letter's headers first: the
+last of each name counts for Streams and share groups; for Spring (which strips older exception
+headers and appends the original-* ones) and Connect, the first original-* ones, where the record
+first failed, and Connect's last exception. Spring names the cause its listener's exception wraps
+(``kafka_dlt-exception-cause-fqcn``); Connect names only its converter's wrapper (``DataException``,
+"... failed due to serialization error: "), and the cause is read from the stack trace's last
+``Caused by:`` line (:func:`root_cause`). Found by the tools' own programs (``tests/interop/``). A share group's letter holds the source
 record's key and value only with ``errors.deadletterqueue.copy.record.enable``; without, it is a
 pointer (no key, no value, no headers of the source) that the ingest loop completes from the source
 topic (:mod:`retry_scheduler.loops.sources`).
@@ -41,7 +46,9 @@ topic (:mod:`retry_scheduler.loops.sources`).
 
 from __future__ import annotations
 
+import re
 import struct
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -81,6 +88,24 @@ class Adopted:
     #: How many times a share group delivered the record (``__dlq.errors.delivery.count``).
     delivery_count: int | None = None
 
+    def failure_id(self, letter_topic: str) -> str | None:
+        """The ``retry.id`` of a letter that carries none: the same for every letter of one record on
+        ``letter_topic`` (a UUID named by that topic, the record's topic, partition and offset, and the
+        group), so that a tool's duplicate letters (a Connect task restarted, a Streams instance killed
+        before it committed) are identified as one failure. None when the letter names no partition or
+        offset."""
+        if self.original_partition is None or self.original_offset is None:
+            return None
+        name = "\0".join(
+            (letter_topic, self.original_topic, str(self.original_partition), str(self.original_offset),
+             self.group or "")
+        )  # fmt: skip
+        return str(uuid.uuid5(_LETTERS, name))
+
+
+#: The namespace of :meth:`Adopted.failure_id`'s UUIDs.
+_LETTERS: Final = uuid.UUID("6f1c3b1e-5a7d-4c1e-9a38-2b0f3d9e4c71")
+
 
 _SPRING = {
     "topic": "kafka_dlt-original-topic",
@@ -99,6 +124,7 @@ _CONNECT = {
     "error_class": "__connect.errors.exception.class.name",
     "reason": "__connect.errors.exception.message",
     "group": "__connect.errors.connector.name",
+    "stacktrace": "__connect.errors.exception.stacktrace",
 }
 # Kafka Streams 4.2+: org.apache.kafka.streams.errors.internals.ExceptionHandlerUtils (KIP-1034).
 _STREAMS = {
@@ -211,11 +237,22 @@ def adopt(spec: str, headers: Sequence[tuple[str, bytes | None]], max_reason_cha
     if "delivery_count" in names:
         delivery_count = _text_int(header(headers, names["delivery_count"]), 0)
         delivery_count = delivery_count if delivery_count is not None and delivery_count < 2**15 else None
-    wrapper = _text(header(headers, names["error_class"]), 300) if "error_class" in names else None
+    # A letter of a record that failed before (published back by a :retry) holds the older failure's
+    # headers too: Connect adds its own after them, so its newest exception is the last.
+    failure = _last if fmt == CONNECT else header
+    wrapper = _text(failure(headers, names["error_class"]), 300) if "error_class" in names else None
     # Spring wraps the listener's exception (ListenerExecutionFailedException says nothing): the cause
     # is the error class; the wrapper is kept in the reason (and, as every header, in the record).
     cause = _text(header(headers, names["cause_class"]), 300) if "cause_class" in names else None
-    reason = _text(header(headers, names["reason"]), max_reason_chars + 1)
+    reason = _text(failure(headers, names["reason"]), max_reason_chars + 1)
+    if "stacktrace" in names and cause is None:
+        # Connect's converter wraps the error (DataException, "... failed due to serialization error: ")
+        # and names the cause only in the stack trace: its last "Caused by:" is the error class, and its
+        # message completes the reason.
+        root = root_cause(failure(headers, names["stacktrace"]))
+        if root is not None:
+            cause, because = root
+            reason = f"{(reason or '').rstrip()} {because}".strip() if because else reason
     if cause is not None and wrapper is not None and cause != wrapper:
         reason = f"{reason or ''} (in {wrapper})".lstrip()
     return Adopted(
@@ -230,8 +267,29 @@ def adopt(spec: str, headers: Sequence[tuple[str, bytes | None]], max_reason_cha
     )
 
 
+#: A Java class's binary name (``com.fasterxml.jackson.core.JsonParseException``, ``a.B$C``).
+_JAVA_CLASS: Final = re.compile(r"[A-Za-z_$][\w$]*(\.[A-Za-z_$][\w$]*)*")
+#: How much of a stack trace is read for its causes.
+_TRACE_CHARS: Final = 65_536
+
+
+def root_cause(trace: bytes | None) -> tuple[str, str] | None:
+    """The class and message of the last ``Caused by:`` line of a Java stack trace (its first
+    :data:`_TRACE_CHARS` characters); None without one, or when what it names is not a class."""
+    text = _text(trace[: _TRACE_CHARS * 2] if trace else None, _TRACE_CHARS)
+    last = None
+    for line in (text or "").splitlines():
+        if line.startswith("Caused by: "):
+            last = line[len("Caused by: ") :]
+    if last is None:
+        return None
+    name, _, message = last.partition(": ")
+    name = name.strip()
+    return (name, message.strip()) if len(name) <= 300 and _JAVA_CLASS.fullmatch(name) else None
+
+
 def parse_adopt_topics(raw: str) -> dict[str, str]:
-    """``orders.DLT=spring,dlq.work=share:retry`` into ``{"orders.DLT": "spring", "dlq.work": "share:retry"}``."""
+    """``orders-dlt=spring,dlq.work=share:retry`` into ``{"orders-dlt": "spring", "dlq.work": "share:retry"}``."""
     topics: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in raw.split(","))):
         name, sep, spec = (x.strip() for x in item.partition("="))
@@ -244,7 +302,7 @@ def parse_adopt_topics(raw: str) -> dict[str, str]:
         ):
             raise ValueError(
                 f"RETRY_ADOPT_TOPICS entry {item!r} must look like TOPIC=FORMAT or TOPIC=FORMAT:retry with "
-                f"FORMAT one of {', '.join(FORMATS)}, e.g. orders.DLT=spring or dlq.work=share:retry"
+                f"FORMAT one of {', '.join(FORMATS)}, e.g. orders-dlt=spring or dlq.work=share:retry"
             )
         topics[name] = f"{fmt}:{RETRY}" if colon else fmt
     return topics

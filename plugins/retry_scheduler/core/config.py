@@ -162,7 +162,7 @@ class Settings:
             "RETRY_ADOPT_TOPICS",
             "other tools' dead-letter topics read as dead jobs, `TOPIC=FORMAT` with `spring`, `connect`, "
             "`streams` (Kafka Streams) or `share` (a share group's), or `TOPIC=FORMAT:retry` to retry "
-            "their letters by policy, e.g. `orders.DLT=spring,dlq.work=share:retry`",
+            "their letters by policy, e.g. `orders-dlt=spring,dlq.work=share:retry`",
         ),
     )
     #: The consumer helpers' holds topics (ordered mode): never destinations. ``retry.holds`` always.

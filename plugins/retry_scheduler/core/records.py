@@ -284,7 +284,9 @@ class RowBuilder:
             # headers hands back ours), and a share group's deliveries less the first.
             deliveries = max((found.delivery_count or 1) - 1, 0)
             now, attempt = pg_time(now_ms), min(carried_attempt(headers or ()) + deliveries, MAX_INT32)
-            retry_id = _raw_retry_id(headers or ()) or new_retry_id()
+            # A letter of a record we published carries its retry.id; the first letter of a failure is named
+            # by the record it points at, so a tool's duplicate letters share one.
+            retry_id = _raw_retry_id(headers or ()) or found.failure_id(topic) or new_retry_id()
             dead: str | None = protocol.DEAD_ADOPTED
             due, why = now, found.reason
             if retried(spec):
