@@ -434,3 +434,11 @@ def test_the_docs_java_client_fails_a_record_three_times_and_it_dies_by_its_poli
     back = [s for s in consume(bootstrap_servers, [orders], expected=8 + 3) if s.key == b"order-4"]
     assert {s.partition for s in back} == {placed["order-4"]}  # where Java's partitioner put the key
     assert [s.header(p.ATTEMPT) for s in back] == [None, "1", "2", "3"]
+    # The dead one replayed by an operator lands there too.
+    destinations = Destinations.of([orders], own_topics=[loop.settings.retry_topic])
+    replay = Operation(action="replay", selection=Selection(destination=orders), actor="ann", source="cli",
+                       dry_run=False)  # fmt: skip
+    assert run_action(loop.settings.database_url, replay, destinations=destinations).affected == 1
+    loop.publish(3)
+    back = [s for s in consume(bootstrap_servers, [orders], expected=8 + 4) if s.key == b"order-4"]
+    assert len(back) == 5 and back[-1].partition == placed["order-4"] and back[-1].value == b"fail"
