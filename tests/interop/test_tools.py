@@ -46,7 +46,7 @@ RECORDS = [
 ]
 FAILING = [r for r in RECORDS if r["value"].startswith(b"fail")]
 #: The headers each tool adds to its letters (left out when a replay is compared with its original).
-TOOL_HEADERS = ("kafka_dlt-", "__connect.", "__streams.", "__dlq.", p.PREFIX)
+TOOL_HEADERS = ("kafka_", "retry_topic-", "__connect.", "__streams.", "__dlq.", p.PREFIX)
 
 
 class JavaApp:
@@ -152,6 +152,16 @@ def tools(bootstrap: str) -> dict[str, Tool]:
             "Listener failed; could not handle fail-",
             "(in org.springframework.kafka.listener.ListenerExecutionFailedException)",
         ),
+        # @RetryableTopic: failed once on the topic, once on <topic>-retry, then to <topic>-dlt; its letter
+        # holds both places, the topic's first (where the record first failed, and where a replay goes).
+        "spring-retryable": Tool(
+            "spring",
+            lambda work: f"{work}-dlt",
+            lambda work, dlq, group, scratch: java("spring", "SpringRetryableTopic", bootstrap, work, group),
+            "java.lang.IllegalStateException",
+            "Listener failed; could not handle fail-",
+            "(in org.springframework.kafka.listener.ListenerExecutionFailedException)",
+        ),
         "connect": Tool(
             "connect",
             lambda work: f"{work}.connect-dlq",
@@ -209,7 +219,7 @@ def adopted_rows(loop: Loop, dlq: str, letters: int) -> list[dict]:
     return loop.rows(f"source_topic = '{dlq}'")
 
 
-@pytest.mark.parametrize("name", ["spring", "connect", "streams", "share"])
+@pytest.mark.parametrize("name", ["spring", "spring-retryable", "connect", "streams", "share"])
 def test_a_tool_s_own_dead_letters_are_adopted_listed_and_replayed_byte_for_byte(
     database_url: str,
     bootstrap_servers: str,

@@ -187,3 +187,32 @@ def test_only_the_start_of_a_huge_stack_trace_is_read_for_its_cause() -> None:
         "a.B",
         "first",
     )
+
+
+def test_a_spring_retryable_topic_letter_is_read_from_the_names_without_dlt() -> None:
+    """As Spring Kafka 4.1.3's @RetryableTopic wrote it in tests/interop (its retry topic's own
+    headers after the topic's)."""
+    letter = [
+        ("tenant", b"acme"),
+        ("kafka_original-topic", b"orders"),
+        ("kafka_original-partition", b"\x00\x00\x00\x01"),
+        ("kafka_original-offset", b"\x00\x00\x00\x00\x00\x00\x00\x07"),
+        ("kafka_original-timestamp", b"\x00\x00\x01\xa2Hq\x9a|"),
+        ("kafka_original-timestamp-type", b"CreateTime"),
+        ("kafka_dlt-original-consumer-group", b"orders-app"),
+        ("retry_topic-attempts", b"\x00\x00\x00\x02"),
+        ("kafka_exception-fqcn", b"org.springframework.kafka.listener.ListenerExecutionFailedException"),
+        ("kafka_exception-cause-fqcn", b"java.lang.IllegalStateException"),
+        ("kafka_exception-message", b"Listener failed; could not handle it"),
+        ("kafka_original-topic", b"orders-retry"),  # appended by the retry topic's own recoverer
+    ]
+    found = adopt("spring", letter, 500)
+    assert (found.original_topic, found.original_partition, found.original_offset) == ("orders", 1, 7)
+    assert found.original_timestamp_ms == 1796511734396
+    assert (found.error_class, found.group) == ("java.lang.IllegalStateException", "orders-app")
+    assert found.reason == (
+        "Listener failed; could not handle it (in org.springframework.kafka.listener.ListenerExecutionFailedException)"
+    )
+    # A letter with both names reads the DLT ones, as ever.
+    both = adopt("spring", [("kafka_dlt-original-topic", b"payments"), *letter], 500)
+    assert both.original_topic == "payments"

@@ -16,11 +16,13 @@ def test_the_header_reference_documents_every_header_the_code_reads() -> None:
     """``docs/header-protocol.md``: each ``retry.*`` header and each header read from another tool's
     dead-letter topic appears there as `name`, with examples in Python, Java and kcat."""
     from retry_scheduler.core import protocol
-    from retry_scheduler.core.adopt import HEADERS
+    from retry_scheduler.core.adopt import HEADERS, SPRING_RETRYABLE
     from tests.conftest import ROOT
 
     reference = (ROOT / "docs" / "header-protocol.md").read_text()
-    read = set(protocol.KNOWN) | {name for names in HEADERS.values() for name in names.values()}
+    read = set(protocol.KNOWN) | {
+        name for names in [*HEADERS.values(), SPRING_RETRYABLE] for name in names.values()
+    }
     assert len(read) > len(protocol.KNOWN)  # the adopted formats' headers are in
     assert sorted(name for name in read if f"`{name}`" not in reference) == []
     assert all(example in reference for example in ("```python", "```java", "kcat -P"))

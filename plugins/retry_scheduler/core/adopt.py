@@ -117,6 +117,13 @@ _SPRING = {
     "reason": "kafka_dlt-exception-message",
     "group": "kafka_dlt-original-consumer-group",
 }
+#: Spring Kafka's non-blocking retries (``@RetryableTopic``) write their ``<topic>-dlt`` letters with
+#: ``KafkaHeaders``' names that do not say "dlt" (``kafka_original-topic``, ``kafka_exception-fqcn``);
+#: the consumer group's is the same. Read when a Spring letter has no ``kafka_dlt-original-topic``.
+SPRING_RETRYABLE: Final[Mapping[str, str]] = {
+    field: name if field == "group" else name.replace("kafka_dlt-", "kafka_", 1)
+    for field, name in _SPRING.items()
+}
 _CONNECT = {
     "topic": "__connect.errors.topic",
     "partition": "__connect.errors.partition",
@@ -219,6 +226,12 @@ def adopt(spec: str, headers: Sequence[tuple[str, bytes | None]], max_reason_cha
     fmt = source_format(spec)
     names = HEADERS[fmt]
     header = _first if fmt in (SPRING, CONNECT) else _last
+    if (
+        fmt == SPRING
+        and header(headers, names["topic"]) is None
+        and header(headers, SPRING_RETRYABLE["topic"])
+    ):
+        names = SPRING_RETRYABLE
     topic = _text(header(headers, names["topic"]), 300)
     if topic is None or not protocol.TOPIC_NAME.fullmatch(topic):
         raise AdoptError(
