@@ -36,12 +36,16 @@ holds none), so a record that failed in a tool before carries the older letter's
 last of each name counts for Streams and share groups; for Spring (which strips older exception
 headers and appends the original-* ones) and Connect, the first original-* ones, where the record
 first failed, and Connect's last exception. Spring names the cause its listener's exception wraps
-(``kafka_dlt-exception-cause-fqcn``); Connect names only its converter's wrapper (``DataException``,
-"... failed due to serialization error: "), and the cause is read from the stack trace's last
-``Caused by:`` line (:func:`root_cause`). Found by the tools' own programs (``tests/interop/``). A share group's letter holds the source
-record's key and value only with ``errors.deadletterqueue.copy.record.enable``; without, it is a
-pointer (no key, no value, no headers of the source) that the ingest loop completes from the source
-topic (:mod:`retry_scheduler.loops.sources`).
+(``kafka_dlt-exception-cause-fqcn``), and its ``@RetryableTopic`` letters use the same headers
+without "dlt" in their names (:data:`SPRING_RETRYABLE`). Connect names only its converter's wrapper
+(``DataException``, "... failed due to serialization error: "), and the cause is read from the stack
+trace's last ``Caused by:`` line (:func:`root_cause`). All found by the tools' own programs
+(``tests/interop/``).
+
+A share group's letter holds the source record's key and value only with
+``errors.deadletterqueue.copy.record.enable``; without, it is a pointer (no key, no value, no headers
+of the source) that the ingest loop completes from the source topic
+(:mod:`retry_scheduler.loops.sources`).
 """
 
 from __future__ import annotations
