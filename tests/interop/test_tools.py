@@ -2,9 +2,9 @@
 
 Each test starts a real application of its tool (``tests/interop/*/``, built by Maven once per
 machine): a Spring Kafka listener container with ``DefaultErrorHandler`` and
-``DeadLetterPublishingRecoverer``, a Kafka Connect standalone worker whose converter cannot read some
-records, a Kafka Streams topology with KIP-1034's dead-letter queue, and a Java ``KafkaShareConsumer``
-on a share group with the broker's dead-letter topic. Each fails the records whose value starts with
+``DeadLetterPublishingRecoverer`` and a ``@RetryableTopic`` listener, a Kafka Connect standalone
+worker whose converter cannot read some records, a Kafka Streams topology with KIP-1034's dead-letter
+queue, and a Java ``KafkaShareConsumer`` on a share group with the broker's dead-letter topic. Each fails the records whose value starts with
 ``fail``. The service adopts the letters, and what a user would see is asserted at the sink: the dead
 job's original topic, partition, offset, error class and message; ``dlq list --written-by``; a replay
 that puts the record back on its partition byte for byte; and ``:retry`` mode, where a record that
