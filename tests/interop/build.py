@@ -13,15 +13,14 @@ never skipped silently.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
+
+from retry_scheduler.dev.kafka_libs import take_turns
 
 HERE = Path(__file__).resolve().parent
 DOCS = HERE.parents[1] / "docs" / "header-protocol.md"
@@ -67,17 +66,6 @@ def cache_dir() -> Path:
     return cache / "kafka-retry-scheduler" / f"interop-{digest.hexdigest()[:12]}"
 
 
-@contextlib.contextmanager
-def _turn(lock_path: Path) -> Iterator[None]:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def _need(tool: str, package: str) -> str:
     found = shutil.which(tool)
     if found is None:
@@ -94,7 +82,7 @@ def build() -> Path:
         return target
     _need("javac", "openjdk-17-jdk-headless")
     mvn = _need("mvn", "maven")
-    with _turn(target.with_name(target.name + ".lock")):
+    with take_turns(target.with_name(target.name + ".lock")):
         if (target / COMPLETE).is_file():
             return target
         partial = target.with_name(target.name + ".partial")

@@ -219,6 +219,14 @@ def adopted_rows(loop: Loop, dlq: str, letters: int) -> list[dict]:
     return loop.rows(f"source_topic = '{dlq}'")
 
 
+def replay_adopted(loop: Loop, work: str, dlq: str) -> int:
+    """An operator's replay of the adopted letters of ``work`` (as ``dlq replay`` runs it); how many."""
+    destinations = Destinations.of([work], own_topics=[loop.settings.retry_topic, dlq])
+    replay = Operation(action="replay", selection=Selection(dead_reason="adopted", destination=work),
+                       actor="ann", source="cli", dry_run=False)  # fmt: skip
+    return run_action(loop.settings.database_url, replay, destinations=destinations).affected
+
+
 @pytest.mark.parametrize("name", ["spring", "spring-retryable", "connect", "streams", "share"])
 def test_a_tool_s_own_dead_letters_are_adopted_listed_and_replayed_byte_for_byte(
     database_url: str,
@@ -266,10 +274,7 @@ def test_a_tool_s_own_dead_letters_are_adopted_listed_and_replayed_byte_for_byte
     assert sorted(j["id"] for j in listed) == sorted(r["id"] for r in rows.values())
     assert {j["written_by"] for j in listed} == {tool.fmt}
 
-    destinations = Destinations.of([work], own_topics=[loop.settings.retry_topic, dlq])
-    replay = Operation(action="replay", selection=Selection(dead_reason="adopted", destination=work),
-                       actor="ann", source="cli", dry_run=False)  # fmt: skip
-    assert run_action(loop.settings.database_url, replay, destinations=destinations).affected == len(FAILING)
+    assert replay_adopted(loop, work, dlq) == len(FAILING)
     loop.publish(3)
     seen = consume(bootstrap_servers, [work], expected=len(RECORDS) + len(FAILING))
     replayed = {s.key: s for s in seen if s.header(p.ATTEMPT) is not None}
@@ -372,12 +377,7 @@ def test_a_tool_killed_before_it_commits_writes_its_letters_again_identified_as_
         assert all(bytes(r["msg_value"]) == record["value"] for r in letters)
     assert len({r["retry_id"] for r in rows}) == len(FAILING)
 
-    destinations = Destinations.of([work], own_topics=[loop.settings.retry_topic, dlq])
-    replay = Operation(action="replay", selection=Selection(dead_reason="adopted", destination=work),
-                       actor="ann", source="cli", dry_run=False)  # fmt: skip
-    assert run_action(loop.settings.database_url, replay, destinations=destinations).affected == 2 * len(
-        FAILING
-    )
+    assert replay_adopted(loop, work, dlq) == 2 * len(FAILING)
     loop.publish(3)
     seen = consume(bootstrap_servers, [work], expected=len(RECORDS) + 2 * len(FAILING))
     replayed = [s for s in seen if s.header(p.ATTEMPT) is not None]

@@ -45,7 +45,9 @@ def libs_complete(path: Path | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def _turn(lock_path: Path) -> Iterator[None]:
+def take_turns(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` (made if missing) while the block runs: processes that
+    fetch or build into the same cache (test workers) take turns."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -60,7 +62,7 @@ def fetch_kafka_libs(say: Say = print) -> Path:
     target = libs_dir()
     if libs_complete(target):
         return target
-    with _turn(target.with_name(target.name + ".lock")):
+    with take_turns(target.with_name(target.name + ".lock")):
         if libs_complete(target):  # another process fetched them while this one waited
             return target
         mvn = shutil.which("mvn")
