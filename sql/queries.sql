@@ -227,7 +227,12 @@ SELECT id, source_topic, source_partition, source_offset, source_timestamp_ms, d
        consumer_group, retry_id, original_topic, original_partition, original_offset, first_seen_at,
        due_at, 'published', NULL, dlq_topic, NULL, claimed_by, publish_failures,
        last_error, to_timestamp(acked_ms / 1000.0), dead_at, dlq_published_at, created_at, now(), held_by
-FROM moved;
+FROM moved
+-- A job stored twice from one record, whose twin was published already, has just been published
+-- again (a duplicate with the same retry.id, as at-least-once allows): it leaves retry_jobs and its
+-- twin's row stays (and is the one counted). Refused, it would roll back every round of its publisher,
+-- and publishing would stop.
+ON CONFLICT (source_topic, source_partition, source_offset, source_timestamp_ms) DO NOTHING;
 
 -- name: mark_dlq_published
 -- Still dead (not replayed or purged since its lease): tested as dead_reason IS NOT NULL, which the

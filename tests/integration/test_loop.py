@@ -27,6 +27,7 @@ from confluent_kafka.admin import AdminClient
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.deployment import Deployment
+from retry_scheduler.core.jobs import COPY_COLUMNS
 from retry_scheduler.core.policy import Backoff, Policy, PolicyRegistry
 from retry_scheduler.db.store import Store
 from retry_scheduler.db.vacuum import SelfVacuum
@@ -324,6 +325,32 @@ class Recorder:
 
     def timing(self, name: str, ms: float) -> None:
         self.sent.append(("timing", name, ms))
+
+
+def test_a_job_stored_twice_whose_twin_was_published_never_stops_publishing(loop: Loop) -> None:
+    """Should a record's job be stored again after its first was published (a bug of ours, or rows
+    restored by hand), the second is published as a duplicate (same retry.id) and leaves retry_jobs:
+    its move to retry_published_jobs must not roll back the round, or that publisher would fail
+    every round after it, and hold back every job claimed with it."""
+    create_topics(loop.bootstrap, [loop.dest], partitions=1)
+    loop.send([{"key": b"k1", "value": b"v1", "headers": hdr(destination=loop.dest)}])
+    assert loop.ingest(1).stored == 1
+    assert loop.publish(3).published == 1
+    columns = ", ".join(COPY_COLUMNS)
+    chosen = columns.replace("dead_reason", "NULL").replace("dead_at", "NULL").replace("status", "'pending'")
+    with psycopg.connect(loop.settings.database_url) as conn:
+        conn.execute(f"INSERT INTO retry_jobs ({columns}) SELECT {chosen} FROM retry_published_jobs")  # type: ignore[arg-type]
+    loop.send([{"key": b"k2", "value": b"v2", "headers": hdr(destination=loop.dest)}])
+    assert loop.ingest(1).stored == 1
+
+    # the twin (produced again, its row not counted again: its first is) and the record behind it
+    assert loop.publish(3).published == 1
+
+    assert loop.rows("status = 'pending'") == []
+    seen = consume(loop.bootstrap, [loop.dest], 3)
+    assert sorted(s.key for s in seen) == [b"k1", b"k1", b"k2"]
+    twins = [s for s in seen if s.key == b"k1"]
+    assert twins[0].header(p.ID) == twins[1].header(p.ID)  # a duplicate a consumer can tell
 
 
 def test_metrics_are_reported_per_round_and_a_failing_snapshot_never_stops_publishing(loop: Loop) -> None:

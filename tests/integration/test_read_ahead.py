@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -44,7 +45,7 @@ def _stored_ids(loop: Loop) -> tuple[list[int], list[int]]:
     return backlog, quick
 
 
-def _stored(loop: Loop) -> int:
+def _stored_count(loop: Loop) -> int:
     with psycopg.connect(loop.settings.database_url) as conn:
         [(n,)] = conn.execute("SELECT count(*) FROM retry_jobs_all").fetchall()
     return int(n)
@@ -93,44 +94,65 @@ def test_records_due_soon_are_stored_ahead_of_a_backlog_due_later_on_their_parti
     assert marks == [(BACKLOG + QUICK, BACKLOG + QUICK)]
 
 
-def test_a_loop_stopped_with_rows_waiting_is_followed_by_one_that_stores_each_record_once(
-    database_url: str, bootstrap_servers: str, topic_prefix: str
-) -> None:
-    backlog = 3_000
-    loop = new_loop(database_url, bootstrap_servers, topic_prefix, ingest_batch=500, ingest_workers=1)
-    _send_backlog_then_quick(loop, partitions=1, backlog=backlog)
-
-    # The first loop stops as soon as it stored the quick records: the backlog's rows are still waiting.
+def _pipeline(loop: Loop, go_on: Callable[[IngestCounts], bool]) -> IngestCounts:
+    """One ingest loop (one process) while ``go_on(what it stored so far)``."""
     stored = IngestCounts()
     with loop.store() as store:
         ingestor = Ingestor(Deployment(loop.settings, loop.registry), store)
         try:
-            ingestor.pipeline(lambda: stored.stored < QUICK, stored.add)
+            ingestor.pipeline(lambda: go_on(stored), stored.add)
         finally:
             ingestor.close()
+    return stored
+
+
+def test_loops_stopped_with_rows_waiting_are_followed_by_ones_that_store_each_record_once(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """Three loops, each stopped (a handover) with rows waiting; between them the records due soon are
+    published, so that only the stored offsets can tell the next loop they were stored already."""
+    backlog = 3_000
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix, ingest_batch=500, ingest_workers=1)
+    create_topics(loop.bootstrap, [loop.settings.retry_topic, loop.dest], partitions=1)
+    later, now = str(int(time.time() * 1000) + 600_000), str(int(time.time() * 1000))
+    # every 50th record of the backlog is due now too, as steady traffic is among a burst
+    records = [
+        {"key": f"{'q' if i % 50 == 0 else 'b'}{i}".encode(), "value": b"x" * 100,
+         "headers": hdr(destination=loop.dest, at=now if i % 50 == 0 else later)}
+        for i in range(backlog)
+    ]  # fmt: skip
+    produce(loop.bootstrap, loop.settings.retry_topic, records, partition=0)
+    soon = backlog // 50
+
+    # The first loop stops once it stored the records due now: the backlog's rows are still waiting.
+    _pipeline(loop, lambda stored: stored.stored < soon)
     backlog_ids, quick_ids = _stored_ids(loop)
-    assert len(quick_ids) == QUICK and len(backlog_ids) < backlog
+    assert len(quick_ids) == soon and len(backlog_ids) < backlog - soon
     with psycopg.connect(database_url) as conn:
         [(next_offset, read_to)] = conn.execute(
             "SELECT next_offset, read_to FROM retry_ingest_offsets WHERE consumer_group = %s",
             (loop.settings.consumer_group,),
         ).fetchall()
-    assert next_offset <= len(backlog_ids) < read_to == backlog + QUICK
+    assert next_offset < read_to == backlog  # read to the end, stored to the first waiting row
 
-    # The quick ones are published meanwhile: their rows leave retry_jobs' unique key.
-    assert loop.publish(4).published == QUICK
-    # The next loop reads the backlog's rows again from the lowest not stored, and the quick ones too.
-    with loop.store() as store:
-        ingestor = Ingestor(Deployment(loop.settings, loop.registry), store)
-        try:
-            total = ingestor.run(60, should_stop=lambda: ingestor.totals.consumed >= backlog + QUICK - next_offset,
-                                 grace_s=0)  # fmt: skip
-        finally:
-            ingestor.close()
-    assert total.duplicates == QUICK
-    _each_record_once(loop, 1, backlog + QUICK)
-    assert loop.publish(2).published == 0  # the quick ones are not published again
-    assert len(consume(loop.bootstrap, [loop.dest], QUICK + 1, timeout_s=10)) == QUICK
+    # Those due now are published meanwhile: their rows leave retry_jobs' unique key.
+    assert loop.publish(4).published == soon
+    # The second loop reads again from the lowest record not stored, and stops after its first batch:
+    # the first loop's mark must outlive it.
+    second = _pipeline(loop, lambda stored: stored.batches < 1)
+    assert second.batches >= 1
+    with psycopg.connect(database_url) as conn:
+        [(read_to_after,)] = conn.execute(
+            "SELECT read_to FROM retry_ingest_offsets WHERE consumer_group = %s",
+            (loop.settings.consumer_group,),
+        ).fetchall()
+    assert read_to_after == backlog
+    # The third reads everything that is left.
+    third = _pipeline(loop, lambda _stored: _stored_count(loop) < backlog)
+    assert third.stored > 0
+    _each_record_once(loop, 1, backlog)
+    assert loop.publish(2).published == 0  # those due now are not published again
+    assert len(consume(loop.bootstrap, [loop.dest], soon + 1, timeout_s=10)) == soon
 
 
 def test_an_ingest_worker_killed_with_rows_waiting_loses_none_and_stores_none_twice(
@@ -158,7 +180,7 @@ def test_an_ingest_worker_killed_with_rows_waiting_loses_none_and_stores_none_tw
     with loop.store() as store:
         ingestor = Ingestor(Deployment(loop.settings, loop.registry), store)
         try:
-            ingestor.run(60, should_stop=lambda: _stored(loop) >= expected, grace_s=0)
+            ingestor.run(60, should_stop=lambda: _stored_count(loop) >= expected, grace_s=0)
         finally:
             ingestor.close()
     _each_record_once(loop, 2, backlog + QUICK)

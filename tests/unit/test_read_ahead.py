@@ -126,8 +126,12 @@ def test_each_partition_keeps_its_own_lowest_waiting_offset() -> None:
 
 def test_rows_read_again_below_the_mark_a_loop_before_stored_go_through_the_staging_path() -> None:
     a = ahead(marks={(TOPIC, 0): 10})
-    stored = a.arrange(batch([row(8, 1), row(9, 1)]), NOW_MS, caught_up=False)
+    stored = a.arrange(batch([row(6, 1), row(7, 1)]), NOW_MS, caught_up=False)
     assert stored is not None and stored.maybe_stored
+    # the mark is kept until read past: a loop stopped here leaves the next one the same mark
+    assert stored.read_to == {(TOPIC, 0): 10} and stored.offsets == {(TOPIC, 0): 8}
+    stored = a.arrange(batch([row(8, 1), row(9, 1)]), NOW_MS, caught_up=False)
+    assert stored is not None and stored.maybe_stored and stored.read_to == {(TOPIC, 0): 10}
     stored = a.arrange(batch([row(10, 1), row(11, 1)]), NOW_MS, caught_up=False)
     assert stored is not None and not stored.maybe_stored
 

@@ -149,7 +149,9 @@ class ReadAhead:
                 continue
             waiting = [w.lowest[key] for w in self.waiting if key in w.lowest]
             offsets[key] = min(waiting, default=self.read_next[key])
-            read_to[key] = self.read_next[key]
+            # a loop before read further: its mark stays until this one has read past it (a loop
+            # stopped before would leave the next one no mark there, and it would store twice)
+            read_to[key] = max(self.read_next[key], self.read_marks.get(key, 0))
         again = bool(self.read_marks) and any(
             r.source_offset < self.read_marks.get((r.source_topic, r.source_partition), -1) for r in rows
         )
