@@ -4,6 +4,7 @@ none, and the next one stores none twice, even of those published meanwhile."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -94,22 +95,59 @@ def test_records_due_soon_are_stored_ahead_of_a_backlog_due_later_on_their_parti
     assert marks == [(BACKLOG + QUICK, BACKLOG + QUICK)]
 
 
-def _pipeline(loop: Loop, go_on: Callable[[IngestCounts], bool]) -> IngestCounts:
-    """One ingest loop (one process) while ``go_on(what it stored so far)``."""
+class Killed(Exception):
+    """Raised where a loop dies: what it committed stays, nothing else is done (no row waiting stored)."""
+
+
+def _pipeline(loop: Loop, go_on: Callable[[IngestCounts], bool], *, killed: bool = False) -> IngestCounts:
+    """One ingest loop (one process) while ``go_on(what it stored so far)``; ``killed``: it then dies
+    instead of stopping (a loop asked to stop stores every row waiting first)."""
     stored = IngestCounts()
+
+    def going() -> bool:
+        if go_on(stored):
+            return True
+        if killed:
+            raise Killed
+        return False
+
     with loop.store() as store:
         ingestor = Ingestor(Deployment(loop.settings, loop.registry), store)
         try:
-            ingestor.pipeline(lambda: go_on(stored), stored.add)
+            with contextlib.suppress(Killed):
+                ingestor.pipeline(going, stored.add)
         finally:
             ingestor.close()
     return stored
 
 
-def test_loops_stopped_with_rows_waiting_are_followed_by_ones_that_store_each_record_once(
+def _marks(loop: Loop) -> tuple[int, int]:
+    with psycopg.connect(loop.settings.database_url) as conn:
+        [(next_offset, read_to)] = conn.execute(
+            "SELECT next_offset, read_to FROM retry_ingest_offsets WHERE consumer_group = %s",
+            (loop.settings.consumer_group,),
+        ).fetchall()
+    return next_offset, read_to
+
+
+def test_a_loop_asked_to_stop_stores_every_row_waiting_first(
     database_url: str, bootstrap_servers: str, topic_prefix: str
 ) -> None:
-    """Three loops, each stopped (a handover) with rows waiting; between them the records due soon are
+    backlog = 3_000
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix, ingest_batch=500, ingest_workers=1)
+    _send_backlog_then_quick(loop, partitions=1, backlog=backlog)
+
+    _pipeline(loop, lambda stored: stored.stored < QUICK)  # stopped once the quick ones are stored
+
+    next_offset, read_to = _marks(loop)
+    assert next_offset == read_to == backlog + QUICK  # nothing waits: the next loop reads on from there
+    _each_record_once(loop, 1, backlog + QUICK)
+
+
+def test_loops_that_die_with_rows_waiting_are_followed_by_ones_that_store_each_record_once(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """Two loops die with rows waiting, the third reads on; between them the records due soon are
     published, so that only the stored offsets can tell the next loop they were stored already."""
     backlog = 3_000
     loop = new_loop(database_url, bootstrap_servers, topic_prefix, ingest_batch=500, ingest_workers=1)
@@ -124,29 +162,20 @@ def test_loops_stopped_with_rows_waiting_are_followed_by_ones_that_store_each_re
     produce(loop.bootstrap, loop.settings.retry_topic, records, partition=0)
     soon = backlog // 50
 
-    # The first loop stops once it stored the records due now: the backlog's rows are still waiting.
-    _pipeline(loop, lambda stored: stored.stored < soon)
+    # The first loop dies once it stored the records due now: the backlog's rows are still waiting.
+    _pipeline(loop, lambda stored: stored.stored < soon, killed=True)
     backlog_ids, quick_ids = _stored_ids(loop)
     assert len(quick_ids) == soon and len(backlog_ids) < backlog - soon
-    with psycopg.connect(database_url) as conn:
-        [(next_offset, read_to)] = conn.execute(
-            "SELECT next_offset, read_to FROM retry_ingest_offsets WHERE consumer_group = %s",
-            (loop.settings.consumer_group,),
-        ).fetchall()
+    next_offset, read_to = _marks(loop)
     assert next_offset < read_to == backlog  # read to the end, stored to the first waiting row
 
     # Those due now are published meanwhile: their rows leave retry_jobs' unique key.
     assert loop.publish(4).published == soon
-    # The second loop reads again from the lowest record not stored, and stops after its first batch:
+    # The second loop reads again from the lowest record not stored, and dies after its first batch:
     # the first loop's mark must outlive it.
-    second = _pipeline(loop, lambda stored: stored.batches < 1)
+    second = _pipeline(loop, lambda stored: stored.batches < 1, killed=True)
     assert second.batches >= 1
-    with psycopg.connect(database_url) as conn:
-        [(read_to_after,)] = conn.execute(
-            "SELECT read_to FROM retry_ingest_offsets WHERE consumer_group = %s",
-            (loop.settings.consumer_group,),
-        ).fetchall()
-    assert read_to_after == backlog
+    assert _marks(loop)[1] == backlog
     # The third reads everything that is left.
     third = _pipeline(loop, lambda _stored: _stored_count(loop) < backlog)
     assert third.stored > 0

@@ -392,9 +392,11 @@ class Ingestor:
                 batch = self.read_batch(timeout_s=0 if ahead.waiting else 0.2) if more else None
                 if batch is not None:
                     faults.checkpoint("ingest.consumed")
-                if more:  # rows due later wait; stopping, they are read again by the next loop
+                if more:  # rows due later wait; stopping, every row waiting is stored first
                     caught_up = batch is None or len(batch.messages) < s.ingest_batch // 2
                     batch = ahead.arrange(batch, int(self.clock() * 1000), caught_up=caught_up)
+                else:
+                    batch = ahead.drain()
                 if storing is not None:
                     previous, written = storing
                     on_batch(self._finish(previous, written.result()))

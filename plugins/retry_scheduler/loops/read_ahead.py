@@ -15,8 +15,9 @@ Nothing is lost and nothing is stored twice. A partition's next offset, stored w
 committed to Kafka, stays its lowest record not stored yet; beside it PostgreSQL keeps the offset it
 was read up to (``read_to``). A loop that resumes (after a handover, or kill -9) reads the records in
 between again, and those go through the staging path, which skips the ones stored already
-(:meth:`retry_scheduler.db.store.Store.insert_rows`). Nothing waiting is stored when a loop stops: the
-next one reads it again, due soonest first.
+(:meth:`retry_scheduler.db.store.Store.insert_rows`). A loop that is asked to stop stores every row
+waiting first (:meth:`ReadAhead.drain`), so that a handover reads nothing again; one killed leaves them
+to the next.
 
 A waiting row keeps no message object (they would double its memory): one PostgreSQL refuses is
 stored dead with its pass-through headers only (:meth:`~retry_scheduler.loops.ingest.Ingestor.refused_row`).
@@ -90,6 +91,10 @@ class ReadAhead:
             return None
         return self._combine([*taken, *parts])
 
+    def drain(self) -> Batch | None:
+        """Every row waiting, to store before the loop stops (None: none waits)."""
+        return self._combine(self._take(list(self.waiting))) if self.waiting else None
+
     def _let_wait(self, batch: Batch, later_than: int) -> Batch:
         now_rows: list[CopyRow] = []
         later: list[CopyRow] = []
@@ -118,10 +123,11 @@ class ReadAhead:
         memory allowed, then (caught up) the oldest up to a batch."""
         soon = now + self.horizon_us // 2
         turns = [w for w in self.waiting if w.soonest_due <= soon]
+        chosen = {id(w) for w in turns}
         left = self.waiting_bytes - sum(w.size for w in turns)
         rows = sum(len(w.rows) for w in turns)
         for w in self.waiting:
-            if w in turns:
+            if id(w) in chosen:
                 continue
             if left > self.max_bytes or (caught_up and rows < self.batch_size):
                 turns.append(w)
