@@ -16,7 +16,7 @@ MAKEFLAGS += --jobs=2
 # apt-get, one at a time: two targets installing side by side would find dpkg's lock taken.
 APT := DEBIAN_FRONTEND=noninteractive flock --wait 900 /tmp/.retry-scheduler-apt.lock apt-get
 
-.PHONY: help venv lint format system-deps pg-deps postgres kafka-deps redis-deps spark-deps browser-deps interop-deps test test-fast test-random test-unit up demo bench bench-quick clean docs
+.PHONY: help venv lint format system-deps pg-deps postgres kafka-deps redis-deps spark-deps browser-deps interop-tools interop-deps test test-fast test-random test-unit up demo bench bench-quick clean docs
 
 help:
 	@echo "make demo   run an end-to-end scenario under the real Airflow scheduler (embedded defaults)"
@@ -109,11 +109,13 @@ spark-deps: venv
 
 # The interop tests run real applications of the tools whose dead letters the service adopts (Spring
 # Kafka, Kafka Connect, Kafka Streams, a Java share consumer) and the docs' Java and kcat examples:
-# Maven builds them once per machine into ~/.cache/kafka-retry-scheduler/interop-<hash> (tests/interop/).
-interop-deps: venv
+# Maven builds them once per machine into ~/.cache/kafka-retry-scheduler/interop-<hash> (tests/interop/),
+# here or, under make test, by the first test that needs them (beside the other tests: a minute cold).
+interop-tools:
 	$(call need,command -v javac,openjdk-17-jdk-headless,the interop tests' Java programs)
 	$(call need,command -v mvn,maven,building the interop tests' Java programs)
 	$(call need,command -v kcat,kcat,the docs' kcat examples)
+interop-deps: venv interop-tools
 	@$(BIN)/python -c 'from tests.interop.build import build; print("interop programs built in", build())'
 
 # The Dead letters page is tested in Debian's chromium, driven by Playwright (which cannot download its own here).
@@ -131,7 +133,7 @@ browser-deps:
 TEST_WORKERS ?= 5
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 PARALLEL := -n $(TEST_WORKERS) --dist worksteal -m "not serial"
-test: lint postgres kafka-deps spark-deps browser-deps redis-deps interop-deps
+test: lint postgres kafka-deps spark-deps browser-deps redis-deps interop-tools
 	@mkdir -p .test-reports
 	$(PYTEST) $(PARALLEL) --junitxml=.test-reports/parallel.xml
 	$(PYTEST) -m serial --junitxml=.test-reports/serial.xml

@@ -12,13 +12,11 @@ COPY retry_jobs (
 
 -- name: save_ingest_offsets
 -- In the transaction of the rows: the next offset to read from each partition of the batch.
--- read_to: the offset read up to, above next_offset when records read are waiting (loops/read_ahead.py).
-INSERT INTO retry_ingest_offsets (consumer_group, topic, partition, next_offset, read_to)
-SELECT %(group)s, t, p, o, r
-FROM unnest(%(topics)s::text[], %(partitions)s::integer[], %(offsets)s::bigint[], %(read_to)s::bigint[])
-  AS x(t, p, o, r)
+INSERT INTO retry_ingest_offsets (consumer_group, topic, partition, next_offset)
+SELECT %(group)s, t, p, o
+FROM unnest(%(topics)s::text[], %(partitions)s::integer[], %(offsets)s::bigint[]) AS x(t, p, o)
 ON CONFLICT (consumer_group, topic, partition)
-DO UPDATE SET next_offset = EXCLUDED.next_offset, read_to = EXCLUDED.read_to, updated_at = clock_timestamp();
+DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = clock_timestamp();
 
 -- name: ingested_record_timestamp
 -- The timestamp of the record stored from this offset of a retry topic, if its row is still here.
@@ -28,12 +26,6 @@ LIMIT 1;
 
 -- name: ingest_offsets
 SELECT topic, partition, next_offset FROM retry_ingest_offsets WHERE consumer_group = %(group)s;
-
--- name: ingest_read_marks
--- Partitions a loop read further than it stored (loops/read_ahead.py): the records from next_offset up
--- to read_to may be stored already, and go through the staging path when read again.
-SELECT topic, partition, read_to FROM retry_ingest_offsets
-WHERE consumer_group = %(group)s AND read_to > next_offset;
 
 -- name: ingest_offsets_of
 -- The next offsets stored of these partitions (Store._maybe_stored), in the batch's transaction.

@@ -290,25 +290,6 @@ class Settings:
             "RETRY_INGEST_WORKERS", "processes the ingest task shares the retry-topic partitions among"
         ),
     )
-    #: Records due later than this wait in an ingest worker's memory while sooner ones are stored
-    #: first (:mod:`retry_scheduler.loops.read_ahead`); 0: stored in the order read.
-    ingest_read_ahead_ms: int = field(
-        default=30_000,
-        metadata=env(
-            "RETRY_INGEST_READ_AHEAD_MS",
-            "a record due more than this after it is read may wait in the ingest's memory while records due "
-            "sooner, read after it, are stored first (a burst due in minutes then holds back no record due in "
-            "seconds); 0: records are stored in the order they are read",
-        ),
-    )
-    ingest_read_ahead_mb: int = field(
-        default=512,
-        metadata=env(
-            "RETRY_INGEST_READ_AHEAD_MB",
-            "memory each ingest worker process may hold records waiting in (`RETRY_INGEST_READ_AHEAD_MS`); "
-            "past it, the oldest are stored first",
-        ),
-    )
     publish_batch: int = field(default=2000, metadata=env("RETRY_PUBLISH_BATCH", "jobs per publish round"))
     #: Publishers working side by side in the publish task, each with its own connection and producer.
     publish_workers: int = field(
@@ -472,8 +453,6 @@ class Settings:
             replay_approval_above=env_int(env, "RETRY_REPLAY_APPROVAL_ABOVE", defaults.replay_approval_above),
             ingest_batch=env_int(env, "RETRY_INGEST_BATCH", defaults.ingest_batch),
             ingest_workers=env_int(env, "RETRY_INGEST_WORKERS", defaults.ingest_workers),
-            ingest_read_ahead_ms=env_int(env, "RETRY_INGEST_READ_AHEAD_MS", defaults.ingest_read_ahead_ms),
-            ingest_read_ahead_mb=env_int(env, "RETRY_INGEST_READ_AHEAD_MB", defaults.ingest_read_ahead_mb),
             publish_batch=env_int(env, "RETRY_PUBLISH_BATCH", defaults.publish_batch),
             publish_workers=env_int(env, "RETRY_PUBLISH_WORKERS", defaults.publish_workers),
             publish_tasks=env_int(env, "RETRY_PUBLISH_TASKS", defaults.publish_tasks),

@@ -24,11 +24,6 @@ def check_settings(s: Settings) -> None:
             f"delivery timeout ({s.delivery_timeout_ms} ms) must be shorter than the claim "
             f"lease ({s.lease_ms} ms), or a job in flight could be claimed twice"
         )
-    if s.ingest_read_ahead_ms < 0 or s.ingest_read_ahead_mb < 0:
-        raise ConfigError(
-            "RETRY_INGEST_READ_AHEAD_MS and RETRY_INGEST_READ_AHEAD_MB must be 0 (no read-ahead) or more, "
-            f"not {s.ingest_read_ahead_ms} and {s.ingest_read_ahead_mb}"
-        )
     if s.ingest_workers < 1:
         raise ConfigError(f"RETRY_INGEST_WORKERS must be at least 1, not {s.ingest_workers}")
     if s.topic_replication_factor == 0 or s.topic_replication_factor < -1:

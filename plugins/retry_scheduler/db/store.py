@@ -113,8 +113,6 @@ class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
         chain_events: Sequence[tuple[str, str, str | None]] = (),
         refused: Refusal | None = None,
         breakers: Callable[[str], bool] | None = None,
-        read_to: Mapping[tuple[str, int], int] | None = None,
-        maybe_stored: bool = False,
     ) -> list[str | None]:
         """Store new jobs (:class:`~retry_scheduler.core.jobs.CopyRow`) and, in the same transaction, the next
         ``offsets`` to read of ``consumer_group``'s retry-topic partitions.
@@ -139,15 +137,12 @@ class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
 
         ``breakers`` says which destinations have a breaker (``BREAKERS``): the batch's records come
         back from those (an attempt above 0) are counted in their rows (:mod:`retry_scheduler.core.breakers`).
-
-        ``read_to``: how far each partition was read, beside its next offset (:mod:`~retry_scheduler.loops.read_ahead`).
-        ``maybe_stored``: some rows may be stored already (the caller knows): through the staging table.
         """
         if not rows and not chain_events:
             return []
         with self.conn.transaction(), self.conn.cursor() as cur:
             if rows:
-                again = maybe_stored or self._maybe_stored(cur, rows, consumer_group)
+                again = self._maybe_stored(cur, rows, consumer_group)
                 rows, stored = self._store_rows(cur, rows, refused, again)
                 notify_overdue(cur, rows)  # the publishers' claims start below them
             else:
@@ -179,7 +174,6 @@ class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
                         "topics": [k[0] for k in keys],
                         "partitions": [k[1] for k in keys],
                         "offsets": [offsets[k] for k in keys],
-                        "read_to": [max(offsets[k], (read_to or {}).get(k, offsets[k])) for k in keys],
                     },
                 )
         self._registered |= registered  # committed
@@ -341,13 +335,6 @@ class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
         """The next offset to read of every retry-topic partition ``consumer_group`` stored rows from."""
         with self.conn.transaction():
             rows = self.conn.execute(q("ingest_offsets"), {"group": consumer_group}).fetchall()
-        return {(topic, partition): offset for topic, partition, offset in rows}
-
-    def read_marks(self, consumer_group: str) -> dict[tuple[str, int], int]:
-        """The partitions ``consumer_group`` read further than it stored, with the offset read up to
-        (``read_to``): below it, a record read again may be stored already."""
-        with self.conn.transaction():
-            rows = self.conn.execute(q("ingest_read_marks"), {"group": consumer_group}).fetchall()
         return {(topic, partition): offset for topic, partition, offset in rows}
 
     def ingested_record_timestamp(self, topic: str, partition: int, offset: int) -> int | None:

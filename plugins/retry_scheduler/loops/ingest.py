@@ -12,9 +12,11 @@ import logging
 import pickle
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import cast
+from dataclasses import dataclass, field, fields
+from typing import Any, cast
 
 from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
 
@@ -24,13 +26,12 @@ from retry_scheduler.core.adopt import source_format
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.durations import format_duration_ms
 from retry_scheduler.core.headers import Header
-from retry_scheduler.core.jobs import CopyRow, decode_headers
+from retry_scheduler.core.jobs import CopyRow
 from retry_scheduler.core.metrics import Metrics, NoMetrics
 from retry_scheduler.core.records import RowBuilder, new_retry_id
 from retry_scheduler.db.loop_records import IngestLock
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.handover import LoopTenure
-from retry_scheduler.loops.ingest_types import Batch, IngestCounts
 from retry_scheduler.loops.ingest_worker import (
     SPARES_AFTER_S,
     SPARES_APART_S,
@@ -44,16 +45,80 @@ from retry_scheduler.loops.kafka import (
     make_consumer,
 )
 from retry_scheduler.loops.offsets import same_partition, start_offset
-from retry_scheduler.loops.read_ahead import ReadAhead
 from retry_scheduler.loops.sources import SourceReader, share_topics
-
-__all__ = ["Batch", "IngestBusyError", "IngestCounts", "Ingestor"]
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class IngestCounts:
+    """What one ingest run did; logged and returned to Airflow as XCom."""
+
+    consumed: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    pending: int = 0
+    dead: Counter[str] = field(default_factory=Counter)
+    batches: int = 0
+    #: Records whose timestamp was outside the trusted window: their ingest time counted instead.
+    untrusted_timestamps: int = 0
+    #: The batch that took longest to store: its seconds and records.
+    slowest_batch_s: float = 0.0
+    slowest_batch_records: int = 0
+    #: Letters read from other tools' dead-letter topics, by format (``core/adopt.py``).
+    adopted: Counter[str] = field(default_factory=Counter)
+    #: Pointer-only letters whose source record could not be read (``loops/sources.py``).
+    letters_unreadable: int = 0
+
+    def add(self, other: IngestCounts) -> None:
+        self.consumed += other.consumed
+        self.stored += other.stored
+        self.duplicates += other.duplicates
+        self.pending += other.pending
+        self.dead.update(other.dead)
+        self.batches += other.batches
+        self.untrusted_timestamps += other.untrusted_timestamps
+        self.adopted.update(other.adopted)
+        self.letters_unreadable += other.letters_unreadable
+        if other.slowest_batch_s > self.slowest_batch_s:
+            self.slowest_batch_s, self.slowest_batch_records = (
+                other.slowest_batch_s,
+                other.slowest_batch_records,
+            )
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IngestCounts:
+        """Inverse of :meth:`as_dict` (counts come back from worker processes as dicts)."""
+        return cls(**{**d, "dead": Counter(d["dead"]), "adopted": Counter(d.get("adopted", {}))})
+
+    def as_dict(self) -> dict[str, Any]:
+        counts = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**counts, "dead": dict(self.dead), "adopted": dict(self.adopted),
+                "slowest_batch_s": round(self.slowest_batch_s, 3)}  # fmt: skip
+
+
 class IngestBusyError(RuntimeError):
     """Another ingest loop holds the retry topics; this one got no turn in time."""
+
+
+@dataclass
+class Batch:
+    """Consumed records turned into rows, and the next offset of each partition they came from."""
+
+    rows: list[CopyRow]
+    offsets: dict[tuple[str, int], int]
+    #: Rows whose record timestamp was not trusted (their ingest time counted instead).
+    untrusted_timestamps: int = 0
+    #: Ordered mode: what the batch's records say of their chains, in their order (released, blocked
+    #: or dead; :attr:`~retry_scheduler.core.records.RowBuilder.chain_events`).
+    chain_events: list[tuple[str, str, str | None]] = field(default_factory=list)
+    #: Release records read (they store no job).
+    release_records: int = 0
+    #: The consumed records (confluent-kafka messages): a row PostgreSQL refuses is stored dead in its
+    #: place with the record's headers as they came (:meth:`Ingestor.refused_row`).
+    messages: Sequence[Any] = ()
+    #: Ordered mode: notice rows among ``rows`` (:func:`~retry_scheduler.core.records.notice_of`).
+    notices: int = 0
 
 
 class Ingestor:
@@ -247,8 +312,6 @@ class Ingestor:
             chain_events=batch.chain_events,
             refused=lambda row, reason: self.refused_row(batch, row, reason),
             breakers=self.deployment.policies.has_breaker if self.deployment.policies.breakers else None,
-            read_to=batch.read_to,
-            maybe_stored=batch.maybe_stored,
         )
         counts = IngestCounts(
             consumed=len(batch.rows) - batch.notices + batch.release_records, stored=len(stored), batches=1
@@ -284,7 +347,7 @@ class Ingestor:
     def refused_row(self, batch: Batch, row: CopyRow, reason: str) -> CopyRow:
         """The dead (``invalid``) row stored in place of ``row``, which PostgreSQL refused: the record's
         key, value and headers as they came (from ``batch.messages``), the server's error as reason."""
-        headers: Sequence[Header] | None = None
+        headers: Sequence[Header] = ()
         for msg in batch.messages:
             if (msg.offset(), msg.partition(), msg.topic()) == (
                 row.source_offset, row.source_partition, row.source_topic,
@@ -292,12 +355,8 @@ class Ingestor:
                 try:
                     headers = msg.headers() or ()
                 except Exception as exc:
-                    headers = ()
                     reason = f"{reason}; its headers could not be read ({type(exc).__name__})"
                 break
-        if headers is None:  # it waited in the read-ahead, which keeps no message: its pass-through headers
-            headers = decode_headers(row.headers)
-            reason = f"{reason}; its retry.* headers were not kept (it waited in the ingest's read-ahead)"
         dead = self.rows.invalid(
             row.source_topic, row.source_partition, row.source_offset, row.source_timestamp_ms or None,
             row.msg_key, row.msg_value, headers, int(self.clock() * 1000), reason,
@@ -377,26 +436,13 @@ class Ingestor:
             self.acquire(0)  # assigns the share
         elif not self._assigned:
             self._refresh_assignment()
-        s = self.settings
-        ahead = ReadAhead(
-            s.ingest_read_ahead_ms,
-            s.ingest_read_ahead_mb,
-            s.ingest_batch,
-            self.store.read_marks(s.consumer_group),
-        )
         with ThreadPoolExecutor(1, thread_name_prefix="ingest-writer") as writer:
             storing: tuple[Batch, Future[IngestCounts]] | None = None
             while True:
                 more = go_on()
-                # with rows waiting, no wait for records: the round stores some of them
-                batch = self.read_batch(timeout_s=0 if ahead.waiting else 0.2) if more else None
+                batch = self.read_batch(timeout_s=0.2) if more else None
                 if batch is not None:
                     faults.checkpoint("ingest.consumed")
-                if more:  # rows due later wait; stopping, every row waiting is stored first
-                    caught_up = batch is None or len(batch.messages) < s.ingest_batch // 2
-                    batch = ahead.arrange(batch, int(self.clock() * 1000), caught_up=caught_up)
-                else:
-                    batch = ahead.drain()
                 if storing is not None:
                     previous, written = storing
                     on_batch(self._finish(previous, written.result()))
