@@ -130,7 +130,7 @@ browser-deps:
 # capacity steps, whose lateness is timed, and CPU shares) run alone after them. Each part prints its
 # 15 slowest tests and writes a JUnit report to .test-reports/ (.ci/run prints the slowest of both); a
 # process a test left running fails the run.
-TEST_WORKERS ?= 6
+TEST_WORKERS ?= 5
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 PARALLEL := -n $(TEST_WORKERS) --dist worksteal -m "not serial"
 test: lint postgres kafka-deps spark-deps browser-deps redis-deps interop-tools
