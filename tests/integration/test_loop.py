@@ -337,7 +337,8 @@ def test_a_job_stored_twice_whose_twin_was_published_never_stops_publishing(loop
     assert loop.ingest(1).stored == 1
     assert loop.publish(3).published == 1
     columns = ", ".join(COPY_COLUMNS)
-    chosen = columns.replace("dead_reason", "NULL").replace("dead_at", "NULL").replace("status", "'pending'")
+    pending = {"status": "'pending'", "dead_reason": "NULL", "dead_at": "NULL"}
+    chosen = ", ".join(pending.get(column, column) for column in COPY_COLUMNS)
     with psycopg.connect(loop.settings.database_url) as conn:
         conn.execute(f"INSERT INTO retry_jobs ({columns}) SELECT {chosen} FROM retry_published_jobs")  # type: ignore[arg-type]
     loop.send([{"key": b"k2", "value": b"v2", "headers": hdr(destination=loop.dest)}])
