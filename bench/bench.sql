@@ -239,6 +239,21 @@ SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0), pg_relation_size('r
        (SELECT max(age(backend_xmin)) FROM pg_stat_activity WHERE backend_xmin IS NOT NULL)
 FROM pg_stat_user_tables AS s WHERE s.relname = 'retry_jobs';
 
+-- name: bench_slow_statements
+-- Statements of the benchmark's database running longer than %(over_s)s seconds, and sessions waiting
+-- for a lock, besides the held snapshot's own (a window's stall says where it waited): the
+-- application, its state (idle in transaction: a publisher waiting for the broker with its claim
+-- locked), what it waits on, for how long, and the statement.
+SELECT coalesce(nullif(a.application_name, ''), a.backend_type), a.state,
+       coalesce(a.wait_event_type || ':' || a.wait_event, ''),
+       round(extract(epoch FROM clock_timestamp() - a.query_start)::numeric, 1)::float8,
+       left(regexp_replace(a.query, '\s+', ' ', 'g'), 120)
+FROM pg_stat_activity AS a
+WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() AND a.state <> 'idle'
+  AND a.query <> 'SELECT count(*) FROM retry_jobs'
+  AND (clock_timestamp() - a.query_start > %(over_s)s * interval '1 second' OR a.wait_event_type = 'Lock')
+ORDER BY a.query_start;
+
 -- name: bench_pg_activity
 -- PostgreSQL's cumulative work so far, for the soak's drift per 1 000 retries: the service database's
 -- block reads and hits, rows read and written; retry_jobs' scans, autovacuum and autoanalyze runs; the

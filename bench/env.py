@@ -131,6 +131,8 @@ class BenchEnv:
         self.share_stack = share_stack
         self.shared_stack: Any = None
         self.stacks = contextlib.ExitStack()
+        #: Where the report is written (a measurement keeps there what explains a miss), if anywhere.
+        self.report_dir: Path | None = None
 
     def __enter__(self) -> BenchEnv:
         try:

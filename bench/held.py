@@ -55,6 +55,10 @@ from bench.timeline import MAX_P99_S, lateness_between, seconds
 log = logging.getLogger(__name__)
 
 SAMPLE_EVERY_S = 5.0
+#: Statements running longer than this (and lock waits) are sampled every second through each window.
+SLOW_STATEMENT_S = 1.0
+#: At most this many such samples are kept in a window's details.
+MAX_SLOW_SAMPLES = 300
 #: Throughput with the snapshot held must be at least this share of the baseline's.
 MIN_RATIO = 0.9
 #: Records a second sent already overdue beside each window's traffic, and how overdue.
@@ -107,6 +111,10 @@ def periodic_samples(
 def _table_state(env: BenchEnv) -> list[Any]:
     dead, live, table_b, index_b, xmin_age = env.sql("bench_table_state", {}, fetch=True)[0]
     return [int(dead), int(live), round(table_b / 2**20, 2), round(index_b / 2**20, 2), int(xmin_age or 0)]
+
+
+def _slow_statements(env: BenchEnv) -> list[Any]:
+    return [list(row) for row in env.sql("bench_slow_statements", {"over_s": SLOW_STATEMENT_S}, fetch=True)]
 
 
 def table_sampler(env: BenchEnv) -> contextlib.AbstractContextManager[list[list[Any]]]:
@@ -230,17 +238,43 @@ def overdue_records(env: BenchEnv, settings: Any, window: str) -> Iterator[dict[
         )  # fmt: skip
 
 
+def _keep_logs(env: BenchEnv, stack: Any, window: str) -> str | None:
+    """Copy the stack's logs (its processes', the Airflow tasks', the broker's) to ``logs-<window>``
+    beside the report, for a window that missed: the run's own folder is removed at its end."""
+    if env.report_dir is None:
+        return None
+    to = env.report_dir / f"logs-{window}"
+    shutil.rmtree(to, ignore_errors=True)
+    for source, name in (
+        (stack.log_dir, "stack"),
+        (Path(stack.airflow_home) / "logs", "airflow"),
+        (env.work_dir / "kafka.log", "kafka.log"),
+    ):
+        source = Path(source)
+        if source.is_dir():
+            shutil.copytree(source, to / name, dirs_exist_ok=True)
+        elif source.is_file():
+            to.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, to / name)
+    log.info("held snapshot: the %s window missed; its logs are kept in %s", window, to)
+    return str(to)
+
+
 def _window(
-    env: BenchEnv, settings: Any, rate: int, seconds: int, metadata_url: str, load: str, sizes: Sizes
+    env: BenchEnv, stack: Any, rate: int, seconds: int, metadata_url: str, load: str, sizes: Sizes
 ) -> dict[str, Any]:
     """One window at ``rate`` with ``load`` beside it: nothing (``baseline``), a snapshot held open
-    (``held``) or a Spark bulk retry (``spark``)."""
+    (``held``) or a Spark bulk retry (``spark``). Statements slower than :data:`SLOW_STATEMENT_S`
+    are sampled each second (``slow_statements``: [seconds from the start, [application, state,
+    wait, seconds, statement], ...]); a window that misses keeps its logs (``logs``)."""
+    settings = stack.settings
     bulk_destination = _seed_dead(env, sizes.held_spark_rows) if load == "spark" else ""
     with contextlib.ExitStack() as blocks:
         # Outermost: the wait for its last records comes after the snapshot and the sampler end (a
         # sample taken after the snapshot's release would show it gone inside the window).
         overdue = blocks.enter_context(overdue_records(env, settings, load))
         samples = blocks.enter_context(table_sampler(env))
+        slow = blocks.enter_context(periodic_samples(lambda: _slow_statements(env), 1.0, "slow statements"))
         if load in ("held", "spark"):
             blocks.enter_context(held_snapshot(env))
         job = None
@@ -251,6 +285,9 @@ def _window(
         step = _step(env, settings, rate, seconds, metadata_url, label=load)
     step["window"] = load
     step["table_timeline"] = samples
+    step["slow_statements"] = [row for row in slow if len(row) > 1][:MAX_SLOW_SAMPLES]
+    if step["p99_s"] is None or step["p99_s"] > MAX_P99_S:
+        step["logs"] = _keep_logs(env, stack, load)
     step["overdue"] = overdue
     jobs = step["sent"] + overdue["sent"] + (sizes.held_spark_rows if load == "spark" else 0)
     step["bounds"] = _bounds(samples, jobs)
@@ -313,9 +350,8 @@ def measure_held_snapshot(env: BenchEnv, sizes: Sizes) -> Result:
     why_no_spark = _why_no_spark(sizes)
     loads = ("baseline", "held") if why_no_spark else ("baseline", "held", "spark")
     with live_stack(env, "held") as stack:
-        settings = stack.settings
         metadata_url = stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
-        windows = [_window(env, settings, rate, seconds, metadata_url, load, sizes) for load in loads]
+        windows = [_window(env, stack, rate, seconds, metadata_url, load, sizes) for load in loads]
     baseline, held = windows[0], windows[1]
 
     def ratio(published_per_s: float | None) -> float | None:
@@ -391,6 +427,7 @@ def measure_held_snapshot(env: BenchEnv, sizes: Sizes) -> Result:
             f"retry_jobs at most {most(w, 1):,} dead rows, {most(w, 3)} MB (due index {most(w, 4)} MB), oldest "
             f"snapshot {most(w, 5):,} transactions old; {bounds_text(w['bounds'])}. {overdue_text(w['overdue'])}"
             + spark_text(w)
+            + (f" It missed: its logs are kept in {w['logs']}." if w.get("logs") else "")
             for w in windows
             if w["table_timeline"]
         ],

@@ -296,6 +296,7 @@ def run_bench(
     with BenchEnv(
         settings, options.db_name, options.bootstrap, options.keep_db, share_stack=options.share_stack
     ) as env:
+        env.report_dir = options.out
         machine = machine_info(env.url, own_broker=env.owns_broker)
         run_cpu = bench_cpu.cpu_times()
         for name in MEASUREMENTS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import uuid
 from dataclasses import replace
 from datetime import datetime
@@ -226,3 +227,66 @@ def test_a_run_removes_its_work_directory_and_a_failed_or_kept_run_keeps_it(boot
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
     for path in (failed, kept):
         shutil.rmtree(path)
+
+
+def test_a_held_window_samples_slow_statements_and_lock_waits_and_keeps_a_missed_windows_logs(
+    bootstrap_servers: str, tmp_path: Path
+) -> None:
+    """What explains a stalled window: the statements running past a second and the sessions waiting
+    for a lock, read from the server while they run; and the stack's logs, copied beside the report
+    before the run's folder is removed."""
+    import threading
+    from types import SimpleNamespace
+
+    from bench.env import BenchEnv
+    from bench.held import _keep_logs, _slow_statements
+
+    settings = Settings(database_url=ADMIN_URL)
+    name = f"retry_bench_slow_{uuid.uuid4().hex[:8]}"
+    with BenchEnv(settings, name, bootstrap_servers) as env:
+        locked, waiting = threading.Event(), threading.Event()
+
+        def hold_then_wait() -> None:
+            with psycopg.connect(env.url, application_name="bench-holder") as holder:
+                holder.execute("LOCK TABLE retry_destinations IN ACCESS EXCLUSIVE MODE")
+                locked.set()
+                with psycopg.connect(env.url, application_name="bench-waiter", autocommit=True) as waiter:
+                    threading.Timer(3.0, holder.rollback).start()
+                    waiting.set()
+                    waiter.execute("SELECT count(*) FROM retry_destinations")
+
+        thread = threading.Thread(target=hold_then_wait)
+        thread.start()
+        assert locked.wait(10) and waiting.wait(10)
+        with psycopg.connect(env.url, application_name="bench-sleeper", autocommit=True) as sleeper:
+            asleep = threading.Thread(target=sleeper.execute, args=("SELECT pg_sleep(3)",))
+            asleep.start()
+            deadline = time.monotonic() + 10
+            rows = _slow_statements(env)
+            while not {"bench-sleeper", "bench-waiter"} <= {row[0] for row in rows}:
+                assert time.monotonic() < deadline, rows
+                time.sleep(0.2)
+                rows = _slow_statements(env)
+            asleep.join()
+        thread.join()
+        apps = {row[0]: row for row in rows}
+        waiter = apps["bench-waiter"]
+        assert waiter[2] == "Lock:relation" and "retry_destinations" in waiter[4], rows
+        # Idle in its transaction, holding its lock (as a publisher waiting for the broker would).
+        assert apps["bench-holder"][1] == "idle in transaction" and "LOCK TABLE" in apps["bench-holder"][4]
+        sleeping = apps["bench-sleeper"]
+        assert sleeping[1] == "active" and sleeping[3] >= 1.0 and "pg_sleep" in sleeping[4], sleeping
+        assert not [row for row in _slow_statements(env) if row[0].startswith("bench-")]  # once done
+
+        stack_logs, airflow_home = env.work_dir / "logs-held", env.work_dir / "airflow-held"
+        (airflow_home / "logs" / "dag_id=retry_scheduler").mkdir(parents=True)
+        (airflow_home / "logs" / "dag_id=retry_scheduler" / "attempt=1.log").write_text("claimed 5 jobs\n")
+        stack_logs.mkdir()
+        (stack_logs / "scheduler.log").write_text("scheduler\n")
+        stack = SimpleNamespace(log_dir=stack_logs, airflow_home=airflow_home)
+        assert _keep_logs(env, stack, "held") is None  # no report folder: nothing copied
+        env.report_dir = tmp_path
+        kept = Path(_keep_logs(env, stack, "held") or "")
+    assert kept == tmp_path / "logs-held"
+    assert (kept / "stack" / "scheduler.log").read_text() == "scheduler\n"
+    assert (kept / "airflow" / "dag_id=retry_scheduler" / "attempt=1.log").read_text() == "claimed 5 jobs\n"

@@ -97,6 +97,12 @@ def test_the_held_snapshot_windows_publish_everything_and_show_the_snapshot_held
         overdue = window["overdue"]
         assert overdue["sent"] > 0 and overdue["published"] == overdue["sent"], overdue
         assert overdue["not_overdue"] == 0 and 0 <= overdue["p50_s"] <= overdue["p99_s"] <= overdue["max_s"]
+        # What would explain a stall is sampled; a window that missed keeps its logs beside the report.
+        assert isinstance(window["slow_statements"], list), window["slow_statements"]
+        if window["p99_s"] > 1.0:
+            assert Path(window["logs"]).parent == out and (Path(window["logs"]) / "stack").is_dir(), window
+        else:
+            assert "logs" not in window
     assert with_spark["bounds"]["jobs"] == with_spark["sent"] + with_spark["overdue"]["sent"] + 1_500
     assert report["held_snapshot_overdue_p99_s"] == with_snapshot["overdue"]["p99_s"]
     # The snapshot really was held: the oldest snapshot grew older through the held windows only
