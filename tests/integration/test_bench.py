@@ -16,6 +16,7 @@ import pytest
 from bench.measure import BenchOptions, Sizes, run_bench
 from bench.report import TARGETS
 from retry_scheduler.core.config import Settings
+from tests.benchutil import once_per_run
 from tests.conftest import ADMIN_URL
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
@@ -26,21 +27,28 @@ DB_NAME = f"retry_bench_test_{uuid.uuid4().hex[:8]}"
 
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory: pytest.TempPathFactory, bootstrap_servers: str) -> Path:
-    out = tmp_path_factory.mktemp("bench-out")
-    options = BenchOptions(
-        out=out,
-        quick=True,
-        only=("ingest", "publish", "claim", "ordered", "fairness"),
-        sizes=SIZES,
-        db_name=DB_NAME,
-        bootstrap=bootstrap_servers,
-    )
-    steps: list[tuple[int, int]] = []
-    run_bench(
-        Settings(database_url=ADMIN_URL), options, say=lambda _m: None, progress=lambda *s: steps.append(s)
-    )
-    assert steps == [(n, 5) for n in range(6)]  # the command's progress: one step per measurement
-    return out
+    def measure(out: Path) -> None:
+        options = BenchOptions(
+            out=out,
+            quick=True,
+            only=("ingest", "publish", "claim", "ordered", "fairness"),
+            sizes=SIZES,
+            db_name=DB_NAME,
+            bootstrap=bootstrap_servers,
+        )
+        steps: list[tuple[int, int]] = []
+        run_bench(
+            Settings(database_url=ADMIN_URL),
+            options,
+            say=lambda _m: None,
+            progress=lambda *s: steps.append(s),
+        )
+        assert steps == [(n, 5) for n in range(6)]  # the command's progress: one step per measurement
+        (out / "db_name").write_text(DB_NAME)
+
+    # The tests below read what the run wrote only (its database's name included): one run serves
+    # them wherever xdist sends them.
+    return once_per_run(tmp_path_factory, "bench", measure)
 
 
 @pytest.fixture(scope="module")
@@ -177,9 +185,11 @@ def test_unmeasured_figures_are_null_with_a_reason(report: dict, report_dir: Pat
     assert "Machine speed at the start of the run" in md
 
 
-def test_the_benchmark_database_is_dropped(report: dict) -> None:
+def test_the_benchmark_database_is_dropped(report: dict, report_dir: Path) -> None:
+    db_name = (report_dir / "db_name").read_text()
+    assert db_name.startswith("retry_bench_test_")
     with psycopg.connect(ADMIN_URL) as conn:
-        row = conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (DB_NAME,)).fetchone()
+        row = conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (db_name,)).fetchone()
     assert row == (0,)
 
 

@@ -388,6 +388,68 @@ def test_a_tool_killed_before_it_commits_writes_its_letters_again_identified_as_
         assert len({(s.header(p.ID), s.header(p.ATTEMPT)) for s in copies}) == 1
 
 
+def test_a_connect_task_restarted_through_its_rest_api_loses_nothing_and_writes_each_letter_once(
+    database_url: str, bootstrap_servers: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """An operator restarts the sink task (``POST /connectors/<name>/tasks/0/restart``, Connect's own
+    REST API) after it wrote its letters, long before its next offset flush (a minute). The task
+    commits what it handled, failed records included, as it closes: started again, it reads on from
+    there. Nothing is lost (records sent after the restart are sunk or lettered), and no letter is
+    written twice; the letters of both rounds are adopted as one failure each. (A worker killed -9
+    commits nothing: that one writes its letters again, see the test above.)"""
+    import re
+    import urllib.request
+
+    tool = tools(bootstrap_servers)["connect"]
+    work, group = f"{topic_prefix}-work", f"{topic_prefix}-connect-app"
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix)
+    dlq = prepare(loop, tool, work, group)
+    loop = dataclasses.replace(loop, settings=loop.settings.with_overrides(adopt_topics={dlq: tool.fmt}))
+    produce(bootstrap_servers, work, RECORDS)
+
+    def call(url: str, method: str = "GET") -> tuple[int, bytes]:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=30) as answer:
+            return answer.status, answer.read()
+
+    with running(tool.command(work, dlq, group, tmp_path), tmp_path / "connect.log") as app:
+        assert len(consume(bootstrap_servers, [dlq], expected=len(FAILING), timeout_s=120)) == len(FAILING)
+        app.wait_for(f"sank {work} ", timeout_s=60)
+        found = re.search(r"REST server listening at (http://[^/\s,]+)/", app.output())
+        assert found, app.output()[-3000:]
+        rest = found.group(1)
+        status, _body = call(f"{rest}/connectors/{group}/tasks/0/restart", "POST")
+        assert status in (200, 202, 204), status
+        deadline = time.monotonic() + 60
+        while True:  # the task stopped and started again: Connect says so in its status
+            state = json.loads(call(f"{rest}/connectors/{group}/status")[1])["tasks"][0]
+            if state["state"] == "RUNNING" and app.output().count("Stopping task") >= 1:
+                break
+            assert time.monotonic() < deadline, (state, app.output()[-3000:])
+            time.sleep(0.5)
+        assert app.output().count("Stopping task") == 1 and "Executing sink task" in app.output()
+        produce(bootstrap_servers, work, RECORDS)  # the second round, read by the restarted task
+        letters = consume(bootstrap_servers, [dlq], expected=2 * len(FAILING), timeout_s=120)
+        app.wait_for(f"sank {work} ", timeout_s=60, times=2)
+
+    placed = {}
+    for seen in consume(bootstrap_servers, [work], expected=2 * len(RECORDS)):
+        placed.setdefault(seen.key, []).append((seen.partition, seen.offset))
+    # Each failed record of each round was lettered exactly once, by the offset it had in its topic.
+    named = sorted(
+        (int(s.header("__connect.errors.partition") or -1), int(s.header("__connect.errors.offset") or -1))
+        for s in letters
+    )
+    failed = sorted(where for record in FAILING for where in placed[record["key"]])
+    assert named == failed, (named, failed)
+    # The good record of each round reached the sink once.
+    output = app.output()
+    for partition, offset in placed[b"k-2"]:
+        assert output.count(f"sank {work} {partition} {offset}") == 1, output[-3000:]
+
+    rows = adopted_rows(loop, dlq, 2 * len(FAILING))
+    assert len({r["retry_id"] for r in rows}) == 2 * len(FAILING)  # four failures, none a duplicate
+
+
 def java_producer_places(bootstrap: str, topic: str, records: dict[str, str], log: Path) -> dict[str, int]:
     """Sends ``records`` (key: value) with Java's own partitioner; the partition each key went to."""
     done = subprocess.run(

@@ -35,13 +35,22 @@ def jdbc_jar() -> str:
 
 @pytest.fixture(scope="session")
 def spark(jdbc_jar: str) -> Iterator[SparkSession]:
-    """One SparkSession for every Spark test: local[2], 4 shuffle partitions, UTC, no UI."""
+    """One SparkSession for every Spark test: local[2], 4 shuffle partitions, UTC, no UI.
+
+    Its driver maps the class archive ``make spark-deps`` wrote, as every job the service submits
+    does (``spark_conf``): each test worker that runs a Spark test starts a driver JVM of its own.
+    """
     from pyspark.sql import SparkSession
+
+    from retry_scheduler.spark.submit import spark_conf
 
     # Python workers (if a test needs any) run the venv's interpreter, not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    for key, value in spark_conf().items():
+        builder = builder.config(key, value)
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("retry-scheduler-tests")
         .config("spark.jars", jdbc_jar)
         .config("spark.sql.shuffle.partitions", "4")
