@@ -12,7 +12,7 @@ import org.apache.kafka.connect.sink.SinkTask;
 
 /**
  * The smallest sink connector: it accepts every record its converter could read and prints {@code
- * sank <topic> <partition> <offset>}. The failures are the converter's: a worker configured with
+ * sank <topic> <partition> <offset>} (and {@code task started}, {@code task stopped}). The failures are the converter's: a worker configured with
  * JsonConverter cannot read a value that is not JSON, and with {@code errors.tolerance=all} and a
  * dead-letter topic the worker writes that record there (DeadLetterQueueReporter). Kafka's own file
  * sink is not published for 4.4 on Maven Central, hence this one.
@@ -27,15 +27,15 @@ public final class AcceptingSink extends SinkConnector {
     @Override public void stop() {}
     @Override public ConfigDef config() { return new ConfigDef(); }
 
-    /** The task: prints each record it is given. */
+    /** The task: prints each record it is given, and when it starts and stops. */
     public static final class Accepting extends SinkTask {
         @Override public String version() { return "1"; }
-        @Override public void start(Map<String, String> props) {}
+        @Override public void start(Map<String, String> props) { System.out.println("task started"); }
         @Override public void put(Collection<SinkRecord> records) {
             for (SinkRecord r : records) {
                 System.out.println("sank " + r.topic() + " " + r.kafkaPartition() + " " + r.kafkaOffset());
             }
         }
-        @Override public void stop() {}
+        @Override public void stop() { System.out.println("task stopped"); }
     }
 }
