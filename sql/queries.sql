@@ -224,7 +224,7 @@ FROM moved
 -- again (a duplicate with the same retry.id, as at-least-once allows): it leaves retry_jobs and its
 -- twin's row stays (and is the one counted). Refused, it would roll back every round of its publisher,
 -- and publishing would stop. The clause costs about 2 us a job (0.54 s against 0.46 s for 40 000 jobs
--- in rounds of 2 000, under a held snapshot), about 1 % of PostgreSQL's work per retry: kept rather
+-- in rounds of 2 000, under a held snapshot), about a hundredth of PostgreSQL's work per retry: kept rather
 -- than a savepoint and a second try on a unique violation, which would be one more path to test.
 ON CONFLICT (source_topic, source_partition, source_offset, source_timestamp_ms) DO NOTHING;
 
