@@ -5,16 +5,13 @@ so it runs beside other tests: the CPU it reports of each kind of process then c
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from bench.measure import BenchOptions, Sizes, run_bench
-from retry_scheduler.core.config import Settings
-from tests.benchutil import once_per_run
-from tests.conftest import ADMIN_URL
+from bench.measure import Sizes
+from tests.benchutil import once_per_run, run_measurement
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -24,15 +21,7 @@ ROWS = 5_000
 @pytest.fixture(scope="module")
 def spark_report(tmp_path_factory: pytest.TempPathFactory, bootstrap_servers: str, jdbc_jar: str) -> dict:
     def measure(out: Path) -> None:
-        options = BenchOptions(
-            out=out,
-            quick=True,
-            only=("spark",),
-            sizes=replace(Sizes.quick(), spark_rows=ROWS),
-            db_name=f"retry_bench_spark_{uuid.uuid4().hex[:8]}",
-            bootstrap=bootstrap_servers,
-        )
-        run_bench(Settings(database_url=ADMIN_URL), options, say=lambda _m: None)
+        run_measurement(out, bootstrap_servers, "spark", replace(Sizes.quick(), spark_rows=ROWS))
 
     # The three tests read the report only: one run serves them wherever xdist sends them.
     return json.loads((once_per_run(tmp_path_factory, "bench-spark", measure) / "report.json").read_text())
