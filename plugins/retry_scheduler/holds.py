@@ -26,7 +26,12 @@ DEFAULT_HOLDS_TOPIC = protocol.HOLDS_TOPIC
 
 def create_topics(admin: AdminClient, topics: list[NewTopic], timeout_s: float = 30) -> dict[str, str]:
     """Create ``topics``; one that already exists counts as created. The broker's error of each that
-    could not be created (topic -> message); empty when every one exists now."""
+    could not be created (topic -> message); empty when every one exists now.
+
+    Returns once the broker's metadata shows every created topic (or after ``timeout_s``): Kafka answers
+    a creation when its controller has recorded it, and a broker may answer a metadata request without
+    it a moment longer; a consumer that subscribed in that moment would find its partitions only at its
+    next metadata refresh (librdkafka: 5 minutes by default)."""
     failed: dict[str, str] = {}
     for name, future in admin.create_topics(topics, request_timeout=timeout_s).items() if topics else ():
         try:
@@ -36,7 +41,26 @@ def create_topics(admin: AdminClient, topics: list[NewTopic], timeout_s: float =
                 failed[name] = exc.args[0].str()
         except concurrent.futures.TimeoutError:
             failed[name] = f"no answer from the broker within {timeout_s:.0f} s"
+    wait_until_listed(admin, [t.topic for t in topics if t.topic not in failed], timeout_s)
     return failed
+
+
+def wait_until_listed(admin: AdminClient, topics: list[str], timeout_s: float = 30) -> bool:
+    """Wait until the broker's metadata lists every one of ``topics`` with its partitions; whether it
+    did within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while topics:
+        try:
+            listed = admin.list_topics(timeout=max(1.0, deadline - time.monotonic())).topics
+        except KafkaException:
+            listed = {}
+        if all(t in listed and listed[t].error is None and listed[t].partitions for t in topics):
+            return True
+        if time.monotonic() >= deadline:
+            log.warning("the broker's metadata does not list %s yet", ", ".join(sorted(topics)))
+            return False
+        time.sleep(0.1)
+    return True
 
 
 #: A record's place in its key's order: its original partition and offset.

@@ -15,6 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
+from retry_scheduler.holds import wait_until_listed
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +284,7 @@ class TopicManager:
                     log.warning("could not create topic %s: %s", topic, exc)
                     continue
             self.known.add(topic)
+        wait_until_listed(self.admin, sorted(set(missing) & self.known))  # before anyone subscribes
         return sorted(set(missing) - self.known)
 
 
