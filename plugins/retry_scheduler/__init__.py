@@ -1,8 +1,8 @@
 """kafka-retry-scheduler: delayed retries and dead letters for Kafka, orchestrated by Apache Airflow.
 
 The SDK (:mod:`retry_scheduler.client`) needs only confluent-kafka. A policies module imports
-:class:`Policy`, :class:`Backoff` and :class:`Breaker` from here (``from retry_scheduler import Backoff,
-Breaker, Policy``).
+:class:`Policy`, :class:`Backoff`, :class:`Destination` and :class:`Breaker` from here (``from
+retry_scheduler import Backoff, Breaker, Destination, Policy``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ if sys.version_info < (3, 11):  # noqa: UP036 (a plugins folder or a stray inter
 
 if TYPE_CHECKING:
     from retry_scheduler.core.breakers import Breaker
+    from retry_scheduler.core.declarations import Destination
     from retry_scheduler.core.policy import Backoff, Policy
 
 try:
@@ -26,7 +27,7 @@ try:
 except metadata.PackageNotFoundError:  # imported from a plugins folder, not installed
     __version__ = "0+unknown"
 
-__all__ = ["Backoff", "Breaker", "Policy", "__version__"]
+__all__ = ["Backoff", "Breaker", "Destination", "Policy", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -39,4 +40,8 @@ def __getattr__(name: str) -> Any:
         from retry_scheduler.core.breakers import Breaker
 
         return Breaker
+    if name == "Destination":
+        from retry_scheduler.core.declarations import Destination
+
+        return Destination
     raise AttributeError(f"module 'retry_scheduler' has no attribute {name!r}")

@@ -113,5 +113,5 @@ def test_policies_are_found_in_the_dags_folder_of_airflows_configuration(
         settings = RetrySchedulerHook().settings()
     finally:
         conf.set("core", "dags_folder", previous)
-    assert settings.policies_file == dags / "retry_policies.py"
+    assert settings.policies_files == [dags / "retry_policies.py"]
     assert settings.bootstrap_servers == "k:9092"

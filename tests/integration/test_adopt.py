@@ -14,7 +14,6 @@ import pytest
 
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import ConfigError, Settings
-from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.db.selection import Selection, writer_topics
 from retry_scheduler.ops.browse import list_dead
@@ -127,10 +126,10 @@ def test_spring_and_connect_dead_letters_become_dead_jobs_replayed_to_their_orig
     assert all(r["dlq_published_at"] is not None for r in rows.values())
     assert consume(loop.bootstrap, [dlq], expected=0, timeout_s=3) == []
 
-    destinations = Destinations.of([orders, payments], own_topics=[loop.settings.retry_topic, dlq])
+    deployment = loop.allowing(orders, payments)
     adopted = Selection(dead_reason="adopted")
     replay = Operation(action="replay", selection=adopted, actor="ann", source="cli", dry_run=False)
-    replayed = run_action(loop.settings.database_url, replay, destinations=destinations)
+    replayed = run_action(loop.settings.database_url, replay, deployment=deployment)
     loop.publish(3)
 
     assert replayed.affected == 3
@@ -312,10 +311,10 @@ def test_streams_and_share_group_letters_become_dead_jobs_and_pointers_are_read_
     with pytest.raises(ValueError, match="no topic of RETRY_ADOPT_TOPICS has the format connect"):
         writer_topics("connect", loop.settings)
 
-    destinations = Destinations.of([clicks, work, gone], own_topics=[loop.settings.retry_topic, dlq])
+    deployment = loop.allowing(clicks, work, gone)
     adopted = Selection(dead_reason="adopted")
     replay = Operation(action="replay", selection=adopted, actor="ann", source="cli", dry_run=False)
-    replayed = run_action(loop.settings.database_url, replay, destinations=destinations)
+    replayed = run_action(loop.settings.database_url, replay, deployment=deployment)
     loop.publish(3)
 
     assert replayed.affected == 4  # the two letters whose record is lost stay dead

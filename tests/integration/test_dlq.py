@@ -15,9 +15,10 @@ from bench.jobs import Job, insert_jobs
 from retry_scheduler.cli.main import main
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.declarations import Destination
 from retry_scheduler.core.deployment import Deployment
-from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Status
+from retry_scheduler.core.policy import PolicyRegistry
 from retry_scheduler.db.selection import MAX_IDS, Selection, SelectionError
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher
@@ -29,9 +30,9 @@ from tests.kafkautil import consume, create_topics
 pytestmark = pytest.mark.integration
 
 
-def rules() -> Destinations:
-    """The destination rules of the tests' deployment (their environment), read as a front door does."""
-    return Deployment.load(Settings.from_env()).destinations
+def deployment() -> Deployment:
+    """The tests' deployment (their environment), read as a front door does."""
+    return Deployment.load(Settings.from_env())
 
 
 def dead_job(
@@ -212,7 +213,7 @@ def test_a_dry_run_changes_nothing_and_is_audited(database_url: str) -> None:
             dry_run=True,
             run_id="manual__1",
         ),
-        destinations=rules(),
+        deployment=deployment(),
     )
 
     assert (outcome.matched, outcome.would_affect, outcome.affected) == (3, 2, 0)
@@ -235,7 +236,7 @@ def test_replay_makes_jobs_due_now_keeping_or_resetting_the_attempt(database_url
     kept = run_action(
         database_url,
         Operation(action="replay", selection=Selection(ids=(1,)), actor="bob", source="cli", dry_run=False),
-        destinations=rules(),
+        deployment=deployment(),
     )
     reset = run_action(
         database_url,
@@ -247,7 +248,7 @@ def test_replay_makes_jobs_due_now_keeping_or_resetting_the_attempt(database_url
             dry_run=False,
             reset_attempts=True,
         ),
-        destinations=rules(),
+        deployment=deployment(),
     )
 
     assert (kept.affected, reset.affected) == (1, 1)  # job 3 is invalid: left alone
@@ -271,7 +272,7 @@ def test_a_limit_takes_the_oldest_jobs_and_batches_add_up(database_url: str) -> 
     outcome = run_action(
         database_url,
         Operation(action="replay", selection=Selection(limit=7), actor="carol", source="ui", dry_run=False),
-        destinations=rules(),
+        deployment=deployment(),
         progress=lambda done, total: progress.append((done, total)),
         batch_size=3,
     )
@@ -293,7 +294,7 @@ def test_a_limit_above_the_typed_ids_bound_selects_that_many(database_url: str) 
     limited = Operation(
         action="replay", selection=Selection(limit=MAX_IDS + 2), actor="ann", source="cli", dry_run=True
     )
-    outcome = run_action(database_url, limited, destinations=rules())
+    outcome = run_action(database_url, limited, deployment=deployment())
     assert (outcome.matched, outcome.would_affect) == (MAX_IDS + 2, MAX_IDS + 2)
 
 
@@ -333,7 +334,7 @@ def test_replay_leaves_a_job_alone_while_it_is_being_sent_to_the_dlq(database_ur
     outcome = run_action(
         database_url,
         Operation(action="replay", selection=Selection(), actor="eve", source="ui", dry_run=False),
-        destinations=rules(),
+        deployment=deployment(),
     )
 
     assert (outcome.matched, outcome.affected) == (2, 1)
@@ -380,7 +381,7 @@ def test_a_replayed_job_is_published_again_and_a_purged_one_is_gone(
     run_action(
         database_url,
         Operation(action="replay", selection=Selection(ids=(1,)), actor="ops", source="cli", dry_run=False),
-        destinations=rules(),
+        deployment=deployment(),
     )
     run_action(
         database_url,
@@ -508,12 +509,12 @@ def test_replay_leaves_dead_the_jobs_whose_destination_is_no_longer_allowed(data
         [dead_job(1), dead_job(2, destination="connect-offsets"), dead_job(3, destination="retry.dlq")],
     )
     # connect-offsets was allowed when these jobs were stored, and taken off the list since.
-    rules = Destinations.of(["orders"], own_topics=["retry", "retry.dlq"])
+    allowing = Deployment(Settings(retry_topic="retry"), PolicyRegistry.of([], [Destination("orders")]))
 
     dry = run_action(
         database_url,
         Operation(action="replay", selection=Selection(), actor="ann", source="cli", dry_run=True),
-        destinations=rules,
+        deployment=allowing,
     )
     assert (dry.matched, dry.would_affect) == (3, 1)
     assert dry.skipped["destination not allowed"] == 2
@@ -522,7 +523,7 @@ def test_replay_leaves_dead_the_jobs_whose_destination_is_no_longer_allowed(data
     done = run_action(
         database_url,
         Operation(action="replay", selection=Selection(), actor="ann", source="cli", dry_run=False),
-        destinations=rules,
+        deployment=allowing,
     )
     assert done.affected == 1
     assert sql(database_url, "SELECT id, status::text FROM retry_jobs_all ORDER BY id") == [
@@ -556,7 +557,7 @@ def test_an_operation_larger_than_the_page_s_bound_is_refused_before_anything_is
         Operation(
             action="replay", selection=Selection(), actor="ann", source="ui", dry_run=True, max_affected=2
         ),
-        destinations=rules(),
+        deployment=deployment(),
     )
     assert dry.would_affect == 3  # a dry run only counts: always allowed
     with pytest.raises(
@@ -572,7 +573,7 @@ def test_an_operation_larger_than_the_page_s_bound_is_refused_before_anything_is
                 dry_run=False,
                 max_affected=2,
             ),
-            destinations=rules(),
+            deployment=deployment(),
         )
     assert {s for (s,) in sql(database_url, "SELECT status::text FROM retry_jobs_all")} == {"dead"}
     assert len(audit_rows(database_url)) == 1  # the dry run's only

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient
 
 from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
+from retry_scheduler.core.declarations import Destination
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.jobs import COPY_COLUMNS
 from retry_scheduler.core.policy import Backoff, Policy, PolicyRegistry
@@ -86,6 +87,11 @@ class Loop:
                 return publisher.run(seconds)
             finally:
                 publisher.close()
+
+    def allowing(self, *topics: str) -> Deployment:
+        """The loop's deployment with ``topics`` declared as destinations (as a replay is given one)."""
+        declared = [Destination(t) for t in topics]
+        return Deployment(self.settings, PolicyRegistry.of(self.registry.policies.values(), declared))
 
     def rows(self, where: str = "true") -> list[dict]:
         with psycopg.connect(self.settings.database_url, row_factory=psycopg.rows.dict_row) as conn:

@@ -24,7 +24,7 @@ def replay(loop: Loop, selection: Selection):
     return run_action(
         loop.settings.database_url,
         operation,
-        destinations=Deployment(loop.settings, loop.registry).destinations,
+        deployment=Deployment(loop.settings, loop.registry),
     )
 
 

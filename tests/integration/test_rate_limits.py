@@ -14,6 +14,7 @@ import threading
 import psycopg
 import pytest
 
+from retry_scheduler.core.declarations import Destination
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.policy import PolicyError, PolicyRegistry
 from retry_scheduler.db.selection import Selection
@@ -33,7 +34,9 @@ RATE = 10.0
 def limited_loop(loop: Loop, destination: str) -> Loop:
     registry = loop.registry
     limited = PolicyRegistry.of(
-        registry.policies.values(), registry.destinations, registry.allowed, rate_limits={destination: RATE}
+        registry.policies.values(),
+        [*registry.declarations, Destination(destination, rate_limit=RATE)],
+        registry.allowed,
     )
     return dataclasses.replace(loop, registry=limited)
 
@@ -111,12 +114,7 @@ def test_a_replay_goes_at_a_destinations_rate_limit_when_it_is_below_the_pace(
         loop.settings.with_overrides(destination_allowlist="^(orders|payments)$"), loop.registry
     )
     operation = Operation(action="replay", selection=Selection(), actor="ann", source="cli", dry_run=False)
-    outcome = run_action(
-        database_url,
-        operation,
-        destinations=deployment.destinations,
-        rate_limit=deployment.policies.rate_limit,
-    )
+    outcome = run_action(database_url, operation, deployment=deployment)
     assert (outcome.affected, outcome.rate_per_s, outcome.rate_limited) == (8, None, {"payments": RATE})
     assert outcome.paced_s == pytest.approx(0.4)
     assert "; payments at most 10/s (its rate limit)" in outcome.summary()
@@ -135,9 +133,13 @@ def test_a_replay_goes_at_a_destinations_rate_limit_when_it_is_below_the_pace(
 def test_rate_limits_are_checked_where_they_are_declared() -> None:
     registry = PolicyRegistry.of([], rate_limits={"payments": 50, "shop.*": 200, "shop.cart": 20})
     assert registry.rate_limit("payments") == 50.0
-    assert registry.rate_limit("shop.cart") == 20.0  # the lowest that matches
+    assert registry.rate_limit("shop.cart") == 20.0  # its own name wins over the glob
     assert registry.rate_limit("shop.ledger") == 200.0
     assert registry.rate_limit("orders") is None
+    # The most specific declaration wins, not the lowest rate (0.4 took the lowest that matched).
+    registry = PolicyRegistry.of([], rate_limits={"*": 10, "payments": 500, "shop.*": 100, "shop.c*": 300})
+    assert (registry.rate_limit("payments"), registry.rate_limit("shop.cart")) == (500.0, 300.0)
+    assert (registry.rate_limit("shop.ledger"), registry.rate_limit("orders")) == (100.0, 10.0)
     for bad, message in (
         ({"payments": 0}, "more than 0"), ({"payments": "fast"}, "give records per second"),
         ({"payments": True}, "give records per second"), ({"": 5}, "must be a destination topic or a glob"),

@@ -18,7 +18,7 @@ from retry_scheduler.core.config import Settings
 from retry_scheduler.db.selection import Selection
 from retry_scheduler.ops.dlq import DEFAULT_REPLAY_RATE, UNPACED_UP_TO, Operation, run_action
 from tests.conftest import TEST_DESTINATIONS
-from tests.integration.test_dlq import dead_job, insert, publish_for, rules, sql
+from tests.integration.test_dlq import dead_job, deployment, insert, publish_for, sql
 from tests.kafkautil import consume, create_topics
 
 pytestmark = pytest.mark.integration
@@ -47,7 +47,7 @@ def test_a_paced_replay_spaces_each_destinations_jobs_across_batches(database_ur
     jobs = [dead_job(i, destination="orders" if i % 3 else "payments") for i in range(1, 31)]
     insert(database_url, jobs)
 
-    outcome = run_action(database_url, replay(rate_per_s=10), destinations=rules(), batch_size=7)
+    outcome = run_action(database_url, replay(rate_per_s=10), deployment=deployment(), batch_size=7)
 
     assert (outcome.affected, outcome.rate_per_s, outcome.default_pace) == (30, 10.0, False)
     assert outcome.paced_s == pytest.approx(1.9)  # 20 orders: the last 1.9 s after the first
@@ -69,10 +69,10 @@ def test_the_default_paces_only_a_replay_larger_than_its_bound(database_url: str
     DEFAULT_REPLAY_RATE, and the dry run says so; a rate of 0 asks for no pace."""
     insert(database_url, [dead_job(i) for i in range(1, UNPACED_UP_TO + 2)])
     small = run_action(
-        database_url, replay(Selection(limit=UNPACED_UP_TO), dry_run=True), destinations=rules()
+        database_url, replay(Selection(limit=UNPACED_UP_TO), dry_run=True), deployment=deployment()
     )
-    large = run_action(database_url, replay(dry_run=True), destinations=rules())
-    unpaced = run_action(database_url, replay(dry_run=True, rate_per_s="unlimited"), destinations=rules())
+    large = run_action(database_url, replay(dry_run=True), deployment=deployment())
+    unpaced = run_action(database_url, replay(dry_run=True, rate_per_s="unlimited"), deployment=deployment())
 
     assert (small.rate_per_s, small.default_pace) == (None, True)
     assert (
@@ -104,7 +104,7 @@ def test_paced_jobs_go_out_when_due_never_early(
     )
     insert(database_url, [dead_job(i, destination=dest) for i in range(1, 13)])
 
-    run_action(database_url, replay(rate_per_s=4), destinations=rules())
+    run_action(database_url, replay(rate_per_s=4), deployment=deployment())
     publish_for(settings, 5)
 
     rows = sql(

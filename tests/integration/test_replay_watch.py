@@ -128,7 +128,7 @@ def watched_replay(loop: Loop, watch: Watch, *, dry_run: bool = False) -> Outcom
     return run_action(
         loop.settings.database_url,
         operation,
-        destinations=Deployment(loop.settings, loop.registry).destinations,
+        deployment=Deployment(loop.settings, loop.registry),
     )
 
 

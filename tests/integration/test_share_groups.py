@@ -15,7 +15,6 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from retry_scheduler.client import RetryClient, RetryDeliveryError
 from retry_scheduler.core import protocol as p
-from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.db.selection import Selection
 from retry_scheduler.ops.dlq import Operation, run_action
@@ -186,10 +185,10 @@ def test_the_broker_s_own_share_group_letters_are_adopted_completed_and_replayed
         assert row["consumer_group"] == group
     assert bytes(rows[b"w-2"]["msg_value"]) == b"\x00\xff binary"  # completed from its source, or copied
 
-    destinations = Destinations.of([work], own_topics=[loop.settings.retry_topic, dlq])
+    deployment = loop.allowing(work)
     replay = Operation(action="replay", selection=Selection(dead_reason="adopted"), actor="ann", source="cli",
                        dry_run=False)  # fmt: skip
-    assert run_action(loop.settings.database_url, replay, destinations=destinations).affected == 2
+    assert run_action(loop.settings.database_url, replay, deployment=deployment).affected == 2
     loop.publish(3)
     again = [s for s in consume(bootstrap_servers, [work], expected=4) if s.header(p.ATTEMPT) is not None]
     by_key = {s.key: s for s in again}

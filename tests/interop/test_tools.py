@@ -26,7 +26,6 @@ import pytest
 
 from retry_scheduler.cli.main import main
 from retry_scheduler.core import protocol as p
-from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.db.selection import Selection
 from retry_scheduler.ops.dlq import Operation, run_action
@@ -224,10 +223,10 @@ def adopted_rows(loop: Loop, dlq: str, letters: int) -> list[dict]:
 
 def replay_adopted(loop: Loop, work: str, dlq: str) -> int:
     """An operator's replay of the adopted letters of ``work`` (as ``dlq replay`` runs it); how many."""
-    destinations = Destinations.of([work], own_topics=[loop.settings.retry_topic, dlq])
+    deployment = loop.allowing(work)
     replay = Operation(action="replay", selection=Selection(dead_reason="adopted", destination=work),
                        actor="ann", source="cli", dry_run=False)  # fmt: skip
-    return run_action(loop.settings.database_url, replay, destinations=destinations).affected
+    return run_action(loop.settings.database_url, replay, deployment=deployment).affected
 
 
 @pytest.mark.parametrize("name", ["spring", "spring-retryable", "connect", "streams", "share"])
@@ -506,10 +505,10 @@ def test_the_docs_java_client_fails_a_record_three_times_and_it_dies_by_its_poli
     assert {s.partition for s in back} == {placed["order-4"]}  # where Java's partitioner put the key
     assert [s.header(p.ATTEMPT) for s in back] == [None, "1", "2", "3"]
     # The dead one replayed by an operator lands there too.
-    destinations = Destinations.of([orders], own_topics=[loop.settings.retry_topic])
+    deployment = loop.allowing(orders)
     replay = Operation(action="replay", selection=Selection(destination=orders), actor="ann", source="cli",
                        dry_run=False)  # fmt: skip
-    assert run_action(loop.settings.database_url, replay, destinations=destinations).affected == 1
+    assert run_action(loop.settings.database_url, replay, deployment=deployment).affected == 1
     loop.publish(3)
     back = [s for s in consume(bootstrap_servers, [orders], expected=8 + 4) if s.key == b"order-4"]
     assert len(back) == 5 and back[-1].partition == placed["order-4"] and back[-1].value == b"fail"

@@ -481,7 +481,9 @@ def test_the_bulk_retry_reads_the_rate_limits_of_the_deployments_policies(
     monkeypatch.setenv("RETRY_DATABASE_URL", "postgresql://x@127.0.0.1/db")
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     opts = bulk_options.parse_args(["--rate", "100"])
-    assert (opts.rate_per_s, opts.rate_limit("payments"), opts.rate_limit("orders")) == (100.0, 25.0, None)
+    rules = opts.deployment.policies.rules
+    assert (opts.rate_per_s, rules("payments").rate_limit, rules("orders").rate_limit) == (100.0, 25.0, None)
+    assert opts.deployment.destinations.allows("payments") and not opts.deployment.destinations.allows("x")
 
 
 def test_the_bulk_retry_takes_a_rate_from_the_form_and_the_command_line() -> None:

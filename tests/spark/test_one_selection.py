@@ -19,7 +19,6 @@ from bench.jobs import Job, insert_jobs
 from retry_scheduler.cli.main import main as cli
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.deployment import Deployment
-from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.selection import Selection
 from retry_scheduler.db.store import Store
@@ -36,9 +35,9 @@ REASONS = ("exhausted", "expired", "fatal")
 CLASSES = ("net.TimeoutError", "db.Deadlock", "app.Declined")
 
 
-def rules() -> Destinations:
-    """The destination rules of the tests' deployment (their environment), read as a front door does."""
-    return Deployment.load(Settings.from_env()).destinations
+def deployment() -> Deployment:
+    """The tests' deployment (their environment), read as a front door does."""
+    return Deployment.load(Settings.from_env())
 
 
 def job(i: int, topic_prefix: str) -> Job:
@@ -110,7 +109,7 @@ def test_one_filter_selects_the_same_jobs_through_every_path(
         counted = run_action(
             database_url,
             Operation(action="replay", selection=selection, actor="t", source="cli", dry_run=True),
-            destinations=rules(),
+            deployment=deployment(),
         )
         assert counted.matched == len(listed), form
 
@@ -151,7 +150,7 @@ def test_a_limit_takes_the_oldest_jobs_on_every_path(
     counted = run_action(
         database_url,
         Operation(action="replay", selection=selection, actor="t", source="cli", dry_run=True),
-        destinations=rules(),
+        deployment=deployment(),
     )
     summary = summarize(database_url, selection)
     read = read_selection(spark, bulk_retry.jdbc_target(database_url), selection, summary, 2, 100)

@@ -129,13 +129,17 @@ def test_a_wrong_breaker_says_which_field_and_what_to_give(kwargs: dict, message
         Breaker(**kwargs)
 
 
-def test_a_destination_gets_its_own_breaker_else_the_first_glob_that_matches() -> None:
+def test_a_destination_gets_its_own_breaker_else_the_most_specific_glob_that_matches() -> None:
     own, shop = Breaker(min_records=5), Breaker(min_records=50)
     registry = PolicyRegistry.of([DEFAULT], breakers={"shop.*": shop, "shop.orders": own})
     assert registry.breaker("shop.orders") is own
     assert registry.breaker("shop.cart") is shop
     assert registry.breaker("payments") is None and registry.has_breaker("shop.cart")
-    assert not PolicyRegistry.of([DEFAULT]).breakers
+    assert not PolicyRegistry.of([DEFAULT]).declarations.any("breaker")
+    # Between globs, the one with the most characters besides its '*' wins, whatever their order.
+    narrow = Breaker(min_records=7)
+    registry = PolicyRegistry.of([DEFAULT], breakers={"shop.*": shop, "shop.or*": narrow})
+    assert registry.breaker("shop.orders") is narrow and registry.breaker("shop.cart") is shop
 
 
 def test_the_policies_module_declares_breakers_and_a_wrong_one_is_one_clear_line(tmp_path: Path) -> None:
@@ -151,7 +155,7 @@ def test_the_policies_module_declares_breakers_and_a_wrong_one_is_one_clear_line
         "POLICIES = [Policy('default', delays=['1s'], max_attempts=3)]\nBREAKERS = {'payments': 0.5}\n"
     )
     with pytest.raises(
-        PolicyError, match=r"BREAKERS\['payments'\] is a float: write Breaker\(failure_rate=0.5"
+        PolicyError, match=r"BREAKERS\['payments'\]: breaker is a float: write Breaker\(failure_rate=0.5"
     ):
         load_policies(module)
     module.write_text(

@@ -10,7 +10,7 @@ import pytest
 
 from retry_scheduler.cli.main import main
 
-HEAD = "from retry_scheduler.core.policy import Backoff, Policy\n"
+HEAD = "from retry_scheduler import Backoff, Breaker, Destination, Policy\n"
 
 
 @pytest.mark.parametrize(
@@ -32,10 +32,18 @@ HEAD = "from retry_scheduler.core.policy import Backoff, Policy\n"
         ('POLICIES = [Policy("p", delay=["1s"])]', "line 2: TypeError: "),
         ('POLICIES = [Policy("p", delays=["1s"]]', "SyntaxError"),
         ('POLICIES = [Policy("p", delays=["1s"])]\nDESTINATIONS = ["orders"]',
-         "DESTINATIONS must be a dict of destination topic -> policy name"),
+         "DESTINATIONS[0] is a str, not a Destination: write Destination('topic', policy=..."),
+        ('POLICIES = []\nDESTINATIONS = [Destination("orders", rate_limit=0)]',
+         "Destination('orders'): rate_limit=0: give records per second, more than 0"),
+        ('POLICIES = []\nDESTINATIONS = [Destination("orders", policy="ghost")]',
+         "'orders' maps to undeclared policy 'ghost'"),
+        ('POLICIES = []\nDESTINATIONS = [Destination("orders", rate_limit=5), Destination("orders", rate_limit=9)]',
+         "destination 'orders' is declared twice with different rate_limit"),
+        ('POLICIES = []\nDESTINATIONS = {"orders topic": "default"}',
+         "DESTINATIONS['orders topic']: 'orders topic' is neither a valid topic name nor a glob"),
         ("POLICIES = Policy('p', delays=['1s'])", "POLICIES must be a list of Policy(...), not Policy"),
         ('POLICIES = []\nRATE_LIMITS = {"payments": -5}',
-         "RATE_LIMITS['payments'] = -5: give records per second, more than 0"),
+         "RATE_LIMITS['payments']: rate_limit=-5: give records per second, more than 0"),
         ('POLICIES = []\nRATE_LIMITS = [("payments", 5)]', "RATE_LIMITS must be a dict of destination (or glob)"),
     ],
 )  # fmt: skip
@@ -70,12 +78,43 @@ def test_a_valid_module_is_shown_as_the_loops_read_it(
     assert [p["name"] for p in declared["policies"]] == ["default", "pay"]  # default added when not declared
     pay = declared["policies"][1]
     assert (pay["max_attempts"], pay["fatal_errors"], pay["dlq_topic"]) == (8, ["InvalidCard"], "pay.dlq")
-    assert declared["destinations"] == {"payments": "pay"} and declared["allowed_destinations"] == ["orders"]
-    assert declared["rate_limits"] == {"shop.*": 150.0}
+    assert declared["allowed_destinations"] == ["orders"]
+    shown = {d["destination"]: d for d in declared["destinations"]}
+    assert sorted(shown) == ["orders", "payments", "shop.*"]
+    assert (shown["payments"]["policy"], shown["payments"]["rate_limit"]) == ("pay", None)
+    assert (shown["shop.*"]["policy"], shown["shop.*"]["rate_limit"]) == ("default", 150.0)
     assert main(["policies", "check", str(module)]) == 0
     out = capsys.readouterr().out
     assert f"{module}: valid" in out and "policy pay: backoff 1s x2 up to 10m; at most 8 retries" in out
-    assert "  rate limit shop.*: at most 150 records/s" in out
+    assert "  destination shop.*: policy default; at most 150 records/s; rules only (allow=False" in out
+
+
+def test_each_destination_is_shown_with_its_rules_as_they_resolve_and_where_each_came_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The older dicts and the declarations build the same thing; a topic takes from the most specific
+    glob what its own declaration leaves unsaid."""
+    module = tmp_path / "retry_policies.py"
+    module.write_text(
+        HEAD + 'POLICIES = [Policy("pay", delays=["1s"])]\n'
+        'DESTINATIONS = [Destination("shop.*", policy="pay", rate_limit=100),\n'
+        '                Destination("shop.pay*", rate_limit=50, breaker=Breaker(min_records=5)),\n'
+        '                Destination("shop.payments", rate_limit=20)]\n'
+    )
+    assert main(["policies", "check", str(module), "--json"]) == 0
+    shown = {d["destination"]: d for d in json.loads(capsys.readouterr().out)["destinations"]}
+    assert list(shown) == ["shop.payments", "shop.pay*", "shop.*"]  # most specific first
+    payments = shown["shop.payments"]
+    assert (payments["policy"], payments["rate_limit"]) == ("pay", 20)
+    assert payments["breaker"].startswith("opens at 50% of >= 5 records")
+    assert payments["from"] == {"policy": "shop.*", "breaker": "shop.pay*"}
+    assert main(["policies", "check", str(module)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  destination shop.payments: policy pay (from shop.*); at most 20 records/s; breaker opens at 50%"
+        in out
+    )
+    assert "(from shop.pay*)" in out
 
 
 def test_no_policies_module_found_is_an_error_naming_every_place_looked_unless_builtin_is_asked_for(

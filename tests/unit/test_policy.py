@@ -134,7 +134,7 @@ def test_registry_rejects_mapping_to_undeclared_policy() -> None:
 def test_the_repository_policies_module_loads() -> None:
     from retry_scheduler.core.config import Settings
 
-    reg = load_policies(Settings().policies_file)
+    reg = load_policies(Settings().policies_files)
     assert "default" in reg.policies
     assert reg.resolve(None, "demo.orders").name == "demo"
 

@@ -52,12 +52,7 @@ def approval_request(
         return None
     operation = dlq_operation({**params, "dry_run": True}, actor, run_id, settings)
     deployment = Deployment.load(settings)
-    plan = run_action(
-        settings.database_url,
-        operation,
-        destinations=deployment.destinations,
-        rate_limit=deployment.policies.rate_limit,
-    )
+    plan = run_action(settings.database_url, operation, deployment=deployment)
     log.info("the approval gate's dry run: %s", plan.summary())
     if plan.would_affect <= above:
         log.info(

@@ -391,12 +391,19 @@ def declared_channels(env: Mapping[str, str] | None = None) -> list[AlertNotifie
         from retry_scheduler.core.config import ConfigError, Settings
         from retry_scheduler.core.policy import load_policies_module
 
-        try:  # the module the tasks load, the DAGs folder of airflow.cfg included
-            path = with_airflow_policies(Settings.from_env(dict(env))).policies_file
+        try:  # the modules the tasks load, the DAGs folder of airflow.cfg included
+            paths = with_airflow_policies(Settings.from_env(dict(env))).policies_files
         except ConfigError as exc:
             raise AlertConfigError(str(exc)) from None
-        where = f"{path}: {CHANNELS_NAME}"
-        entries = getattr(load_policies_module(path), CHANNELS_NAME, [])
+        where = ", ".join(f"{path}: {CHANNELS_NAME}" for path in paths)
+        entries = []
+        for path in paths:  # each team's module may add its own channels
+            declared = getattr(load_policies_module(path), CHANNELS_NAME, [])
+            if not isinstance(declared, Sequence) or isinstance(declared, str | bytes):
+                raise AlertConfigError(
+                    f"{path}: {CHANNELS_NAME} must be a list of notifiers, not {type(declared).__name__}"
+                )
+            entries += declared
     if not isinstance(entries, Sequence) or isinstance(entries, str | bytes):
         raise AlertConfigError(f"{where} must be a list of notifiers, not {type(entries).__name__}")
     channels: list[AlertNotifier] = []

@@ -108,13 +108,7 @@ def run_dlq_operation(
         )
     else:  # a purge needs no policies: one that does not load does not stop it
         deployment = Deployment.load(settings) if action == "replay" else None
-        outcome = run_action(
-            settings.database_url,
-            operation,
-            destinations=None if deployment is None else deployment.destinations,
-            rate_limit=(lambda _d: None) if deployment is None else deployment.policies.rate_limit,
-            progress=progress,
-        )
+        outcome = run_action(settings.database_url, operation, deployment=deployment, progress=progress)
     log.info("%s", outcome.summary())
     if operation.dry_run and outcome.would_affect:
         to_do = "make these jobs pending" if action == "reevaluate" else f"{action} these jobs"

@@ -22,8 +22,8 @@ def _cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps([b.as_dict() for b in listed], indent=2))
         return 0
-    if not registry.breakers:
-        print("no breaker is declared (BREAKERS in the policies module)")
+    if not registry.declarations.any("breaker"):
+        print("no breaker is declared (Destination(..., breaker=Breaker()) in the policies module)")
     if not listed:
         return 0
     print(f"{'destination':<32}  {'state':<8}  {'held':>7}  {'opened':>6}  since / why")
@@ -44,8 +44,8 @@ def _cmd_set(args: argparse.Namespace, settings: Settings) -> int:
     undeclared = [d for d in args.destinations if not registry.has_breaker(d)]
     if undeclared:
         print(
-            f"retry-scheduler: {', '.join(undeclared)} has no breaker: declare one in BREAKERS in the "
-            f"policies module first, e.g. BREAKERS = {{{undeclared[0]!r}: Breaker()}}",
+            f"retry-scheduler: {', '.join(undeclared)} has no breaker: declare one in the policies module "
+            f"first, e.g. DESTINATIONS = [Destination({undeclared[0]!r}, breaker=Breaker())]",
             file=sys.stderr,
         )
         return 2

@@ -96,9 +96,6 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     # A purge needs no policies: a policies module that does not load does not stop it.
     deployment = Deployment.load(settings) if args.dlq_command == "replay" else None
-    rules: dict[str, Any] = {}
-    if deployment is not None:
-        rules = {"destinations": deployment.destinations, "rate_limit": deployment.policies.rate_limit}
     operation = Operation(
         action=args.dlq_command,
         selection=flt,
@@ -116,7 +113,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
         ),
     )
     sizing = {} if args.batch_size is None else {"batch_size": args.batch_size}
-    plan = run_action(settings.database_url, operation, **rules, **sizing)
+    plan = run_action(settings.database_url, operation, deployment=deployment, **sizing)
     print(to_json(plan.as_json()) if args.json else plan.summary())
     if args.dry_run or plan.would_affect == 0:
         return 0
@@ -131,7 +128,7 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
             settings.database_url,
             replace(operation, dry_run=False),
             progress=report,
-            **rules,
+            deployment=deployment,
             **sizing,
         )
     print(to_json(outcome.as_json()) if args.json else outcome.summary())

@@ -1,4 +1,5 @@
-"""A breaker per destination, declared in the policies module (``BREAKERS``), and how it moves.
+"""A breaker per destination, declared in the policies module (``Destination(..., breaker=Breaker())``,
+or the older ``BREAKERS`` dict), and how it moves.
 
 When the records sent to a destination fail to be delivered, or come back to the retry topics
 (their consumer failed them again on their next attempt), past a share, the destination's breaker
@@ -9,8 +10,10 @@ first; otherwise it opens again for another cool-down::
 
     from retry_scheduler.core.breakers import Breaker
 
-    BREAKERS = {"payments": Breaker(failure_rate=0.5, min_records=20, window="1m", cool_down="30s")}
-    # or for every destination: {"*": Breaker()}
+    DESTINATIONS = [
+        Destination("payments", breaker=Breaker(failure_rate=0.5, min_records=20, window="1m", cool_down="30s")),
+        Destination("*", breaker=Breaker(), allow=False),  # every other destination, allowing none
+    ]
 
 closed --(share of bad records >= failure_rate, over >= min_records)--> open
 open --(cool_down elapsed)--> probing: one held job goes out (not when opened by hand: it stays open)
@@ -24,9 +27,6 @@ is a parameter); :mod:`retry_scheduler.loops.breakers` applies it to the destina
 
 from __future__ import annotations
 
-import fnmatch
-import functools
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -37,7 +37,7 @@ STATES = (CLOSED, OPEN, PROBING)
 
 
 class BreakerError(ValueError):
-    """A ``BREAKERS`` declaration is wrong; the message names the entry and the field."""
+    """A :class:`Breaker` is declared wrong; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -96,42 +96,6 @@ class Breaker:
             f"{format_duration_ms(parse_duration_ms(self.cool_down))}, closes when the probe stays away "
             f"{format_duration_ms(parse_duration_ms(self.probe_window))}"
         )
-
-
-def breakers_of(declared: object) -> tuple[tuple[str, Breaker], ...]:
-    """``BREAKERS`` checked: a dict of destination name or glob -> :class:`Breaker`."""
-    if declared is None:
-        return ()
-    if not isinstance(declared, Mapping):
-        raise BreakerError(
-            "BREAKERS must be a dict of destination (or glob) -> Breaker(...), e.g. "
-            f"{{'payments': Breaker(failure_rate=0.5)}}, not {type(declared).__name__}"
-        )
-    found = []
-    for pattern, breaker in declared.items():
-        if not isinstance(pattern, str) or not pattern:
-            raise BreakerError(
-                f"BREAKERS key {pattern!r} must be a destination topic or a glob like 'shop.*'"
-            )
-        if not isinstance(breaker, Breaker):
-            raise BreakerError(
-                f"BREAKERS[{pattern!r}] is a {type(breaker).__name__}: write Breaker(failure_rate=0.5, ...) "
-                "(from retry_scheduler.core.breakers import Breaker)"
-            )
-        found.append((pattern, breaker))
-    return tuple(found)
-
-
-@functools.lru_cache(maxsize=4096)  # per destination: the ingest asks for each record come back
-def breaker_for(declared: tuple[tuple[str, Breaker], ...], destination: str) -> Breaker | None:
-    """The breaker of ``destination``: its own entry, else the first glob that matches it."""
-    for pattern, breaker in declared:
-        if pattern == destination:
-            return breaker
-    for pattern, breaker in declared:
-        if fnmatch.fnmatchcase(destination, pattern):
-            return breaker
-    return None
 
 
 @dataclass(frozen=True)

@@ -345,7 +345,8 @@ class Settings:
         metadata=env(
             (
                 "RETRY_POLICIES",
-                "the policies module; `builtin`: the package's own (`default` only, no destination allowed)",
+                "the policies module, a folder of them (every `retry_policies*.py` in it), or several of "
+                "either, comma-separated; `builtin`: the package's own (`default` only, no destination allowed)",
                 "`retry_policies.py` in the DAGs folder (Airflow's `dags_folder`; "
                 "`AIRFLOW__CORE__DAGS_FOLDER`, else `$AIRFLOW_HOME/dags`), else `./dags/`; none found is an error",
             )
@@ -360,14 +361,25 @@ class Settings:
         check_settings(self)
 
     @property
-    def policies_file(self) -> Path:
-        """The policies module to load: ``policies_path`` when set (``builtin``: the package's own), else
-        :func:`default_policies_path` (a :class:`ConfigError` when there is none)."""
-        if self.policies_path == BUILTIN_POLICIES:
-            return builtin_policies_path()
-        if self.policies_path:
-            return Path(self.policies_path)
-        return default_policies_path(also_looked=self.policies_searched)
+    def policies_files(self) -> list[Path]:
+        """Every policies module to load, in order. ``policies_path`` names a module, a folder (every
+        ``retry_policies*.py`` in it, by name: one per team, say), or several of either separated by
+        commas; ``builtin``: the package's own. Unset: :func:`default_policies_path` (a
+        :class:`ConfigError` when there is none)."""
+        if not self.policies_path:
+            return [default_policies_path(also_looked=self.policies_searched)]
+        files: list[Path] = []
+        for part in (p.strip() for p in self.policies_path.split(",")):
+            if part == BUILTIN_POLICIES:
+                files.append(builtin_policies_path())
+            elif part and Path(part).is_dir():
+                found = sorted(Path(part).glob("retry_policies*.py"))
+                if not found:
+                    raise ConfigError(f"RETRY_POLICIES: the folder {part} holds no retry_policies*.py")
+                files += found
+            elif part:
+                files.append(Path(part))
+        return files
 
     @property
     def bootstrap_servers(self) -> str:

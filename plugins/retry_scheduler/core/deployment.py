@@ -27,9 +27,9 @@ class Deployment:
 
     @classmethod
     def load(cls, settings: Settings) -> Deployment:
-        """``settings`` and the policies module they name (``RETRY_POLICIES``, or ``retry_policies.py``
+        """``settings`` and the policies modules they name (``RETRY_POLICIES``, or ``retry_policies.py``
         beside the DAGs); a module that cannot be read raises :class:`~retry_scheduler.core.policy.PolicyError`."""
-        return cls(settings, load_policies(settings.policies_file))
+        return cls(settings, load_policies(settings.policies_files))
 
     def with_settings(self, **overrides: Any) -> Deployment:
         """The same policies with some settings changed (``Settings.with_overrides``)."""
@@ -42,7 +42,7 @@ class Deployment:
         DLQ topics: publishing there would loop, hide the record or corrupt the helper's state) nor
         internal ones."""
         return Destinations.of(
-            [*self.policies.allowed, *self.policies.destinations],
+            self.policies.allow_rules,
             self.settings.destination_allowlist,
             [*self.settings.own_topics, *self.policies.dlq_topics],
         )

@@ -12,6 +12,7 @@ jobs were stored is not published to.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,6 +28,20 @@ class DestinationRuleError(ValueError):
     """An entry of ``ALLOWED_DESTINATIONS`` is neither a topic name, a glob nor a regex."""
 
 
+@functools.lru_cache(maxsize=1024)
+def glob_pattern(entry: str) -> re.Pattern[str] | None:
+    """A topic name or a glob (``*`` matches any run of topic-name characters) as a pattern; None for
+    a name. :class:`DestinationRuleError` when it is neither."""
+    if "*" in entry:
+        parts = entry.split("*")
+        if not all(part == "" or TOPIC_NAME.fullmatch(part) for part in parts):
+            raise DestinationRuleError(f"glob {entry!r} holds characters no topic name has")
+        return re.compile("[a-zA-Z0-9._-]*".join(re.escape(part) for part in parts))
+    if not TOPIC_NAME.fullmatch(entry):
+        raise DestinationRuleError(f"{entry!r} is neither a valid topic name nor a glob like 'orders.*'")
+    return None
+
+
 def _pattern(entry: Allowed) -> re.Pattern[str] | None:
     """The entry as a pattern; None for an exact name."""
     if isinstance(entry, re.Pattern):
@@ -35,16 +50,10 @@ def _pattern(entry: Allowed) -> re.Pattern[str] | None:
         raise DestinationRuleError(
             f"ALLOWED_DESTINATIONS entry {entry!r} must be a topic name, a glob like 'orders.*' or re.compile(...)"
         )
-    if "*" in entry:
-        parts = entry.split("*")
-        if not all(part == "" or TOPIC_NAME.fullmatch(part) for part in parts):
-            raise DestinationRuleError(
-                f"ALLOWED_DESTINATIONS glob {entry!r} holds characters no topic name has"
-            )
-        return re.compile("[a-zA-Z0-9._-]*".join(re.escape(part) for part in parts))
-    if not TOPIC_NAME.fullmatch(entry):
-        raise DestinationRuleError(f"ALLOWED_DESTINATIONS entry {entry!r} is not a valid topic name")
-    return None
+    try:
+        return glob_pattern(entry)
+    except DestinationRuleError as exc:
+        raise DestinationRuleError(f"ALLOWED_DESTINATIONS entry: {exc}") from None
 
 
 #: How many topics' answers :meth:`Destinations.refusal` keeps (a hostile producer may send any name).

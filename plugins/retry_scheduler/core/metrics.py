@@ -53,7 +53,10 @@ METRICS: dict[str, tuple[str, str]] = {
         "timer",
         "99th percentile publish lateness of the last 10 s, ms",
     ),
-    "retry_scheduler.breakers.open": ("gauge", "destinations whose breaker holds their jobs (BREAKERS)"),
+    "retry_scheduler.breakers.open": (
+        "gauge",
+        "destinations whose breaker holds their jobs (their declaration's breaker)",
+    ),
     "retry_scheduler.breakers.held": ("gauge", "jobs held by the destinations' breakers"),
     "retry_scheduler.breakers.opened": ("counter", "times a destination's breaker opened"),
     "retry_scheduler.chains.held": (

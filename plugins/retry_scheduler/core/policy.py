@@ -3,17 +3,17 @@
 Policies are declared in Python, in one module next to the DAGs (``dags/retry_policies.py``),
 and reviewed like code::
 
-    from retry_scheduler.core.policy import Backoff, Policy
+    from retry_scheduler import Backoff, Breaker, Destination, Policy
 
     POLICIES = [
         Policy("default", delays=["10s", "1m", "5m"], max_attempts=3, max_age="1d"),
         Policy("payments", backoff=Backoff(base="1s", factor=2, max="10m", jitter=0.2),
                max_attempts=8, fatal_errors=["InvalidCardError"], dlq_topic="payments.dlq"),
     ]
-    DESTINATIONS = {"payments": "payments"}   # destination topic -> policy name
-    ALLOWED_DESTINATIONS = ["orders", "shop.*"]   # and the DESTINATIONS above; nothing else
-    RATE_LIMITS = {"payments": 200}   # records/s published to a destination (names or globs)
-    BREAKERS = {"payments": Breaker(failure_rate=0.5)}   # hold a destination that keeps failing
+    DESTINATIONS = [   # one declaration per destination (:mod:`retry_scheduler.core.declarations`)
+        Destination("payments", policy="payments", rate_limit=200, breaker=Breaker(failure_rate=0.5)),
+        Destination("orders"), Destination("shop.*"),   # allowed; nothing else is
+    ]
     ALERT_CHANNELS = [SlackWebhookNotifier(slack_webhook_conn_id="slack", text="{{ alert.summary() }}")]
 
 Everything here is a pure function of its inputs (the clock is a parameter), so the
@@ -22,7 +22,6 @@ strategy is tested with a frozen clock and tables of cases.
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import importlib.util
 import re
@@ -33,7 +32,15 @@ from pathlib import Path
 from types import ModuleType
 
 from retry_scheduler.core import protocol
-from retry_scheduler.core.breakers import Breaker, BreakerError, breaker_for, breakers_of
+from retry_scheduler.core.breakers import Breaker, BreakerError
+from retry_scheduler.core.declarations import (
+    DeclarationError,
+    Declarations,
+    Destination,
+    DestinationRules,
+    from_dicts,
+    regexes,
+)
 from retry_scheduler.core.destinations import Allowed, DestinationRuleError, Destinations
 from retry_scheduler.core.durations import parse_duration_ms
 
@@ -238,38 +245,34 @@ def _spread(retry_id: str, attempt: int) -> float:
 
 @dataclass(frozen=True)
 class PolicyRegistry:
-    """Named policies, the destination -> policy mapping and the allowed destinations.
+    """Named policies and the destinations a deployment declares.
 
-    ``default`` always exists. ``allowed`` holds the ``ALLOWED_DESTINATIONS`` entries (names, globs,
-    compiled regexes, see :mod:`retry_scheduler.core.destinations`); the destinations mapped to a
-    policy are allowed too.
+    ``default`` always exists. ``declarations`` holds one
+    :class:`~retry_scheduler.core.declarations.Destination` per destination or glob, each allowed and
+    with its rules (:meth:`rules`); ``allowed`` the ``ALLOWED_DESTINATIONS`` entries as written (names,
+    globs, compiled regexes, see :mod:`retry_scheduler.core.destinations`).
     """
 
     policies: Mapping[str, Policy]
-    destinations: Mapping[str, str] = field(default_factory=dict)
+    declarations: Declarations = field(default_factory=Declarations)
     allowed: tuple[Allowed, ...] = ()
-    #: ``RATE_LIMITS``: destination names or globs (``"shop.*"``) and the most records per second the
-    #: service publishes to each matching destination (:meth:`rate_limit`).
-    rate_limits: tuple[tuple[str, float], ...] = ()
-    #: ``BREAKERS``: destination names or globs and their :class:`~retry_scheduler.core.breakers.Breaker`
-    #: (:meth:`breaker`).
-    breakers: tuple[tuple[str, Breaker], ...] = ()
 
     def __post_init__(self) -> None:
         if DEFAULT_POLICY not in self.policies:
             raise PolicyError("the policy 'default' must exist")
-        for dest, name in self.destinations.items():
-            if name not in self.policies:
-                raise PolicyError(f"destination {dest!r} maps to undeclared policy {name!r}")
+        for declaration in self.declarations:
+            if declaration.policy is not None and declaration.policy not in self.policies:
+                where = declaration.origin or f"destination {declaration.pattern!r}"
+                raise PolicyError(f"{where} maps to undeclared policy {declaration.policy!r}")
         try:
-            rules = Destinations.of([*self.allowed, *self.destinations])
+            rules = Destinations.of(self.allow_rules)
         except (DestinationRuleError, re.error) as exc:
             raise PolicyError(str(exc)) from None
         for policy in sorted(self.policies.values(), key=lambda p: p.name):
             if rules.refusal(policy.dlq_topic) is None:
                 raise PolicyError(
                     f"policy {policy.name!r}: its dlq_topic {policy.dlq_topic!r} is also an allowed destination "
-                    "(ALLOWED_DESTINATIONS or DESTINATIONS): a retry could be published to the DLQ topic; "
+                    "(DESTINATIONS or ALLOWED_DESTINATIONS): a retry could be published to the DLQ topic; "
                     "narrow the pattern or choose another dlq_topic"
                 )
 
@@ -277,59 +280,53 @@ class PolicyRegistry:
     def of(
         cls,
         policies: Iterable[Policy],
-        destinations: Mapping[str, str] | None = None,
+        destinations: Mapping[str, str] | Iterable[Destination] | None = None,
         allowed: Iterable[Allowed] = (),
         rate_limits: Mapping[str, float] | None = None,
         breakers: Mapping[str, Breaker] | None = None,
+        *,
+        module: str = "",
     ) -> PolicyRegistry:
-        """Build a registry; adds a conservative ``default`` when none is declared."""
-        if isinstance(policies, str | bytes | Mapping) or not isinstance(policies, Iterable):
-            raise PolicyError(f"POLICIES must be a list of Policy(...), not {type(policies).__name__}")
-        by_name: dict[str, Policy] = {}
-        for n, policy in enumerate(policies):
-            if not isinstance(policy, Policy):
-                raise PolicyError(
-                    f"POLICIES[{n}] is a {type(policy).__name__}, not a Policy: write Policy('name', "
-                    "delays=[...], max_attempts=...)"
-                )
-            if policy.name in by_name:
-                raise PolicyError(f"policy {policy.name!r} is declared twice")
-            by_name[policy.name] = policy
+        """Build a registry; adds a conservative ``default`` when none is declared. ``destinations``:
+        a list of :class:`~retry_scheduler.core.declarations.Destination`, or the older dict of topic
+        -> policy name; ``rate_limits`` and ``breakers`` are the older ``RATE_LIMITS`` and ``BREAKERS``
+        (:func:`~retry_scheduler.core.declarations.from_dicts`). ``module`` names where they were
+        declared, in errors."""
+        by_name = _checked_policies(policies)
         by_name.setdefault(DEFAULT_POLICY, DEFAULT)
-        if isinstance(allowed, str | re.Pattern):
-            raise PolicyError("ALLOWED_DESTINATIONS must be a list, e.g. ['orders', 'shop.*']")
-        if destinations is not None and not isinstance(destinations, Mapping):
-            raise PolicyError(
-                "DESTINATIONS must be a dict of destination topic -> policy name, e.g. {'payments': "
-                f"'payments'}}, not {type(destinations).__name__}"
-            )
-        for dest, name in (destinations or {}).items():
-            if not isinstance(dest, str) or not isinstance(name, str):
-                raise PolicyError(
-                    f"DESTINATIONS maps {dest!r} to {name!r}: both must be strings (topic, policy name)"
-                )
+        allowed = _checked_allowed(allowed)
         try:
-            declared_breakers = breakers_of(breakers)
-        except BreakerError as exc:
+            declarations = Declarations(
+                from_dicts(destinations, rate_limits, breakers, allowed, module=module)
+            )
+        except (DeclarationError, BreakerError) as exc:
             raise PolicyError(str(exc)) from None
-        return cls(
-            by_name, dict(destinations or {}), tuple(allowed), _rate_limits(rate_limits), declared_breakers
-        )
+        return cls(by_name, declarations, allowed)
+
+    @property
+    def allow_rules(self) -> list[Allowed]:
+        """What the policies allow as destinations: every declared name and glob, and the
+        ``ALLOWED_DESTINATIONS`` regexes."""
+        return [*self.declarations.allowed, *regexes(self.allowed)]
+
+    def any(self, rule: str) -> bool:
+        """Whether any destination's declaration sets ``rule`` (a field of a declaration)."""
+        return self.declarations.any(rule)
+
+    def rules(self, destination: str) -> DestinationRules:
+        """Everything declared for ``destination``, resolved (:mod:`retry_scheduler.core.declarations`)."""
+        return self.declarations.rules(destination)
 
     def rate_limit(self, destination: str) -> float | None:
-        """The most records per second the service publishes to ``destination`` (retries, replays and
-        bulk retries alike): the lowest of the ``RATE_LIMITS`` entries whose name or glob matches it;
-        None: no limit."""
-        limits = [rate for pattern, rate in self.rate_limits if fnmatch.fnmatchcase(destination, pattern)]
-        return min(limits) if limits else None
+        """The most records per second the service publishes to ``destination``; None: no limit."""
+        return self.rules(destination).rate_limit
 
     def breaker(self, destination: str) -> Breaker | None:
-        """The breaker of ``destination`` (``BREAKERS``: its own entry, else the first glob matching it);
-        None: it has none."""
-        return breaker_for(self.breakers, destination)
+        """The breaker of ``destination``; None: it has none."""
+        return self.rules(destination).breaker
 
     def has_breaker(self, destination: str) -> bool:
-        return breaker_for(self.breakers, destination) is not None
+        return self.rules(destination).breaker is not None
 
     def get(self, name: str) -> Policy:
         try:
@@ -342,8 +339,10 @@ class PolicyRegistry:
         """The record's named policy, else its destination's, else ``default``."""
         if name:
             return self.get(name)
-        if destination and destination in self.destinations:
-            return self.policies[self.destinations[destination]]
+        if destination:
+            declared = self.rules(destination).policy
+            if declared is not None:
+                return self.policies[declared]
         return self.policies[DEFAULT_POLICY]
 
     @property
@@ -351,32 +350,28 @@ class PolicyRegistry:
         return {p.dlq_topic for p in self.policies.values()}
 
 
-def _rate_limits(declared: object) -> tuple[tuple[str, float], ...]:
-    """``RATE_LIMITS`` checked: a dict of destination name or glob -> records per second (> 0)."""
-    if declared is None:
-        return ()
-    if not isinstance(declared, Mapping):
-        raise PolicyError(
-            f"RATE_LIMITS must be a dict of destination (or glob) -> records per second, e.g. {{'payments': 200}}, "
-            f"not {type(declared).__name__}"
-        )
-    limits = []
-    for pattern, rate in declared.items():
-        if not isinstance(pattern, str) or not pattern:
+def _checked_policies(policies: object) -> dict[str, Policy]:
+    """``POLICIES`` checked: a list of :class:`Policy`, each name once; by name."""
+    if isinstance(policies, str | bytes | Mapping) or not isinstance(policies, Iterable):
+        raise PolicyError(f"POLICIES must be a list of Policy(...), not {type(policies).__name__}")
+    by_name: dict[str, Policy] = {}
+    for n, policy in enumerate(policies):
+        if not isinstance(policy, Policy):
             raise PolicyError(
-                f"RATE_LIMITS key {pattern!r} must be a destination topic or a glob like 'shop.*'"
+                f"POLICIES[{n}] is a {type(policy).__name__}, not a Policy: write Policy('name', "
+                "delays=[...], max_attempts=...)"
             )
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= MAX_RATE_LIMIT:
-            raise PolicyError(
-                f"RATE_LIMITS[{pattern!r}] = {rate!r}: give records per second, more than 0 and at most "
-                f"{MAX_RATE_LIMIT:,.0f} (leave the destination out for no limit)"
-            )
-        limits.append((pattern, float(rate)))
-    return tuple(limits)
+        if policy.name in by_name:
+            raise PolicyError(f"policy {policy.name!r} is declared twice")
+        by_name[policy.name] = policy
+    return by_name
 
 
-#: The highest rate limit one may declare (records per second per destination).
-MAX_RATE_LIMIT = 1_000_000.0
+def _checked_allowed(allowed: object) -> tuple[Allowed, ...]:
+    if isinstance(allowed, str | re.Pattern) or not isinstance(allowed, Iterable):
+        raise PolicyError("ALLOWED_DESTINATIONS must be a list, e.g. ['orders', 'shop.*']")
+    return tuple(allowed)
+
 
 #: Used when the policies module declares no ``default``.
 DEFAULT = Policy(DEFAULT_POLICY, delays=["10s", "1m", "5m", "30m"], max_attempts=4, max_age="7d")
@@ -405,24 +400,58 @@ def load_policies_module(path: str | Path) -> ModuleType:
     return module
 
 
-def load_policies(path: str | Path) -> PolicyRegistry:
-    """Import the policies module at *path* and return its registry.
+def load_policies(paths: str | Path | Sequence[str | Path]) -> PolicyRegistry:
+    """Import the policies module at each of ``paths`` and return the deployment's registry.
 
-    The module declares ``POLICIES`` (a list of :class:`Policy`) and optionally
-    ``DESTINATIONS`` (destination topic -> policy name), ``ALLOWED_DESTINATIONS`` (the other
-    topics retries may go to: names, globs like ``"orders.*"`` or ``re.compile(...)``) and
-    ``RATE_LIMITS`` (destination name or glob -> the most records per second published to it) and
-    ``BREAKERS`` (destination name or glob -> :class:`~retry_scheduler.core.breakers.Breaker`).
+    A module declares ``POLICIES`` (a list of :class:`Policy`) and optionally ``DESTINATIONS`` (a
+    list of :class:`~retry_scheduler.core.declarations.Destination`), or the older spellings:
+    ``DESTINATIONS`` as a dict of topic -> policy name, ``ALLOWED_DESTINATIONS`` (the other topics
+    retries may go to: names, globs like ``"orders.*"`` or ``re.compile(...)``), ``RATE_LIMITS``
+    (destination name or glob -> the most records per second published to it) and ``BREAKERS``
+    (destination name or glob -> :class:`~retry_scheduler.core.breakers.Breaker`).
+
+    Several modules (one per team, say) make one registry: each declares its own policies and
+    destinations, and a policy or a destination declared by two of them is an error naming both. A
+    destination may use a policy another module declares. Of several modules, one may leave
+    ``POLICIES`` out.
     """
-    path = Path(path)
-    module = load_policies_module(path)
-    policies = getattr(module, "POLICIES", None)
-    if policies is None:
-        raise PolicyError(f"{path} must define POLICIES = [Policy(...), ...]")
-    return PolicyRegistry.of(
-        policies,
-        getattr(module, "DESTINATIONS", {}),
-        getattr(module, "ALLOWED_DESTINATIONS", ()),
-        getattr(module, "RATE_LIMITS", None),
-        getattr(module, "BREAKERS", None),
-    )
+    files = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+    if not files:
+        raise PolicyError("no policies module given")
+    policies: dict[str, tuple[Policy, Path]] = {}
+    destinations: dict[str, tuple[Destination, Path]] = {}
+    allowed: list[Allowed] = []
+    for path in files:
+        module = load_policies_module(path)
+        declared = getattr(module, "POLICIES", None if len(files) == 1 else [])
+        if declared is None:
+            raise PolicyError(f"{path} must define POLICIES = [Policy(...), ...]")
+        for name, policy in _checked_policies(declared).items():
+            if name in policies:
+                raise PolicyError(
+                    f"policy {name!r} is declared in both {policies[name][1]} and {path}: keep it in one module"
+                )
+            policies[name] = (policy, path)
+        own_allowed = _checked_allowed(getattr(module, "ALLOWED_DESTINATIONS", ()))
+        try:
+            found = from_dicts(
+                getattr(module, "DESTINATIONS", {}),
+                getattr(module, "RATE_LIMITS", None),
+                getattr(module, "BREAKERS", None),
+                own_allowed,
+                module=path.name,
+            )
+            own = Declarations(found)  # one declaration per pattern within the module
+        except (DeclarationError, BreakerError) as exc:
+            raise PolicyError(str(exc)) from None
+        for declaration in own:
+            if declaration.pattern in destinations:
+                raise PolicyError(
+                    f"destination {declaration.pattern!r} is declared in both "
+                    f"{destinations[declaration.pattern][1]} and {path}: each destination belongs to one module"
+                )
+            destinations[declaration.pattern] = (declaration, path)
+        allowed += own_allowed
+    by_name = {name: policy for name, (policy, _) in policies.items()}
+    by_name.setdefault(DEFAULT_POLICY, DEFAULT)
+    return PolicyRegistry(by_name, Declarations(d for d, _ in destinations.values()), tuple(allowed))

@@ -1,7 +1,8 @@
-"""Destinations' breakers in the publish loop (``BREAKERS``, :mod:`retry_scheduler.core.breakers`).
+"""Destinations' breakers, a gate of the publish round (:mod:`retry_scheduler.loops.gates`;
+:mod:`retry_scheduler.core.breakers` says how a breaker moves).
 
 Three parts, each a no-op when the policies declare no breaker (but for one query a minute: jobs
-held by a breaker since taken out of ``BREAKERS`` are let go):
+held by a breaker since taken out of the declarations are let go):
 
 - in a round (its transaction, its claim's locks), the claimed jobs of a destination whose breaker is
   open are held: pending, attempts unspent, kept out of the claim until the breaker lets them go
@@ -25,7 +26,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from retry_scheduler.core import faults
-from retry_scheduler.core.breakers import CLOSED, LET_ALL_GO, LET_PROBE_OUT, OPEN, Breaker, step
+from retry_scheduler.core.breakers import CLOSED, LET_ALL_GO, LET_PROBE_OUT, OPEN, step
+from retry_scheduler.core.declarations import DestinationRules
 from retry_scheduler.core.jobs import OutgoingRow
 from retry_scheduler.core.metrics import Metrics, NoMetrics
 from retry_scheduler.db.store import Store
@@ -36,25 +38,26 @@ log = logging.getLogger(__name__)
 TICK_S = 1.0
 #: The most held jobs a closed breaker lets go in one tick (the claim takes them in due order anyway).
 LET_GO_BATCH = 10_000
-#: Without any breaker declared, how often the loop looks for jobs a breaker taken out of ``BREAKERS``
-#: left held (none, but for such a change).
+#: Without any breaker declared, how often the loop looks for jobs a breaker no longer declared left
+#: held (none, but for such a change).
 ORPHANS_EVERY_S = 60.0
 
 
 class DestinationBreakers:
-    """Applies the deployment's ``BREAKERS`` to the publish loop (see the module)."""
+    """Applies the destinations' breakers to the publish loop (see the module)."""
+
+    counts_as = "held"
 
     def __init__(
         self,
-        breaker: Callable[[str], Breaker | None],
+        rules: Callable[[str], DestinationRules],
         store: Store,
         *,
         any_breaker: bool = True,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
     ) -> None:
-        self._breaker = breaker
-        self._covered: dict[str, bool] = {}  # looked up once per destination
+        self._rules = rules
         self.store = store
         self.any_breaker = any_breaker
         self.clock = clock
@@ -63,11 +66,7 @@ class DestinationBreakers:
 
     def covers(self, destination: str | None) -> bool:
         """Whether ``destination`` has a breaker (a round asks for each of its jobs)."""
-        if not destination:
-            return False
-        if destination not in self._covered:
-            self._covered[destination] = self._breaker(destination) is not None
-        return self._covered[destination]
+        return bool(destination) and self._rules(destination or "").breaker is not None
 
     def apply(self, rows: list[OutgoingRow]) -> tuple[list[OutgoingRow], int]:
         """The claimed ``rows`` that may go out now, and how many were held; in the round's transaction."""
@@ -89,7 +88,7 @@ class DestinationBreakers:
         holding = set(held)
         return [row for row in rows if row.id not in holding], len(held)
 
-    def count(
+    def after(
         self, rows: Sequence[OutgoingRow], acked: Sequence[tuple[int, int]], failed: Sequence[tuple[int, str]]
     ) -> None:
         """Add a round's records sent and deliveries failed to their destinations' breakers (after the
@@ -107,21 +106,25 @@ class DestinationBreakers:
             self.store.count_sent({d: (c[0], c[1]) for d, c in counts.items()})
 
     def _let_orphans_go(self) -> None:
-        """Jobs held for a destination whose breaker is no longer declared (taken out of ``BREAKERS``
-        while open) go: nothing else would ever let them go."""
+        """Jobs held for a destination whose breaker is no longer declared (taken out while open) go:
+        nothing else would ever let them go."""
         orphans = [d for d in self.store.held_destinations() if not self.covers(d)]
         if not orphans:
             return
-        self.store.set_breakers(orphans, CLOSED, "its breaker is no longer declared (BREAKERS)", "")
+        self.store.set_breakers(orphans, CLOSED, "its breaker is no longer declared", "")
         for destination in orphans:
             gone = self.store.let_go(destination, LET_GO_BATCH)
             log.warning(
-                "%s job(s) held for %s go: its breaker is no longer declared (BREAKERS)",
+                "%s job(s) held for %s go: its breaker is no longer declared",
                 len(gone),
                 destination,
             )
 
-    def tick(self, *, force: bool = False) -> list[tuple[str, str, str | None]]:
+    def tick(self) -> None:
+        """Once a loop pass: every :data:`TICK_S`, move the breakers (:meth:`step_breakers`)."""
+        self.step_breakers()
+
+    def step_breakers(self, *, force: bool = False) -> list[tuple[str, str, str | None]]:
         """Every :data:`TICK_S` (or now, with ``force``): move every breaker; the changes made
         (destination, new state, why). Without breakers declared, only every :data:`ORPHANS_EVERY_S`
         the held jobs of breakers no longer declared are let go."""
@@ -139,7 +142,7 @@ class DestinationBreakers:
         changes: list[tuple[str, str, str | None]] = []
         with self.store.conn.transaction():
             for row, holds in self.store.lock_breakers(covered):
-                breaker = self._breaker(row.destination)
+                breaker = self._rules(row.destination).breaker
                 assert breaker is not None
                 new, action = step(row, breaker, now)
                 if action == LET_PROBE_OUT:

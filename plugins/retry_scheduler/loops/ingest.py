@@ -303,7 +303,7 @@ class Ingestor:
 
     def store_batch(self, batch: Batch) -> IngestCounts:
         """Store a batch's rows and its next offsets in one transaction."""
-        began = time.perf_counter()
+        began, registry = time.perf_counter(), self.deployment.policies
         stored = self.store.insert_rows(
             batch.rows,
             consumer_group=self.settings.consumer_group,
@@ -311,7 +311,7 @@ class Ingestor:
             adopted_topics=self.settings.adopt_topics,
             chain_events=batch.chain_events,
             refused=lambda row, reason: self.refused_row(batch, row, reason),
-            breakers=self.deployment.policies.has_breaker if self.deployment.policies.breakers else None,
+            breakers=registry.has_breaker if registry.any("breaker") else None,
         )
         counts = IngestCounts(
             consumed=len(batch.rows) - batch.notices + batch.release_records, stored=len(stored), batches=1

@@ -10,8 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -23,11 +22,11 @@ from retry_scheduler.core.metrics import SNAPSHOT_EVERY_S, Metrics, NoMetrics
 from retry_scheduler.db.chains import expire_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.db.vacuum import SelfVacuum
-from retry_scheduler.loops.breakers import DestinationBreakers
 from retry_scheduler.loops.claim_floors import ClaimFloors
+from retry_scheduler.loops.gates import Gate, deployment_gates
 from retry_scheduler.loops.handover import ALIVE_S, LoopTenure, new_worker_id
 from retry_scheduler.loops.kafka import TopicManager, make_producer, wait_until_ready
-from retry_scheduler.loops.rate_limits import DestinationRateLimits
+from retry_scheduler.loops.publish_counts import PublishCounts
 
 log = logging.getLogger(__name__)
 
@@ -47,55 +46,6 @@ _BROKEN_PRODUCER = frozenset(
 )
 
 
-@dataclass
-class PublishCounts:
-    """What one publish run did; logged and returned to Airflow as XCom."""
-
-    claimed: int = 0
-    #: Of those, claimed in lanes (fair publishing while the oldest-first claim was behind).
-    fair_claimed: int = 0
-    #: Of those, put off to later slots by their destination's rate limit (RATE_LIMITS).
-    deferred: int = 0
-    #: Of those, held by their destination's open breaker (BREAKERS).
-    held: int = 0
-    published: int = 0
-    dead_published: int = 0
-    failed: int = 0
-    lateness_max_s: float = 0.0
-    errors: dict[str, int] = field(default_factory=dict)
-    #: The round that took longest (claim, produce, acknowledgements, mark): its seconds and jobs.
-    slowest_round_s: float = 0.0
-    slowest_round_jobs: int = 0
-
-    def add(self, other: PublishCounts) -> None:
-        self.claimed += other.claimed
-        self.fair_claimed += other.fair_claimed
-        self.deferred += other.deferred
-        self.held += other.held
-        self.published += other.published
-        self.dead_published += other.dead_published
-        self.failed += other.failed
-        self.lateness_max_s = max(self.lateness_max_s, other.lateness_max_s)
-        for k, v in other.errors.items():
-            self.errors[k] = self.errors.get(k, 0) + v
-        if other.slowest_round_s > self.slowest_round_s:
-            self.slowest_round_s, self.slowest_round_jobs = other.slowest_round_s, other.slowest_round_jobs
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "claimed": self.claimed,
-            "fair_claimed": self.fair_claimed,
-            "deferred": self.deferred,
-            "held": self.held,
-            "published": self.published,
-            "dead_published": self.dead_published,
-            "failed": self.failed,
-            "errors": dict(self.errors),
-            "slowest_round_s": round(self.slowest_round_s, 3),
-            "slowest_round_jobs": self.slowest_round_jobs,
-        }
-
-
 class Publisher(ClaimFloors):
     """Publishes due jobs and dead jobs; many publishers may run at once (SKIP LOCKED)."""
 
@@ -108,9 +58,12 @@ class Publisher(ClaimFloors):
         clock: Callable[[], float] = time.time,
         store_factory: Callable[[str], Store] = Store,
         metrics: Metrics | None = None,
+        gates: Callable[[Store], Sequence[Gate]] | None = None,
     ) -> None:
         """``metrics``: where each round's counts, and every :data:`SNAPSHOT_EVERY_S` the backlog
-        and lateness, are reported (by this publisher: its helpers report their rounds only)."""
+        and lateness, are reported (by this publisher: its helpers report their rounds only).
+        ``gates``: makes a publisher's gates on its store (:mod:`retry_scheduler.loops.gates`; by
+        default the deployment's breakers and rate limits)."""
         self.deployment = deployment
         self.settings = settings = deployment.settings
         self.metrics: Metrics = metrics or NoMetrics()
@@ -119,13 +72,10 @@ class Publisher(ClaimFloors):
         # stored is not published to (the job goes dead, invalid, with the reason).
         self.destinations = deployment.destinations
         self.store = store
-        self.rate_limits = DestinationRateLimits(
-            deployment.policies.rate_limit, store, any_limit=bool(deployment.policies.rate_limits)
+        self.make_gates = gates or (
+            lambda on: deployment_gates(deployment, on, clock=clock, metrics=self.metrics)
         )
-        self.breakers = DestinationBreakers(
-            deployment.policies.breaker, store, any_breaker=bool(deployment.policies.breakers),
-            clock=clock, metrics=self.metrics,
-        )  # fmt: skip
+        self.gates: Sequence[Gate] = self.make_gates(store)
         self.store_factory = store_factory
         self.producer = producer or make_producer(settings)
         self.topics = topics or TopicManager(settings)
@@ -326,8 +276,10 @@ class Publisher(ClaimFloors):
             self._after_claim(floor, due_rows, claim_began)
             lane_rows = self.claim_lanes(due_rows)
             counts.fair_claimed = len(lane_rows)
-            due_rows, counts.held = self.breakers.apply(due_rows + lane_rows)
-            due_rows, counts.deferred = self.rate_limits.apply(due_rows)
+            due_rows = due_rows + lane_rows
+            for gate in self.gates:
+                due_rows, kept = gate.apply(due_rows)
+                counts.keep(gate.counts_as, kept)
             acked: list[tuple[int, int]] = []
             failed_due: list[tuple[int, str]] = []
             if due_rows:
@@ -344,8 +296,9 @@ class Publisher(ClaimFloors):
                 self._advance_holds(due_rows, acked, unroutable)
             if failed:
                 counts.failed = self.store.mark_failed(failed)
-        self.breakers.count(due_rows, acked, failed_due)
-        counts.claimed = len(dead_rows) + len(due_rows) + counts.deferred + counts.held
+        for gate in self.gates:
+            gate.after(due_rows, acked, failed_due)
+        counts.claimed = len(dead_rows) + len(due_rows) + counts.kept_back
         if counts.claimed:
             counts.slowest_round_s, counts.slowest_round_jobs = time.perf_counter() - began, counts.claimed
         if failed:
@@ -378,6 +331,7 @@ class Publisher(ClaimFloors):
                     clock=self.clock,
                     store_factory=self.store_factory,
                     metrics=self.metrics,
+                    gates=self.make_gates,
                 )
                 helper._sweeping = self._sweeping
                 self.helpers.append(helper)
@@ -476,7 +430,8 @@ class Publisher(ClaimFloors):
                         "claimed %s jobs: %s published, %s to DLQ, %s failed%s",
                         batch.claimed, batch.published, batch.dead_published, batch.failed,
                         "".join(f", {n} {what}" for n, what in ((batch.held, "held by a breaker"),
-                                (batch.deferred, "put off by a rate limit")) if n),
+                                (batch.deferred, "put off by a rate limit"),
+                                *((n, f"kept back ({g})") for g, n in batch.gated.items())) if n),
                     )  # fmt: skip
                 self.totals.add(batch)
                 self._report(batch, snapshot=not helper)
@@ -485,7 +440,8 @@ class Publisher(ClaimFloors):
                     if self.vacuum is not None:
                         self.vacuum.tick(self.store)
                     self._forget_released_chains()
-                    self.breakers.tick()
+                    for gate in self.gates:
+                        gate.tick()
                 if batch.claimed >= self.settings.publish_batch:
                     continue  # more may be waiting
                 wait = self.store.seconds_until_next_due(after=self.store.claimed_up_to)

@@ -1,5 +1,6 @@
-"""Per-destination rate limits in the publish loop: at most ``RATE_LIMITS[destination]`` records per
-second go to a destination, whatever its backlog and however many publishers run.
+"""Per-destination rate limits, a gate of the publish round (:mod:`retry_scheduler.loops.gates`): at most
+a destination's ``rate_limit`` records per second go to it, whatever its backlog and however many
+publishers run.
 
 A round claims due jobs as always; of a rate-limited destination's, it publishes what the destination's
 slots allow now and makes the rest due later, one slot each (``pace_destinations`` in queries.sql keeps
@@ -11,9 +12,10 @@ its slot: a rate limit is the deployment's own choice, not a late publish.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
+from retry_scheduler.core.declarations import DestinationRules
 from retry_scheduler.core.jobs import OutgoingRow
 from retry_scheduler.db.store import Store
 
@@ -22,23 +24,21 @@ BURST_S = 0.1
 
 
 class DestinationRateLimits:
-    """Applies the deployment's ``RATE_LIMITS`` to the jobs of a round (see the module)."""
+    """Applies the destinations' rate limits to the jobs of a round (see the module)."""
+
+    counts_as = "deferred"
 
     def __init__(
-        self, rate_limit: Callable[[str], float | None], store: Store, *, any_limit: bool = True
+        self, rules: Callable[[str], DestinationRules], store: Store, *, any_limit: bool = True
     ) -> None:
-        """``any_limit``: whether the deployment declares any limit (without, a round costs nothing)."""
-        self._rate_limit = rate_limit
-        self._rates: dict[str, float | None] = {}  # looked up once per destination
+        """``rules``: a destination's resolved rules; ``any_limit``: whether the deployment declares
+        any limit (without, a round costs nothing)."""
+        self._rules = rules
         self.store = store
         self.any_limit = any_limit
 
     def rate(self, destination: str | None) -> float | None:
-        if destination is None:
-            return None
-        if destination not in self._rates:
-            self._rates[destination] = self._rate_limit(destination)
-        return self._rates[destination]
+        return None if destination is None else self._rules(destination).rate_limit
 
     def apply(self, rows: list[OutgoingRow]) -> tuple[list[OutgoingRow], int]:
         """The claimed ``rows`` that may be published now, and how many were put off to later slots;
@@ -67,3 +67,11 @@ class DestinationRateLimits:
         self.store.defer_jobs(put_off)
         later = {job_id for job_id, _ in put_off}
         return [row for row in rows if row.id not in later], len(put_off)
+
+    def after(
+        self, rows: Sequence[OutgoingRow], acked: Sequence[tuple[int, int]], failed: Sequence[tuple[int, str]]
+    ) -> None:
+        """Nothing: the slots were taken in the round."""
+
+    def tick(self) -> None:
+        """Nothing: the slots live in the destinations' rows."""

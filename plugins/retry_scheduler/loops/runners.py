@@ -80,7 +80,8 @@ def run_ingest(loop_seconds: float, deployment: Deployment, metrics: Metrics | N
 
     ``metrics``: where batches are reported (the DAG passes Airflow's metrics layer)."""
     settings = deployment.settings
-    log.info("policies from %s: %s", settings.policies_file, ", ".join(sorted(deployment.policies.policies)))
+    files = ", ".join(map(str, settings.policies_files))
+    log.info("policies from %s: %s", files, ", ".join(sorted(deployment.policies.policies)))
     with (
         loop_title("ingest"),
         Store(settings.database_url) as store,

@@ -38,7 +38,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from retry_scheduler.core import faults, protocol, rates
-from retry_scheduler.core.destinations import Destinations
+from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.connection import connect, require_migrated
 from retry_scheduler.db.schema import queries
@@ -192,18 +192,16 @@ def run_action(
     database_url: Database,
     operation: Operation,
     *,
-    destinations: Destinations | None = None,
-    rate_limit: Callable[[str], float | None] = lambda destination: None,
+    deployment: Deployment | None = None,
     progress: Callable[[int, int], None] = lambda done, total: None,
     batch_size: int = BATCH,
 ) -> Outcome:
     """Replay or purge the dead jobs ``operation`` selects (dry run: only count), writing one audit row.
 
-    A replay leaves dead the jobs whose destination ``destinations`` (the deployment's rules,
-    :attr:`~retry_scheduler.core.deployment.Deployment.destinations`; a replay needs them) no longer
-    allows, counted under ``skipped``. ``rate_limit``: a destination's rate limit (the policies'
-    ``RATE_LIMITS``, :meth:`~retry_scheduler.core.policy.PolicyRegistry.rate_limit`), which paces its
-    jobs where it is below the replay's pace (the publish loop holds to it either way).
+    A replay needs the ``deployment``, and asks it for each destination's rules: the jobs of a
+    destination it no longer allows are left dead, counted under ``skipped``; a destination whose
+    rate limit is below the replay's pace goes at its limit (the publish loop holds to it either way).
+    A purge needs none.
     ``progress(done, total)`` is called after each batch.
     ``batch_size`` jobs change per transaction (:data:`BATCH` by default).
     """
@@ -214,8 +212,8 @@ def run_action(
     )  # fmt: skip
     if action not in ("replay", "purge"):
         raise DlqError(f"action {action!r} must be replay or purge (reevaluate is ops.reevaluate's)")
-    if action == "replay" and destinations is None:
-        raise ValueError("a replay needs the deployment's destination rules (Deployment.destinations)")
+    if action == "replay" and deployment is None:
+        raise ValueError("a replay needs the deployment (its destinations' rules)")
     where, params = flt.where()
     # A parked job goes back only when asked for: by its dead reason, or by its id.
     params["with_parked"] = flt.dead_reason == protocol.DEAD_PARKED or bool(flt.ids)
@@ -235,8 +233,8 @@ def run_action(
         refused: list[str] = []
         per_destination: dict[str, int] = {}
         if action == "replay":
-            assert destinations is not None
-            rules = destinations
+            assert deployment is not None
+            rules = deployment.destinations
             with conn.transaction():
                 targets = conn.execute(
                     dlq_query("dlq_plan_destinations", where), {**params, "limit": flt.limit}
@@ -248,7 +246,9 @@ def run_action(
         limited = {
             d: limit
             for d in per_destination
-            if (limit := rate_limit(d)) is not None and (rate is None or limit < rate)
+            if deployment is not None
+            and (limit := deployment.policies.rules(d).rate_limit) is not None
+            and (rate is None or limit < rate)
         }
         watch = operation.watch
         waves: list[Any] = [None]  # unwatched: one pass over the filter

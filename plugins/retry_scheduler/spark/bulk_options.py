@@ -15,7 +15,6 @@ from typing import Any
 
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.deployment import Deployment
-from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.rates import RateError, parse_rate
 from retry_scheduler.db.selection import (
     Selection,
@@ -51,8 +50,9 @@ class Options:
     kafka_config: dict[str, Any] = field(repr=False)
     producer_conf: dict[str, Any] = field(repr=False)
     run_id: str
-    #: The deployment's destination rules: jobs of a destination they refuse are left as they are.
-    destinations: Destinations
+    #: The deployment, asked for each destination's rules: the jobs of a destination it does not
+    #: allow are left as they are; one whose rate limit is below ``rate_per_s`` goes at its limit.
+    deployment: Deployment = field(repr=False)
     mark_batch: int = MARK_BATCH
     #: Who asked, and from where (``cli`` or ``dag``), for the audit row.
     actor: str = "cli"
@@ -60,9 +60,6 @@ class Options:
     #: At most this many jobs of each destination published per second, shared evenly by the job's
     #: partitions (None: not paced).
     rate_per_s: float | None = None
-    #: A destination's rate limit (the policies' RATE_LIMITS; None: none), which paces its jobs where it
-    #: is below ``rate_per_s``.
-    rate_limit: Callable[[str], float | None] = field(default=lambda _destination: None, repr=False)
 
 
 def _positive(name: str, top: int) -> Callable[[str], int]:
@@ -129,8 +126,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         kafka_config=kafka_config,
         producer_conf=producer_settings(settings.bootstrap_servers, kafka_config),
         run_id=run_id,
-        destinations=deployment.destinations,
-        rate_limit=deployment.policies.rate_limit,
+        deployment=deployment,
         mark_batch=args.mark_batch,
         actor=args.actor or f"cli:{getpass.getuser()}",
         source=args.source,

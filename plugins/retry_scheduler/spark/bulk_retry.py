@@ -376,18 +376,19 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
     jdbc = jdbc_target(opts.database_url)
 
     summary = summarize(opts.database_url, sel)
-    refused, held = left_alone(opts.run_id, opts.database_url, summary, opts.destinations)
+    refused, held = left_alone(opts.run_id, opts.database_url, summary, opts.deployment.destinations)
     if refused or held:
         sel = replace(sel, excluded=tuple(sorted({**refused, **held})))
         summary = summarize(opts.database_url, sel)
     result["not_allowed"] = refused
     result["held_by_breaker"] = held
     result["selected"] = summary.count
-    # Destinations whose rate limit (RATE_LIMITS) is below the run's pace go at their limit.
+    # Destinations whose rate limit is below the run's pace go at their limit.
+    rules = opts.deployment.policies.rules
     limited = {
         d: limit
         for d in summary.per_destination
-        if (limit := opts.rate_limit(d)) is not None and (opts.rate_per_s is None or limit < opts.rate_per_s)
+        if (limit := rules(d).rate_limit) is not None and (opts.rate_per_s is None or limit < opts.rate_per_s)
     }
     result["rate_limited"] = limited
     skipped = {"destination not allowed": sum(refused.values())} | (

@@ -42,7 +42,7 @@ def connection_file(settings: Settings) -> Iterator[Path]:
                     "database_url": settings.database_url,
                     "kafka": settings.kafka,
                     # Where the job finds the deployment's destination rules, as the parent resolved them.
-                    "policies_path": str(settings.policies_file),
+                    "policies_path": ",".join(str(p) for p in settings.policies_files),
                     "destination_allowlist": settings.destination_allowlist,
                 },
                 out,
