@@ -4,7 +4,7 @@ With ``RETRY_REPLAY_APPROVAL_ABOVE=3``, a replay of more dead jobs than that wai
 ``approve`` task (Airflow 3.3's ``awaiting_input``, no triggerer) for a second person, answered
 through the REST API as the UI's *Required actions* page answers it. Approved by another user: the
 jobs are replayed, both names audited. Rejected: nothing is sent, the rejection and its author
-audited. Approved by the requester: refused, nothing sent.
+audited. Approved by the requester: refused (audited so), nothing sent, and asked again for someone else.
 """
 
 from __future__ import annotations
@@ -153,14 +153,28 @@ def test_a_large_replay_waits_for_a_second_person_approved_rejected_or_refused(s
         0,
     )
 
-    # Approved by the requester: refused, nothing sent.
+    # Approved by the requester: refused, nothing sent, the audit says who tried, and the request is
+    # asked again (the approve task's retry) for someone else, who rejects it.
     run = trigger_dag(stack.base_url, admin, "dlq_replay", {"destination": "payments", "dry_run": False})
     wait_for_approval(stack, admin, run["dag_run_id"])
     answer(stack, admin, run["dag_run_id"], "Approve")
-    done = wait_for_dag_run(stack.base_url, admin, "dlq_replay", run["dag_run_id"])
-    assert (done["state"], task_states(stack, admin, run["dag_run_id"])["operate"]) == ("failed", "failed")
+    url = f"{run_url(stack, run['dag_run_id'])}/taskInstances/approve"
+    deadline = time.monotonic() + 120
+    while api_call("GET", url, admin).get("try_number") != 2:
+        assert time.monotonic() < deadline, "the approval was not asked again"
+        time.sleep(1)
+    [plan] = audit_rows(database_url, run["dag_run_id"])
+    assert (plan["dry_run"], plan["actor"], plan["approval"], plan["approved_by"]) == (
+        True, "admin", "refused", "admin"
+    )  # fmt: skip
     assert statuses(database_url) == {"dead": 4}
-    assert [r["dry_run"] for r in audit_rows(database_url, run["dag_run_id"])] == [True]  # no replay row
+    wait_for_approval(stack, admin, run["dag_run_id"])
+    answer(stack, approver, run["dag_run_id"], "Reject")
+    done = wait_for_dag_run(stack.base_url, admin, "dlq_replay", run["dag_run_id"])
+    assert (done["state"], task_states(stack, admin, run["dag_run_id"])["operate"]) == ("success", "skipped")
+    assert statuses(database_url) == {"dead": 4}
+    [plan] = audit_rows(database_url, run["dag_run_id"])  # no replay row
+    assert (plan["approval"], plan["approved_by"]) == ("rejected", "approver")
 
 
 def test_a_replay_within_the_gate_or_a_dry_run_asks_nobody(stack: DevStack) -> None:

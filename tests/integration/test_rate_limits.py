@@ -117,7 +117,13 @@ def test_a_replay_goes_at_a_destinations_rate_limit_when_it_is_below_the_pace(
     outcome = run_action(database_url, operation, deployment=deployment)
     assert (outcome.affected, outcome.rate_per_s, outcome.rate_limited) == (8, None, {"payments": RATE})
     assert outcome.paced_s == pytest.approx(0.4)
-    assert "; payments at most 10/s (its rate limit)" in outcome.summary()
+    summary = outcome.summary()
+    # Not "not paced: every job due at once" beside "at most 10/s": the limit paces its destination.
+    assert (
+        "; paced only by the destinations' rate limits (payments at most 10/s); every other job due at once"
+        in summary
+    )
+    assert "not paced" not in summary
     with psycopg.connect(database_url) as conn:
         due = {
             d: [row[0] for row in conn.execute(

@@ -289,3 +289,36 @@ def test_the_command_line_watches_a_replay_and_refuses_a_bad_watch(
     assert "a verdict window needs a canary or a stop share" in capsys.readouterr().err
     assert main(["dlq", "replay", "--reevaluate", "--canary", "5"]) == 2
     assert "watch a replay, not --reevaluate" in capsys.readouterr().err
+
+
+def test_a_replay_that_stopped_by_itself_exits_3_on_the_command_line(
+    database_url: str,
+    bootstrap_servers: str,
+    topic_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A script must tell a replay that stopped (its canary came back) from one that went through."""
+    from retry_scheduler.cli.dlq import EXIT_REPLAY_STOPPED
+    from retry_scheduler.cli.main import main
+
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix)
+    dead_letters(loop, 6)
+    monkeypatch.setenv("RETRY_DATABASE_URL", database_url)
+    monkeypatch.setenv("RETRY_DESTINATION_ALLOWLIST", loop.settings.destination_allowlist or "")
+    app = App(loop, f"{topic_prefix}-payments", failing=lambda key: True)
+    with running_loops(loop), app.running(loop):
+        code = main(
+            ["dlq", "replay", "--destination", loop.dest, "--canary", "2", "--stop-above", "50%",
+             "--verdict-window", "5s", "--yes"]
+        )  # fmt: skip
+    assert code == EXIT_REPLAY_STOPPED == 3
+    captured = capsys.readouterr()
+    assert "STOPPED: the canary failed" in captured.out
+    assert "the replay stopped by itself: the canary failed" in captured.err and "(exit 3)" in captured.err
+    assert len(loop.rows(f"status = 'dead' AND destination = '{loop.dest}'")) >= 4  # the rest stays dead
+    # Where the docs send operators: the audit says it stopped, and why, without --json.
+    assert main(["dlq", "audit", "--limit", "1"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) == 2 and "replay 2 done" in shown[0], shown
+    assert "watched: 2 published, 2 came back; STOPPED: the canary failed" in shown[1], shown

@@ -64,6 +64,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (22, "0022_destination_rate_limits"),
         (23, "0023_replay_approval"),
         (24, "0024_destination_breakers"),
+        (25, "0025_refused_approval"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(

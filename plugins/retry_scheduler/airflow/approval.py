@@ -6,7 +6,10 @@ replay is larger than the gate, hands its figures to Airflow's ``ApprovalOperato
 provider's human-in-the-loop operator, Airflow 3.1+): the approver sees how many letters of each
 destination would go, at what pace, and who asked. *Approve* lets the ``operate`` task replay, at
 most the oldest jobs the approver was shown (letters dead since are newer, and left alone), with the
-approver audited beside the requester; an approver who is the requester is refused, nothing sent.
+approver audited beside the requester. An approver who is the requester is refused, nothing sent: the
+audit reads ``approval=refused`` with their name, and the ``approve`` task's try fails, so that its
+retry asks again, for someone else (a later answer then replaces the refusal on the audit row; the
+try's log keeps it). With no retry left, the run fails and nothing is sent.
 *Reject* skips the replay: nothing is sent. Either way the dry run's audit row keeps the decision
 and who made it (:class:`ReplayApprovalOperator`). A request unanswered for :data:`RESPONSE_TIMEOUT`
 fails its try; the task's retry asks once more, and the run's own timeout (6 h) ends it: nothing sent.
@@ -83,6 +86,7 @@ def approval_request(
         "body": body,
         "audit_id": plan.audit_id,
         "matched": plan.matched,
+        "requester": requester,
     }
 
 
@@ -125,6 +129,20 @@ class ReplayApprovalOperator(ApprovalOperator):
         decided = None if "error" in event else decision(event)
         request = context["ti"].xcom_pull(task_ids="plan", key="approval_request")
         if decided is not None and request is not None and set(event["chosen_options"]) <= set(self.options):
+            if decided == ("approved", request.get("requester")):
+                # The requester approving their own replay is no approval: the audit says so, naming
+                # who tried, and this try fails, so that the task's retry asks again, for someone else.
+                record_approval(
+                    self.hook.settings().database_url, int(request["audit_id"]), "refused", decided[1]
+                )
+                raise SelfApprovalError(
+                    f"{decided[1]} approved their own replay: refused, nothing sent (audit {request['audit_id']}). "
+                    "The approval is asked again on this task's retry: someone else must answer"
+                )
             record_approval(self.hook.settings().database_url, int(request["audit_id"]), *decided)
             log.info("replay %s by %s (audit %s)", decided[0], decided[1], request["audit_id"])
         return super().execute_complete(context, event)
+
+
+class SelfApprovalError(RuntimeError):
+    """The requester answered their own replay's approval: refused (nothing sent)."""

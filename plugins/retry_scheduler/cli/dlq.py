@@ -12,6 +12,10 @@ from typing import Any
 from retry_scheduler.cli.progress import progress
 from retry_scheduler.core.config import Settings
 
+#: The exit status of a watched replay that stopped by itself (too many came back): not 0, which says
+#: it went through, nor 2, which says nothing was done. What it sent stays sent; the rest stays dead.
+EXIT_REPLAY_STOPPED = 3
+
 
 def _dlq_filter(args: argparse.Namespace, settings: Settings) -> Any:
     from retry_scheduler.db.selection import selection_from_args
@@ -132,6 +136,13 @@ def _cmd_dlq_act(args: argparse.Namespace, settings: Settings) -> int:
             **sizing,
         )
     print(to_json(outcome.as_json()) if args.json else outcome.summary())
+    if outcome.stopped:
+        print(
+            f"retry-scheduler: the replay stopped by itself: {outcome.stopped}. What it sent stays sent; "
+            "the rest stays dead (exit 3). Fix the consumer, then replay again.",
+            file=sys.stderr,
+        )
+        return EXIT_REPLAY_STOPPED
     return 0
 
 
@@ -149,7 +160,28 @@ def _cmd_dlq_audit(args: argparse.Namespace, settings: Settings) -> int:
             f"by {row['actor']} ({row['source']}{', ' + row['run_id'] if row['run_id'] else ''})  "
             f"filter {json.dumps(row['filter'])}"
         )
+        if details := _audit_details(row):
+            print(f"{'':>8}{details}")
     return 0
+
+
+def _audit_details(row: dict[str, Any]) -> str:
+    """What the docs send operators to the audit for, beyond its first line: the approval and who
+    answered, how a watched replay went and why it stopped, and a run not finished."""
+    said = []
+    if row.get("approval"):
+        said.append(
+            f"approval {row['approval']}" + (f" by {row['approved_by']}" if row.get("approved_by") else "")
+        )
+    if row.get("watch"):
+        said.append(f"watched: {row.get('published') or 0} published, {row.get('came_back') or 0} came back")
+    if row.get("stopped"):
+        said.append(f"STOPPED: {row['stopped']}")
+    if row.get("rate_per_s"):
+        said.append(f"paced at {row['rate_per_s']:,g}/s")
+    if not row["dry_run"] and not row.get("finished_at"):
+        said.append("not finished (still running, or interrupted)")
+    return "; ".join(said)
 
 
 def _reevaluate(args: argparse.Namespace, settings: Settings, flt: Any) -> int:
@@ -264,7 +296,9 @@ def add_parsers(sub: Any) -> None:
         "Parked jobs (replayed too often, dead again) are left alone unless --dead-reason parked or "
         "--ids asks for them. Invalid jobs are left "
         "alone: their headers named no usable destination; after fixing the configuration that made "
-        "them invalid (a destination not allowed, a policy not deployed), --reevaluate reads them again.",
+        "them invalid (a destination not allowed, a policy not deployed), --reevaluate reads them again. "
+        "Exit status: 0 done (or nothing to do), 2 refused or not confirmed, 3 a watched replay (--canary, "
+        "--stop-above) that stopped by itself because too many came back.",
     )
     _add_dlq_filters(replay, for_action=True)
     replay.add_argument(

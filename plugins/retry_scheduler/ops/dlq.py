@@ -426,10 +426,10 @@ def _record_wave(conn: psycopg.Connection[Any], outcome: Outcome, verdict: WaveV
 
 
 def record_approval(database_url: Database, audit_id: int, approval: str, approved_by: str) -> None:
-    """The approval gate's decision (``approved`` or ``rejected``) and who took it, on the audit row of
-    the dry run the approver was shown."""
-    if approval not in ("approved", "rejected"):
-        raise DlqError(f"approval {approval!r} must be approved or rejected")
+    """The approval gate's decision (``approved``, ``rejected``, or ``refused``: the requester approved
+    their own replay) and who took it, on the audit row of the dry run the approver was shown."""
+    if approval not in ("approved", "rejected", "refused"):
+        raise DlqError(f"approval {approval!r} must be approved, rejected or refused")
     with connection(database_url) as conn, conn.transaction():
         conn.execute(
             sql.SQL(queries()["dlq_audit_approval"]),

@@ -73,10 +73,14 @@ class Outcome:
     def _pace(self) -> str:
         if self.action != "replay" or not self.would_affect:
             return ""
-        limits = "".join(
-            f"; {d} at most {r:,g}/s (its rate limit)" for d, r in sorted(self.rate_limited.items())[:5]
-        ) + ("; ..." if len(self.rate_limited) > 5 else "")
-        return self._replay_pace() + limits
+        shown = sorted(self.rate_limited.items())[:5]
+        limits = ", ".join(f"{d} at most {r:,g}/s" for d, r in shown) + (
+            ", ..." if len(self.rate_limited) > 5 else ""
+        )
+        if self.rate_per_s is None and self.rate_limited:
+            # Not "not paced ... at most 20/s": the destinations with a rate limit are paced by it.
+            return f"; paced only by the destinations' rate limits ({limits}); every other job due at once"
+        return self._replay_pace() + (f"; {limits} (their rate limits, below the pace)" if limits else "")
 
     def _replay_pace(self) -> str:
         why = (

@@ -402,7 +402,7 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
     )  # fmt: skip
     if opts.dry_run:
         pace = (
-            "not paced"
+            ("paced only by the rate limits below" if limited else "not paced")
             if opts.rate_per_s is None
             else f"paced at {opts.rate_per_s:,g} jobs/s per destination: about "
             f"{max(summary.per_destination.values(), default=0) / opts.rate_per_s:,.0f} s"
