@@ -28,11 +28,11 @@ retry topic: at-least-once, and a failing record never blocks its partition.
 When a dependency is down every record fails, and sending them all to retry only fills the retry
 topic with records that will fail again. A :class:`CircuitBreaker` pauses instead::
 
-    RetryingConsumer(config, ["orders"], handle, breaker=CircuitBreaker(failure_rate=0.5, cooldown_s=30))
+    RetryingConsumer(config, ["orders"], handle, breaker=CircuitBreaker(failure_rate=0.5, cool_down="30s"))
 
 Past the failure rate over the window it pauses the assigned partitions (``Consumer.pause``; polling
 goes on, so the group does not rebalance and nothing is skipped: the records not yet handled are
-read again on resume), lets one record through after the cool-down (half-open), and resumes when
+read again on resume), lets one record through after the cool-down (probing), and resumes when
 that one succeeds, or pauses again. State changes are logged and counted (``CircuitBreaker.counts``).
 
 ``ordered=True`` keeps each key's order: once a record of a key failed, its retry heads a chain for
@@ -49,9 +49,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import (
@@ -65,6 +63,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from retry_scheduler.circuit_breaker import PROBING, CircuitBreaker
 from retry_scheduler.client import RetryClient, header_text
 from retry_scheduler.coordinator import committed_offsets
 from retry_scheduler.core import protocol
@@ -91,68 +90,6 @@ def original_topic(msg: Message) -> str | None:
     else), else its own topic."""
     headers: Any = msg.headers()
     return header_text(headers, protocol.ORIGINAL_TOPIC) or msg.topic()
-
-
-@dataclass
-class CircuitBreaker:
-    """Pause consuming while most records fail (closed -> open -> half-open -> closed).
-
-    :param failure_rate: open when at least this share of the records handled in the last
-        ``window_s`` seconds failed, once there were ``min_records`` of them.
-    :param cooldown_s: how long to stay paused before one record is let through (half-open).
-    """
-
-    failure_rate: float = 0.5
-    window_s: float = 30.0
-    min_records: int = 10
-    cooldown_s: float = 30.0
-    #: ``closed`` (consuming), ``open`` (paused), ``half-open`` (one probe record let through).
-    state: str = "closed"
-    #: State changes and probes so far: ``opened``, ``probes``, ``closed``.
-    counts: dict[str, int] = field(default_factory=lambda: {"opened": 0, "probes": 0, "closed": 0})
-    _outcomes: deque[tuple[float, bool]] = field(default_factory=deque, repr=False)
-    _opened_at: float = field(default=0.0, repr=False)
-
-    def __post_init__(self) -> None:
-        if not 0 < self.failure_rate <= 1:
-            raise ValueError(f"failure_rate must be in (0, 1], not {self.failure_rate}")
-        if self.min_records < 1 or self.window_s <= 0 or self.cooldown_s < 0:
-            raise ValueError("min_records must be at least 1, window_s above 0 and cooldown_s at least 0")
-
-    def record(self, ok: bool, now: float) -> str | None:
-        """Count one handled record; the new state when it changes (``open`` or ``closed``), else None."""
-        if self.state == "half-open":
-            self.counts["probes"] += 1
-            if ok:
-                self._outcomes.clear()
-                self.state = "closed"
-                self.counts["closed"] += 1
-                return "closed"
-            return self._open(now)
-        self._outcomes.append((now, ok))
-        while self._outcomes and self._outcomes[0][0] < now - self.window_s:
-            self._outcomes.popleft()
-        failed = sum(1 for _, good in self._outcomes if not good)
-        if len(self._outcomes) >= self.min_records and failed >= self.failure_rate * len(self._outcomes):
-            return self._open(now)
-        return None
-
-    def due_probe(self, now: float) -> bool:
-        """Whether the cool-down is over: the next record is a probe (the state becomes half-open)."""
-        if self.state == "open" and now - self._opened_at >= self.cooldown_s:
-            self.state = "half-open"
-            return True
-        return False
-
-    def failure_summary(self) -> str:
-        failed = sum(1 for _, good in self._outcomes if not good)
-        return f"{failed} of {len(self._outcomes)} records failed in the last {self.window_s:g} s"
-
-    def _open(self, now: float) -> str:
-        self.state = "open"
-        self._opened_at = now
-        self.counts["opened"] += 1
-        return "open"
 
 
 class RetryingConsumer:
@@ -345,7 +282,7 @@ class RetryingConsumer:
         breaker = self.breaker
         if breaker is not None and breaker.state == "open":
             if breaker.due_probe(time.monotonic()):
-                log.warning("circuit half-open: letting one record through to probe the dependency")
+                log.warning("circuit probing: letting one record through to probe the dependency")
                 self.consumer.resume(self.consumer.assignment())
             else:
                 self._hold(min(timeout_s, 0.5))
@@ -452,7 +389,7 @@ class RetryingConsumer:
             self.consumer.pause(self.consumer.assignment())
 
     def _count(self, breaker: CircuitBreaker, ok: bool) -> None:
-        probing = breaker.state == "half-open"
+        probing = breaker.state == PROBING
         change = breaker.record(ok, time.monotonic())
         if change == "open":
             partitions = self.consumer.assignment()
@@ -463,7 +400,7 @@ class RetryingConsumer:
                 "circuit open: %s; %d partition(s) paused for %g s",
                 "the probe failed" if probing else breaker.failure_summary(),
                 len(partitions),
-                breaker.cooldown_s,
+                breaker.cool_down_s,
             )
         elif change == "closed":
             log.warning("circuit closed: the probe succeeded, consuming again")

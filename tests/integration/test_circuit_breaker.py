@@ -51,7 +51,7 @@ def test_a_failing_dependency_pauses_the_consumer_then_it_goes_on_where_it_stopp
     dependency = Dependency()
     # Each cool-down is longer than the member may go without polling: a consumer that stopped polling
     # while open would leave its group and have its partitions revoked (as the control test shows).
-    breaker = CircuitBreaker(failure_rate=0.5, window_s=30, min_records=5, cooldown_s=COOLDOWN_S)
+    breaker = CircuitBreaker(failure_rate=0.5, window="30s", min_records=5, cool_down=COOLDOWN_S)
     consumer = RetryingConsumer(
         {"bootstrap.servers": bootstrap_servers, "group.id": f"{topic_prefix}-billing", "auto.offset.reset": "earliest",
          **STRICT_POLLING},
@@ -96,7 +96,7 @@ def test_a_failing_dependency_pauses_the_consumer_then_it_goes_on_where_it_stopp
         messages
     )
     assert any(m.startswith("circuit open: the probe failed") for m in messages)
-    assert "circuit half-open: letting one record through to probe the dependency" in messages
+    assert "circuit probing: letting one record through to probe the dependency" in messages
     assert messages[-1] == "circuit closed: the probe succeeded, consuming again"
 
 
@@ -107,8 +107,30 @@ def failed_keys(dependency: Dependency) -> list[bytes]:
 def test_a_breaker_refuses_settings_that_cannot_work() -> None:
     with pytest.raises(ValueError, match="failure_rate must be in"):
         CircuitBreaker(failure_rate=0)
-    with pytest.raises(ValueError, match="min_records must be at least 1"):
+    with pytest.raises(ValueError, match="min_records must be a whole number, at least 1"):
         CircuitBreaker(min_records=0)
+    with pytest.raises(ValueError, match="window must be above 0"):
+        CircuitBreaker(window=0)
+    with pytest.raises(ValueError, match="duration 'soon' is not like"):
+        CircuitBreaker(cool_down="soon")
+
+
+def test_the_breaker_is_spelled_as_the_services_and_takes_0_4_s_names_with_a_warning() -> None:
+    """The SDK spelled cooldown_s and half-open where the service's Breaker says cool_down and probing."""
+    from retry_scheduler.core.breakers import Breaker
+
+    mine = CircuitBreaker(failure_rate=0.5, window="1m", min_records=20, cool_down="30s")
+    theirs = Breaker(failure_rate=0.5, window="1m", min_records=20, cool_down="30s")
+    assert (mine.window_s, mine.cool_down_s) == (theirs.window_s, theirs.cool_down_s) == (60.0, 30.0)
+    with pytest.warns(
+        DeprecationWarning, match=r"CircuitBreaker\(cooldown_s=\) is deprecated: write cool_down="
+    ):
+        old = CircuitBreaker(window_s=60, cooldown_s=30, min_records=20)
+    assert old == mine and old.cooldown_s == 30.0
+    mine.record(False, 0.0)
+    for n in range(19):
+        mine.record(False, float(n))
+    assert mine.state == "open" and mine.due_probe(100.0) and mine.state == "probing"
 
 
 def test_the_control_a_consumer_that_stops_polling_for_a_cool_down_is_rebalanced(
