@@ -75,7 +75,7 @@ Transition = Literal["ok", "new", "ongoing", "retry", "resolved", "dropped"]
 
 
 @dataclass(frozen=True)
-class Outcome:
+class CheckOutcome:
     """What one check decided in one run: the alert to send, if any, and the state to record."""
 
     check: str
@@ -103,7 +103,9 @@ class Outcome:
         }
 
 
-def evaluate(reading: Reading, thresholds: Thresholds, incidents: Mapping[str, Incident]) -> list[Outcome]:
+def evaluate(
+    reading: Reading, thresholds: Thresholds, incidents: Mapping[str, Incident]
+) -> list[CheckOutcome]:
     """Decide, for each check, whether to alert: pure, no I/O.
 
     A new incident gives one ``firing`` alert; a crossed check already announced gives none; a
@@ -137,7 +139,7 @@ def evaluate(reading: Reading, thresholds: Thresholds, incidents: Mapping[str, I
                 severity="resolved",
                 fields=fields,
             )
-        outcomes.append(Outcome(check, transition, value, threshold, f"{head}. {detail}", since, alert))
+        outcomes.append(CheckOutcome(check, transition, value, threshold, f"{head}. {detail}", since, alert))
     return outcomes
 
 
@@ -235,8 +237,8 @@ def _ask(reader: Callable[[Store], T] | None, store: Store, what: str) -> tuple[
 __all__ = [
     "CHECKS",
     "VARIABLE",
+    "CheckOutcome",
     "Incident",
-    "Outcome",
     "Reading",
     "Thresholds",
     "ThresholdsError",

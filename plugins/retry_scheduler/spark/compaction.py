@@ -49,8 +49,8 @@ from retry_scheduler.spark.compaction_db import (
     check_columns,
     clear_staging,
     delete_archived,
-    read_selection,
     read_staged_ids,
+    read_window,
     record_day,
     select_and_stage,
     selection_window,
@@ -153,7 +153,7 @@ def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
                 )
 
                 def read() -> DataFrame:
-                    rows = read_selection(spark, jdbc, conn, window, bounds, args.partitions, fetchsize)
+                    rows = read_window(spark, jdbc, conn, window, bounds, args.partitions, fetchsize)
                     if staged is not None:
                         rows = rows.join(staged, on="id", how="left_semi")
                     return with_partition_columns(rows)

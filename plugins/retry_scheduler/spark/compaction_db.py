@@ -175,7 +175,7 @@ def take_lock(conn: psycopg.Connection[Any]) -> None:
         raise CompactionError("another compaction run is in progress; run again when it has finished")
 
 
-def read_selection(
+def read_window(
     spark: SparkSession,
     jdbc: JdbcTarget,
     conn: psycopg.Connection[Any],
@@ -209,7 +209,7 @@ _DAY_SQL = "to_char(CASE status WHEN 'published' THEN published_at ELSE dead_at 
 
 
 @dataclass(frozen=True)
-class Selection:
+class CompactionSummary:
     """What a run selected, counted in PostgreSQL: jobs per processed day, id bounds, largest payload."""
 
     days: dict[str, int]
@@ -222,7 +222,7 @@ class Selection:
         return sum(self.days.values())
 
 
-def select_and_stage(conn: psycopg.Connection[Any], window: Window, run_id: str | None) -> Selection:
+def select_and_stage(conn: psycopg.Connection[Any], window: Window, run_id: str | None) -> CompactionSummary:
     """Count the selected jobs by day and, with a ``run_id``, stage their ids, in one statement.
 
     The staged ids are the only ones a run may delete; a retried run (same id) starts afresh. Call it
@@ -245,7 +245,7 @@ def select_and_stage(conn: psycopg.Connection[Any], window: Window, run_id: str 
             " (INSERT INTO retry_compaction_archived (run_id, id) SELECT {}, id FROM selected) {}"
         ).format(selected, sql.Literal(run_id), summary)
     rows = conn.execute(query).fetchall()
-    return Selection(
+    return CompactionSummary(
         days={day: count for day, count, *_rest in rows},
         low=min((row[2] for row in rows), default=None),
         high=max((row[3] for row in rows), default=None),
