@@ -43,8 +43,9 @@ from retry_scheduler.core.jobs import Status
 from retry_scheduler.db.connection import connect, require_migrated
 from retry_scheduler.db.schema import queries
 from retry_scheduler.db.selection import MAX_LIMIT, Selection, SelectionError
+from retry_scheduler.ops.batches import Pace, apply_batches, record_wave
 from retry_scheduler.ops.outcome import Action, Outcome, Plan
-from retry_scheduler.ops.watch import Watch, WaveVerdict, mark, watch_wave
+from retry_scheduler.ops.watch import Watch, mark, watch_wave
 
 #: Jobs changed per transaction by replay and purge.
 BATCH = 10_000
@@ -204,225 +205,193 @@ def run_action(
     A purge needs none.
     ``progress(done, total)`` is called after each batch.
     ``batch_size`` jobs change per transaction (:data:`BATCH` by default).
+
+    Its steps, each a function: select (:func:`_select`), plan (:func:`_plan`; a dry run stops after
+    auditing it), audit (:func:`_start_audit`), then the batches, wave by wave (:func:`_send`).
     """
     if not 1 <= batch_size <= MAX_LIMIT:
         raise DlqError(f"batch size {batch_size} must be between 1 and {MAX_LIMIT:,}")
-    action, flt, dry_run, reset_attempts = (
-        operation.action, operation.selection, operation.dry_run, operation.reset_attempts
-    )  # fmt: skip
-    if action not in ("replay", "purge"):
-        raise DlqError(f"action {action!r} must be replay or purge (reevaluate is ops.reevaluate's)")
-    if action == "replay" and deployment is None:
-        raise ValueError("a replay needs the deployment (its destinations' rules)")
-    where, params = flt.where()
-    # A parked job goes back only when asked for: by its dead reason, or by its id.
-    params["with_parked"] = flt.dead_reason == protocol.DEAD_PARKED or bool(flt.ids)
-    with connection(database_url) as conn:
-        if flt.limit is not None:
-            # Fix the limited selection first, so the batches cannot drift to other jobs.
-            with conn.transaction():
-                got = conn.execute(
-                    dlq_query("dlq_selected_ids", where), {**params, "limit": flt.limit}
-                ).fetchone()
-            ids = tuple(got[0] or []) if got else ()
-            if ids:  # when nothing matched, the filter stays as it is and the plan below counts 0
-                # Any number of them (a limit may be millions): not a selection's ``ids`` (at most
-                # MAX_IDS, what a person may type), the ids this operation fixed itself.
-                where = sql.SQL("id = ANY(%(fixed_ids)s::bigint[])")
-                params = {"fixed_ids": list(ids), "with_parked": params["with_parked"]}
-        refused: list[str] = []
-        per_destination: dict[str, int] = {}
-        if action == "replay":
-            assert deployment is not None
-            rules = deployment.destinations
-            with conn.transaction():
-                targets = conn.execute(
-                    dlq_query("dlq_plan_destinations", where), {**params, "limit": flt.limit}
-                ).fetchall()
-            refused = sorted(t for t, _n in targets if not rules.allows(t))
-            per_destination = {t: int(n) for t, n in targets if rules.allows(t)}
-        rate = operation.pace(per_destination) if action == "replay" else None
-        # Destinations whose rate limit is below the replay's pace go at their limit.
-        limited = {
-            d: limit
-            for d in per_destination
-            if deployment is not None
-            and (limit := deployment.policies.rules(d).rate_limit) is not None
-            and (rate is None or limit < rate)
-        }
-        watch = operation.watch
-        waves: list[Any] = [None]  # unwatched: one pass over the filter
-        if watch is not None:
-            with conn.transaction():
-                got = conn.execute(
-                    dlq_query("dlq_replayable_ids", where), {**params, "limit": flt.limit, "refused": refused}
-                ).fetchone()
-            waves = watch.waves(tuple(got[0] or []) if got else ())
-        with conn.transaction():
-            plan_row = conn.execute(
-                dlq_query("dlq_plan", where), {**params, "limit": flt.limit, "refused": refused}
-            ).fetchone()
-        assert plan_row is not None
-        plan = Plan(*(int(n) for n in plan_row))
-        skipped = plan.skipped(action)
-        outcome = Outcome(
-            action=action,
-            dry_run=dry_run,
-            filter=flt.as_dict(),
-            matched=plan.matched,
-            would_affect=max(0, plan.matched - sum(skipped.values())),
-            affected=0,
-            skipped=skipped,
-            reset_attempts=reset_attempts,
-            rate_per_s=rate,
-            # The most jobs of one destination, less the first (due at the start), at its pace.
-            paced_s=max(
-                [
-                    (n - 1) / (limited.get(d) or rate or 0)
-                    for d, n in per_destination.items()
-                    if limited.get(d) or rate
-                ],
-                default=0.0,
-            ),
-            rate_limited=limited,
-            per_destination=per_destination,
-            default_pace=operation.rate_per_s is None,
-            watch=None if watch is None else watch.as_dict(),
-            waves=len(waves) if watch is not None else 0,
+    if operation.action not in ("replay", "purge"):
+        raise DlqError(
+            f"action {operation.action!r} must be replay or purge (reevaluate is ops.reevaluate's)"
         )
+    if operation.action == "replay" and deployment is None:
+        raise ValueError("a replay needs the deployment (its destinations' rules)")
+    with connection(database_url) as conn:
+        selected = _select(conn, operation, deployment)
+        outcome, waves = _plan(conn, operation, deployment, selected)
         limit = operation.max_affected
-        if not dry_run and limit is not None and outcome.would_affect > limit:
-            raise TooManyForOneRequest(action, outcome.would_affect, limit)
-        with conn.transaction():
-            audit = conn.execute(
-                sql.SQL(queries()["dlq_audit_start"]),
-                {
-                    "action": action,
-                    "dry_run": dry_run,
-                    "actor": operation.actor,
-                    "source": operation.source,
-                    "run_id": operation.run_id,
-                    "filter": Jsonb(outcome.filter),
-                    "reset_attempts": reset_attempts,
-                    "matched": outcome.matched,
-                    "skipped": Jsonb({k: v for k, v in skipped.items() if v}),
-                    "rate_per_s": rate,
-                    "watch": None if outcome.watch is None else Jsonb(outcome.watch),
-                    "approved_by": operation.approved_by,
-                },
-            ).fetchone()
-        assert audit is not None
-        outcome.audit_id = int(audit[0])
-        if not dry_run and outcome.matched:
-            # A paced replay's clock: its n-th job of a destination is due (n - 1) / rate after the
-            # first batch's start (the database's clock, returned by that batch); across waves too.
-            pace = _Pace(start=None, sent=dict.fromkeys(per_destination, 0))
-            for number, wave in enumerate(waves):
-                if wave is None:
-                    wave_where, wave_params = where, params
-                else:
-                    since = mark(conn)
-                    wave_where = sql.SQL("id = ANY(%(fixed_ids)s::bigint[])")
-                    wave_params = {"fixed_ids": list(wave), "with_parked": params["with_parked"]}
-                done, retry_ids = _apply(
-                    conn, operation, outcome, dlq_query(
-                        "dlq_replay_batch" if action == "replay" else "dlq_purge_batch", wave_where
-                    ), {**wave_params, "refused": refused, "rate": rate, "rates": Jsonb(limited)}, pace,
-                    batch_size, progress, keep=wave is not None,
-                )  # fmt: skip
-                if wave is None or watch is None or not done:
-                    continue
-                faults.checkpoint("dlq.watch")  # chaos: die while a wave is watched, the rest not sent
-                verdict = watch_wave(
-                    conn, watch, ids=done, retry_ids=retry_ids, since=since,
-                    canary=number == 0 and watch.has_canary(),
-                    published_before=outcome.published, came_back_before=outcome.came_back,
-                    remaining=sum(len(w) for w in waves[number + 1 :]),
-                )  # fmt: skip
-                _record_wave(conn, outcome, verdict)
-                if verdict.stopped:
-                    break
+        if not operation.dry_run and limit is not None and outcome.would_affect > limit:
+            raise TooManyForOneRequest(operation.action, outcome.would_affect, limit)
+        outcome.audit_id = _start_audit(conn, operation, outcome)
+        if not operation.dry_run and outcome.matched:
+            _send(conn, operation, outcome, selected, waves, batch_size, progress)
         with conn.transaction():
             conn.execute(sql.SQL(queries()["dlq_audit_finish"]), {"audit_id": outcome.audit_id})
     return outcome
 
 
 @dataclass
-class _Pace:
-    """A paced replay's clock, kept across its batches and waves."""
+class _Selected:
+    """What an operation selected: its WHERE clause and parameters (a limited selection fixed to its
+    ids), and for a replay, its jobs per allowed destination and the destinations refused."""
 
-    start: datetime | None
-    sent: dict[str, int]
+    where: sql.Composable
+    params: dict[str, Any]
+    limit: int | None
+    per_destination: dict[str, int]
+    refused: list[str]
 
 
-def _apply(
+def _select(conn: psycopg.Connection[Any], operation: Operation, deployment: Deployment | None) -> _Selected:
+    flt = operation.selection
+    where, params = flt.where()
+    # A parked job goes back only when asked for: by its dead reason, or by its id.
+    params["with_parked"] = flt.dead_reason == protocol.DEAD_PARKED or bool(flt.ids)
+    if flt.limit is not None:
+        # Fix the limited selection first, so the batches cannot drift to other jobs.
+        with conn.transaction():
+            got = conn.execute(
+                dlq_query("dlq_selected_ids", where), {**params, "limit": flt.limit}
+            ).fetchone()
+        ids = tuple(got[0] or []) if got else ()
+        if ids:  # when nothing matched, the filter stays as it is and the plan counts 0
+            # Any number of them (a limit may be millions): not a selection's ``ids`` (at most
+            # MAX_IDS, what a person may type), the ids this operation fixed itself.
+            where = sql.SQL("id = ANY(%(fixed_ids)s::bigint[])")
+            params = {"fixed_ids": list(ids), "with_parked": params["with_parked"]}
+    selected = _Selected(where, params, flt.limit, {}, [])
+    if operation.action == "replay":
+        assert deployment is not None
+        rules = deployment.destinations
+        with conn.transaction():
+            targets = conn.execute(
+                dlq_query("dlq_plan_destinations", where), {**params, "limit": flt.limit}
+            ).fetchall()
+        selected.refused = sorted(t for t, _n in targets if not rules.allows(t))
+        selected.per_destination = {t: int(n) for t, n in targets if rules.allows(t)}
+    return selected
+
+
+def _plan(
+    conn: psycopg.Connection[Any], operation: Operation, deployment: Deployment | None, selected: _Selected
+) -> tuple[Outcome, list[Any]]:
+    """What the operation would do (the dry run's outcome), and its waves (``[None]``: one pass)."""
+    action, per_destination = operation.action, selected.per_destination
+    rate = operation.pace(per_destination) if action == "replay" else None
+    # Destinations whose rate limit is below the replay's pace go at their limit.
+    limited = {
+        d: limit
+        for d in per_destination
+        if deployment is not None
+        and (limit := deployment.policies.rules(d).rate_limit) is not None
+        and (rate is None or limit < rate)
+    }
+    params = {**selected.params, "limit": selected.limit, "refused": selected.refused}
+    watch = operation.watch
+    waves: list[Any] = [None]  # unwatched: one pass over the filter
+    if watch is not None:
+        with conn.transaction():
+            got = conn.execute(dlq_query("dlq_replayable_ids", selected.where), params).fetchone()
+        waves = watch.waves(tuple(got[0] or []) if got else ())
+    with conn.transaction():
+        plan_row = conn.execute(dlq_query("dlq_plan", selected.where), params).fetchone()
+    assert plan_row is not None
+    plan = Plan(*(int(n) for n in plan_row))
+    skipped = plan.skipped(action)
+    # The most jobs of one destination, less the first (due at the start), at its pace.
+    paced_s = max(
+        [
+            (n - 1) / (limited.get(d) or rate or 0)
+            for d, n in per_destination.items()
+            if limited.get(d) or rate
+        ],
+        default=0.0,
+    )
+    outcome = Outcome(
+        action=action,
+        dry_run=operation.dry_run,
+        filter=operation.selection.as_dict(),
+        matched=plan.matched,
+        would_affect=max(0, plan.matched - sum(skipped.values())),
+        affected=0,
+        skipped=skipped,
+        reset_attempts=operation.reset_attempts,
+        rate_per_s=rate,
+        paced_s=paced_s,
+        rate_limited=limited,
+        per_destination=per_destination,
+        default_pace=operation.rate_per_s is None,
+        watch=None if watch is None else watch.as_dict(),
+        waves=len(waves) if watch is not None else 0,
+    )
+    return outcome, waves
+
+
+def _start_audit(conn: psycopg.Connection[Any], operation: Operation, outcome: Outcome) -> int:
+    """The operation's audit row, as planned; its id."""
+    with conn.transaction():
+        audit = conn.execute(
+            sql.SQL(queries()["dlq_audit_start"]),
+            {
+                "action": operation.action,
+                "dry_run": operation.dry_run,
+                "actor": operation.actor,
+                "source": operation.source,
+                "run_id": operation.run_id,
+                "filter": Jsonb(outcome.filter),
+                "reset_attempts": operation.reset_attempts,
+                "matched": outcome.matched,
+                "skipped": Jsonb({k: v for k, v in outcome.skipped.items() if v}),
+                "rate_per_s": outcome.rate_per_s,
+                "watch": None if outcome.watch is None else Jsonb(outcome.watch),
+                "approved_by": operation.approved_by,
+            },
+        ).fetchone()
+    assert audit is not None
+    return int(audit[0])
+
+
+def _send(
     conn: psycopg.Connection[Any],
     operation: Operation,
     outcome: Outcome,
-    batch_query: sql.Composed,
-    params: dict[str, Any],
-    pace: _Pace,
+    selected: _Selected,
+    waves: list[Any],
     batch_size: int,
     progress: Callable[[int, int], None],
-    *,
-    keep: bool,
-) -> tuple[list[int], list[str]]:
-    """Replay or purge what ``batch_query`` selects, a batch per transaction, each audited in its
-    transaction. ``keep`` (a watched wave, at most a batch of ids): returns the ids changed and their
-    retry ids; otherwise none are kept (an unwatched replay or purge may change millions)."""
-    changed: list[int] = []
-    retry_ids: list[str] = []
-    after_id = 0
-    while True:
-        with conn.transaction():
-            rows = conn.execute(
-                batch_query,
-                {
-                    **params,
-                    "after_id": after_id,
-                    "batch": batch_size,
-                    "reset_attempts": operation.reset_attempts,
-                    "start": pace.start,
-                    "sent": Jsonb(pace.sent),
-                },
-            ).fetchall()
-            done = [r[0] for r in rows]
-            for row in rows:
-                if len(row) > 1:  # a replay: its destination's count, for the next batch's pace
-                    pace.sent[row[1]] = pace.sent.get(row[1], 0) + 1
-                    pace.start = pace.start or row[2]
-                    if keep:
-                        retry_ids.append(row[3])
-            if done:
-                conn.execute(
-                    sql.SQL(queries()["dlq_audit_progress"]),
-                    {"affected": len(done), "audit_id": outcome.audit_id},
-                )
-                faults.checkpoint("dlq.batch")  # chaos: die before this batch commits
-        if not done:
-            return changed, retry_ids
-        if keep:
-            changed += done
-        outcome.affected += len(done)
-        after_id = max(done)
-        progress(outcome.affected, outcome.would_affect)
-
-
-def _record_wave(conn: psycopg.Connection[Any], outcome: Outcome, verdict: WaveVerdict) -> None:
-    """Count a watched wave in the outcome and its audit row."""
-    outcome.published += verdict.published
-    outcome.came_back += verdict.came_back
-    outcome.stopped = verdict.stopped
-    with conn.transaction():
-        conn.execute(
-            sql.SQL(queries()["watch_progress"]),
-            {
-                "published": outcome.published,
-                "came_back": outcome.came_back,
-                "stopped": outcome.stopped,
-                "audit_id": outcome.audit_id,
-            },
-        )
+) -> None:
+    """Replay or purge, wave by wave (one pass when unwatched), watching each wave of a watched replay
+    and stopping where its verdict says."""
+    watch, where, params = operation.watch, selected.where, selected.params
+    batch = "dlq_replay_batch" if operation.action == "replay" else "dlq_purge_batch"
+    fixed = {"refused": selected.refused, "rate": outcome.rate_per_s, "rates": Jsonb(outcome.rate_limited)}
+    # A paced replay's clock: its n-th job of a destination is due (n - 1) / rate after the first
+    # batch's start (the database's clock, returned by that batch); across waves too.
+    pace = Pace(start=None, sent=dict.fromkeys(selected.per_destination, 0))
+    for number, wave in enumerate(waves):
+        if wave is None:
+            wave_where, wave_params = where, params
+        else:
+            since = mark(conn)
+            wave_where = sql.SQL("id = ANY(%(fixed_ids)s::bigint[])")
+            wave_params = {"fixed_ids": list(wave), "with_parked": params["with_parked"]}
+        done, retry_ids = apply_batches(
+            conn, operation, outcome, dlq_query(batch, wave_where), {**wave_params, **fixed}, pace,
+            batch_size, progress, keep=wave is not None,
+        )  # fmt: skip
+        if wave is None or watch is None or not done:
+            continue
+        faults.checkpoint("dlq.watch")  # chaos: die while a wave is watched, the rest not sent
+        verdict = watch_wave(
+            conn, watch, ids=done, retry_ids=retry_ids, since=since,
+            canary=number == 0 and watch.has_canary(),
+            published_before=outcome.published, came_back_before=outcome.came_back,
+            remaining=sum(len(w) for w in waves[number + 1 :]),
+        )  # fmt: skip
+        record_wave(conn, outcome, verdict)
+        if verdict.stopped:
+            return
 
 
 def record_approval(database_url: Database, audit_id: int, approval: str, approved_by: str) -> None:
