@@ -127,7 +127,7 @@ class Destination:
 
 
 def _rule_fields(declaration: Destination) -> tuple[str, ...]:
-    """The fields of a declaration that apply to a destination: all but its pattern and origin (a
+    """The fields of a declaration resolved per destination: all but its pattern, origin and allow (a
     subclass's own fields too)."""
     return tuple(f.name for f in fields(declaration) if f.name not in ("pattern", "origin", "allow"))
 
