@@ -168,6 +168,10 @@ UPDATE retry_dlq_audit SET approval = %(approval)s, approved_by = %(approved_by)
 -- name: dlq_audit_progress
 UPDATE retry_dlq_audit SET affected = affected + %(affected)s WHERE id = %(audit_id)s;
 
+-- name: dlq_audit_counted
+-- A re-evaluation's count, known at its end (it reads its selection batch by batch).
+UPDATE retry_dlq_audit SET matched = %(matched)s, skipped = %(skipped)s WHERE id = %(audit_id)s;
+
 -- name: dlq_audit_finish
 UPDATE retry_dlq_audit SET finished_at = clock_timestamp() WHERE id = %(audit_id)s
 RETURNING affected;

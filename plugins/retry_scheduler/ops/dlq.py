@@ -223,7 +223,7 @@ def run_action(
         limit = operation.max_affected
         if not operation.dry_run and limit is not None and outcome.would_affect > limit:
             raise TooManyForOneRequest(operation.action, outcome.would_affect, limit)
-        outcome.audit_id = _start_audit(conn, operation, outcome)
+        outcome.audit_id = start_audit(conn, operation, outcome)
         if not operation.dry_run and outcome.matched:
             _send(conn, operation, outcome, selected, waves, batch_size, progress)
         with conn.transaction():
@@ -328,8 +328,8 @@ def _plan(
     return outcome, waves
 
 
-def _start_audit(conn: psycopg.Connection[Any], operation: Operation, outcome: Outcome) -> int:
-    """The operation's audit row, as planned; its id."""
+def start_audit(conn: psycopg.Connection[Any], operation: Operation, outcome: Outcome) -> int:
+    """The operation's audit row, as planned (``outcome``: what it selected and how it goes); its id."""
     with conn.transaction():
         audit = conn.execute(
             sql.SQL(queries()["dlq_audit_start"]),

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -33,6 +34,7 @@ from retry_scheduler.ops.dlq import (
     TooManyForOneRequest,
     connection,
     dlq_query,
+    start_audit,
 )
 
 #: The dead reason a re-evaluation selects; a filter naming another is refused.
@@ -66,7 +68,6 @@ def reevaluate(
     flt, dry_run, max_affected = operation.selection, operation.dry_run, operation.max_affected
     if flt.dead_reason not in (None, _INVALID):
         raise DlqError(f"re-evaluation reads invalid jobs only, not {flt.dead_reason!r} ones")
-    builder = RowBuilder(deployment)
     where, params = flt.where()
     outcome = Outcome(
         action="reevaluate", dry_run=dry_run, filter=flt.as_dict(), matched=0, would_affect=0, affected=0
@@ -78,62 +79,68 @@ def reevaluate(
             could = min(int(row[0]) if row else 0, flt.limit or MAX_LIMIT)
             if could > max_affected:
                 raise TooManyForOneRequest("reevaluate", could, max_affected)
-        with conn.transaction():
-            audit = conn.execute(
-                sql.SQL(queries()["dlq_audit_start"]),
-                {"action": "reevaluate", "dry_run": dry_run, "actor": operation.actor, "source": operation.source,
-                 "run_id": operation.run_id,
-                 "filter": Jsonb(outcome.filter), "reset_attempts": False, "matched": 0, "skipped": Jsonb({}),
-                 "rate_per_s": None, "watch": None, "approved_by": None},
-            ).fetchone()  # fmt: skip
-        assert audit is not None
-        outcome.audit_id = int(audit[0])
-        after_id, left = 0, flt.limit
-        while left is None or left > 0:
-            size = batch_size if left is None else min(batch_size, left)
-            with conn.transaction():
-                rows = conn.execute(
-                    dlq_query("reevaluate_batch", where), {**params, "after_id": after_id, "batch": size}
-                ).fetchall()
-                if not rows:
-                    break
-                after_id = rows[-1][0]
-                if not dry_run:  # the jobs no one else holds (a replay, the publisher's DLQ lease)
-                    locked = {
-                        r[0]
-                        for r in conn.execute(
-                            sql.SQL(queries()["reevaluate_lock"]), {"ids": [r[0] for r in rows]}
-                        ).fetchall()
-                    }
-                    rows = [r for r in rows if r[0] in locked]
-                passing, dead = _evaluate(builder, rows)
-                if not dry_run:
-                    _write(conn, passing, dead)
-                    if passing:
-                        conn.execute(
-                            sql.SQL(queries()["dlq_audit_progress"]),
-                            {"affected": len(passing), "audit_id": outcome.audit_id},
-                        )
-            outcome.matched += len(rows)
-            outcome.would_affect += len(passing)
-            outcome.affected += 0 if dry_run else len(passing)
-            for _id, dead_reason, _reason in dead:
-                cause = (
-                    "held records (retry.hold): send them again"
-                    if dead_reason is None
-                    else f"still {dead_reason}"
-                )
-                outcome.skipped[cause] = outcome.skipped.get(cause, 0) + 1
-            if left is not None:
-                left -= len(rows)
-            progress(outcome.matched, outcome.matched)
+        outcome.audit_id = start_audit(conn, operation, outcome)
+        _batches(conn, RowBuilder(deployment), dlq_query("reevaluate_batch", where), params, flt.limit,
+                 batch_size, outcome, progress)  # fmt: skip
         with conn.transaction():
             conn.execute(
-                "UPDATE retry_dlq_audit SET matched = %s, skipped = %s WHERE id = %s",
-                (outcome.matched, Jsonb(outcome.skipped), outcome.audit_id),
+                sql.SQL(queries()["dlq_audit_counted"]),
+                {"matched": outcome.matched, "skipped": Jsonb(outcome.skipped), "audit_id": outcome.audit_id},
             )
             conn.execute(sql.SQL(queries()["dlq_audit_finish"]), {"audit_id": outcome.audit_id})
     return outcome
+
+
+def _batches(
+    conn: psycopg.Connection[Any],
+    builder: RowBuilder,
+    batch_query: sql.Composed,
+    params: dict[str, Any],
+    limit: int | None,
+    batch_size: int,
+    outcome: Outcome,
+    progress: Callable[[int, int], None],
+) -> None:
+    """Read the selected invalid jobs a batch per transaction, evaluate each again and (not on a dry
+    run) make those that pass pending and the others dead for their new reason, counting both."""
+    dry_run = outcome.dry_run
+    after_id, left = 0, limit
+    while left is None or left > 0:
+        size = batch_size if left is None else min(batch_size, left)
+        with conn.transaction():
+            rows = conn.execute(batch_query, {**params, "after_id": after_id, "batch": size}).fetchall()
+            if not rows:
+                return
+            after_id = rows[-1][0]
+            if not dry_run:  # the jobs no one else holds (a replay, the publisher's DLQ lease)
+                locked = {
+                    r[0]
+                    for r in conn.execute(
+                        sql.SQL(queries()["reevaluate_lock"]), {"ids": [r[0] for r in rows]}
+                    ).fetchall()
+                }
+                rows = [r for r in rows if r[0] in locked]
+            passing, dead = _evaluate(builder, rows)
+            if not dry_run:
+                _write(conn, passing, dead)
+                if passing:
+                    conn.execute(
+                        sql.SQL(queries()["dlq_audit_progress"]),
+                        {"affected": len(passing), "audit_id": outcome.audit_id},
+                    )
+        outcome.matched += len(rows)
+        outcome.would_affect += len(passing)
+        outcome.affected += 0 if dry_run else len(passing)
+        for _id, dead_reason, _reason in dead:
+            cause = (
+                "held records (retry.hold): send them again"
+                if dead_reason is None
+                else f"still {dead_reason}"
+            )
+            outcome.skipped[cause] = outcome.skipped.get(cause, 0) + 1
+        if left is not None:
+            left -= len(rows)
+        progress(outcome.matched, outcome.matched)
 
 
 def _evaluate(
