@@ -250,6 +250,23 @@ def test_a_watched_dry_run_says_its_waves_and_changes_nothing(
     }  # fmt: skip
 
 
+def cli_loop(
+    database_url: str,
+    bootstrap_servers: str,
+    topic_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    letters: int,
+) -> Loop:
+    """A loop with ``letters`` dead letters of its destination, and the environment the command line
+    reads them with."""
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix)
+    dead_letters(loop, letters)
+    monkeypatch.setenv("RETRY_DATABASE_URL", database_url)
+    monkeypatch.setenv("RETRY_DESTINATION_ALLOWLIST", loop.settings.destination_allowlist or "")
+    return loop
+
+
 def test_the_command_line_watches_a_replay_and_refuses_a_bad_watch(
     database_url: str,
     bootstrap_servers: str,
@@ -259,10 +276,7 @@ def test_the_command_line_watches_a_replay_and_refuses_a_bad_watch(
 ) -> None:
     from retry_scheduler.cli.main import main
 
-    loop = new_loop(database_url, bootstrap_servers, topic_prefix)
-    dead_letters(loop, 4)
-    monkeypatch.setenv("RETRY_DATABASE_URL", database_url)
-    monkeypatch.setenv("RETRY_DESTINATION_ALLOWLIST", loop.settings.destination_allowlist or "")
+    loop = cli_loop(database_url, bootstrap_servers, topic_prefix, monkeypatch, letters=4)
     args = ["dlq", "replay", "--destination", loop.dest, "--canary", "2", "--verdict-window", "1s"]
 
     assert main([*args, "--dry-run"]) == 0
@@ -302,10 +316,7 @@ def test_a_replay_that_stopped_by_itself_exits_3_on_the_command_line(
     from retry_scheduler.cli.dlq import EXIT_REPLAY_STOPPED
     from retry_scheduler.cli.main import main
 
-    loop = new_loop(database_url, bootstrap_servers, topic_prefix)
-    dead_letters(loop, 6)
-    monkeypatch.setenv("RETRY_DATABASE_URL", database_url)
-    monkeypatch.setenv("RETRY_DESTINATION_ALLOWLIST", loop.settings.destination_allowlist or "")
+    loop = cli_loop(database_url, bootstrap_servers, topic_prefix, monkeypatch, letters=6)
     app = App(loop, f"{topic_prefix}-payments", failing=lambda key: True)
     with running_loops(loop), app.running(loop):
         code = main(

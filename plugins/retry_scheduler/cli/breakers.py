@@ -22,7 +22,7 @@ def _cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps([b.as_dict() for b in listed], indent=2))
         return 0
-    if not registry.declarations.any("breaker"):
+    if not registry.any("breaker"):
         print("no breaker is declared (Destination(..., breaker=Breaker()) in the policies module)")
     if not listed:
         return 0

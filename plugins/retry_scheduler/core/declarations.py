@@ -98,12 +98,6 @@ class Destination:
     def is_glob(self) -> bool:
         return "*" in self.pattern
 
-    def matches(self, destination: str) -> bool:
-        if not self.is_glob:
-            return destination == self.pattern
-        compiled = glob_pattern(self.pattern)
-        return compiled is not None and compiled.fullmatch(destination) is not None
-
     def merged(self, other: Destination) -> Destination:
         """This declaration with the fields ``other`` sets; :class:`DeclarationError` when both set one
         differently (the same destination declared twice)."""

@@ -60,9 +60,9 @@ def deployment_gates(
         DestinationBreakers(
             registry.rules,
             store,
-            any_breaker=registry.declarations.any("breaker"),
+            any_breaker=registry.any("breaker"),
             clock=clock,
             metrics=metrics,
         ),
-        DestinationRateLimits(registry.rules, store, any_limit=registry.declarations.any("rate_limit")),
+        DestinationRateLimits(registry.rules, store, any_limit=registry.any("rate_limit")),
     ]
