@@ -1,5 +1,5 @@
--- Dead-letter operations (retry_scheduler.ops.dlq): browse, replay, purge, audit.
--- {where} is the filter of retry_scheduler.ops.dlq.DlqFilter: fixed fragments with parameters, ANDed;
+-- Dead-letter operations (retry_scheduler.ops.dlq, through retry_scheduler.db.dead_letters): browse, replay, purge, audit.
+-- {where} is a Selection's filter (retry_scheduler.db.selection): fixed fragments with parameters, ANDed;
 -- it always starts with status = 'dead'.
 
 -- name: dlq_page

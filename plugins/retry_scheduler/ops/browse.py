@@ -8,19 +8,11 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from psycopg import sql
-
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import decode_headers
-from retry_scheduler.db.schema import queries
+from retry_scheduler.db.dead_letters import Database, dead_letters
 from retry_scheduler.db.selection import Selection, written_by
-from retry_scheduler.ops.dlq import (
-    Database,
-    DlqError,
-    connection,
-    dead_only,
-    dlq_query,
-)
+from retry_scheduler.ops.dlq import DlqError, dead_only
 
 #: ``count`` stops here: the page shows "10 000+" rather than counting a million rows.
 COUNT_CAP = 10_000
@@ -101,16 +93,10 @@ def list_dead(
     if not 1 <= page_size <= MAX_PAGE:
         raise DlqError(f"page size must be 1-{MAX_PAGE}")
     after_at, after_id = _parse_cursor(cursor)
-    where, params = dead_only(flt).where()
-    with connection(database_url) as conn:
-        rows = conn.execute(
-            dlq_query("dlq_page", where),
-            {**params, "after_at": after_at, "after_id": after_id, "page_size": page_size + 1},
-        ).fetchall()
-        total = -1
-        if count:
-            counted = conn.execute(dlq_query("dlq_count", where), {**params, "cap": COUNT_CAP + 1}).fetchone()
-            total = int(counted[0]) if counted else 0
+    with dead_letters(database_url) as letters:
+        chosen = letters.matching(dead_only(flt))
+        rows = letters.page(chosen, after_at=after_at, after_id=after_id, size=page_size + 1)
+        total = letters.count(chosen, cap=COUNT_CAP + 1) if count else -1
     jobs = [DeadJob(*row) for row in rows[:page_size]]
     if settings is not None:
         jobs = [replace(job, written_by=written_by(job.source_topic, settings)) for job in jobs]
@@ -125,9 +111,12 @@ def list_dead(
 
 def facets(database_url: Database) -> list[dict[str, Any]]:
     """Dead jobs per destination and dead reason, for the filter menus."""
-    with connection(database_url) as conn:
-        rows = conn.execute(sql.SQL(queries()["dlq_facets"])).fetchall()
-    return [{"destination": r[0] or None, "dead_reason": r[1], "count": int(r[2])} for r in rows]
+    with dead_letters(database_url) as letters:
+        rows = letters.facets()
+    return [
+        {"destination": destination or None, "dead_reason": reason, "count": n}
+        for destination, reason, n in rows
+    ]
 
 
 def render_bytes(data: bytes | memoryview | None, limit: int = SHOW_BYTES) -> dict[str, Any] | None:
@@ -157,13 +146,10 @@ def render_bytes(data: bytes | memoryview | None, limit: int = SHOW_BYTES) -> di
 
 def show(database_url: Database, job_id: int, limit: int = SHOW_BYTES) -> dict[str, Any]:
     """Every field of one job, with key, value and headers rendered by :func:`render_bytes`."""
-    with connection(database_url) as conn:
-        cur = conn.execute(sql.SQL(queries()["dlq_job"]), {"id": job_id})
-        row = cur.fetchone()
-        names = [d.name for d in cur.description or []]
-    if row is None:
+    with dead_letters(database_url) as letters:
+        job = letters.job(job_id)
+    if job is None:
         raise DlqError(f"there is no job {job_id} (purged or compacted, or never stored)")
-    job = dict(zip(names, row, strict=True))
     out: dict[str, Any] = {
         k: v.isoformat() if isinstance(v, datetime) else v
         for k, v in job.items()

@@ -26,26 +26,18 @@ means the same everywhere.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Literal
 
-import psycopg
-from psycopg import sql
-from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
-
-from retry_scheduler.core import faults, protocol, rates
+from retry_scheduler.core import faults, rates
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.jobs import Status
-from retry_scheduler.db.connection import connect, require_migrated
-from retry_scheduler.db.schema import queries
+from retry_scheduler.db.dead_letters import Chosen, Database, DeadLetters, dead_letters
 from retry_scheduler.db.selection import MAX_LIMIT, Selection, SelectionError
 from retry_scheduler.ops.batches import Pace, apply_batches, record_wave
 from retry_scheduler.ops.outcome import Action, Outcome, Plan
-from retry_scheduler.ops.watch import Watch, mark, watch_wave
+from retry_scheduler.ops.watch import Watch, watch_wave
 
 #: Jobs changed per transaction by replay and purge.
 BATCH = 10_000
@@ -161,34 +153,6 @@ def dead_only(flt: Selection) -> Selection:
     return flt
 
 
-def dlq_query(name: str, where: sql.Composable) -> sql.Composed:
-    """The named statement of ``sql/dlq.sql`` with a filter's WHERE clause in its ``{where}``."""
-    return sql.SQL(queries()[name]).format(where=where)
-
-
-#: Where the operations get their connection: a URL (a connection of their own, checked for the
-#: schema), or a pool (the Dead letters page's, checked when it was made).
-Database = str | ConnectionPool
-
-
-@contextmanager
-def connection(database: Database) -> Iterator[psycopg.Connection[Any]]:
-    """A connection for one operation: the pool's, or a new one checked for the schema."""
-    if isinstance(database, ConnectionPool):
-        with database.connection() as pooled:
-            pooled.prepare_threshold = None
-            yield pooled
-        return
-    conn = connect(database)
-    # Filters change the query's shape: plan each statement with its values, never a generic plan.
-    conn.prepare_threshold = None
-    try:
-        require_migrated(conn, database)
-        yield conn
-    finally:
-        conn.close()
-
-
 def run_action(
     database_url: Database,
     operation: Operation,
@@ -207,7 +171,7 @@ def run_action(
     ``batch_size`` jobs change per transaction (:data:`BATCH` by default).
 
     Its steps, each a function: select (:func:`_select`), plan (:func:`_plan`; a dry run stops after
-    auditing it), audit (:func:`_start_audit`), then the batches, wave by wave (:func:`_send`).
+    auditing it), audit (:func:`start_audit`), then the batches, wave by wave (:func:`_send`).
     """
     if not 1 <= batch_size <= MAX_LIMIT:
         raise DlqError(f"batch size {batch_size} must be between 1 and {MAX_LIMIT:,}")
@@ -217,64 +181,45 @@ def run_action(
         )
     if operation.action == "replay" and deployment is None:
         raise ValueError("a replay needs the deployment (its destinations' rules)")
-    with connection(database_url) as conn:
-        selected = _select(conn, operation, deployment)
-        outcome, waves = _plan(conn, operation, deployment, selected)
+    with dead_letters(database_url) as letters:
+        selected = _select(letters, operation, deployment)
+        outcome, waves = _plan(letters, operation, deployment, selected)
         limit = operation.max_affected
         if not operation.dry_run and limit is not None and outcome.would_affect > limit:
             raise TooManyForOneRequest(operation.action, outcome.would_affect, limit)
-        outcome.audit_id = start_audit(conn, operation, outcome)
+        outcome.audit_id = start_audit(letters, operation, outcome)
         if not operation.dry_run and outcome.matched:
-            _send(conn, operation, outcome, selected, waves, batch_size, progress)
-        with conn.transaction():
-            conn.execute(sql.SQL(queries()["dlq_audit_finish"]), {"audit_id": outcome.audit_id})
+            _send(letters, operation, outcome, selected, waves, batch_size, progress)
+        with letters.transaction():
+            letters.finish_audit(outcome.audit_id)
     return outcome
 
 
 @dataclass
 class _Selected:
-    """What an operation selected: its WHERE clause and parameters (a limited selection fixed to its
-    ids), and for a replay, its jobs per allowed destination and the destinations refused."""
+    """What an operation selected (a limited selection fixed to its ids), and for a replay, its jobs
+    per allowed destination and the destinations refused."""
 
-    where: sql.Composable
-    params: dict[str, Any]
-    limit: int | None
+    chosen: Chosen
     per_destination: dict[str, int]
     refused: list[str]
 
 
-def _select(conn: psycopg.Connection[Any], operation: Operation, deployment: Deployment | None) -> _Selected:
-    flt = operation.selection
-    where, params = flt.where()
-    # A parked job goes back only when asked for: by its dead reason, or by its id.
-    params["with_parked"] = flt.dead_reason == protocol.DEAD_PARKED or bool(flt.ids)
-    if flt.limit is not None:
-        # Fix the limited selection first, so the batches cannot drift to other jobs.
-        with conn.transaction():
-            got = conn.execute(
-                dlq_query("dlq_selected_ids", where), {**params, "limit": flt.limit}
-            ).fetchone()
-        ids = tuple(got[0] or []) if got else ()
-        if ids:  # when nothing matched, the filter stays as it is and the plan counts 0
-            # Any number of them (a limit may be millions): not a selection's ``ids`` (at most
-            # MAX_IDS, what a person may type), the ids this operation fixed itself.
-            where = sql.SQL("id = ANY(%(fixed_ids)s::bigint[])")
-            params = {"fixed_ids": list(ids), "with_parked": params["with_parked"]}
-    selected = _Selected(where, params, flt.limit, {}, [])
+def _select(letters: DeadLetters, operation: Operation, deployment: Deployment | None) -> _Selected:
+    chosen = letters.choose(operation.selection)
+    selected = _Selected(chosen, {}, [])
     if operation.action == "replay":
         assert deployment is not None
         rules = deployment.destinations
-        with conn.transaction():
-            targets = conn.execute(
-                dlq_query("dlq_plan_destinations", where), {**params, "limit": flt.limit}
-            ).fetchall()
+        with letters.transaction():
+            targets = letters.destinations(chosen)
         selected.refused = sorted(t for t, _n in targets if not rules.allows(t))
-        selected.per_destination = {t: int(n) for t, n in targets if rules.allows(t)}
+        selected.per_destination = {t: n for t, n in targets if rules.allows(t)}
     return selected
 
 
 def _plan(
-    conn: psycopg.Connection[Any], operation: Operation, deployment: Deployment | None, selected: _Selected
+    letters: DeadLetters, operation: Operation, deployment: Deployment | None, selected: _Selected
 ) -> tuple[Outcome, list[Any]]:
     """What the operation would do (the dry run's outcome), and its waves (``[None]``: one pass)."""
     action, per_destination = operation.action, selected.per_destination
@@ -287,17 +232,13 @@ def _plan(
         and (limit := deployment.policies.rules(d).rate_limit) is not None
         and (rate is None or limit < rate)
     }
-    params = {**selected.params, "limit": selected.limit, "refused": selected.refused}
     watch = operation.watch
     waves: list[Any] = [None]  # unwatched: one pass over the filter
     if watch is not None:
-        with conn.transaction():
-            got = conn.execute(dlq_query("dlq_replayable_ids", selected.where), params).fetchone()
-        waves = watch.waves(tuple(got[0] or []) if got else ())
-    with conn.transaction():
-        plan_row = conn.execute(dlq_query("dlq_plan", selected.where), params).fetchone()
-    assert plan_row is not None
-    plan = Plan(*(int(n) for n in plan_row))
+        with letters.transaction():
+            waves = watch.waves(letters.replayable_ids(selected.chosen, selected.refused))
+    with letters.transaction():
+        plan = Plan(*letters.plan(selected.chosen, selected.refused))
     skipped = plan.skipped(action)
     # The most jobs of one destination, less the first (due at the start), at its pace.
     paced_s = max(
@@ -328,32 +269,29 @@ def _plan(
     return outcome, waves
 
 
-def start_audit(conn: psycopg.Connection[Any], operation: Operation, outcome: Outcome) -> int:
+def start_audit(letters: DeadLetters, operation: Operation, outcome: Outcome) -> int:
     """The operation's audit row, as planned (``outcome``: what it selected and how it goes); its id."""
-    with conn.transaction():
-        audit = conn.execute(
-            sql.SQL(queries()["dlq_audit_start"]),
+    with letters.transaction():
+        return letters.start_audit(
             {
                 "action": operation.action,
                 "dry_run": operation.dry_run,
                 "actor": operation.actor,
                 "source": operation.source,
                 "run_id": operation.run_id,
-                "filter": Jsonb(outcome.filter),
+                "filter": outcome.filter,
                 "reset_attempts": operation.reset_attempts,
                 "matched": outcome.matched,
-                "skipped": Jsonb({k: v for k, v in outcome.skipped.items() if v}),
+                "skipped": {k: v for k, v in outcome.skipped.items() if v},
                 "rate_per_s": outcome.rate_per_s,
-                "watch": None if outcome.watch is None else Jsonb(outcome.watch),
+                "watch": outcome.watch,
                 "approved_by": operation.approved_by,
-            },
-        ).fetchone()
-    assert audit is not None
-    return int(audit[0])
+            }
+        )
 
 
 def _send(
-    conn: psycopg.Connection[Any],
+    letters: DeadLetters,
     operation: Operation,
     outcome: Outcome,
     selected: _Selected,
@@ -363,33 +301,31 @@ def _send(
 ) -> None:
     """Replay or purge, wave by wave (one pass when unwatched), watching each wave of a watched replay
     and stopping where its verdict says."""
-    watch, where, params = operation.watch, selected.where, selected.params
-    batch = "dlq_replay_batch" if operation.action == "replay" else "dlq_purge_batch"
-    fixed = {"refused": selected.refused, "rate": outcome.rate_per_s, "rates": Jsonb(outcome.rate_limited)}
+    watch, chosen = operation.watch, selected.chosen
     # A paced replay's clock: its n-th job of a destination is due (n - 1) / rate after the first
     # batch's start (the database's clock, returned by that batch); across waves too.
     pace = Pace(start=None, sent=dict.fromkeys(selected.per_destination, 0))
     for number, wave in enumerate(waves):
         if wave is None:
-            wave_where, wave_params = where, params
+            wave_chosen = chosen
         else:
-            since = mark(conn)
-            wave_where = sql.SQL("id = ANY(%(fixed_ids)s::bigint[])")
-            wave_params = {"fixed_ids": list(wave), "with_parked": params["with_parked"]}
+            with letters.transaction():
+                since = letters.mark()
+            wave_chosen = letters.of_ids(wave, with_parked=chosen.params["with_parked"])
         done, retry_ids = apply_batches(
-            conn, operation, outcome, dlq_query(batch, wave_where), {**wave_params, **fixed}, pace,
-            batch_size, progress, keep=wave is not None,
+            letters, operation, outcome, wave_chosen, selected.refused, pace, batch_size, progress,
+            keep=wave is not None,
         )  # fmt: skip
         if wave is None or watch is None or not done:
             continue
         faults.checkpoint("dlq.watch")  # chaos: die while a wave is watched, the rest not sent
         verdict = watch_wave(
-            conn, watch, ids=done, retry_ids=retry_ids, since=since,
+            letters, watch, ids=done, retry_ids=retry_ids, since=since,
             canary=number == 0 and watch.has_canary(),
             published_before=outcome.published, came_back_before=outcome.came_back,
             remaining=sum(len(w) for w in waves[number + 1 :]),
         )  # fmt: skip
-        record_wave(conn, outcome, verdict)
+        record_wave(letters, outcome, verdict)
         if verdict.stopped:
             return
 
@@ -399,33 +335,20 @@ def record_approval(database_url: Database, audit_id: int, approval: str, approv
     their own replay) and who took it, on the audit row of the dry run the approver was shown."""
     if approval not in ("approved", "rejected", "refused"):
         raise DlqError(f"approval {approval!r} must be approved, rejected or refused")
-    with connection(database_url) as conn, conn.transaction():
-        conn.execute(
-            sql.SQL(queries()["dlq_audit_approval"]),
-            {"audit_id": audit_id, "approval": approval, "approved_by": approved_by},
-        )
+    with dead_letters(database_url) as letters, letters.transaction():
+        letters.record_approval(audit_id, approval, approved_by)
 
 
 def recent_audit(database_url: Database, limit: int = 20) -> list[dict[str, Any]]:
     """The latest audit rows, newest first."""
-    return _audit_rows(database_url, "dlq_audit_recent", {"limit": limit})
+    with dead_letters(database_url) as letters:
+        return letters.recent_audit(limit)
 
 
 def audit_of_run(database_url: Database, run_id: str, action: str) -> dict[str, Any] | None:
     """The audit row of an Airflow run's ``action`` (``replay``, ``bulk_replay``...): its latest one."""
-    rows = _audit_rows(database_url, "dlq_audit_of_run", {"run_id": run_id, "action": action})
-    return rows[0] if rows else None
-
-
-def _audit_rows(database_url: Database, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    with connection(database_url) as conn:
-        cur = conn.execute(sql.SQL(queries()[query]), params)
-        names = [d.name for d in cur.description or []]
-        rows = cur.fetchall()
-    return [
-        {k: v.isoformat() if isinstance(v, datetime) else v for k, v in zip(names, row, strict=True)}
-        for row in rows
-    ]
+    with dead_letters(database_url) as letters:
+        return letters.audit_of_run(run_id, action)
 
 
 def to_json(value: Any) -> str:

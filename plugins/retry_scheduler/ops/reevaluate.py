@@ -12,28 +12,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
-
-import psycopg
-from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.deployment import Deployment
-from retry_scheduler.core.jobs import CopyRow, Status, decode_headers, ms_of_pg_time
+from retry_scheduler.core.jobs import CopyRow, Status, decode_headers
 from retry_scheduler.core.records import RowBuilder
-from retry_scheduler.db.schema import queries
+from retry_scheduler.db.dead_letters import Chosen, Database, DeadLetters, dead_letters
 from retry_scheduler.ops.dlq import (
     BATCH,
     MAX_LIMIT,
-    Database,
     DlqError,
     Operation,
     Outcome,
     TooManyForOneRequest,
-    connection,
-    dlq_query,
     start_audit,
 )
 
@@ -68,34 +60,28 @@ def reevaluate(
     flt, dry_run, max_affected = operation.selection, operation.dry_run, operation.max_affected
     if flt.dead_reason not in (None, _INVALID):
         raise DlqError(f"re-evaluation reads invalid jobs only, not {flt.dead_reason!r} ones")
-    where, params = flt.where()
     outcome = Outcome(
         action="reevaluate", dry_run=dry_run, filter=flt.as_dict(), matched=0, would_affect=0, affected=0
     )
-    with connection(database_url) as conn:
+    with dead_letters(database_url) as letters:
+        chosen = letters.matching(flt)
         if not dry_run and max_affected is not None:
-            with conn.transaction():
-                row = conn.execute(dlq_query("reevaluate_count", where), params).fetchone()
-            could = min(int(row[0]) if row else 0, flt.limit or MAX_LIMIT)
+            with letters.transaction():
+                could = min(letters.invalid_count(chosen), flt.limit or MAX_LIMIT)
             if could > max_affected:
                 raise TooManyForOneRequest("reevaluate", could, max_affected)
-        outcome.audit_id = start_audit(conn, operation, outcome)
-        _batches(conn, RowBuilder(deployment), dlq_query("reevaluate_batch", where), params, flt.limit,
-                 batch_size, outcome, progress)  # fmt: skip
-        with conn.transaction():
-            conn.execute(
-                sql.SQL(queries()["dlq_audit_counted"]),
-                {"matched": outcome.matched, "skipped": Jsonb(outcome.skipped), "audit_id": outcome.audit_id},
-            )
-            conn.execute(sql.SQL(queries()["dlq_audit_finish"]), {"audit_id": outcome.audit_id})
+        outcome.audit_id = start_audit(letters, operation, outcome)
+        _batches(letters, RowBuilder(deployment), chosen, flt.limit, batch_size, outcome, progress)
+        with letters.transaction():
+            letters.count_matched(outcome.audit_id, outcome.matched, outcome.skipped)
+            letters.finish_audit(outcome.audit_id)
     return outcome
 
 
 def _batches(
-    conn: psycopg.Connection[Any],
+    letters: DeadLetters,
     builder: RowBuilder,
-    batch_query: sql.Composed,
-    params: dict[str, Any],
+    chosen: Chosen,
     limit: int | None,
     batch_size: int,
     outcome: Outcome,
@@ -107,27 +93,22 @@ def _batches(
     after_id, left = 0, limit
     while left is None or left > 0:
         size = batch_size if left is None else min(batch_size, left)
-        with conn.transaction():
-            rows = conn.execute(batch_query, {**params, "after_id": after_id, "batch": size}).fetchall()
+        with letters.transaction():
+            rows = letters.invalid_batch(chosen, after_id=after_id, batch=size)
             if not rows:
                 return
             after_id = rows[-1][0]
             if not dry_run:  # the jobs no one else holds (a replay, the publisher's DLQ lease)
-                locked = {
-                    r[0]
-                    for r in conn.execute(
-                        sql.SQL(queries()["reevaluate_lock"]), {"ids": [r[0] for r in rows]}
-                    ).fetchall()
-                }
+                locked = letters.lock_invalid([r[0] for r in rows])
                 rows = [r for r in rows if r[0] in locked]
             passing, dead = _evaluate(builder, rows)
             if not dry_run:
-                _write(conn, passing, dead)
+                letters.make_pending(passing)
+                # a held record's (dead reason None) is left as it is
+                letters.still_dead([(i, d, r) for i, d, r in dead if d is not None])
                 if passing:
-                    conn.execute(
-                        sql.SQL(queries()["dlq_audit_progress"]),
-                        {"affected": len(passing), "audit_id": outcome.audit_id},
-                    )
+                    assert outcome.audit_id is not None
+                    letters.count_affected(outcome.audit_id, len(passing))
         outcome.matched += len(rows)
         outcome.would_affect += len(passing)
         outcome.affected += 0 if dry_run else len(passing)
@@ -169,43 +150,3 @@ def _evaluate(
         else:
             dead.append((job_id, row.dead_reason or _INVALID, row.reason or ""))
     return passing, dead
-
-
-def _write(conn: Any, passing: list[tuple[int, CopyRow]], dead: list[tuple[int, str | None, str]]) -> None:
-    if passing:
-        rows = [r for _, r in passing]
-        conn.execute(
-            sql.SQL(queries()["reevaluate_pending"]),
-            {
-                "ids": [i for i, _ in passing],
-                "destinations": [r.destination for r in rows],
-                "destination_partitions": [r.destination_partition for r in rows],
-                "headers": [r.headers for r in rows],
-                "attempts": [r.attempt for r in rows],
-                "policies": [r.policy for r in rows],
-                "reasons": [r.reason for r in rows],
-                "error_classes": [r.error_class for r in rows],
-                "groups": [r.consumer_group for r in rows],
-                "retry_ids": [r.retry_id for r in rows],
-                "original_topics": [r.original_topic for r in rows],
-                "original_partitions": [r.original_partition for r in rows],
-                "original_offsets": [r.original_offset for r in rows],
-                "first_seen": [_time(r.first_seen_at) for r in rows],
-                "due": [_time(r.due_at) for r in rows],
-                "dlq_topics": [r.dlq_topic for r in rows],
-            },
-        )
-    changed = [(i, d, r) for i, d, r in dead if d is not None]
-    if changed:
-        conn.execute(
-            sql.SQL(queries()["reevaluate_dead"]),
-            {
-                "ids": [c[0] for c in changed],
-                "dead_reasons": [c[1] for c in changed],
-                "reasons": [c[2] for c in changed],
-            },
-        )
-
-
-def _time(pg_us: int) -> datetime:
-    return datetime.fromtimestamp(ms_of_pg_time(pg_us) / 1000, UTC)

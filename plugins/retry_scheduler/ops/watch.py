@@ -29,14 +29,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
-
-import psycopg
-from psycopg import sql
+from typing import TYPE_CHECKING, Any
 
 from retry_scheduler.core.durations import parse_duration_ms
-from retry_scheduler.db.schema import queries
 from retry_scheduler.db.selection import SelectionError
+
+if TYPE_CHECKING:
+    from retry_scheduler.db.dead_letters import DeadLetters
 
 log = logging.getLogger(__name__)
 
@@ -165,15 +164,8 @@ class WaveVerdict:
     stopped: str | None = None
 
 
-def mark(conn: psycopg.Connection[Any]) -> int:
-    """Where a wave's watch starts (see ``watch_mark``)."""
-    with conn.transaction():
-        row = conn.execute(sql.SQL(queries()["watch_mark"])).fetchone()
-    return int(row[0]) if row else 0
-
-
 def watch_wave(
-    conn: psycopg.Connection[Any],
+    letters: DeadLetters,
     watch: Watch,
     *,
     ids: Sequence[int],
@@ -188,12 +180,9 @@ def watch_wave(
     """Wait until the wave ``ids`` is published, then ``watch.verdict_s``; count its records that came
     back (stored after ``since`` under one of ``retry_ids``) and decide whether the replay goes on
     (``remaining``: records not yet sent, for the message)."""
-    query = sql.SQL(queries()["watch_wave"])
     while True:
-        with conn.transaction():
-            row = conn.execute(query, {"ids": list(ids)}).fetchone()
-        assert row is not None
-        pending, published, last_published, last_due, now = int(row[0]), int(row[1]), row[2], row[3], row[4]
+        with letters.transaction():
+            pending, published, last_published, last_due, now = letters.wave(ids)
         if not pending:
             break
         if isinstance(last_due, datetime) and (now - last_due).total_seconds() > watch.publish_timeout_s:
@@ -208,11 +197,8 @@ def watch_wave(
         sleep(POLL_S)
     if isinstance(last_published, datetime):
         sleep(max(0.0, watch.verdict_s - (now - last_published).total_seconds()))
-    with conn.transaction():
-        back_row = conn.execute(
-            sql.SQL(queries()["watch_came_back"]), {"mark": since, "retry_ids": list(retry_ids)}
-        ).fetchone()
-    came_back = int(back_row[0]) if back_row else 0
+    with letters.transaction():
+        came_back = letters.came_back(since, retry_ids)
     verdict = WaveVerdict(published, came_back)
     log.info(
         "watched replay: %d of the wave's %d published records came back within %g s",

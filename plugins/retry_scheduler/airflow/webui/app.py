@@ -41,6 +41,7 @@ from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.policy import PolicyError
 from retry_scheduler.db import selection
 from retry_scheduler.db.connection import StoreError
+from retry_scheduler.db.dead_letters import connection
 from retry_scheduler.ops import browse, dlq
 
 log = logging.getLogger(__name__)
@@ -408,7 +409,7 @@ def chains(
     scheduler does not hold)."""
     from retry_scheduler.db.chains import held_chains
 
-    with dlq.connection(database()) as conn:  # the page's pool: a few connections whatever the load
+    with connection(database()) as conn:  # the page's pool: a few connections whatever the load
         found = held_chains(conn, limit=limit, stuck=stuck)
     return [c.as_dict() for c in found]
 
@@ -444,7 +445,7 @@ def breakers(user: Annotated[Any, Depends(reader)]) -> list[dict[str, Any]]:
     """The destinations' breakers not closed or still holding jobs (``BREAKERS``)."""
     from retry_scheduler.db.breakers import breaker_statuses
 
-    with dlq.connection(database()) as conn:
+    with connection(database()) as conn:
         return [b.as_dict() for b in breaker_statuses(conn)]
 
 
