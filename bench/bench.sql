@@ -186,15 +186,15 @@ SELECT count(*) FROM retry_jobs_all WHERE destination = %(destination)s AND stat
 
 -- name: bench_lateness
 -- Publish lateness (acknowledgement minus due time) of every retry of the lateness benchmark.
-SELECT extract(epoch FROM published_at - due_at)::float8
+SELECT retry_lateness_s(published_at, due_at)
 FROM retry_jobs_all WHERE destination = %(destination)s AND status = 'published';
 
 -- name: bench_lateness_timeline
 -- Lateness of a destination's published jobs second by second of their due time: how many fell due
 -- in that second, their p99 and their worst (where a step's p99 comes from, and when).
 SELECT floor(extract(epoch FROM due_at))::float8 AS due_second, count(*),
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at))::float8,
-       max(extract(epoch FROM published_at - due_at))::float8
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY retry_lateness_s(published_at, due_at)),
+       max(retry_lateness_s(published_at, due_at))
 FROM retry_jobs_all WHERE destination = %(destination)s AND status = 'published'
 GROUP BY 1 ORDER BY 1;
 
@@ -202,7 +202,7 @@ GROUP BY 1 ORDER BY 1;
 -- A destination's published jobs by slices of %(width)s s of due time from %(since)s (epoch s): the
 -- slice's start (seconds from %(since)s), how many, their p99 lateness (whether lateness stays flat).
 SELECT floor((extract(epoch FROM due_at) - %(since)s) / %(width)s)::float8 * %(width)s, count(*),
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at))::float8
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY retry_lateness_s(published_at, due_at))
 FROM retry_jobs_all WHERE destination = %(destination)s AND status = 'published'
 GROUP BY 1 ORDER BY 1;
 
@@ -292,12 +292,12 @@ SELECT status::text, count(*) FROM retry_jobs_all WHERE destination = %(destinat
 -- A destination's jobs: stored, published, early; the last one stored (epoch s, its ingest
 -- transaction's start), the first and last due time, the last acknowledgement, the p99 and worst lateness.
 SELECT count(*), count(*) FILTER (WHERE status = 'published'),
-       count(*) FILTER (WHERE published_at < due_at),
+       count(*) FILTER (WHERE retry_lateness_s(published_at, due_at) < 0),
        extract(epoch FROM max(created_at))::float8,
        extract(epoch FROM min(due_at))::float8, extract(epoch FROM max(due_at))::float8,
        extract(epoch FROM max(published_at))::float8,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at))::float8,
-       max(extract(epoch FROM published_at - due_at))::float8
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY retry_lateness_s(published_at, due_at)),
+       max(retry_lateness_s(published_at, due_at))
 FROM retry_jobs_all WHERE destination = %(destination)s;
 
 -- name: bench_topic_stored
@@ -315,9 +315,9 @@ SELECT EXISTS (SELECT 1 FROM retry_jobs WHERE destination = %(destination)s AND 
 -- worst lateness (due -> acknowledged), how many were early, and the p99 and worst of send -> stored
 -- (the record's timestamp, first_seen_at for a first failure, to its ingest transaction's start).
 SELECT count(*),
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at))::float8,
-       max(extract(epoch FROM published_at - due_at))::float8,
-       count(*) FILTER (WHERE published_at < due_at),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY retry_lateness_s(published_at, due_at)),
+       max(retry_lateness_s(published_at, due_at)),
+       count(*) FILTER (WHERE retry_lateness_s(published_at, due_at) < 0),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM created_at - first_seen_at))::float8,
        max(extract(epoch FROM created_at - first_seen_at))::float8
 FROM retry_jobs_all

@@ -444,13 +444,19 @@ SELECT brin_summarize_new_values('retry_published_jobs_published_at_brin'::regcl
 -- name: lateness
 -- Publish lateness (acknowledged minus due) of the jobs published in the last window.
 SELECT count(*),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at)::float8),
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - due_at)::float8),
-       max(extract(epoch FROM published_at - due_at))::float8,
-       count(*) FILTER (WHERE published_at < due_at)
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY retry_lateness_s(published_at, due_at)),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY retry_lateness_s(published_at, due_at)),
+       max(retry_lateness_s(published_at, due_at)),
+       count(*) FILTER (WHERE retry_lateness_s(published_at, due_at) < 0)
 FROM retry_published_jobs
 WHERE published_at >= statement_timestamp() - %(window_s)s * interval '1 second'
   AND (%(destination)s::text IS NULL OR destination = %(destination)s);
+
+-- name: demo_outcome
+-- The demo's workload (its keys end in its run's tag): each job's status, dead reason, whether it is
+-- on its DLQ topic, and its publish lateness.
+SELECT status::text, dead_reason, dlq_published_at IS NOT NULL, retry_lateness_s(published_at, due_at)
+FROM retry_jobs_all WHERE convert_from(msg_key, 'UTF8') LIKE %(key_like)s;
 
 -- name: loop_heartbeat
 INSERT INTO retry_loops (worker, kind) VALUES (%(worker)s, %(kind)s)

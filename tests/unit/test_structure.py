@@ -135,6 +135,28 @@ def test_only_the_airflow_rooms_import_airflow_s_side_of_the_package() -> None:
     )
 
 
+#: The database driver, and the named statements: the data-access layer's own (issue 61).
+DATABASE_MODULES = ("psycopg", "psycopg_pool", "retry_scheduler.db.schema")
+
+
+def test_the_operations_run_no_sql_of_their_own() -> None:
+    """Every statement of the dead-letter operations, the monitor and the alerts is a method of a
+    port under ``db/`` (the dead letters' is ``db.dead_letters``): ``ops/`` imports neither the
+    driver nor the named statements, and executes nothing."""
+    ops = PACKAGES["retry_scheduler"] / "ops"
+    offending = {
+        path.name: sorted(m for m in _every_import(path) if m.startswith(DATABASE_MODULES))
+        for path in sorted(ops.glob("*.py"))
+    }
+    offending = {name: found for name, found in offending.items() if found}
+    assert offending == {}, f"ops/ modules that reach the database themselves: {offending}"
+    executes = sorted(p.name for p in ops.glob("*.py") if ".execute(" in p.read_text())
+    assert executes == [], f"ops/ modules that execute statements: {executes}"
+    # The reader sees what it looks for (so that an empty result cannot pass unseen):
+    port = PACKAGES["retry_scheduler"] / "db" / "dead_letters.py"
+    assert {"psycopg", "retry_scheduler.db.schema"} <= _every_import(port)
+
+
 #: Where a request comes in, and so where a deployment (settings and policies) is read: the command
 #: line, the Airflow side (the hook for tasks, the page, the notifiers, the DAG factories), the dev
 #: tooling, and a Spark job's command line and connection file.
@@ -225,3 +247,25 @@ def test_no_product_function_grows_past_80_lines() -> None:
     assert grown == {}, f"functions over {MAX_FUNCTION_LINES} lines that grew: {grown}"
     gone = sorted(set(LONG_FUNCTIONS) - set(found))
     assert gone == [], f"take these out of LONG_FUNCTIONS, they are short enough now: {gone}"
+
+
+def test_lateness_is_defined_once() -> None:
+    """Publish lateness is the SQL function ``retry_lateness_s`` (migration 0026): no statement of the
+    product, the demo or the benchmark writes its own ``published_at - due_at`` (issue 61)."""
+    definition = ROOT / "sql" / "migrations" / "0026_lateness.sql"
+    files = [
+        *(ROOT / "sql").rglob("*.sql"),
+        *(ROOT / "bench").rglob("*.sql"),
+        *(ROOT / "bench").rglob("*.py"),
+    ]
+    files += PACKAGES["retry_scheduler"].rglob("*.py")
+    own = sorted(
+        str(p.relative_to(ROOT))
+        for p in files
+        if p != definition and "published_at - due_at" in p.read_text()
+    )
+    assert own == [], f"lateness written out again (use retry_lateness_s(published_at, due_at)): {own}"
+    assert "published_at - due_at" in definition.read_text()
+    # The readers call it (so that an empty result cannot pass unseen):
+    assert "retry_lateness_s(" in (ROOT / "sql" / "queries.sql").read_text()
+    assert "retry_lateness_s(" in (ROOT / "bench" / "bench.sql").read_text()

@@ -194,17 +194,11 @@ def _send_workload(settings: Settings, plan: Plan, tag: str) -> None:
 
 
 def _outcome(settings: Settings, tag: str) -> dict[str, object]:
-    import psycopg
+    from retry_scheduler.db.connection import connect
+    from retry_scheduler.db.schema import q
 
-    with psycopg.connect(settings.database_url) as conn:
-        rows = conn.execute(
-            """
-            SELECT status::text, dead_reason, dlq_published_at IS NOT NULL,
-                   extract(epoch FROM published_at - due_at)::float8
-            FROM retry_jobs_all WHERE convert_from(msg_key, 'UTF8') LIKE %s
-            """,
-            (f"%-{tag}",),
-        ).fetchall()
+    with connect(settings.database_url) as conn:
+        rows = conn.execute(q("demo_outcome"), {"key_like": f"%-{tag}"}).fetchall()
     dead = Counter(r[1] for r in rows if r[0] == "dead")
     late = sorted(r[3] for r in rows if r[0] == "published")
     return {
