@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -32,10 +32,6 @@ log = logging.getLogger(__name__)
 #: A job that died in any of these ways may be a blocker whose held jobs must now go (an adopted one never is).
 _BLOCKER_DEATHS = frozenset(protocol.DEAD_REASONS) - {protocol.DEAD_ADOPTED}
 
-#: A row the server refused: the row and the server's error; the caller answers with a dead row to store
-#: in its place (:meth:`Store.insert_rows`).
-Refusal = Callable[[CopyRow, str], CopyRow]
-
 #: The errors a COPY fails with because of what a row holds, not because of the connection or the
 #: server: a value the column's type or the server's encoding cannot hold (class 22, "data exception":
 #: a NUL in text, an untranslatable character), a constraint other than the unique source identity
@@ -45,6 +41,16 @@ _ROW_ERRORS: tuple[type[Exception], ...] = (
     psycopg.errors.IntegrityError,
     psycopg.errors.ProgramLimitExceeded,
 )
+
+
+class RowsRefused(Exception):
+    """The server refused rows of a batch for what they hold (:data:`_ROW_ERRORS`), and nothing of the
+    batch was stored. ``refusals``: each refused row's index in the batch and the server's error
+    (:func:`refusal_reason`). The ingest stores a dead row in place of each, and the batch again."""
+
+    def __init__(self, refusals: Sequence[tuple[int, str]]) -> None:
+        super().__init__(f"PostgreSQL refused {len(refusals)} row(s) of the batch: {refusals[0][1]}")
+        self.refusals = list(refusals)
 
 
 def refusal_reason(exc: Exception) -> str:
@@ -111,8 +117,7 @@ class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
         offsets: Mapping[tuple[str, int], int] | None = None,
         adopted_topics: Collection[str] = (),
         chain_events: Sequence[tuple[str, str, str | None]] = (),
-        refused: Refusal | None = None,
-        breakers: Callable[[str], bool] | None = None,
+        counted_back: Collection[str] = (),
     ) -> list[str | None]:
         """Store new jobs (:class:`~retry_scheduler.core.jobs.CopyRow`) and, in the same transaction, the next
         ``offsets`` to read of ``consumer_group``'s retry-topic partitions.
@@ -129,21 +134,21 @@ class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
         and only the new ones are stored. Returns the dead reason (None for pending) of each row
         stored. Commits before returning, so the caller may then commit the Kafka offsets.
 
-        No row can fail the batch: when the server refuses the COPY because of what a row holds
-        (``_ROW_ERRORS``), the batch is halved until the refused rows are found, each is replaced by
-        ``refused(row, the server's error)`` (a dead row that keeps the record's bytes), and the rest
-        is stored as it was. Without ``refused`` the error is raised. A lost connection or any other
-        error is raised as ever: the batch is read again from its offsets.
+        When the server refuses the COPY because of what a row holds (``_ROW_ERRORS``), the batch is
+        halved until every refused row is found, nothing is stored, and :class:`RowsRefused` says
+        which rows and why: the ingest replaces each by a dead row that keeps the record's bytes and
+        stores the batch again. A lost connection or any other error is raised as ever: the batch is
+        read again from its offsets.
 
-        ``breakers`` says which destinations have a breaker (``BREAKERS``): the batch's records come
-        back from those (an attempt above 0) are counted in their rows (:mod:`retry_scheduler.core.breakers`).
+        ``counted_back``: the destinations with a breaker (``BREAKERS``); the batch's records come back
+        from those (an attempt above 0) are counted in their rows (:mod:`retry_scheduler.core.breakers`).
         """
         if not rows and not chain_events:
             return []
         with self.conn.transaction(), self.conn.cursor() as cur:
             if rows:
                 again = self._maybe_stored(cur, rows, consumer_group)
-                rows, stored = self._store_rows(cur, rows, refused, again)
+                stored = self._store_rows(cur, rows, again)
                 notify_overdue(cur, rows)  # the publishers' claims start below them
             else:
                 stored = []
@@ -152,17 +157,17 @@ class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
                 cur.execute(q("mark_adopted_delivered"), {"topics": adopted})
             self._settle_holds(cur, rows, chain_events)
             registered = self._register_destinations(cur, rows)
-            if breakers is not None:
+            if counted_back:
                 self.count_came_back(
                     cur,
                     [
                         (row.destination, row.retry_id)
                         for row in rows
                         # a held record (parked, or a notice) did not fail: it did not come back
-                        if row.attempt > 0
+                        if row.destination
+                        and row.attempt > 0
                         and row.held_by is None
-                        and row.destination
-                        and breakers(row.destination)
+                        and row.destination in counted_back
                     ],
                 )
             if offsets:
@@ -209,31 +214,40 @@ class Store(Readings, LoopRecords, DestinationSlots, BreakerRecords):
         stored = {(topic, partition): offset for topic, partition, offset in cur.fetchall()}
         return any(key not in stored or lowest[key] < stored[key] for key in keys)
 
-    def _store_rows(
-        self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], refused: Refusal | None, again: bool
-    ) -> tuple[Sequence[CopyRow], list[str | None]]:
-        """COPY ``rows`` in a savepoint; when the server refuses a row, halve and retry (see
-        :meth:`insert_rows`). Returns the rows as stored (refused ones replaced) and their dead reasons."""
+    def _store_rows(self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], again: bool) -> list[str | None]:
+        """COPY ``rows`` in a savepoint; their dead reasons. When the server refuses rows, find each
+        (:meth:`_refused`) and raise :class:`RowsRefused`: the caller's transaction stores nothing."""
         try:
             with self.conn.transaction():
-                return rows, self._copy_rows(cur, rows, again)
+                return self._copy_rows(cur, rows, again)
         except _ROW_ERRORS as exc:
-            if refused is None or isinstance(exc, psycopg.errors.UniqueViolation):
+            if isinstance(exc, psycopg.errors.UniqueViolation):
                 raise
-            if len(rows) > 1:
-                half = len(rows) // 2
-                first, first_stored = self._store_rows(cur, rows[:half], refused, again)
-                second, second_stored = self._store_rows(cur, rows[half:], refused, again)
-                return [*first, *second], first_stored + second_stored
-            reason = refusal_reason(exc)
+            refusals = self._refused(cur, rows, 0, again, exc)
+        raise RowsRefused(refusals)
+
+    def _refused(
+        self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], first: int, again: bool, exc: Exception
+    ) -> list[tuple[int, str]]:
+        """The refused ones of ``rows`` (refused as a whole with ``exc``; ``first``: the index of its
+        first row in the batch), by halving: each half is tried in a savepoint of its own."""
+        if len(rows) == 1:
             log.warning(
-                "PostgreSQL refused the record %s[%s]@%s: stored dead (invalid) with its bytes: %s",
-                rows[0].source_topic, rows[0].source_partition, rows[0].source_offset, reason,
+                "PostgreSQL refused the record %s[%s]@%s: it is stored dead (invalid) with its bytes: %s",
+                rows[0].source_topic, rows[0].source_partition, rows[0].source_offset, refusal_reason(exc),
             )  # fmt: skip
-            replacement = [refused(rows[0], reason)]
-            # Refused again, the fault is not the record's: raised, and the batch is read again.
-            with self.conn.transaction():
-                return replacement, self._copy_rows(cur, replacement, again)
+            return [(first, refusal_reason(exc))]
+        half = len(rows) // 2
+        found: list[tuple[int, str]] = []
+        for start, part in ((0, rows[:half]), (half, rows[half:])):
+            try:
+                with self.conn.transaction():
+                    self._copy_rows(cur, part, again)
+            except _ROW_ERRORS as part_exc:
+                if isinstance(part_exc, psycopg.errors.UniqueViolation):
+                    raise
+                found += self._refused(cur, part, first + start, again, part_exc)
+        return found
 
     def _copy_rows(self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], again: bool) -> list[str | None]:
         if again:

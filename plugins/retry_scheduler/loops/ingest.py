@@ -30,7 +30,7 @@ from retry_scheduler.core.jobs import CopyRow
 from retry_scheduler.core.metrics import Metrics, NoMetrics
 from retry_scheduler.core.records import RowBuilder, new_retry_id
 from retry_scheduler.db.loop_records import IngestLock
-from retry_scheduler.db.store import Store
+from retry_scheduler.db.store import RowsRefused, Store
 from retry_scheduler.loops.handover import LoopTenure
 from retry_scheduler.loops.ingest_worker import (
     SPARES_AFTER_S,
@@ -304,15 +304,33 @@ class Ingestor:
     def store_batch(self, batch: Batch) -> IngestCounts:
         """Store a batch's rows and its next offsets in one transaction."""
         began, registry = time.perf_counter(), self.deployment.policies
-        stored = self.store.insert_rows(
-            batch.rows,
-            consumer_group=self.settings.consumer_group,
-            offsets=batch.offsets,
-            adopted_topics=self.settings.adopt_topics,
-            chain_events=batch.chain_events,
-            refused=lambda row, reason: self.refused_row(batch, row, reason),
-            breakers=registry.has_breaker if registry.any("breaker") else None,
+        counted_back = (
+            {
+                r.destination
+                for r in batch.rows
+                if r.attempt > 0 and r.destination and registry.has_breaker(r.destination)
+            }
+            if registry.any("breaker")
+            else set()
         )
+        replaced: set[int] = set()
+        while True:
+            try:
+                stored = self.store.insert_rows(
+                    batch.rows,
+                    consumer_group=self.settings.consumer_group,
+                    offsets=batch.offsets,
+                    adopted_topics=self.settings.adopt_topics,
+                    chain_events=batch.chain_events,
+                    counted_back=counted_back,
+                )
+                break
+            except RowsRefused as refused:
+                if any(i in replaced for i, _ in refused.refusals):
+                    raise  # refused again as a dead row: not the record's fault; the batch is read again
+                for i, reason in refused.refusals:
+                    batch.rows[i] = self.refused_row(batch, batch.rows[i], reason)
+                    replaced.add(i)
         counts = IngestCounts(
             consumed=len(batch.rows) - batch.notices + batch.release_records, stored=len(stored), batches=1
         )
