@@ -58,7 +58,7 @@ def measure_claim(env: BenchEnv, sizes: Sizes) -> Result:
                 for label, store in stores.items():
                     with store.conn.transaction():
                         began = time.perf_counter()
-                        rows = store.claim_due(sizes.claim_limit)
+                        rows = store.queue.claim_due(sizes.claim_limit)
                         took = time.perf_counter() - began
                         raise psycopg.Rollback()  # the claim only locks: ending its transaction frees them
                     if len(rows) != sizes.claim_limit:
@@ -84,7 +84,7 @@ def measure_claim(env: BenchEnv, sizes: Sizes) -> Result:
         "sizes_match_target": (sizes.claim_small, sizes.claim_large) == (10_000, 10_000_000),
     }
     result.notes = [
-        f"Store.claim_due({sizes.claim_limit}): median of {sizes.claim_repeats} claims each (after one "
+        f"Queue.claim_due({sizes.claim_limit}): median of {sizes.claim_repeats} claims each (after one "
         f"warm-up; each in a transaction rolled back after it; small and large alternating): "
         f"{runs['small']['claim_median_ms']:.2f} ms with {runs['small']['rows']:,} rows vs "
         f"{runs['large']['claim_median_ms']:.2f} ms with {runs['large']['rows']:,} rows "

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
@@ -27,6 +28,7 @@ from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import OutgoingRow, Status
 from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.db.connection import connect, redact_url
+from retry_scheduler.db.queue import Queue
 from retry_scheduler.db.schema import migrate
 from retry_scheduler.db.store import Store
 from retry_scheduler.dev.procs import free_port
@@ -275,11 +277,11 @@ class BenchEnv:
 # -- timing wrappers around the real components ------------------------------------------------------
 
 
-class TimedStore(Store):
-    """The service's Store, adding up the seconds spent in each database operation."""
+class TimedQueue(Queue):
+    """The service's queue, adding up the seconds spent in each database operation."""
 
-    def __init__(self, database_url: str) -> None:
-        super().__init__(database_url)
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        super().__init__(conn)
         self.seconds: defaultdict[str, float] = defaultdict(float)
 
     @contextlib.contextmanager
@@ -301,6 +303,14 @@ class TimedStore(Store):
     def mark_published(self, acked: Sequence[tuple[int, int]]) -> int:
         with self._timed("mark_published"):
             return super().mark_published(acked)
+
+
+class TimedStore(Store):
+    """The service's Store, its queue timed (:class:`TimedQueue`: ``queue.seconds``)."""
+
+    def __init__(self, database_url: str) -> None:
+        super().__init__(database_url)
+        self.queue: TimedQueue = TimedQueue(self.conn)
 
 
 def per_second(count: int, seconds: float) -> float:

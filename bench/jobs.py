@@ -71,6 +71,6 @@ class Job:
 
 
 def insert_jobs(store: Store, jobs: Sequence[Job]) -> list[str | None]:
-    """Store ``jobs`` as the ingest loop stores its rows (:meth:`Store.insert_rows`); the dead reason
+    """Store ``jobs`` as the ingest loop stores its rows (:meth:`Queue.insert_rows`); the dead reason
     of each row stored (None: pending)."""
-    return store.insert_rows([job.copy_row() for job in jobs])
+    return store.queue.insert_rows([job.copy_row() for job in jobs])

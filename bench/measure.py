@@ -5,7 +5,7 @@ with :func:`retry_scheduler.db.store.migrate` and dropped at the end) and a Kafk
 broker (the dev tooling's Apache Kafka 4.4, on a free port), through the service's own code paths:
 :class:`~retry_scheduler.loops.ingest.Ingestor` fed from a real retry topic, and
 :class:`~retry_scheduler.loops.publish.Publisher` on due jobs stored with
-:func:`bench.jobs.insert_jobs` (the ingest's own ``Store.insert_rows``). Each baseline runs right after its figure, on the
+:func:`bench.jobs.insert_jobs` (the ingest's own ``Queue.insert_rows``). Each baseline runs right after its figure, on the
 same server, with the same rows. The report (``report.json``, ``report.md``, PNG plots) is written
 by :mod:`bench.report`; the baselines live in :mod:`bench.baselines`. The ingest measurement is here;
 the others are in their own modules (:mod:`bench.publish`, :mod:`bench.claim`, :mod:`bench.slow`, ...).

@@ -64,7 +64,7 @@ def measure_publish(env: BenchEnv, sizes: Sizes) -> Result:
             store.close()
     db_seconds: defaultdict[str, float] = defaultdict(float)
     for store in stores:
-        for name, seconds in store.seconds.items():
+        for name, seconds in store.queue.seconds.items():
             db_seconds[name] += seconds
     on_topic = env.count_records(destination, sizes.publish_rows)
     if on_topic != sizes.publish_rows:

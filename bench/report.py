@@ -242,7 +242,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "produces them with the idempotent producer (`acks=all`) to their original partition, waits for "
         "every acknowledgement, and marks exactly the acknowledged jobs published, in the transaction that "
         "locked them. The jobs "
-        "were stored beforehand with the ingest's own `Store.insert_rows` (`bench.jobs.insert_jobs`), due one second ago; every record is counted on "
+        "were stored beforehand with the ingest's own `Queue.insert_rows` (`bench.jobs.insert_jobs`), due one second ago; every record is counted on "
         "the destination topic afterwards. **Baselines**: PgQueuer (from PyPI), dequeuing and "
         "acknowledging as many jobs enqueued with `execute_after` in the past, set up like its own drain "
         "benchmark (5 queue managers on asyncpg, no-op entrypoint) with its default batch size of 10 for "
@@ -259,7 +259,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
     ),
     "claim": (
         "Claim cost: 10 million rows vs 10 000",
-        "`Store.claim_due(1000)` (the publish loop's claim statement) timed as the median of several "
+        "`Queue.claim_due(1000)` (the publish loop's claim statement) timed as the median of several "
         "repetitions after a warm-up, each in a transaction rolled back after it (the claim only locks), on `retry_jobs` holding 10 000 rows and "
         "then 10 000 000 rows: the same due backlog, the rest published and dead history and jobs due "
         "later, built with `INSERT ... SELECT FROM generate_series` (`bench/bench.sql`), then `VACUUM "

@@ -55,7 +55,7 @@ def hold(database_url: str, destination: str) -> None:
     from retry_scheduler.db.store import Store
 
     with Store(database_url) as store:
-        store.set_breakers([destination], "open", "chaos: its consumer is down", "chaos")
+        store.breakers.set_states([destination], "open", "chaos: its consumer is down", "chaos")
 
 
 def closer(
@@ -78,7 +78,7 @@ def closer(
         time.sleep(detail["hold_s"])
         detail["held_when_closed"] = _held(database_url, destination)
         with Store(database_url) as store:
-            store.set_breakers([destination], "closed", "chaos: its consumer is back", "chaos")
+            store.breakers.set_states([destination], "closed", "chaos: its consumer is back", "chaos")
         detail["closed_at_s"] = round(time.monotonic() - began, 3)
 
     return strike

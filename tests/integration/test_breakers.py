@@ -49,7 +49,7 @@ def breaker_loop(loop: Loop, breaker: Breaker = BREAKER) -> Loop:
 
 def breaker_of(loop: Loop) -> dict:
     with Store(loop.settings.database_url) as store:
-        found = [b for b in store.breakers([loop.dest]) if b.destination == loop.dest]
+        found = [b for b in store.breakers.statuses([loop.dest]) if b.destination == loop.dest]
     return found[0].as_dict() if found else {"state": "closed", "held": 0, "trips": 0}
 
 
@@ -105,7 +105,7 @@ def test_a_destination_whose_consumer_fails_everything_is_held_probed_and_let_go
         held = held_jobs(loop)
         # retry_monitor sees it.
         with Store(database_url) as store:
-            reading = Reading.from_store(store.monitor_reading(300), 300)
+            reading = Reading.from_store(store.readings.monitor_reading(300), 300)
         assert reading.value("open_breakers") == 1.0
         assert reading.breakers[0]["destination"] == loop.dest
         [alert] = [o.alert for o in evaluate(reading, Thresholds(), {}) if o.check == "open_breakers"]
@@ -257,10 +257,10 @@ def test_the_tick_reports_the_breakers_gauges_and_each_opening(database_url: str
 
     registry = PolicyRegistry.of([DEFAULT], breakers={"shop.*": Breaker(min_records=3)})
     with Store(database_url) as store:
-        store.set_breakers(["shop.cart"], "closed", "new", "test")  # registers the destination
+        store.breakers.set_states(["shop.cart"], "closed", "new", "test")  # registers the destination
         metrics = Recorder()
-        breakers = DestinationBreakers(registry.rules, store, metrics=metrics)  # type: ignore[arg-type]
-        store.count_sent({"shop.cart": (1, 5)})
+        breakers = DestinationBreakers(registry.rules, store.breakers, store.queue, metrics=metrics)  # type: ignore[arg-type]
+        store.breakers.count_sent({"shop.cart": (1, 5)})
         assert breakers.step_breakers(force=True)[0][:2] == ("shop.cart", "open")
         assert ("incr", "retry_scheduler.breakers.opened", 1) in metrics.sent
         assert ("gauge", "retry_scheduler.breakers.open", 1) in metrics.sent
@@ -276,7 +276,7 @@ def test_jobs_held_by_a_breaker_no_longer_declared_go(
     loop = breaker_loop(new_loop(database_url, bootstrap_servers, topic_prefix))
     create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic])
     with Store(database_url) as store:
-        store.set_breakers([loop.dest], "open", "by hand", "cli:ann")
+        store.breakers.set_states([loop.dest], "open", "by hand", "cli:ann")
     with running_loops(loop):
         loop.send(
             [

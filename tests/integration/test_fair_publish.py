@@ -88,7 +88,7 @@ def test_a_lane_claim_reads_its_own_destinations_jobs_only(loop: Loop) -> None:
     counter = "SELECT pg_stat_get_xact_tuples_returned('retry_jobs_destination_due_idx'::regclass)"
     with loop.store() as store, store.conn.transaction(force_rollback=True):
         [(before,)] = store.conn.execute(counter).fetchall()
-        rows, _ = store.claim_lanes({loop.dest: None}, 100)
+        rows, _ = store.queue.claim_lanes({loop.dest: None}, 100)
         [(after,)] = store.conn.execute(counter).fetchall()
     assert len(rows) == 20 and {r.destination for r in rows} == {loop.dest}
     assert [r.due_at for r in rows] == sorted(r.due_at for r in rows if r.due_at)  # oldest first

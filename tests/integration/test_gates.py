@@ -42,7 +42,7 @@ class PauseGate:
 
     def apply(self, rows: list[OutgoingRow]) -> tuple[list[OutgoingRow], int]:
         paused = [r for r in rows if r.destination and self.rules(r.destination).value("paused")]
-        self.store.defer_jobs([(r.id, datetime.now(UTC) + timedelta(hours=1)) for r in paused])
+        self.store.slots.defer_jobs([(r.id, datetime.now(UTC) + timedelta(hours=1)) for r in paused])
         kept = {r.id for r in paused}
         return [r for r in rows if r.id not in kept], len(paused)
 

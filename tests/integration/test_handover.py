@@ -16,11 +16,11 @@ pytestmark = pytest.mark.integration
 
 def test_a_loop_past_its_time_carries_on_until_relieved(database_url: str) -> None:
     with Store(database_url) as store:
-        old = LoopTenure(store, "publish", duration_s=0, grace_s=300)
+        old = LoopTenure(store.loops, "publish", duration_s=0, grace_s=300)
         assert old.go_on(), "nobody else is alive: the loop must not leave the jobs unpublished"
-        LoopTenure(store, "ingest", duration_s=60, grace_s=0)  # another kind does not relieve it
+        LoopTenure(store.loops, "ingest", duration_s=60, grace_s=0)  # another kind does not relieve it
         assert old.go_on()
-        new = LoopTenure(store, "publish", duration_s=60, grace_s=0)
+        new = LoopTenure(store.loops, "publish", duration_s=60, grace_s=0)
         assert not old.go_on(), "a newer publish loop is alive: the old one may stop"
         assert new.go_on()  # the newer one is within its own time
         old.finish()
@@ -31,8 +31,8 @@ def test_a_loop_past_its_time_carries_on_until_relieved(database_url: str) -> No
 
 def test_a_dead_successor_does_not_relieve(database_url: str) -> None:
     with Store(database_url) as store:
-        old = LoopTenure(store, "publish", duration_s=0, grace_s=300)
-        new = LoopTenure(store, "publish", duration_s=60, grace_s=0)
+        old = LoopTenure(store.loops, "publish", duration_s=0, grace_s=300)
+        new = LoopTenure(store.loops, "publish", duration_s=60, grace_s=0)
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(
                 "UPDATE retry_loops SET heartbeat_at = now() - interval '1 minute' WHERE worker = %s",
@@ -43,7 +43,7 @@ def test_a_dead_successor_does_not_relieve(database_url: str) -> None:
 
 def test_grace_bounds_the_extension(database_url: str) -> None:
     with Store(database_url) as store:
-        assert not LoopTenure(store, "ingest", duration_s=0, grace_s=0).go_on()
+        assert not LoopTenure(store.loops, "ingest", duration_s=0, grace_s=0).go_on()
 
 
 @pytest.mark.parametrize("grace", ["0", "1"])

@@ -299,7 +299,7 @@ def test_crash_between_produce_and_mark_republishes_with_same_identity(loop: Loo
         def crash(_acked):
             raise Crash("killed after the broker acknowledged, before the mark")
 
-        publisher.store.mark_published = crash  # type: ignore[method-assign]
+        publisher.store.queue.mark_published = crash  # type: ignore[method-assign]
         with pytest.raises(Crash):
             publisher.publish_once()
         publisher.close()
@@ -379,7 +379,7 @@ def test_metrics_are_reported_per_round_and_a_failing_snapshot_never_stops_publi
         def timed_out() -> dict:
             raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
 
-        store.metrics_reading = timed_out  # type: ignore[method-assign]
+        store.readings.metrics_reading = timed_out  # type: ignore[method-assign]
         stop = threading.Event()
         rounds = iter(range(3))
         publisher.work(stop, go_on=lambda: next(rounds, None) is not None)
@@ -407,13 +407,13 @@ def test_a_job_in_flight_is_not_claimed_by_another_publisher(loop: Loop) -> None
             Publisher(Deployment.load(loop.settings), store_b),
         )
         tried_meanwhile = []
-        real_mark = store_a.mark_published
+        real_mark = store_a.queue.mark_published
 
         def mark_after_b_tried(acked):  # a's jobs are acknowledged, not yet marked
             tried_meanwhile.append(b.publish_once())
             return real_mark(acked)
 
-        store_a.mark_published = mark_after_b_tried  # type: ignore[method-assign]
+        store_a.queue.mark_published = mark_after_b_tried  # type: ignore[method-assign]
         first = a.publish_once()
         a.close()
         b.close()
@@ -572,7 +572,7 @@ def test_a_publish_loop_relieves_the_running_one_only_once_its_producers_can_pub
     settings = loop.settings.with_overrides(publish_workers=2)
     relieved_at: list[float] = []
     with loop.store() as running_store, loop.store() as store:
-        running = LoopTenure(running_store, "publish", duration_s=0, grace_s=300)  # the loop taken over
+        running = LoopTenure(running_store.loops, "publish", duration_s=0, grace_s=300)  # the loop taken over
         publisher = Publisher(Deployment.load(settings), store)
         assert not publisher.producer.id_assigned.is_set(), "a new producer has no id yet"
 
@@ -618,7 +618,7 @@ def _due_index_entries_read(store: Store, floor: datetime | None) -> int:
     counter = "SELECT pg_stat_get_xact_tuples_returned('retry_jobs_due_idx'::regclass)"
     with store.conn.transaction(force_rollback=True):  # no flush of the session's counts within it
         [(before,)] = store.conn.execute(counter).fetchall()
-        store.claim_due(10_000, floor=floor)
+        store.queue.claim_due(10_000, floor=floor)
         [(after,)] = store.conn.execute(counter).fetchall()
     return int(after - before)
 
@@ -696,13 +696,15 @@ def test_a_new_publish_loop_starts_its_claims_at_the_floor_of_the_loop_it_reliev
             thread = threading.Thread(target=lambda: done.append(first.run(1, grace_s=60)), daemon=True)
             thread.start()
             deadline = time.monotonic() + 30
-            while (recorded := probe.loop_claim_state_alive(5)) is None or first.published_so_far() < 2_000:
+            while (recorded := probe.loops.claim_state_alive(5)) is None or first.published_so_far() < 2_000:
                 assert time.monotonic() < deadline, "the running loop recorded no floor"
                 time.sleep(0.1)
             second = Publisher(Deployment.load(settings), store_b)
             floors: list[datetime | None] = []
-            claim_due = store_b.claim_due
-            store_b.claim_due = lambda limit, floor=None: floors.append(floor) or claim_due(limit, floor)  # type: ignore[method-assign]
+            claim_due = store_b.queue.claim_due
+            store_b.queue.claim_due = lambda limit, floor=None: (
+                floors.append(floor) or claim_due(limit, floor)
+            )  # type: ignore[method-assign]
             hour_ago = str(int(time.time() * 1000) - 3_600_000)
             loop.send([{"key": b"late", "value": b"v", "headers": hdr(destination=loop.dest, at=hour_ago)}])
             loop.ingest(1)
@@ -819,10 +821,10 @@ def test_a_round_marks_its_jobs_by_id_however_large_the_backlog_its_statistics_d
         conn.execute("ANALYZE retry_jobs")  # statistics: hardly any (or no) job pending
         conn.execute(_JOBS, {"partition": 2, "dest": loop.dest, "count": 60_000, "status": "pending"})
     with loop.store() as store, store.conn.transaction(force_rollback=True):
-        rows = store.claim_due(300)
+        rows = store.queue.claim_due(300)
         [(before,)] = store.conn.execute(_ROWS_READ).fetchall()
-        marked = store.mark_published([(row.id, int(time.time() * 1000)) for row in rows[:200]])
-        invalid = store.mark_invalid([(row.id, "no such partition") for row in rows[200:]])
+        marked = store.queue.mark_published([(row.id, int(time.time() * 1000)) for row in rows[:200]])
+        invalid = store.queue.mark_invalid([(row.id, "no such partition") for row in rows[200:]])
         [(after,)] = store.conn.execute(_ROWS_READ).fetchall()
     assert len(rows) == 300 and marked == 200 and invalid == 100
     # (the counter may still hold the claim's own 300 entries)
@@ -842,9 +844,9 @@ def test_dead_jobs_are_leased_and_marked_sent_by_id_however_many_their_statistic
     # One transaction around both (the counters are the transaction's).
     with loop.store() as store, store.conn.transaction(force_rollback=True):
         [(before,)] = store.conn.execute(_ROWS_READ).fetchall()
-        rows = store.claim_dead(300, 30_000, "w")
+        rows = store.queue.claim_dead(300, 30_000, "w")
         [(leased,)] = store.conn.execute(_ROWS_READ).fetchall()
-        marked = store.mark_dlq_published([(row.id, int(time.time() * 1000)) for row in rows])
+        marked = store.queue.mark_dlq_published([(row.id, int(time.time() * 1000)) for row in rows])
         [(after,)] = store.conn.execute(_ROWS_READ).fetchall()
     assert len(rows) == marked == 300
     # The lease reads the 300 oldest dead jobs' entries (twice at most: the index, then by id).
@@ -883,7 +885,7 @@ def test_the_publish_loop_keeps_the_published_at_index_summarized_while_a_snapsh
                     publisher.run(60, should_stop=lambda: publisher.published_so_far() >= 6_000)
                 finally:
                     publisher.close()
-                late = store.lateness(3_600)
+                late = store.readings.lateness(3_600)
             after = _unsummarized_ranges(other)
             [(filled,)] = other.execute(
                 "SELECT pg_relation_size('retry_published_jobs') / current_setting('block_size')::int / 16"
@@ -927,7 +929,7 @@ def test_the_publish_loop_vacuums_retry_jobs_where_autovacuum_does_not(loop: Loo
     loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=ago)}] * 12_000)
     loop.ingest(12_000)
     with loop.store() as store:
-        assert store.vacuum_need()[0] is False, "autovacuum does not cover the table"
+        assert store.queue.vacuum_need()[0] is False, "autovacuum does not cover the table"
         publisher = Publisher(Deployment.load(loop.settings), store)
         assert publisher.vacuum is not None
         vacuum = publisher.vacuum
@@ -972,19 +974,21 @@ def test_the_self_vacuum_does_not_repeat_while_a_held_snapshot_keeps_the_dead_ro
             conn.execute("UPDATE retry_jobs SET attempt = attempt + 1")  # 15 000 dead rows, all still visible
             _flush_statistics(conn)
             with loop.store() as store:
-                assert vacuum.tick(store), "15 000 dead rows and no autovacuum: a VACUUM"
+                assert vacuum.tick(store.queue), "15 000 dead rows and no autovacuum: a VACUUM"
                 vacuum.close(60)
                 now[0] += 3600
-                assert not vacuum.tick(store), "nothing could be removed: no VACUUM again for the same rows"
+                assert not vacuum.tick(store.queue), (
+                    "nothing could be removed: no VACUUM again for the same rows"
+                )
                 for _ in range(2):  # three times as many dead rows now, none removable either
                     conn.execute("UPDATE retry_jobs SET attempt = attempt + 1")
                 _flush_statistics(conn)
                 now[0] += 3600
-                assert not vacuum.tick(store), "the same snapshot is held: still nothing to remove"
+                assert not vacuum.tick(store.queue), "the same snapshot is held: still nothing to remove"
             report.rollback()
         with loop.store() as store:
             now[0] += 3600
-            assert vacuum.tick(store), "the snapshot ended: this one removes them"
+            assert vacuum.tick(store.queue), "the snapshot ended: this one removes them"
             vacuum.close(60)
         [(dead,)] = conn.execute(
             "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'retry_jobs'"

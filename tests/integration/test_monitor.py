@@ -104,11 +104,11 @@ def make_job(
 def publish_all(store: Store, late_s: float) -> int:
     """Mark every due job published ``late_s`` seconds after its due time."""
     with store.conn.transaction():
-        rows = store.claim_due(1000)
+        rows = store.queue.claim_due(1000)
         due = dict(
             store.conn.execute("SELECT id, (extract(epoch FROM due_at) * 1000)::bigint FROM retry_jobs_all")
         )
-        return store.mark_published([(r.id, due[r.id] + int(late_s * 1000)) for r in rows])
+        return store.queue.mark_published([(r.id, due[r.id] + int(late_s * 1000)) for r in rows])
 
 
 def alert_rows(database_url: str) -> dict[str, dict[str, Any]]:

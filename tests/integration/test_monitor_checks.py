@@ -42,7 +42,7 @@ ONLY = Thresholds(
 
 
 def lag_reader(settings: Settings, timeout_s: float = 10.0):
-    return lambda store: ingest_lag(settings, store.ingest_offsets(settings.consumer_group), timeout_s)
+    return lambda store: ingest_lag(settings, store.queue.ingest_offsets(settings.consumer_group), timeout_s)
 
 
 def test_records_not_ingested_yet_are_the_lag_from_postgresql_s_offsets_else_the_group_s(

@@ -212,8 +212,8 @@ def test_a_stuck_chain_is_seen_alerted_and_released_by_an_operator(
     assert publish_round(loop) == 1  # C's head goes out; its consumer never releases C
     with Store(loop.settings.database_url) as store:
         chains = {c.chain: c for c in held_chains(store.conn)}
-        assert store.status_of_holds().stuck == 1
-        raw = store.monitor_reading(300)
+        assert store.readings.status_of_holds().stuck == 1
+        raw = store.readings.monitor_reading(300)
     assert (chains["C"].state, chains["C"].head, chains["C"].head_pending, chains["C"].stuck) == (
         "blocked", "r1", False, True
     )  # fmt: skip
@@ -248,7 +248,7 @@ def test_a_stuck_chain_is_seen_alerted_and_released_by_an_operator(
     ]  # fmt: skip
     assert [(m.value, m.header(p.CHAIN_STATE)) for m in seen if m.key == b"j"] == [(b"v12", "dead:r2")]
     with Store(url) as store:
-        assert held_chains(store.conn) == [] and store.status_of_holds().stuck == 0
+        assert held_chains(store.conn) == [] and store.readings.status_of_holds().stuck == 0
         audit = store.conn.execute(
             "SELECT action, actor, matched, skipped FROM retry_dlq_audit ORDER BY id"
         ).fetchall()
@@ -319,7 +319,7 @@ def test_chains_are_forgotten_a_week_after_nothing_waits_in_them(loop: Loop) -> 
             "UPDATE retry_released_holds SET released_at = now() - interval '8 days' WHERE blocker <> 'new'"
         )
         store.conn.commit()
-        assert store.forget_released_holds(7 * 86400) == 2
+        assert store.queue.forget_released_holds(7 * 86400) == 2
         left = sorted(row[0] for row in store.conn.execute("SELECT blocker FROM retry_released_holds"))
     assert left == ["P", "Q", "new"]  # P: its head pending; Q: a record held in it; new: a day old
 
@@ -339,13 +339,13 @@ def test_one_due_job_per_chain_is_a_rule_the_database_enforces(loop: Loop) -> No
                 "UPDATE retry_jobs SET due_at = '9999-12-31 00:00:00+00' WHERE held_by = 'C'"
             )
             publisher.conn.execute("DELETE FROM retry_jobs WHERE held_by = 'C' AND original_offset = 3")
-            assert publisher.advance_holds(["C"]) == 1  # #4
+            assert publisher.queue.advance_holds(["C"]) == 1  # #4
             done = threading.Event()
             stored: list[object] = []
 
             def store_parked() -> None:  # the ingest: #2, parked again (a lower offset), meanwhile
                 row = parked_row(loop, 2, "C")
-                stored.append(ingest.insert_rows([row]))
+                stored.append(ingest.queue.insert_rows([row]))
                 done.set()
 
             thread = threading.Thread(target=store_parked)

@@ -205,16 +205,16 @@ class Scheduler:
         if not kill:
             self.publisher.publish_once()
             return
-        real = self.publish_store.mark_published
+        real = self.publish_store.queue.mark_published
 
         def acknowledged_then_killed(*args: Any, **kwargs: Any) -> Any:
             raise Crash("publisher killed after the broker acknowledged its round")
 
-        self.publish_store.mark_published = acknowledged_then_killed  # type: ignore[method-assign]
+        self.publish_store.queue.mark_published = acknowledged_then_killed  # type: ignore[method-assign]
         try:
             self.publisher.publish_once()
         finally:
-            self.publish_store.mark_published = real  # type: ignore[method-assign]
+            self.publish_store.queue.mark_published = real  # type: ignore[method-assign]
 
     def close(self) -> None:
         for close in (

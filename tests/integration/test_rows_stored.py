@@ -40,7 +40,7 @@ def test_every_built_row_is_stored_as_built(database_url: str) -> None:
                 return  # a release record: it stores no job
             check_storable(row)
             row = row._replace(source_offset=next(offsets))
-            assert store.insert_rows([row]) == [row.dead_reason]  # stored, not refused, not skipped
+            assert store.queue.insert_rows([row]) == [row.dead_reason]  # stored, not refused, not skipped
             got = reader.execute(
                 "SELECT msg_key, msg_value, headers, status::text, dead_reason, reason, retry_id, destination "
                 "FROM retry_jobs_all WHERE source_topic = %s AND source_offset = %s",

@@ -42,7 +42,7 @@ def test_failing_consumer_retries_then_dead_letters(
         ingestor = Ingestor(Deployment(settings, registry), store)
         publisher = Publisher(Deployment.load(settings), Store(database_url))
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and store.status().counts.get("dead", 0) == 0:
+        while time.monotonic() < deadline and store.readings.status().counts.get("dead", 0) == 0:
             for msg in app.consume(10, 0.5):
                 if msg.error():
                     continue

@@ -65,6 +65,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (23, "0023_replay_approval"),
         (24, "0024_destination_breakers"),
         (25, "0025_refused_approval"),
+        (26, "0026_lateness"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(
@@ -123,14 +124,14 @@ def test_a_record_read_again_after_its_job_was_published_is_not_stored_twice(dat
 
     def ingest(*offsets: int) -> list[str | None]:  # as the ingest loop stores a batch
         rows = [make_job(o).copy_row() for o in offsets]
-        return store.insert_rows(rows, consumer_group="g", offsets={("retry", 0): max(offsets) + 1})
+        return store.queue.insert_rows(rows, consumer_group="g", offsets={("retry", 0): max(offsets) + 1})
 
     with Store(database_url) as store:
         assert ingest(1) == [None]
         with store.conn.transaction():
-            [row] = store.claim_due(10)
-            assert store.mark_published([(row.id, int(time.time() * 1000))]) == 1
-        assert store.ingested_record_timestamp("retry", 0, 1) == make_job(1).source_timestamp_ms
+            [row] = store.queue.claim_due(10)
+            assert store.queue.mark_published([(row.id, int(time.time() * 1000))]) == 1
+        assert store.queue.ingested_record_timestamp("retry", 0, 1) == make_job(1).source_timestamp_ms
         # Read again from below the offset stored with the rows (Kafka's offsets lost, say): only
         # the new record is stored.
         assert ingest(1, 2) == [None]
@@ -152,8 +153,8 @@ def test_invalid_status_transitions_fail_loudly(database_url: str) -> None:
     with Store(database_url) as store:
         insert_jobs(store, [make_job(1)])
         with store.conn.transaction():
-            [row] = store.claim_due(10)
-            store.mark_published([(row.id, int(time.time() * 1000))])
+            [row] = store.queue.claim_due(10)
+            store.queue.mark_published([(row.id, int(time.time() * 1000))])
     with (
         psycopg.connect(database_url) as conn,
         pytest.raises(psycopg.errors.CheckViolation, match="retry_published_jobs_published"),
@@ -174,13 +175,13 @@ def test_claims_skip_future_jobs_and_jobs_another_publisher_holds(database_url: 
     with Store(database_url) as a, Store(database_url) as b:
         insert_jobs(a, [make_job(1), make_job(2, due_ms=future)])
         with a.conn.transaction():
-            first = a.claim_due(10)
+            first = a.queue.claim_due(10)
             assert [r.retry_id for r in first] == ["id-1"]
             with b.conn.transaction():
-                assert b.claim_due(10) == []  # locked by a, the other not due
+                assert b.queue.claim_due(10) == []  # locked by a, the other not due
             raise psycopg.Rollback()  # as when a's publisher dies before its mark: the job is free again at once
         with b.conn.transaction():
-            assert [r.retry_id for r in b.claim_due(10)] == ["id-1"]
+            assert [r.retry_id for r in b.queue.claim_due(10)] == ["id-1"]
 
 
 def test_a_claim_reads_the_due_jobs_only_in_due_order_whatever_the_statistics(database_url: str) -> None:
@@ -200,7 +201,7 @@ def test_a_claim_reads_the_due_jobs_only_in_due_order_whatever_the_statistics(da
         store.conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
 
         with store.conn.transaction():
-            claimed = store.claim_due(2_000)
+            claimed = store.queue.claim_due(2_000)
             raise psycopg.Rollback()
         assert [r.retry_id for r in claimed] == [f"id-{i}" for i in range(10)]  # oldest due first
         store.conn.execute("SELECT current_setting('enable_sort')")  # (the transaction ended: as configured)
@@ -251,13 +252,13 @@ def test_the_wait_after_a_claim_reads_from_the_claim_on_not_the_published_jobs_b
         insert_jobs(store, [make_job(i, due_ms=now - 60_000 + i) for i in range(3_000)])
         holder.execute("SELECT txid_current()")
         with store.conn.transaction():
-            claimed = store.claim_due(5_000)
-            store.mark_published([(r.id, now) for r in claimed])
+            claimed = store.queue.claim_due(5_000)
+            store.queue.mark_published([(r.id, now) for r in claimed])
         assert len(claimed) == 3_000
         insert_jobs(store, [make_job(10_000, due_ms=now + 3_600_000)])  # due in an hour
         with store.conn.transaction():
-            assert store.claim_due(5_000) == []
-        after = store.claimed_up_to
+            assert store.queue.claim_due(5_000) == []
+        after = store.queue.claimed_up_to
         assert after is not None
 
         for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
@@ -267,13 +268,13 @@ def test_the_wait_after_a_claim_reads_from_the_claim_on_not_the_published_jobs_b
             store.conn.execute(setting)  # type: ignore[arg-type]
         notices: list[str] = []
         store.conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-        plain = store.seconds_until_next_due()
-        bounded = store.seconds_until_next_due(after=after)
+        plain = store.queue.seconds_until_next_due()
+        bounded = store.queue.seconds_until_next_due(after=after)
         assert plain is not None and bounded is not None and 3_500 < bounded <= plain + 1 < 3_602
 
         # A job falling due between the claim and the read is found: the publisher goes round at once.
         insert_jobs(store, [make_job(10_001, due_ms=int(after.timestamp() * 1000) + 1)])
-        late = store.seconds_until_next_due(after=after)
+        late = store.queue.seconds_until_next_due(after=after)
         assert late is not None and late < 0
 
     plans = [json.loads(n[n.index("{") :]) for n in notices if "clock_timestamp()" in n]
@@ -321,8 +322,8 @@ def test_jobs_claimed_and_marked_in_one_transaction_are_not_left_with_multixact_
     with Store(database_url) as store, psycopg.connect(database_url, autocommit=True) as admin:
         insert_jobs(store, [make_job(i) for i in range(50)])
         with store.conn.transaction():  # as Publisher.publish_once does
-            claimed = store.claim_due(1_000)
-            assert store.mark_published([(r.id, int(time.time() * 1000)) for r in claimed]) == 50
+            claimed = store.queue.claim_due(1_000)
+            assert store.queue.mark_published([(r.id, int(time.time() * 1000)) for r in claimed]) == 50
         assert multixact_deleters(admin) == 0
 
         # The check sees them where they are: the same two steps, each in a savepoint of its own.
@@ -342,21 +343,21 @@ def test_jobs_claimed_and_marked_in_one_transaction_are_not_left_with_multixact_
 def test_a_publisher_stuck_in_its_transaction_lets_its_jobs_go_after_the_lease(database_url: str) -> None:
     with Store(database_url) as stuck, Store(database_url) as other:
         insert_jobs(stuck, [make_job(1)])
-        stuck.limit_idle_transactions(300)
+        stuck.queue.limit_idle_transactions(300)
         stuck.conn.execute("SELECT 'a transaction begins'")
-        assert len(stuck.claim_due(10)) == 1
+        assert len(stuck.queue.claim_due(10)) == 1
         with other.conn.transaction():
-            assert other.claim_due(10) == []
+            assert other.queue.claim_due(10) == []
         time.sleep(1.0)  # the stuck session is ended by the server
         with other.conn.transaction():
-            assert [r.retry_id for r in other.claim_due(10)] == ["id-1"]
+            assert [r.retry_id for r in other.queue.claim_due(10)] == ["id-1"]
         with pytest.raises(psycopg.Error, match="idle-in-transaction timeout"):
             stuck.conn.execute("SELECT 1")
 
 
 def test_claim_due_refuses_to_run_outside_a_transaction(database_url: str) -> None:
     with Store(database_url) as store, pytest.raises(StoreError, match="inside a transaction"):
-        store.claim_due(10)
+        store.queue.claim_due(10)
 
 
 def test_status_json_counts_by_status(

@@ -39,7 +39,7 @@ def test_the_lateness_read_never_reads_the_whole_table(database_url: str) -> Non
     )
     with Store(database_url) as store, store.conn.transaction():
         before = store.conn.execute(plan_settings).fetchone()
-        late = store.lateness(60)
+        late = store.readings.lateness(60)
         (seq_scans, index_scans) = store.conn.execute(
             "SELECT coalesce(seq_scan, 0), coalesce(idx_scan, 0) FROM pg_stat_xact_user_tables "
             "WHERE relname = 'retry_published_jobs'"

@@ -808,7 +808,7 @@ def test_jobs_of_a_destination_whose_breaker_is_open_are_left_to_the_publish_loo
         insert_jobs(
             store, [make_job(i, orders) for i in range(4)] + [make_job(10 + i, payments) for i in range(3)]
         )
-        store.set_breakers([payments], "open", "its consumer fails everything", "test")
+        store.breakers.set_states([payments], "open", "its consumer fails everything", "test")
     dry = run(database_url, bootstrap_servers, "--dry-run")
     assert (dry["selected"], dry["held_by_breaker"]) == (4, {payments: 3})
     result = run(database_url, bootstrap_servers)

@@ -172,10 +172,12 @@ class Recorder:
     def list_topics(self, timeout: float) -> Any:
         return type("Meta", (), {"topics": {}})()
 
-    # store
+    # store, and its parts
     @property
     def conn(self) -> Recorder:
         return self
+
+    queue = breakers = slots = loops = readings = conn
 
     def listen_overdue(self) -> Recorder:  # the store's notices of overdue jobs: none here
         return self

@@ -195,6 +195,6 @@ def run_monitor_task(settings: Settings | None = None) -> dict[str, Any]:
         settings.database_url,
         thresholds,
         channels,
-        lag=lambda store: ingest_lag(settings, store.ingest_offsets(settings.consumer_group)),
+        lag=lambda store: ingest_lag(settings, store.queue.ingest_offsets(settings.consumer_group)),
         letters=(lambda store: read_letters(settings, store)) if settings.adopt_topics else None,
     )

@@ -17,8 +17,8 @@ def _cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 
     registry = Deployment.load(settings).policies
     with Store(settings.database_url) as store:
-        known = [d for d in store.known_destinations() if registry.has_breaker(d)]
-        listed = store.breakers(known)
+        known = [d for d in store.queue.known_destinations() if registry.has_breaker(d)]
+        listed = store.breakers.statuses(known)
     if args.json:
         print(json.dumps([b.as_dict() for b in listed], indent=2))
         return 0
@@ -62,7 +62,7 @@ def _cmd_set(args: argparse.Namespace, settings: Settings) -> int:
     who = f"cli:{getpass.getuser()}"
     why = f"{'opened' if state == 'open' else 'closed'} by {who}" + (f": {args.why}" if args.why else "")
     with Store(settings.database_url) as store:
-        done = store.set_breakers(args.destinations, state, why, who)
+        done = store.breakers.set_states(args.destinations, state, why, who)
     out: dict[str, Any] = {"state": state, "destinations": done}
     print(json.dumps(out, indent=2) if args.json else f"{len(done)} breaker(s) {state}: {', '.join(done)}")
     return 0

@@ -39,8 +39,8 @@ def status_report(settings: Settings, destination: str | None, window_s: int) ->
     from retry_scheduler.db.store import Store
 
     with Store(settings.database_url) as store:
-        reading = store.status(destination=destination, window_s=window_s)
-        breakers = store.breakers([destination] if destination else ())
+        reading = store.readings.status(destination=destination, window_s=window_s)
+        breakers = store.breakers.statuses([destination] if destination else ())
     late, holds, overdue, vacuum = reading.lateness, reading.holds, reading.oldest_overdue, reading.vacuum
     report: dict[str, Any] = {s.value: reading.counts.get(s.value, 0) for s in Status}
     report["held"] = holds.held

@@ -72,12 +72,22 @@ def breaker_statuses(conn: psycopg.Connection[Any], destinations: Sequence[str] 
     ]
 
 
+def count_came_back(cur: psycopg.Cursor[Any], came_back: Sequence[tuple[str, str]]) -> None:
+    """Add the records come back (``(destination, retry id)``), in the ingest's transaction."""
+    if came_back:
+        cur.execute(
+            q("breaker_count_back"),
+            {"destinations": [c[0] for c in came_back], "retry_ids": [c[1] for c in came_back]},
+        )
+
+
 class BreakerRecords:
     """The breakers' rows and the jobs they hold, through the store's connection ``conn``."""
 
-    conn: psycopg.Connection[Any]
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
 
-    def breaker_states(self, destinations: Sequence[str]) -> dict[str, tuple[str, int | None]]:
+    def states(self, destinations: Sequence[str]) -> dict[str, tuple[str, int | None]]:
         """Of ``destinations``, those whose breaker is not closed: its state and probe job."""
         if not destinations:
             return {}
@@ -109,7 +119,7 @@ class BreakerRecords:
         with joined(self.conn):
             return [str(r[0]) for r in self.conn.execute(q("breaker_held_destinations")).fetchall()]
 
-    def lock_breakers(self, destinations: Sequence[str]) -> list[tuple[BreakerRow, bool]]:
+    def lock(self, destinations: Sequence[str]) -> list[tuple[BreakerRow, bool]]:
         """The breaker rows of ``destinations``, locked until the caller's transaction ends, each with
         whether it holds jobs."""
         require_transaction(self.conn, "lock_breakers")
@@ -142,7 +152,7 @@ class BreakerRecords:
             for r in rows
         ]
 
-    def save_breaker(self, row: BreakerRow) -> None:
+    def save(self, row: BreakerRow) -> None:
         values = asdict(row)
         values.pop("probe_published_at")
         values.pop("probe_error")
@@ -164,19 +174,11 @@ class BreakerRecords:
                 },
             )
 
-    def count_came_back(self, cur: psycopg.Cursor[Any], came_back: Sequence[tuple[str, str]]) -> None:
-        """Add the records come back (``(destination, retry id)``), in the ingest's transaction."""
-        if came_back:
-            cur.execute(
-                q("breaker_count_back"),
-                {"destinations": [c[0] for c in came_back], "retry_ids": [c[1] for c in came_back]},
-            )
-
-    def breakers(self, destinations: Sequence[str] = ()) -> list[BreakerStatus]:
+    def statuses(self, destinations: Sequence[str] = ()) -> list[BreakerStatus]:
         """Every breaker not closed or still holding jobs, and those of ``destinations``."""
         return breaker_statuses(self.conn, destinations)
 
-    def set_breakers(self, destinations: Sequence[str], state: str, reason: str, by: str) -> list[str]:
+    def set_states(self, destinations: Sequence[str], state: str, reason: str, by: str) -> list[str]:
         """Open (``by`` an operator: it stays open until closed by hand) or close breakers by hand
         (``breakers open|close``); the destinations set."""
         with self.conn.transaction():

@@ -25,8 +25,9 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from retry_scheduler.core import protocol
+from retry_scheduler.db.readings import HELD_DUE_AT
 from retry_scheduler.db.schema import q
-from retry_scheduler.db.store import HELD_DUE_AT, Store
+from retry_scheduler.db.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ def release_chains(
             named = sorted({h for h in heads.values() if h != protocol.CHAIN_ANY_HEAD})
             params = {"heads": named, "dead_reason": dead_reason, "why": why}
             dead = sorted(row[0] for row in store.conn.execute(q("give_up_heads"), params).fetchall())
-            store.advance_holds([], dead_chains=heads)
+            store.queue.advance_holds([], dead_chains=heads)
         if actor is not None:
             store.conn.execute(
                 q("chains_audit"),

@@ -51,16 +51,17 @@ class IngestLock:
 class LoopRecords:
     """A loop's heartbeat and handover state, written and read through the store's connection ``conn``."""
 
-    conn: psycopg.Connection[Any]
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
 
-    def loop_heartbeat(self, worker: str, kind: str) -> datetime:
+    def heartbeat(self, worker: str, kind: str) -> datetime:
         """Record that loop ``worker`` is alive; returns when it started."""
         with self.conn.transaction():
             row = self.conn.execute(q("loop_heartbeat"), {"worker": worker, "kind": kind}).fetchone()
         assert row is not None
         return cast(datetime, row[0])
 
-    def loop_claim_state(self, worker: str, floor: datetime, sweep_in_s: float) -> None:
+    def claim_state(self, worker: str, floor: datetime, sweep_in_s: float) -> None:
         """Record publish loop ``worker``'s claim floor and the seconds until its next sweep, for the
         loop that relieves it (:meth:`loop_claim_state_alive`)."""
         with self.conn.transaction():
@@ -68,7 +69,7 @@ class LoopRecords:
                 q("loop_claim_state"), {"worker": worker, "floor": floor, "sweep_in_s": sweep_in_s}
             )
 
-    def loop_claim_state_alive(self, alive_s: float) -> tuple[datetime, float] | None:
+    def claim_state_alive(self, alive_s: float) -> tuple[datetime, float] | None:
         """The lowest claim floor of the publish loops alive (a heartbeat within ``alive_s``) and the
         seconds until the soonest of their sweeps (negative: overdue); None when none recorded one."""
         with self.conn.transaction():
@@ -77,13 +78,13 @@ class LoopRecords:
             return None
         return cast(datetime, row[0]), float(row[1])
 
-    def loop_relieved(self, worker: str, kind: str, started_at: datetime, alive_s: float) -> bool:
+    def relieved(self, worker: str, kind: str, started_at: datetime, alive_s: float) -> bool:
         """Whether a loop of ``kind`` started after ``started_at`` is alive."""
         params = {"worker": worker, "kind": kind, "started_at": started_at, "alive_s": alive_s}
         with self.conn.transaction():
             row = self.conn.execute(q("loop_relieved"), params).fetchone()
         return bool(row and row[0])
 
-    def loop_finish(self, worker: str) -> None:
+    def finish(self, worker: str) -> None:
         with self.conn.transaction():
             self.conn.execute(q("loop_finish"), {"worker": worker})

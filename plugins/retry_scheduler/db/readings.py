@@ -155,7 +155,8 @@ def _overdue(row: Sequence[Any] | None) -> Overdue | None:
 class Readings:
     """Status, gauges and monitor figures read through the store's connection ``conn``."""
 
-    conn: psycopg.Connection[Any]
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
 
     def status(self, destination: str | None = None, window_s: int = 300) -> StatusReading:
         """Counts by status, the pending jobs held (ordered mode), dead jobs by reason, the oldest overdue

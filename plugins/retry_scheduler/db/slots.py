@@ -20,7 +20,8 @@ class DestinationSlots:
     """The slots of rate-limited destinations, through the store's connection ``conn``, inside the
     publish round's transaction (its claim's locks)."""
 
-    conn: psycopg.Connection[Any]
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
 
     def _in_round(self, what: str) -> None:
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from retry_scheduler.db.connection import connect
-from retry_scheduler.db.store import Store
+from retry_scheduler.db.queue import Queue
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +54,14 @@ class SelfVacuum:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def tick(self, store: Store) -> bool:
+    def tick(self, queue: Queue) -> bool:
         """Called between publish rounds; every :data:`CHECK_EVERY_S` at most, reads the table's state
-        on ``store`` (one statistics read) and starts a VACUUM when one is due. True when it did."""
+        on ``queue`` (one statistics read) and starts a VACUUM when one is due. True when it did."""
         now = self.clock()
         if now - self._checked_at < CHECK_EVERY_S or now < self._not_before or self.running():
             return False
         self._checked_at = now
-        covered, dead, live, horizon = store.vacuum_need()
+        covered, dead, live, horizon = queue.vacuum_need()
         held = horizon is not None and horizon == self._horizon  # the same old snapshot: still held
         if covered or held or dead <= DEAD_ROWS_MIN + DEAD_SHARE * live:
             return False

@@ -8,7 +8,7 @@ held by a breaker since taken out of the declarations are let go):
   open are held: pending, attempts unspent, kept out of the claim until the breaker lets them go
   (``breaker_hold``); while it probes, only its probe goes out;
 - after a round, the records it sent to destinations with a breaker and the deliveries that failed
-  are added to their rows (the ingest adds the records that come back, ``Store.insert_rows``);
+  are added to their rows (the ingest adds the records that come back, ``Queue.insert_rows``);
 - every :data:`TICK_S`, the loop (not its helpers) moves each breaker as
   :func:`~retry_scheduler.core.breakers.step` says: opens it, lets its probe out after the cool-down,
   closes it and lets its held jobs go (:data:`LET_GO_BATCH` a tick, the oldest due first).
@@ -30,7 +30,8 @@ from retry_scheduler.core.breakers import CLOSED, LET_ALL_GO, LET_PROBE_OUT, OPE
 from retry_scheduler.core.declarations import DestinationRules
 from retry_scheduler.core.jobs import OutgoingRow
 from retry_scheduler.core.metrics import Metrics, NoMetrics
-from retry_scheduler.db.store import Store
+from retry_scheduler.db.breakers import BreakerRecords
+from retry_scheduler.db.queue import Queue
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +52,15 @@ class DestinationBreakers:
     def __init__(
         self,
         rules: Callable[[str], DestinationRules],
-        store: Store,
+        records: BreakerRecords,
+        queue: Queue,
         *,
         any_breaker: bool = True,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
     ) -> None:
         self._rules = rules
-        self.store = store
+        self.records, self.queue = records, queue
         self.any_breaker = any_breaker
         self.clock = clock
         self.metrics: Metrics = metrics or NoMetrics()
@@ -73,7 +75,7 @@ class DestinationBreakers:
         if not self.any_breaker or not rows:
             return rows, 0
         covered = sorted({r.destination for r in rows if r.destination and self.covers(r.destination)})
-        states = self.store.breaker_states(covered)
+        states = self.records.states(covered)
         if not states:
             return rows, 0
         held = [
@@ -83,7 +85,7 @@ class DestinationBreakers:
         ]
         if not held:
             return rows, 0
-        self.store.hold_jobs(held)
+        self.records.hold_jobs(held)
         faults.checkpoint("publish.held")
         holding = set(held)
         return [row for row in rows if row.id not in holding], len(held)
@@ -103,17 +105,17 @@ class DestinationBreakers:
                 if d and self.covers(d):
                     counts.setdefault(d, [0, 0])[slot] += 1
         if counts:
-            self.store.count_sent({d: (c[0], c[1]) for d, c in counts.items()})
+            self.records.count_sent({d: (c[0], c[1]) for d, c in counts.items()})
 
     def _let_orphans_go(self) -> None:
         """Jobs held for a destination whose breaker is no longer declared (taken out while open) go:
         nothing else would ever let them go."""
-        orphans = [d for d in self.store.held_destinations() if not self.covers(d)]
+        orphans = [d for d in self.records.held_destinations() if not self.covers(d)]
         if not orphans:
             return
-        self.store.set_breakers(orphans, CLOSED, "its breaker is no longer declared", "")
+        self.records.set_states(orphans, CLOSED, "its breaker is no longer declared", "")
         for destination in orphans:
-            gone = self.store.let_go(destination, LET_GO_BATCH)
+            gone = self.records.let_go(destination, LET_GO_BATCH)
             log.warning(
                 "%s job(s) held for %s go: its breaker is no longer declared",
                 len(gone),
@@ -135,28 +137,28 @@ class DestinationBreakers:
         self._let_orphans_go()
         if not self.any_breaker:
             return []
-        covered = [d for d in self.store.known_destinations() if self.covers(d)]
+        covered = [d for d in self.queue.known_destinations() if self.covers(d)]
         if not covered:
             return []
         now = datetime.fromtimestamp(self.clock(), UTC)
         changes: list[tuple[str, str, str | None]] = []
-        with self.store.conn.transaction():
-            for row, holds in self.store.lock_breakers(covered):
+        with self.records.conn.transaction():
+            for row, holds in self.records.lock(covered):
                 breaker = self._rules(row.destination).breaker
                 assert breaker is not None
                 new, action = step(row, breaker, now)
                 if action == LET_PROBE_OUT:
-                    probe = self.store.let_go(row.destination, 1)
+                    probe = self.records.let_go(row.destination, 1)
                     if probe:
                         new = replace(new, probe_job=probe[0][0], probe_retry_id=probe[0][1], probe_at=now)
                         log.info("breaker of %s: probe %s goes out", row.destination, probe[0][1])
                 if new.state == CLOSED and (action == LET_ALL_GO or holds):
-                    gone = self.store.let_go(row.destination, LET_GO_BATCH)
+                    gone = self.records.let_go(row.destination, LET_GO_BATCH)
                     if gone:
                         faults.checkpoint("breaker.let_go")
                         log.info("breaker of %s closed: %s held job(s) go", row.destination, len(gone))
                 if new != row:
-                    self.store.save_breaker(new)
+                    self.records.save(new)
                 if new.state != row.state:
                     changes.append((row.destination, new.state, new.reason))
         for destination, state, reason in changes:
@@ -169,7 +171,7 @@ class DestinationBreakers:
                 log.info("breaker of %s probing: its cool-down is over", destination)
         if not isinstance(self.metrics, NoMetrics):
             try:
-                listed = self.store.breakers()
+                listed = self.records.statuses()
             except Exception as exc:  # metrics never stop the loop
                 log.warning("breakers' gauges skipped: %s: %s", type(exc).__name__, exc)
             else:

@@ -62,7 +62,7 @@ class ClaimFloors:
         self._lane_floors: dict[str, datetime | None] = {}
         self._lanes_read_at = float("-inf")  # monotonic: when it last read retry_destinations
         #: Jobs stored below the floor, told by the batches that stored them (LISTEN/NOTIFY).
-        self._overdue = self.store.listen_overdue()
+        self._overdue = self.store.queue.listen_overdue()
 
     @property
     def floor(self) -> datetime | None:
@@ -125,7 +125,7 @@ class ClaimFloors:
             return
         self._shared_at = time.monotonic()
         sweep_in_s = min(p._sweep_after for p in publishers) - time.monotonic()
-        self.store.loop_claim_state(self._tenure.worker, min(floors), sweep_in_s)
+        self.store.loops.claim_state(self._tenure.worker, min(floors), sweep_in_s)
 
     def _after_claim(self, floor: datetime | None, rows: list[OutgoingRow], began: float) -> None:
         """Move the floor to where this claim left nothing claimable behind; time the next sweep."""
@@ -135,7 +135,7 @@ class ClaimFloors:
         if len(rows) < self.settings.publish_batch:
             # Every job due by the claim's start was claimed, is another publisher's, or waits out
             # a backoff.
-            mark = self.store.claimed_up_to
+            mark = self.store.queue.claimed_up_to
         else:
             # Full: every job due before the last one claimed was claimed or is someone else's.
             mark = max((row.due_at for row in rows if row.due_at is not None), default=None)
@@ -156,14 +156,14 @@ class ClaimFloors:
         for row in claimed:
             if row.destination:
                 self._lane_floors.setdefault(row.destination, None)
-        began = self.store.claimed_up_to
+        began = self.store.queue.claimed_up_to
         if len(claimed) < self.settings.publish_batch or began is None:
             return []
         newest = max((row.due_at for row in claimed if row.due_at is not None), default=None)
         if newest is None or newest > began - LANE_BEHIND:
             return []
         if time.monotonic() - self._lanes_read_at >= LANE_REFRESH_S:
-            for destination in self.store.known_destinations():
+            for destination in self.store.queue.known_destinations():
                 self._lane_floors.setdefault(destination, None)
             self._lanes_read_at = time.monotonic()
         served = {row.destination for row in claimed}
@@ -171,7 +171,7 @@ class ClaimFloors:
         if not lanes:
             return []
         quota = max(LANE_MIN_QUOTA, self.settings.publish_batch // len(lanes))
-        rows, lanes_began = self.store.claim_lanes(lanes, quota)
+        rows, lanes_began = self.store.queue.claim_lanes(lanes, quota)
         # SKIP LOCKED does not skip the rows of this very transaction: none is claimed twice because
         # no lane is of a destination that claim served, and this keeps it so.
         ids = {row.id for row in claimed}

@@ -59,10 +59,11 @@ def deployment_gates(
     return [
         DestinationBreakers(
             registry.rules,
-            store,
+            store.breakers,
+            store.queue,
             any_breaker=registry.any("breaker"),
             clock=clock,
             metrics=metrics,
         ),
-        DestinationRateLimits(registry.rules, store, any_limit=registry.any("rate_limit")),
+        DestinationRateLimits(registry.rules, store.slots, any_limit=registry.any("rate_limit")),
     ]

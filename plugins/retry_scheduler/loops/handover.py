@@ -15,7 +15,7 @@ import time
 import uuid
 from datetime import datetime
 
-from retry_scheduler.db.store import Store
+from retry_scheduler.db.loop_records import LoopRecords
 
 log = logging.getLogger(__name__)
 
@@ -31,20 +31,20 @@ def new_worker_id(kind: str) -> str:
 class LoopTenure:
     """The time a loop should run: ``duration_s``, extended by up to ``grace_s`` until relieved."""
 
-    def __init__(self, store: Store, kind: str, duration_s: float, grace_s: float) -> None:
-        self.store, self.kind = store, kind
+    def __init__(self, records: LoopRecords, kind: str, duration_s: float, grace_s: float) -> None:
+        self.records, self.kind = records, kind
         self.worker = new_worker_id(kind)
         self.deadline = time.monotonic() + duration_s
         self.hard_deadline = self.deadline + grace_s
         self._beat_at = 0.0
-        self.started_at: datetime = store.loop_heartbeat(self.worker, kind)
+        self.started_at: datetime = records.heartbeat(self.worker, kind)
         self._extended = False
 
     def beat(self) -> None:
         """Heartbeat, at most once a second."""
         if time.monotonic() - self._beat_at >= BEAT_EVERY_S:
             self._beat_at = time.monotonic()
-            self.store.loop_heartbeat(self.worker, self.kind)
+            self.records.heartbeat(self.worker, self.kind)
 
     def remaining_s(self) -> float:
         return max(0.0, self.hard_deadline - time.monotonic())
@@ -59,7 +59,7 @@ class LoopTenure:
         self.beat()
         if now < self.deadline:
             return True
-        if self.store.loop_relieved(self.worker, self.kind, self.started_at, ALIVE_S):
+        if self.records.relieved(self.worker, self.kind, self.started_at, ALIVE_S):
             if self._extended:
                 log.info("%s loop: relieved by a newer loop", self.kind)
             return False
@@ -69,4 +69,4 @@ class LoopTenure:
         return True
 
     def finish(self) -> None:
-        self.store.loop_finish(self.worker)
+        self.records.finish(self.worker)

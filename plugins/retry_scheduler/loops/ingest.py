@@ -28,10 +28,11 @@ from retry_scheduler.core.durations import format_duration_ms
 from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import CopyRow
 from retry_scheduler.core.metrics import Metrics, NoMetrics
-from retry_scheduler.core.records import RowBuilder, new_retry_id
+from retry_scheduler.core.records import RowBuilder
 from retry_scheduler.db.loop_records import IngestLock
-from retry_scheduler.db.store import RowsRefused, Store
+from retry_scheduler.db.store import Store
 from retry_scheduler.loops.handover import LoopTenure
+from retry_scheduler.loops.ingest_batch import Batch
 from retry_scheduler.loops.ingest_worker import (
     SPARES_AFTER_S,
     SPARES_APART_S,
@@ -99,26 +100,6 @@ class IngestCounts:
 
 class IngestBusyError(RuntimeError):
     """Another ingest loop holds the retry topics; this one got no turn in time."""
-
-
-@dataclass
-class Batch:
-    """Consumed records turned into rows, and the next offset of each partition they came from."""
-
-    rows: list[CopyRow]
-    offsets: dict[tuple[str, int], int]
-    #: Rows whose record timestamp was not trusted (their ingest time counted instead).
-    untrusted_timestamps: int = 0
-    #: Ordered mode: what the batch's records say of their chains, in their order (released, blocked
-    #: or dead; :attr:`~retry_scheduler.core.records.RowBuilder.chain_events`).
-    chain_events: list[tuple[str, str, str | None]] = field(default_factory=list)
-    #: Release records read (they store no job).
-    release_records: int = 0
-    #: The consumed records (confluent-kafka messages): a row PostgreSQL refuses is stored dead in its
-    #: place with the record's headers as they came (:meth:`Ingestor.refused_row`).
-    messages: Sequence[Any] = ()
-    #: Ordered mode: notice rows among ``rows`` (:func:`~retry_scheduler.core.records.notice_of`).
-    notices: int = 0
 
 
 class Ingestor:
@@ -208,7 +189,7 @@ class Ingestor:
     def _with_starts(self, partitions: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
         if not partitions:
             return []
-        stored = (self._control or self.store).ingest_offsets(self.settings.consumer_group)
+        stored = (self._control or self.store).queue.ingest_offsets(self.settings.consumer_group)
         committed = {
             (tp.topic, tp.partition): tp.offset
             for tp in committed_offsets(self.consumer, [TopicPartition(t, p) for t, p in partitions])
@@ -313,24 +294,14 @@ class Ingestor:
             if registry.any("breaker")
             else set()
         )
-        replaced: set[int] = set()
-        while True:
-            try:
-                stored = self.store.insert_rows(
-                    batch.rows,
-                    consumer_group=self.settings.consumer_group,
-                    offsets=batch.offsets,
-                    adopted_topics=self.settings.adopt_topics,
-                    chain_events=batch.chain_events,
-                    counted_back=counted_back,
-                )
-                break
-            except RowsRefused as refused:
-                if any(i in replaced for i, _ in refused.refusals):
-                    raise  # refused again as a dead row: not the record's fault; the batch is read again
-                for i, reason in refused.refusals:
-                    batch.rows[i] = self.refused_row(batch, batch.rows[i], reason)
-                    replaced.add(i)
+        stored = batch.store(
+            self.store.queue,
+            self.rows,
+            int(self.clock() * 1000),
+            consumer_group=self.settings.consumer_group,
+            adopted_topics=self.settings.adopt_topics,
+            counted_back=counted_back,
+        )
         counts = IngestCounts(
             consumed=len(batch.rows) - batch.notices + batch.release_records, stored=len(stored), batches=1
         )
@@ -362,26 +333,6 @@ class Ingestor:
                 )  # fmt: skip
         return counts
 
-    def refused_row(self, batch: Batch, row: CopyRow, reason: str) -> CopyRow:
-        """The dead (``invalid``) row stored in place of ``row``, which PostgreSQL refused: the record's
-        key, value and headers as they came (from ``batch.messages``), the server's error as reason."""
-        headers: Sequence[Header] = ()
-        for msg in batch.messages:
-            if (msg.offset(), msg.partition(), msg.topic()) == (
-                row.source_offset, row.source_partition, row.source_topic,
-            ):  # fmt: skip
-                try:
-                    headers = msg.headers() or ()
-                except Exception as exc:
-                    reason = f"{reason}; its headers could not be read ({type(exc).__name__})"
-                break
-        dead = self.rows.invalid(
-            row.source_topic, row.source_partition, row.source_offset, row.source_timestamp_ms or None,
-            row.msg_key, row.msg_value, headers, int(self.clock() * 1000), reason,
-        )  # fmt: skip
-        # Its id is stored as text too: one the server's encoding may refuse is replaced.
-        return dead if dead.retry_id.isascii() else dead._replace(retry_id=new_retry_id())
-
     def ingest_batch(self, timeout_s: float = 0.2) -> IngestCounts:
         """Consume up to one batch, store it, then commit its offsets."""
         batch = self.read_batch(timeout_s)
@@ -410,7 +361,7 @@ class Ingestor:
         grace = self.settings.loop_grace_ms / 1000 if grace_s is None else grace_s
         # The writer thread has ``store`` to itself; heartbeats and offset lookups use another connection.
         self._control = Store(self.settings.database_url)
-        tenure = LoopTenure(self._control, "ingest", duration_s, grace)
+        tenure = LoopTenure(self._control.loops, "ingest", duration_s, grace)
         go_on = lambda: tenure.go_on() and not should_stop()  # noqa: E731
         workers = self.settings.ingest_workers
         # While the previous loop still ingests, this one starts its worker processes (and their

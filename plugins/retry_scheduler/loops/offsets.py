@@ -31,7 +31,7 @@ def start_offset(stored: int | None, committed: int | None) -> int:
     Without a Kafka offset the broker may be a new one, or the topic created again, whose offsets
     start over: PostgreSQL's would then skip records. So the partition is read from the group's
     reset position (``auto.offset.reset``, earliest) instead, and records stored already are skipped
-    (``Store.insert_rows``), unless the ingestor finds the partition is the one PostgreSQL's offset
+    (``Queue.insert_rows``), unless the ingestor finds the partition is the one PostgreSQL's offset
     came from (Kafka only forgot the group's offsets): then it resumes from PostgreSQL's.
     """
     if stored is not None and committed is not None and committed >= 0:
@@ -50,7 +50,7 @@ def same_partition(
     row is gone (compacted), the partition must at least reach ``stored``.
     """
     last = stored - 1
-    ingested = store.ingested_record_timestamp(topic, partition, last)
+    ingested = store.queue.ingested_record_timestamp(topic, partition, last)
     if ingested is None:
         _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
         return high >= stored

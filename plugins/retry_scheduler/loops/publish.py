@@ -83,7 +83,7 @@ class Publisher(ClaimFloors):
         self.worker = new_worker_id("publish")
         # A publisher that hangs inside its transaction (not dead: its session stays) releases its
         # jobs after the lease time, as a dead one does at once.
-        store.limit_idle_transactions(settings.lease_ms)
+        store.queue.limit_idle_transactions(settings.lease_ms)
         self.totals = PublishCounts()
         self.helpers: list[Publisher] = []
         self.error: Exception | None = None
@@ -208,7 +208,7 @@ class Publisher(ClaimFloors):
                     if chain is not None:
                         dead_chains[chain] = row.retry_id
         if held or dead_ids:
-            self.store.advance_holds(held, dead_chains=dead_chains, dead_ids=dead_ids)
+            self.store.queue.advance_holds(held, dead_chains=dead_chains, dead_ids=dead_ids)
 
     def _forget_released_chains(self) -> None:
         """Every :data:`FORGET_CHAINS_EVERY_S`, ordered mode's upkeep: forget the released chains
@@ -219,7 +219,7 @@ class Publisher(ClaimFloors):
         if now - self._chains_forgotten_at < FORGET_CHAINS_EVERY_S:
             return
         self._chains_forgotten_at = now
-        forgotten = self.store.forget_released_holds(RELEASED_CHAIN_KEEP_S)
+        forgotten = self.store.queue.forget_released_holds(RELEASED_CHAIN_KEEP_S)
         if forgotten:
             log.info("forgot %s released chain(s) nothing has waited in for 7 days", forgotten)
         max_ages = self.deployment.max_ages
@@ -233,7 +233,7 @@ class Publisher(ClaimFloors):
                 )  # fmt: skip
         if not isinstance(self.metrics, NoMetrics):
             try:
-                held = self.store.status_of_holds()
+                held = self.store.readings.status_of_holds()
             except Exception as exc:  # metrics never stop the loop
                 log.warning("held chains' gauges skipped: %s: %s", type(exc).__name__, exc)
                 return
@@ -254,23 +254,23 @@ class Publisher(ClaimFloors):
         """One round: dead jobs to their DLQ topic, then due jobs to their destination.
 
         Due jobs are claimed, produced, acknowledged and marked inside one transaction that holds
-        their row locks (see ``Store.claim_due``): one write per job. Dead jobs take a lease instead,
+        their row locks (see ``Queue.claim_due``): one write per job. Dead jobs take a lease instead,
         which also tells DLQ operations that a job is being sent right now.
         """
         counts = PublishCounts()
         began = time.perf_counter()
         s = self.settings
         failed: list[tuple[int, str]] = []
-        dead_rows = self.store.claim_dead(s.publish_batch, s.lease_ms, self.worker)
+        dead_rows = self.store.queue.claim_dead(s.publish_batch, s.lease_ms, self.worker)
         if dead_rows:
             acked_dead, failed_dead, _ = self._produce_all(dead_rows, to_dlq=True)
             faults.checkpoint("publish.dlq_produced")
-            counts.dead_published = self.store.mark_dlq_published(acked_dead)
+            counts.dead_published = self.store.queue.mark_dlq_published(acked_dead)
             failed += failed_dead
         with self.store.conn.transaction():
             floor, claim_began = self.claim_floor(), time.monotonic()
             try:
-                due_rows = self.store.claim_due(s.publish_batch, floor=floor)
+                due_rows = self.store.queue.claim_due(s.publish_batch, floor=floor)
             finally:
                 self._swept()
             self._after_claim(floor, due_rows, claim_began)
@@ -285,17 +285,17 @@ class Publisher(ClaimFloors):
             if due_rows:
                 acked, failed_due, unroutable = self._produce_all(due_rows, to_dlq=False)
                 faults.checkpoint("publish.produced")
-                counts.published = self.store.mark_published(acked)
+                counts.published = self.store.queue.mark_published(acked)
                 failed += failed_due
                 if unroutable:
                     log.warning(
                         "%s jobs are dead (invalid): %s",
-                        self.store.mark_invalid(unroutable),
+                        self.store.queue.mark_invalid(unroutable),
                         unroutable[0][1],
                     )
                 self._advance_holds(due_rows, acked, unroutable)
             if failed:
-                counts.failed = self.store.mark_failed(failed)
+                counts.failed = self.store.queue.mark_failed(failed)
         for gate in self.gates:
             gate.after(due_rows, acked, failed_due)
         counts.claimed = len(dead_rows) + len(due_rows) + counts.kept_back
@@ -349,12 +349,12 @@ class Publisher(ClaimFloors):
             wait_until_ready([p.producer for p in (self, *self.helpers)], PRODUCER_READY_S)
             # Where the loop this one relieves claims (read before this one's first heartbeat
             # relieves it, while it is still alive to have recorded it).
-            predecessor = self.store.loop_claim_state_alive(ALIVE_S)
+            predecessor = self.store.loops.claim_state_alive(ALIVE_S)
             if predecessor is not None:
                 for publisher in (self, *self.helpers):
                     publisher.take_over(*predecessor)
                 log.info("claims start at the floor of the loop this one relieves: %s", predecessor[0])
-            tenure = current = self._tenure = LoopTenure(self.store, "publish", duration_s, grace)
+            tenure = current = self._tenure = LoopTenure(self.store.loops, "publish", duration_s, grace)
             for thread in threads:
                 thread.start()
             self.work(stop, lambda: current.go_on() and not should_stop(), current.remaining_s)
@@ -391,11 +391,11 @@ class Publisher(ClaimFloors):
         self._snapshot_at = now
         # Every lateness read (this snapshot, the task's summary, status, retry_monitor) stays cheap
         # however long since the last VACUUM.
-        self.store.summarize_published()
+        self.store.queue.summarize_published()
         if isinstance(m, NoMetrics):
             return
         try:
-            reading = self.store.metrics_reading()
+            reading = self.store.readings.metrics_reading()
         except Exception as exc:  # metrics never stop the loop; the next round's claim meets a real fault
             log.warning("metrics snapshot skipped: %s: %s", type(exc).__name__, exc)
             return
@@ -438,13 +438,13 @@ class Publisher(ClaimFloors):
                 if not helper:
                     self._share_floor()
                     if self.vacuum is not None:
-                        self.vacuum.tick(self.store)
+                        self.vacuum.tick(self.store.queue)
                     self._forget_released_chains()
                     for gate in self.gates:
                         gate.tick()
                 if batch.claimed >= self.settings.publish_batch:
                     continue  # more may be waiting
-                wait = self.store.seconds_until_next_due(after=self.store.claimed_up_to)
+                wait = self.store.queue.seconds_until_next_due(after=self.store.queue.claimed_up_to)
                 nap = poll_s if wait is None else min(poll_s, max(0.0, wait))
                 stop.wait(min(nap, remaining_s()))
         except Exception as exc:

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from retry_scheduler.core.declarations import DestinationRules
 from retry_scheduler.core.jobs import OutgoingRow
-from retry_scheduler.db.store import Store
+from retry_scheduler.db.slots import DestinationSlots
 
 #: A destination idle for a while may receive this many seconds' worth of its rate at once.
 BURST_S = 0.1
@@ -29,12 +29,12 @@ class DestinationRateLimits:
     counts_as = "deferred"
 
     def __init__(
-        self, rules: Callable[[str], DestinationRules], store: Store, *, any_limit: bool = True
+        self, rules: Callable[[str], DestinationRules], slots: DestinationSlots, *, any_limit: bool = True
     ) -> None:
         """``rules``: a destination's resolved rules; ``any_limit``: whether the deployment declares
         any limit (without, a round costs nothing)."""
         self._rules = rules
-        self.store = store
+        self.slots = slots
         self.any_limit = any_limit
 
     def rate(self, destination: str | None) -> float | None:
@@ -52,7 +52,7 @@ class DestinationRateLimits:
         if not limited:
             return rows, 0
         rates = {d: self.rate(d) or 0.0 for d in limited}
-        slots = self.store.pace_destinations({d: (len(rs), rates[d]) for d, rs in limited.items()}, BURST_S)
+        slots = self.slots.pace_destinations({d: (len(rs), rates[d]) for d, rs in limited.items()}, BURST_S)
         put_off: list[tuple[int, datetime]] = []
         for destination, claimed in limited.items():
             allowed, first_slot = slots.get(destination, (len(claimed), None))
@@ -64,7 +64,7 @@ class DestinationRateLimits:
             put_off += [(row.id, first_slot + n * gap) for n, row in enumerate(claimed[allowed:])]
         if not put_off:
             return rows, 0
-        self.store.defer_jobs(put_off)
+        self.slots.defer_jobs(put_off)
         later = {job_id for job_id, _ in put_off}
         return [row for row in rows if row.id not in later], len(put_off)
 

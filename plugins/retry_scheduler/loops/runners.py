@@ -121,7 +121,7 @@ def run_publish(
         result = counts.as_dict()
         # Lateness of what was published while this loop ran (its helpers and the other publish
         # tasks of the run included): one read of the published_at index, not a count of the table.
-        late = store.lateness(window_s=int(loop_seconds) + 60)
+        late = store.readings.lateness(window_s=int(loop_seconds) + 60)
         result.update(
             lateness_p50_s=late.p50_s, lateness_p99_s=late.p99_s, lateness_max_s=late.max_s, early=late.early
         )

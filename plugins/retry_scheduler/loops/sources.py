@@ -363,9 +363,9 @@ def read_letters(settings: Settings, store: Any, window_s: int = 3600) -> Letter
     """The letters read from adopted topics in the last ``window_s``, and the share groups' ones judged
     (``store``: a ``db.store.Store``)."""
     by_writer: Counter[str] = Counter()
-    for topic, count in store.adopted_recent(sorted(settings.adopt_topics), window_s).items():
+    for topic, count in store.readings.adopted_recent(sorted(settings.adopt_topics), window_s).items():
         by_writer[source_format(settings.adopt_topics[topic])] += count
-    rows = store.share_letters(share_topics(settings), window_s)
+    rows = store.readings.share_letters(share_topics(settings), window_s)
     nearest = LetterReading(unreadable=sum(lost for _topic, _age, lost in rows), by_writer=dict(by_writer))
     retention = topic_retention(settings, [topic for topic, _age, _lost in rows]) if rows else {}
     for topic, age_s, _lost in rows:

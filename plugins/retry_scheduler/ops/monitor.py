@@ -176,8 +176,8 @@ def run_monitor(
         behind, lag_error = _ask(lag, store, "the retry topics' lag")
         shared, letters_error = _ask(letters, store, "the share groups' dead letters")
         with store.conn.transaction():  # one connection: the broker is asked before the rows are locked
-            incidents = store.lock_alerts(CHECKS)
-            raw = store.monitor_reading(
+            incidents = store.readings.lock_alerts(CHECKS)
+            raw = store.readings.monitor_reading(
                 thresholds.interval_s,
                 _DEAD_WINDOW_S,
                 dlq_grace_s=DLQ_GRACE_S,
@@ -201,7 +201,7 @@ def run_monitor(
                         }
                     )
                 states.append(outcome.record(delivered))
-            store.save_alerts(states)
+            store.readings.save_alerts(states)
     firing = sorted(s["check"] for s in states if s["firing"])
     log.info(
         "monitor run: oldest overdue %.3fs, lateness p99 %s over %ss (%s published), %s dead in the last hour, "

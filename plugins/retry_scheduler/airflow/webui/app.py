@@ -457,8 +457,8 @@ def close_breakers(body: BreakersBody, user: Annotated[Any, Depends(operator)]) 
     who = str(user.get_name())
     why = f"closed by {who} on the dead letters page" + (f": {body.why.strip()}" if body.why.strip() else "")
     with Store(database_url()) as store:
-        known = {b.destination for b in store.breakers(body.destinations)}
-        done = store.set_breakers(sorted(known & set(body.destinations)), "closed", why, who)
+        known = {b.destination for b in store.breakers.statuses(body.destinations)}
+        done = store.breakers.set_states(sorted(known & set(body.destinations)), "closed", why, who)
     log.info("dead letters page, %s closed breakers %s", who, done)
     return {"closed": done, "unknown": sorted(set(body.destinations) - set(done))}
 
