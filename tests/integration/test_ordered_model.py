@@ -565,7 +565,7 @@ def test_a_chain_released_by_an_operator_goes_on_at_the_helper_whatever_its_head
                 scheduler.ingest(kill=False)
             store.conn.execute("DELETE FROM retry_released_holds WHERE blocker = %s", [chain])  # state lost
             store.conn.commit()
-            assert release_chains(store, [chain], why="test").chains == [chain]
+            assert release_chains(store.queue, [chain], why="test").chains == [chain]
             [head] = store.conn.execute(
                 "SELECT status, dead_reason FROM retry_jobs WHERE held_by IS NULL"
             ).fetchall()

@@ -269,3 +269,28 @@ def test_lateness_is_defined_once() -> None:
     # The readers call it (so that an empty result cannot pass unseen):
     assert "retry_lateness_s(" in (ROOT / "sql" / "queries.sql").read_text()
     assert "retry_lateness_s(" in (ROOT / "bench" / "bench.sql").read_text()
+
+
+#: What a front door may take from ``db/``: errors and connections (the page's pool), a selection's
+#: argument parsing, and the migrations (``db migrate``); never the store or its parts (issue 61).
+FRONT_DOOR_DB = {"retry_scheduler.db.connection", "retry_scheduler.db.selection", "retry_scheduler.db.schema"}
+
+
+def test_the_front_doors_reach_the_store_only_through_operations() -> None:
+    """The command line and the Airflow side (tasks, forms, the page) parse a request and call an
+    operation (``ops/``, ``loops.runners``); none of them opens the store or one of its parts."""
+    base = PACKAGES["retry_scheduler"]
+    doors = [*(base / "cli").rglob("*.py"), *(base / "airflow").rglob("*.py")]
+    found = {
+        str(path.relative_to(base)): sorted(used)
+        for path in doors
+        if (
+            used := {
+                m for m in _every_import(path) if m.startswith("retry_scheduler.db.") and m.count(".") == 2
+            }
+            - FRONT_DOOR_DB
+        )
+    }
+    assert found == {}, f"front doors that open the store themselves: {found}"
+    # The reader sees what it looks for (so that an empty result cannot pass unseen):
+    assert "retry_scheduler.db.connection" in _every_import(base / "cli" / "main.py")

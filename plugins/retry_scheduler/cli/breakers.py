@@ -6,19 +6,17 @@ import argparse
 import getpass
 import json
 import sys
-from typing import Any
+from typing import Any, Literal
 
 from retry_scheduler.core.config import Settings
 
 
 def _cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.core.deployment import Deployment
-    from retry_scheduler.db.store import Store
+    from retry_scheduler.ops.breakers import list_breakers
 
     registry = Deployment.load(settings).policies
-    with Store(settings.database_url) as store:
-        known = [d for d in store.queue.known_destinations() if registry.has_breaker(d)]
-        listed = store.breakers.statuses(known)
+    listed = list_breakers(settings.database_url, declared_in=registry)
     if args.json:
         print(json.dumps([b.as_dict() for b in listed], indent=2))
         return 0
@@ -38,7 +36,7 @@ def _cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_set(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.core.deployment import Deployment
-    from retry_scheduler.db.store import Store
+    from retry_scheduler.ops.breakers import set_breakers
 
     registry = Deployment.load(settings).policies
     undeclared = [d for d in args.destinations if not registry.has_breaker(d)]
@@ -49,7 +47,7 @@ def _cmd_set(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
-    state = "open" if args.breakers_command == "open" else "closed"
+    state: Literal["open", "closed"] = "open" if args.breakers_command == "open" else "closed"
     if not args.yes:
         what = (
             "hold their due jobs until you close them (no probe goes out)"
@@ -61,8 +59,7 @@ def _cmd_set(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     who = f"cli:{getpass.getuser()}"
     why = f"{'opened' if state == 'open' else 'closed'} by {who}" + (f": {args.why}" if args.why else "")
-    with Store(settings.database_url) as store:
-        done = store.breakers.set_states(args.destinations, state, why, who)
+    done = set_breakers(settings.database_url, args.destinations, state, why=why, who=who)
     out: dict[str, Any] = {"state": state, "destinations": done}
     print(json.dumps(out, indent=2) if args.json else f"{len(done)} breaker(s) {state}: {', '.join(done)}")
     return 0

@@ -12,11 +12,9 @@ from retry_scheduler.core.config import Settings
 
 
 def _cmd_list(args: argparse.Namespace, settings: Settings) -> int:
-    from retry_scheduler.db.chains import held_chains
-    from retry_scheduler.db.store import Store
+    from retry_scheduler.ops.chains import list_chains
 
-    with Store(settings.database_url) as store:
-        chains = held_chains(store.conn, limit=args.limit, stuck=args.stuck)
+    chains = list_chains(settings.database_url, limit=args.limit, stuck=args.stuck)
     if args.json:
         print(json.dumps([c.as_dict() for c in chains], indent=2))
         return 0
@@ -41,8 +39,7 @@ def _cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_release(args: argparse.Namespace, settings: Settings) -> int:
-    from retry_scheduler.db.chains import release_chains
-    from retry_scheduler.db.store import Store
+    from retry_scheduler.ops.chains import release
 
     if not args.yes:
         print(
@@ -51,13 +48,13 @@ def _cmd_release(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
-    with Store(settings.database_url) as store:
-        done = release_chains(
-            store,
-            args.chains,
-            why="its chain was released by an operator" + (f" ({args.why})" if args.why else ""),
-            actor=f"cli:{getpass.getuser()}",
-        )
+    done = release(
+        settings.database_url,
+        args.chains,
+        why="its chain was released by an operator" + (f" ({args.why})" if args.why else ""),
+        actor=f"cli:{getpass.getuser()}",
+        source="cli",
+    )
     out: dict[str, Any] = {"released": done.chains, "heads_dead": done.heads_dead, "not_held": done.unknown}
     if args.json:
         print(json.dumps(out, indent=2))

@@ -18,7 +18,7 @@ EXIT_REPLAY_STOPPED = 3
 
 
 def _dlq_filter(args: argparse.Namespace, settings: Settings) -> Any:
-    from retry_scheduler.db.selection import selection_from_args
+    from retry_scheduler.cli.selection_args import selection_from_args
 
     return selection_from_args(args, settings)
 
@@ -245,7 +245,7 @@ def _unconfirmed(args: argparse.Namespace, to_do: str, question: str) -> int | N
 
 
 def _add_dlq_filters(parser: argparse.ArgumentParser, *, for_action: bool) -> None:
-    from retry_scheduler.db.selection import add_selection_arguments
+    from retry_scheduler.cli.selection_args import add_selection_arguments
 
     add_selection_arguments(parser, limit=for_action)
     parser.add_argument("--json", action="store_true", help="machine-readable output")

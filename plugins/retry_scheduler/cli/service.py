@@ -36,11 +36,9 @@ def status_report(settings: Settings, destination: str | None, window_s: int) ->
     of them wait for a head the scheduler does not hold, the oldest record for ``oldest_stuck_s``),
     plus dead reasons, lateness and ``breakers``: the destinations' breakers not closed or holding
     jobs (and the destination's, with ``destination``)."""
-    from retry_scheduler.db.store import Store
+    from retry_scheduler.ops.status import read_status
 
-    with Store(settings.database_url) as store:
-        reading = store.readings.status(destination=destination, window_s=window_s)
-        breakers = store.breakers.statuses([destination] if destination else ())
+    reading, breakers = read_status(settings.database_url, destination, window_s)
     late, holds, overdue, vacuum = reading.lateness, reading.holds, reading.oldest_overdue, reading.vacuum
     report: dict[str, Any] = {s.value: reading.counts.get(s.value, 0) for s in Status}
     report["held"] = holds.held
@@ -138,15 +136,15 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Run the ingest and publish loops outside Airflow (debugging, benchmarks, chaos tests)."""
     from retry_scheduler.core.deployment import Deployment
-    from retry_scheduler.db.store import Store
     from retry_scheduler.loops.kafka import require_reachable
     from retry_scheduler.loops.runners import run_ingest, run_publish
+    from retry_scheduler.ops.status import require_database
 
     if args.grace is not None:
         settings = settings.with_overrides(loop_grace_ms=round(args.grace * 1000))
     # What a first run gets wrong, said in one line before any loop starts (exit 2).
     deployment = Deployment.load(settings)
-    Store(settings.database_url).close()
+    require_database(settings.database_url)
     require_reachable(settings)
 
     results: dict[str, Any] = {}

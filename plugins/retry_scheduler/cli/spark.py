@@ -20,7 +20,7 @@ def _cmd_bulk_retry(args: argparse.Namespace, settings: Settings) -> int:
 
         require_reachable(settings)
 
-    from retry_scheduler.db.selection import SELECTION_PARAMS
+    from retry_scheduler.cli.selection_args import SELECTION_PARAMS
 
     params = {name: getattr(args, name, None) for name in SELECTION_PARAMS}
     params |= {"dry_run": args.dry_run, "mark_batch": args.mark_batch, "rate": args.rate}
@@ -110,7 +110,7 @@ def _add_master(parser: argparse.ArgumentParser) -> None:
 
 def add_parsers(sub: Any) -> None:
     """Register ``bulk-retry`` and ``compact``."""
-    from retry_scheduler.db.selection import add_selection_arguments
+    from retry_scheduler.cli.selection_args import add_selection_arguments
 
     bulk = sub.add_parser(
         "bulk-retry",

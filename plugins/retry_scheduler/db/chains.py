@@ -25,9 +25,9 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from retry_scheduler.core import protocol
+from retry_scheduler.db.queue import Queue
 from retry_scheduler.db.readings import HELD_DUE_AT
 from retry_scheduler.db.schema import q
-from retry_scheduler.db.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Released:
 
 
 def release_chains(
-    store: Store,
+    queue: Queue,
     chains: Sequence[str],
     *,
     why: str,
@@ -114,7 +114,7 @@ def release_chains(
     wanted = sorted(set(chains))
     found = {
         c.chain: c
-        for c in held_chains(store.conn, wanted, limit=max(len(wanted), 1))
+        for c in held_chains(queue.conn, wanted, limit=max(len(wanted), 1))
         if c.state in (None, "blocked")  # one going out already is left as it is
     }
     heads = {
@@ -122,15 +122,15 @@ def release_chains(
         for chain, c in found.items()
     }
     unknown = [chain for chain in wanted if chain not in found]
-    with store.conn.transaction():
+    with queue.conn.transaction():
         dead: list[str] = []
         if found:
             named = sorted({h for h in heads.values() if h != protocol.CHAIN_ANY_HEAD})
             params = {"heads": named, "dead_reason": dead_reason, "why": why}
-            dead = sorted(row[0] for row in store.conn.execute(q("give_up_heads"), params).fetchall())
-            store.queue.advance_holds([], dead_chains=heads)
+            dead = sorted(row[0] for row in queue.conn.execute(q("give_up_heads"), params).fetchall())
+            queue.advance_holds([], dead_chains=heads)
         if actor is not None:
-            store.conn.execute(
+            queue.conn.execute(
                 q("chains_audit"),
                 {"actor": actor, "source": source, "filter": Jsonb({"chains": wanted, "why": why}),
                  "matched": len(found), "affected": len(found), "skipped": Jsonb({"not_held": len(unknown)})},
@@ -143,18 +143,18 @@ def release_chains(
 
 
 def expire_chains(
-    store: Store, max_age_ms: Mapping[str, int | None], now_ms: int, limit: int = 1000
+    queue: Queue, max_age_ms: Mapping[str, int | None], now_ms: int, limit: int = 1000
 ) -> Released:
     """The policies' ``max_age`` for held records (``max_age_ms``: policy name -> milliseconds, None
     for no limit): a chain whose oldest held record was first seen longer ago than its policy allows is
     released as if its head had expired (its pending retry dead as ``expired``)."""
     old = [
         c.chain
-        for c in held_chains(store.conn, limit=limit)
+        for c in held_chains(queue.conn, limit=limit)
         if c.state in (None, "blocked")
         and (limit_ms := max_age_ms.get(c.policy or "")) is not None
         and now_ms - c.first_seen_ms > limit_ms
     ]
     if not old:
         return Released([], [], [])
-    return release_chains(store, old, why="held longer than its policy's max_age", dead_reason="expired")
+    return release_chains(queue, old, why="held longer than its policy's max_age", dead_reason="expired")

@@ -224,7 +224,7 @@ class Publisher(ClaimFloors):
             log.info("forgot %s released chain(s) nothing has waited in for 7 days", forgotten)
         max_ages = self.deployment.max_ages
         if max_ages:
-            expired = expire_chains(self.store, max_ages, int(self.clock() * 1000))
+            expired = expire_chains(self.store.queue, max_ages, int(self.clock() * 1000))
             if expired.chains:
                 log.warning(
                     "%s held chain(s) past their policy's max_age released as if their heads had expired "

@@ -13,15 +13,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from retry_scheduler.cli.selection_args import add_selection_arguments, selection_from_args
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.rates import RateError, parse_rate
-from retry_scheduler.db.selection import (
-    Selection,
-    SelectionError,
-    add_selection_arguments,
-    selection_from_args,
-)
+from retry_scheduler.db.selection import Selection, SelectionError
 from retry_scheduler.loops.kafka import producer_config
 from retry_scheduler.spark.connection_file import add_connection_options, job_settings
 from retry_scheduler.spark.selection import RUN_ID, BulkRetryError

@@ -41,7 +41,6 @@ from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.policy import PolicyError
 from retry_scheduler.db import selection
 from retry_scheduler.db.connection import StoreError
-from retry_scheduler.db.dead_letters import connection
 from retry_scheduler.ops import browse, dlq
 
 log = logging.getLogger(__name__)
@@ -407,10 +406,10 @@ def chains(
 ) -> list[dict[str, Any]]:
     """Ordered mode's held chains, the longest waiting first (``stuck``: only those whose head the
     scheduler does not hold)."""
-    from retry_scheduler.db.chains import held_chains
+    from retry_scheduler.ops.chains import list_chains
 
-    with connection(database()) as conn:  # the page's pool: a few connections whatever the load
-        found = held_chains(conn, limit=limit, stuck=stuck)
+    # the page's pool: a few connections whatever the load
+    found = list_chains(database(), limit=limit, stuck=stuck)
     return [c.as_dict() for c in found]
 
 
@@ -419,12 +418,10 @@ def release_chains(
     request: Request, body: ChainsBody, user: Annotated[Any, Depends(operator)]
 ) -> dict[str, Any]:
     """Let held chains go as if their heads had died (``retry-scheduler chains release``); audited."""
-    from retry_scheduler.db.chains import release_chains as release
-    from retry_scheduler.db.store import Store
+    from retry_scheduler.ops.chains import release
 
     why = "its chain was released by an operator" + (f" ({body.why.strip()})" if body.why.strip() else "")
-    with Store(database_url()) as store:
-        done = release(store, body.chains, why=why, actor=str(user.get_name()), source="ui")
+    done = release(database_url(), body.chains, why=why, actor=str(user.get_name()), source="ui")
     log.info("dead letters page, %s released chains %s", user.get_name(), done.chains)
     return {"released": done.chains, "heads_dead": done.heads_dead, "not_held": done.unknown}
 
@@ -443,22 +440,19 @@ class BreakersBody(BaseModel):
 @app.get("/api/breakers")
 def breakers(user: Annotated[Any, Depends(reader)]) -> list[dict[str, Any]]:
     """The destinations' breakers not closed or still holding jobs (``BREAKERS``)."""
-    from retry_scheduler.db.breakers import breaker_statuses
+    from retry_scheduler.ops.breakers import list_breakers
 
-    with connection(database()) as conn:
-        return [b.as_dict() for b in breaker_statuses(conn)]
+    return [b.as_dict() for b in list_breakers(database())]
 
 
 @app.post("/api/breakers/close")
 def close_breakers(body: BreakersBody, user: Annotated[Any, Depends(operator)]) -> dict[str, Any]:
     """Close breakers by hand (``retry-scheduler breakers close``): their held jobs go at once."""
-    from retry_scheduler.db.store import Store
+    from retry_scheduler.ops.breakers import set_breakers
 
     who = str(user.get_name())
     why = f"closed by {who} on the dead letters page" + (f": {body.why.strip()}" if body.why.strip() else "")
-    with Store(database_url()) as store:
-        known = {b.destination for b in store.breakers.statuses(body.destinations)}
-        done = store.breakers.set_states(sorted(known & set(body.destinations)), "closed", why, who)
+    done = set_breakers(database_url(), body.destinations, "closed", why=why, who=who, existing_only=True)
     log.info("dead letters page, %s closed breakers %s", who, done)
     return {"closed": done, "unknown": sorted(set(body.destinations) - set(done))}
 
