@@ -580,3 +580,8 @@ SELECT pg_notify(%(channel)s, %(due_ms)s);
 -- name: listen_overdue
 -- A publisher's connection hears of jobs stored past their due time (retry_scheduler.db.overdue.CHANNEL).
 LISTEN retry_overdue;
+
+-- name: bulk_replay_lock
+-- One Spark bulk replay at a time: a session-level advisory lock held for the whole run (freed when
+-- its connection closes, even if the driver dies); false when another run holds it.
+SELECT pg_try_advisory_lock(7311, hashtext('retry_bulk_replay'));

@@ -1298,7 +1298,7 @@ def test_the_spark_bulk_retry_marks_its_jobs_by_id_however_many_its_statistics_d
     """The same for the Spark bulk retry's marks (the loop's own statement, run by its executors with
     the server's own plan settings): statistics taken when no job was dead, then 60 000 dead jobs
     re-published."""
-    from retry_scheduler.spark.bulk_retry import MARK_BATCH_SQL
+    from retry_scheduler.db.bulk_retry import mark_batch
 
     with psycopg.connect(loop.settings.database_url, autocommit=True) as conn:
         conn.execute(_JOBS, {"partition": 0, "dest": loop.dest, "count": 50_000, "status": "pending"})
@@ -1311,7 +1311,7 @@ def test_the_spark_bulk_retry_marks_its_jobs_by_id_however_many_its_statistics_d
         with conn.transaction(force_rollback=True):
             [(before,)] = conn.execute(_ROWS_READ).fetchall()
             acked = [int(time.time() * 1000)] * len(ids)
-            marked = conn.execute(MARK_BATCH_SQL, {"ids": ids, "acked_ms": acked}).rowcount
+            marked = mark_batch(conn, ids, acked)
             [(after,)] = conn.execute(_ROWS_READ).fetchall()
     assert marked == 300
     assert after - before <= 2 * 300, f"marking 300 jobs read {after - before} rows of retry_jobs"

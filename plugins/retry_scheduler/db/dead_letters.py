@@ -14,12 +14,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.jobs import CopyRow, ms_of_pg_time
@@ -27,15 +26,18 @@ from retry_scheduler.db.connection import connect, require_migrated
 from retry_scheduler.db.schema import queries
 from retry_scheduler.db.selection import Selection
 
+if TYPE_CHECKING:  # the page's pool; the Spark executors, which import this module, have no psycopg_pool
+    from psycopg_pool import ConnectionPool
+
 #: Where the operations get their connection: a URL (a connection of their own, checked for the
 #: schema), or a pool (the Dead letters page's, checked when it was made).
-Database = str | ConnectionPool
+Database: TypeAlias = "str | ConnectionPool"
 
 
 @contextmanager
 def connection(database: Database) -> Iterator[psycopg.Connection[Any]]:
     """A connection for one operation: the pool's, or a new one checked for the schema."""
-    if isinstance(database, ConnectionPool):
+    if not isinstance(database, str):
         with database.connection() as pooled:
             pooled.prepare_threshold = None
             yield pooled

@@ -29,17 +29,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
-from psycopg import sql
 from pyspark.sql import SparkSession
 
 from retry_scheduler.core import faults
 from retry_scheduler.core.config import ConfigError
 from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import REPLAYED, OutgoingRow, destination_headers
-from retry_scheduler.db.connection import StoreError, connect
-from retry_scheduler.db.schema import queries
+from retry_scheduler.db.bulk_retry import BulkAudit, mark_batch, marking_connection
+from retry_scheduler.db.connection import StoreError
 from retry_scheduler.db.selection import Selection, SelectionError, like_pattern
-from retry_scheduler.spark.bulk_guard import BulkAudit, guarded_run
+from retry_scheduler.spark.bulk_guard import guarded_run
 from retry_scheduler.spark.bulk_options import MARK_BATCH, Options, parse_args
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows, jdbc_target
 from retry_scheduler.spark.progress import reporting
@@ -54,9 +53,6 @@ log = logging.getLogger("retry_scheduler.bulk_retry")
 
 __all__ = ["BulkRetryError", "Selection", "jdbc_target", "like_pattern", "main", "parse_args", "run"]
 
-#: Marks one batch of acknowledged jobs published (moved to retry_published_jobs): the loop's own
-#: mark (sql/queries.sql, ``mark_published``), given the ids and ack times as two array literals.
-MARK_BATCH_SQL = sql.SQL(queries()["mark_published"])
 #: What each partition hands back to the driver: how many of its jobs it marked published, and the
 #: seconds its UPDATEs took (while it went on producing).
 MARKED_SCHEMA = "marked long, mark_s double"
@@ -233,7 +229,7 @@ class Marker:
     """
 
     def __init__(self, database_url: str) -> None:
-        self._conn = connect(database_url, autocommit=True)
+        self._conn = marking_connection(database_url)
         # Two batches in hand at most: a stalled database slows producing instead of filling memory.
         self._queue: queue.Queue[tuple[str, str, int] | None] = queue.Queue(maxsize=2)
         self._error: MarkingError | None = None
@@ -249,7 +245,7 @@ class Marker:
             ids, acked_ms, count = batch
             began = time.perf_counter()
             try:
-                self.marked += self._conn.execute(MARK_BATCH_SQL, {"ids": ids, "acked_ms": acked_ms}).rowcount
+                self.marked += mark_batch(self._conn, ids, acked_ms)
             except Exception as exc:  # handed to the partition's thread, which raises it
                 self._error = MarkingError(
                     f"marking {count} acknowledged jobs published failed ({type(exc).__name__}: "

@@ -14,15 +14,13 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, LiteralString
 
-from psycopg import sql
-
 from retry_scheduler.core.destinations import Destinations
 from retry_scheduler.core.jobs import Status
 from retry_scheduler.core.protocol import DEAD_PARKED
-from retry_scheduler.db.connection import connect, require_migrated
-from retry_scheduler.db.schema import q
+from retry_scheduler.db.bulk_retry import open_breakers
+from retry_scheduler.db.bulk_retry import summarize as db_summarize
 from retry_scheduler.db.selection import Selection, SelectionError
-from retry_scheduler.spark.jdbc import PAYLOAD_BYTES_SQL, JdbcTarget
+from retry_scheduler.spark.jdbc import JdbcTarget
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -38,14 +36,6 @@ OUTGOING_COLUMNS: LiteralString = (
     "original_offset, (extract(epoch FROM first_seen_at) * 1000)::bigint AS original_timestamp_ms, "
     "dead_reason, dlq_topic, held_by"
 )
-SUMMARY_SQL: LiteralString = (
-    "SELECT destination, count(*), min(id), max(id), max(payload_bytes) FROM ({inner}) AS selection "
-    "GROUP BY destination ORDER BY destination"
-)
-SELECT_IDS_SQL: LiteralString = (
-    f"SELECT id, destination, {PAYLOAD_BYTES_SQL} AS payload_bytes FROM retry_jobs WHERE {{where}}"
-)
-SELECT_FIRST_IDS_SQL: LiteralString = SELECT_IDS_SQL + " ORDER BY id LIMIT %(limit)s"
 #: The id range a read is held to (:func:`jdbc_table`).
 ID_RANGE: tuple[LiteralString, LiteralString] = ("id >= %(min_id)s", "id <= %(max_id)s")
 
@@ -72,17 +62,6 @@ def publishable(selection: Selection) -> tuple[LiteralString, ...]:
     return tuple(fragments)
 
 
-def summary_query(selection: Selection) -> tuple[sql.Composed, dict[str, object]]:
-    """Count per destination (with min and max id) of the selection, parameterised for psycopg."""
-    where, params = selection.where(*publishable(selection))
-    if selection.limit is None:
-        inner = sql.SQL(SELECT_IDS_SQL).format(where=where)
-    else:
-        inner = sql.SQL(SELECT_FIRST_IDS_SQL).format(where=where)
-        params["limit"] = selection.limit
-    return sql.SQL(SUMMARY_SQL).format(inner=inner), params
-
-
 def jdbc_table(selection: Selection, min_id: int, max_id: int) -> str:
     """The selection as a ``dbtable`` subquery with bound literals, held to the counted id range.
 
@@ -107,15 +86,13 @@ class SelectionSummary:
 
 
 def summarize(database_url: str, selection: Selection) -> SelectionSummary:
-    query, params = summary_query(selection)
-    with connect(database_url) as conn:
-        require_migrated(conn, database_url)
-        rows = conn.execute(query, params).fetchall()
+    """The selection's jobs the bulk retry can publish, per destination (:func:`publishable`)."""
+    rows = db_summarize(database_url, selection, *publishable(selection))
     return SelectionSummary(
-        per_destination={r[0]: int(r[1]) for r in rows},
-        min_id=min((int(r[2]) for r in rows), default=None),
-        max_id=max((int(r[3]) for r in rows), default=None),
-        max_payload_bytes=max((int(r[4] or 0) for r in rows), default=0),
+        per_destination={r[0]: r[1] for r in rows},
+        min_id=min((r[2] for r in rows), default=None),
+        max_id=max((r[3] for r in rows), default=None),
+        max_payload_bytes=max((r[4] for r in rows), default=0),
     )
 
 
@@ -126,13 +103,7 @@ def left_alone(
     not only at ingest: a destination taken off the list stays unpublished to), and those whose breaker
     (``BREAKERS``) is open or probing, left to the publish loop, which holds them. Logged."""
     refused = {d: n for d, n in summary.per_destination.items() if not destinations.allows(d)}
-    held: dict[str, int] = {}
-    if summary.per_destination:
-        with connect(database_url) as conn:
-            rows = conn.execute(
-                q("breaker_states"), {"destinations": sorted(summary.per_destination)}
-            ).fetchall()
-        held = {str(r[0]): summary.per_destination[str(r[0])] for r in rows}
+    held = {d: summary.per_destination[d] for d in open_breakers(database_url, list(summary.per_destination))}
     if refused:
         why = destinations.refusal(next(iter(refused)))
         log.warning("run %s leaves %s jobs as they are: their destinations are not allowed (%s)",
