@@ -585,3 +585,33 @@ LISTEN retry_overdue;
 -- One Spark bulk replay at a time: a session-level advisory lock held for the whole run (freed when
 -- its connection closes, even if the driver dies); false when another run holds it.
 SELECT pg_try_advisory_lock(7311, hashtext('retry_bulk_replay'));
+
+-- name: compaction_columns
+-- The columns of a table compaction archives (each must be one the archive knows).
+SELECT column_name FROM information_schema.columns
+WHERE table_schema = current_schema() AND table_name = %(table)s;
+
+-- name: compaction_record_day
+-- A run selects for this UTC day: the published jobs of that day left after it are late marks.
+INSERT INTO retry_compaction_days (day) VALUES (%(day)s) ON CONFLICT (day) DO NOTHING;
+
+-- name: compaction_lock
+-- One compaction run at a time: a session-level advisory lock for the run; false when another holds it.
+SELECT pg_try_advisory_lock(7311, hashtext('retry_compaction'));
+
+-- name: compaction_unstage_all
+-- Every run's staged ids: under the compaction lock, what is there was left by a run that died.
+DELETE FROM retry_compaction_archived;
+
+-- name: compaction_unstage
+DELETE FROM retry_compaction_archived WHERE run_id = %(run)s;
+
+-- name: compaction_staged_bounds
+SELECT min(id), max(id), count(*) FROM retry_compaction_archived WHERE run_id = %(run)s;
+
+-- name: autovacuum_on
+SELECT current_setting('autovacuum')::boolean;
+
+-- name: vacuum_published
+-- After compaction deleted from retry_published_jobs, where the server's autovacuum is off.
+VACUUM (SKIP_LOCKED, TRUNCATE false) retry_published_jobs;

@@ -25,10 +25,10 @@ from pyspark.testing import assertDataFrameEqual
 from bench.jobs import Job, insert_jobs
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import Status
+from retry_scheduler.db.compaction import ArchiveVerificationError
 from retry_scheduler.db.store import Store
 from retry_scheduler.spark import archive_io
 from retry_scheduler.spark import compaction as compact
-from retry_scheduler.spark.compaction_db import ArchiveVerificationError
 from retry_scheduler.spark.connection_file import connection_file
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
 from tests.jobrows import publish

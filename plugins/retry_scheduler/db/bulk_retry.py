@@ -21,8 +21,7 @@ from retry_scheduler.db.breakers import BreakerRecords
 from retry_scheduler.db.connection import connect, require_migrated
 from retry_scheduler.db.dead_letters import DeadLetters
 from retry_scheduler.db.schema import q, queries
-from retry_scheduler.db.selection import Selection
-from retry_scheduler.spark.jdbc import PAYLOAD_BYTES_SQL
+from retry_scheduler.db.selection import PAYLOAD_BYTES_SQL, Selection
 
 SUMMARY_SQL: LiteralString = (
     "SELECT destination, count(*), min(id), max(id), max(payload_bytes) FROM ({inner}) AS selection "

@@ -30,6 +30,12 @@ from retry_scheduler.core.protocol import TOPIC_NAME
 
 #: The statuses a selection can choose: dead jobs (every path) and pending ones (the bulk retry).
 SELECTABLE = (Status.DEAD, Status.PENDING)
+#: SQL of a job row's payload in bytes: key, value and pass-through headers (what sizes the Spark
+#: jobs' JDBC fetches).
+PAYLOAD_BYTES_SQL: LiteralString = (
+    "coalesce(octet_length(msg_key), 0) + coalesce(octet_length(msg_value), 0) "
+    "+ coalesce(octet_length(headers), 0)"
+)
 #: Bounds of ``limit``, ``ids`` and ``source_topics``.
 MAX_LIMIT = 10_000_000
 MAX_IDS = 10_000

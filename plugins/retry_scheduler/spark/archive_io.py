@@ -18,12 +18,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from retry_scheduler.spark.compaction_db import (
-    ARCHIVED_ID_SCHEMA,
-    PARTITION_COLUMNS,
-    ArchiveVerificationError,
-    local_path,
-)
+from retry_scheduler.db.compaction import ArchiveVerificationError
+from retry_scheduler.spark.compaction_reads import ARCHIVED_ID_SCHEMA, PARTITION_COLUMNS, local_path
 
 
 def _hadoop_path(spark: SparkSession, uri: str) -> tuple[Any, Any]:

@@ -2,7 +2,7 @@
 
 The job's entry point is ``include/spark/compact.py`` (installed as
 ``retry_scheduler.spark.jobs.compact``); its docstring says how to run it and what a run does. The
-PostgreSQL side is :mod:`retry_scheduler.spark.compaction_db`; the transforms here are pure
+PostgreSQL side is :mod:`retry_scheduler.db.compaction`; the transforms here are pure
 functions of DataFrames.
 """
 
@@ -26,6 +26,19 @@ from pyspark.sql import functions as F
 from retry_scheduler.core import faults
 from retry_scheduler.core.config import ConfigError
 from retry_scheduler.core.durations import parse_duration_ms
+from retry_scheduler.db.compaction import (
+    ArchiveVerificationError,
+    CompactionError,
+    Window,
+    check_columns,
+    clear_staging,
+    delete_archived,
+    record_day,
+    select_and_stage,
+    selection_window,
+    take_lock,
+    vacuum_published,
+)
 from retry_scheduler.db.connection import StoreError, connect
 from retry_scheduler.spark.archive_io import (
     archive_files,
@@ -37,25 +50,14 @@ from retry_scheduler.spark.archive_io import (
     write_archive,
     write_manifest,
 )
-from retry_scheduler.spark.compaction_db import (
+from retry_scheduler.spark.compaction_reads import (
     DAY_PATTERN,
     MAX_DURATION_MS,
     NONE_DESTINATION,
     RUN_ID_PATTERN,
-    ArchiveVerificationError,
-    CompactionError,
-    Window,
     archive_uri,
-    check_columns,
-    clear_staging,
-    delete_archived,
     read_staged_ids,
     read_window,
-    record_day,
-    select_and_stage,
-    selection_window,
-    take_lock,
-    vacuum_published,
 )
 from retry_scheduler.spark.connection_file import add_connection_options, job_settings
 from retry_scheduler.spark.jdbc import JdbcTarget, fetch_rows, jdbc_target

@@ -6,7 +6,6 @@ import logging
 import os
 from dataclasses import dataclass
 from getpass import getuser
-from typing import LiteralString
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from retry_scheduler.db.connection import statement_timeout_ms
@@ -26,11 +25,6 @@ FETCH_BYTES = 64 * 2**20
 MAX_FETCH_ROWS = 10_000
 #: A job row's columns besides key, value and headers (ids, topics, reason, times), about.
 ROW_OVERHEAD_BYTES = 512
-#: SQL of a job row's payload: key, value and pass-through headers, each up to the record limit.
-PAYLOAD_BYTES_SQL: LiteralString = (
-    "coalesce(octet_length(msg_key), 0) + coalesce(octet_length(msg_value), 0) "
-    "+ coalesce(octet_length(headers), 0)"
-)
 
 
 def fetch_rows(max_payload_bytes: int | None) -> int:

@@ -1,27 +1,26 @@
-"""Compaction's PostgreSQL side: what a run selects, its staging of ids, the lock, the batched deletes."""
+"""Compaction's PostgreSQL side: the window a run takes (its WHERE clause, also the JDBC read's),
+the lock, the days recorded, the staging of the selected ids, the batched deletes, the VACUUM.
+The Spark job is :mod:`retry_scheduler.spark.compaction`; its JDBC reads
+:mod:`retry_scheduler.spark.compaction_reads`."""
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 from psycopg import sql
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from retry_scheduler.core import faults
 from retry_scheduler.db.connection import connect
-from retry_scheduler.spark.jdbc import PAYLOAD_BYTES_SQL, JdbcTarget
+from retry_scheduler.db.schema import q
+from retry_scheduler.db.selection import PAYLOAD_BYTES_SQL
 
 log = logging.getLogger("retry_scheduler.compact")
 
@@ -33,22 +32,7 @@ COLUMNS: tuple[str, ...] = (
     "due_at", "status", "dead_reason", "dlq_topic", "lease_until", "claimed_by", "publish_failures",
     "last_error", "published_at", "dead_at", "dlq_published_at", "created_at", "updated_at", "held_by",
 )  # fmt: skip
-PARTITION_COLUMNS = ("day", "destination")
-NONE_DESTINATION = "__none__"
 STAGING_TABLE = "retry_compaction_archived"
-#: What the run reads back from the archive: ids, with the partition columns typed as strings.
-ARCHIVED_ID_SCHEMA = StructType(
-    [
-        StructField("id", LongType()),
-        StructField("day", StringType()),
-        StructField("destination", StringType()),
-    ]
-)
-_LOCK = (7311, "retry_compaction")
-MAX_DURATION_MS = 36_500 * 86_400_000
-DAY_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-# Airflow run ids ("scheduled__2025-01-01T00:00:00+00:00") are fine; the manifest name is sanitised.
-RUN_ID_PATTERN = re.compile(r"^[\w.:+@-]{1,200}$")
 
 
 class CompactionError(RuntimeError):
@@ -122,22 +106,6 @@ def selection_window(
     return Window(None, cutoff, None, min(cutoff, dead_cutoff))
 
 
-def archive_uri(archive: str) -> str:
-    """The archive as a URI: a plain path is local (``file://``), never the cluster's default file system."""
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", archive):
-        return archive.rstrip("/")
-    return "file://" + str(Path(archive).expanduser().resolve())
-
-
-def local_path(uri: str) -> Path | None:
-    parts = urlsplit(uri)
-    # Hadoop does not percent-decode paths either: the same string names the same file for both.
-    return Path(parts.path) if parts.scheme == "file" else None
-
-
-# --- PostgreSQL -----------------------------------------------------------------------------------
-
-
 #: The tables compaction takes jobs from: the pending and dead ones, and the published ones (migration
 #: 0014); read together as the view retry_jobs_all.
 TABLES = ("retry_jobs", "retry_published_jobs")
@@ -145,11 +113,7 @@ TABLES = ("retry_jobs", "retry_published_jobs")
 
 def check_columns(conn: psycopg.Connection[Any]) -> None:
     for table in TABLES:
-        rows = conn.execute(
-            "SELECT column_name FROM information_schema.columns"
-            " WHERE table_schema = current_schema() AND table_name = %s",
-            (table,),
-        ).fetchall()
+        rows = conn.execute(q("compaction_columns"), {"table": table}).fetchall()
         found = {row[0] for row in rows}
         if not found:
             raise CompactionError(
@@ -158,7 +122,7 @@ def check_columns(conn: psycopg.Connection[Any]) -> None:
         if found != set(COLUMNS):
             raise CompactionError(
                 f"{table} has columns {sorted(found - set(COLUMNS))} the archive does not know and lacks "
-                f"{sorted(set(COLUMNS) - found)}: update COLUMNS in retry_scheduler/spark/compaction_db.py "
+                f"{sorted(set(COLUMNS) - found)}: update COLUMNS in retry_scheduler/db/compaction.py "
                 "before compacting"
             )
 
@@ -166,42 +130,13 @@ def check_columns(conn: psycopg.Connection[Any]) -> None:
 def record_day(conn: psycopg.Connection[Any], day: date) -> None:
     """Record that a run selects for ``day`` (before it selects): the published jobs of that day left
     in PostgreSQL after it are late marks, for the next daily run."""
-    conn.execute("INSERT INTO retry_compaction_days (day) VALUES (%s) ON CONFLICT (day) DO NOTHING", (day,))
+    conn.execute(q("compaction_record_day"), {"day": day})
 
 
 def take_lock(conn: psycopg.Connection[Any]) -> None:
-    row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", _LOCK).fetchone()
+    row = conn.execute(q("compaction_lock")).fetchone()
     if not (row and row[0]):
         raise CompactionError("another compaction run is in progress; run again when it has finished")
-
-
-def read_window(
-    spark: SparkSession,
-    jdbc: JdbcTarget,
-    conn: psycopg.Connection[Any],
-    window: Window,
-    bounds: tuple[int, int],
-    partitions: int,
-    fetchsize: int,
-) -> DataFrame:
-    """The selected jobs, read over JDBC in ``partitions`` id ranges, ``fetchsize`` rows per round trip."""
-    columns = sql.SQL(", ").join(
-        sql.SQL("status::text AS status") if c == "status" else sql.Identifier(c) for c in COLUMNS
-    )
-    table = sql.SQL("(SELECT {} FROM retry_jobs_all WHERE {}) AS compaction_selection").format(
-        columns, window.predicate()
-    )
-    return (
-        spark.read.format("jdbc")
-        .options(**jdbc.options())
-        .option("dbtable", table.as_string(conn))
-        .option("partitionColumn", "id")
-        .option("lowerBound", str(bounds[0]))
-        .option("upperBound", str(bounds[1]))
-        .option("numPartitions", str(partitions))
-        .option("fetchsize", str(fetchsize))
-        .load()
-    )
 
 
 #: The UTC day (``YYYY-MM-DD``) a job was processed, as ``with_partition_columns`` computes it.
@@ -239,7 +174,7 @@ def select_and_stage(conn: psycopg.Connection[Any], window: Window, run_id: str 
     else:
         # Every run's staged ids, not only this one's: the caller holds the compaction lock, so what is
         # there was left by a run that died (killed before it could clear its own).
-        conn.execute("DELETE FROM retry_compaction_archived")
+        conn.execute(q("compaction_unstage_all"))
         query = sql.SQL(
             "WITH selected AS MATERIALIZED ({}), staged AS"
             " (INSERT INTO retry_compaction_archived (run_id, id) SELECT {}, id FROM selected) {}"
@@ -251,16 +186,6 @@ def select_and_stage(conn: psycopg.Connection[Any], window: Window, run_id: str 
         high=max((row[3] for row in rows), default=None),
         max_payload=max((row[4] for row in rows), default=None),
     )
-
-
-def read_staged_ids(
-    spark: SparkSession, jdbc: JdbcTarget, conn: psycopg.Connection[Any], run_id: str
-) -> DataFrame:
-    """The ids the run staged, over JDBC (only read to tell a lost row from one that joined the selection)."""
-    table = sql.SQL("(SELECT id FROM retry_compaction_archived WHERE run_id = {}) AS staged").format(
-        sql.Literal(run_id)
-    )
-    return spark.read.format("jdbc").options(**jdbc.options()).option("dbtable", table.as_string(conn)).load()
 
 
 def delete_archived(
@@ -279,9 +204,7 @@ def delete_archived(
     connections delete disjoint id ranges side by side; the first error stops them all and is raised
     (the batches already committed stay deleted, the next run deletes the rest).
     """
-    row = conn.execute(
-        "SELECT min(id), max(id), count(*) FROM retry_compaction_archived WHERE run_id = %s", (run_id,)
-    ).fetchone()
+    row = conn.execute(q("compaction_staged_bounds"), {"run": run_id}).fetchone()
     if row is None or row[0] is None:
         return 0
     low, high, staged = row
@@ -336,11 +259,11 @@ def vacuum_published(database_url: str) -> bool:
     between compactions. Returns whether it ran; a failure is logged, never raised (the run is done)."""
     try:
         with connect(database_url, autocommit=True, statement_timeout=0) as conn:
-            row = conn.execute("SELECT current_setting('autovacuum')::boolean").fetchone()
+            row = conn.execute(q("autovacuum_on")).fetchone()
             if row and row[0]:
                 return False
             began = time.monotonic()
-            conn.execute("VACUUM (SKIP_LOCKED, TRUNCATE false) retry_published_jobs")
+            conn.execute(q("vacuum_published"))
     except psycopg.Error as exc:
         log.warning("VACUUM retry_published_jobs failed: %s: %s", type(exc).__name__, exc)
         return False
@@ -352,6 +275,25 @@ def vacuum_published(database_url: str) -> bool:
 
 def clear_staging(conn: psycopg.Connection[Any], run_id: str) -> None:
     try:
-        conn.execute("DELETE FROM retry_compaction_archived WHERE run_id = %s", (run_id,))
+        conn.execute(q("compaction_unstage"), {"run": run_id})
     except psycopg.Error as exc:  # scratch rows in an unlogged table: not worth masking the real outcome
         log.warning("could not clear %s for run %s: %s", STAGING_TABLE, run_id, exc)
+
+
+def window_table(conn: psycopg.Connection[Any], window: Window) -> str:
+    """The window's jobs as a JDBC ``dbtable`` subquery (its values rendered as literals)."""
+    columns = sql.SQL(", ").join(
+        sql.SQL("status::text AS status") if c == "status" else sql.Identifier(c) for c in COLUMNS
+    )
+    table = sql.SQL("(SELECT {} FROM retry_jobs_all WHERE {}) AS compaction_selection").format(
+        columns, window.predicate()
+    )
+    return table.as_string(conn)
+
+
+def staged_table(conn: psycopg.Connection[Any], run_id: str) -> str:
+    """The ids the run staged, as a JDBC ``dbtable`` subquery."""
+    table = sql.SQL("(SELECT id FROM retry_compaction_archived WHERE run_id = {}) AS staged").format(
+        sql.Literal(run_id)
+    )
+    return table.as_string(conn)
