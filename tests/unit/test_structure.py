@@ -294,3 +294,27 @@ def test_the_front_doors_reach_the_store_only_through_operations() -> None:
     assert found == {}, f"front doors that open the store themselves: {found}"
     # The reader sees what it looks for (so that an empty result cannot pass unseen):
     assert "retry_scheduler.db.connection" in _every_import(base / "cli" / "main.py")
+
+
+#: What composes or names a statement: only ``db/`` does (and ``dev/``, the dev stack's own server
+#: administration: its databases, roles and Airflow's metadata templates, not the service's data).
+STATEMENT_MAKERS = {
+    "psycopg.sql", "psycopg.types.json", "psycopg.types.json.Jsonb",
+    "retry_scheduler.db.schema.q", "retry_scheduler.db.schema.queries",
+}  # fmt: skip
+
+
+def test_every_statement_of_the_service_is_under_db() -> None:
+    """Issue 61: every SQL statement of the service lives under ``db/``, in modules named by who
+    uses them; the loops, the operations, the Spark jobs and the front doors call their methods."""
+    base = PACKAGES["retry_scheduler"]
+    outside = [p for p in base.rglob("*.py") if p.relative_to(base).parts[0] not in ("db", "dev")]
+    found = {
+        str(path.relative_to(base)): sorted(used)
+        for path in outside
+        if (used := _every_import(path) & STATEMENT_MAKERS)
+    }
+    assert found == {}, f"statements made outside db/: {found}"
+    # The reader sees what it looks for (so that an empty result cannot pass unseen):
+    assert "psycopg.sql" in _every_import(base / "db" / "dead_letters.py")
+    assert "retry_scheduler.db.schema.q" in _every_import(base / "db" / "compaction.py")

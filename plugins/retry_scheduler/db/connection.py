@@ -6,13 +6,16 @@ import contextlib
 import os
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types import TypeInfo
 
 from retry_scheduler.core.config import libpq_url
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
 
 
 class StoreError(RuntimeError):
@@ -71,6 +74,26 @@ def connect(
         ) from None
     limit_statements(conn, statement_timeout)
     return conn
+
+
+def open_pool(url: str, *, size: int, wait_s: float, application_name: str) -> ConnectionPool:
+    """A pool of at most ``size`` connections (a request waits ``wait_s`` for one), each with the
+    service's statement timeout, opened once the database is checked: it says what is wrong, once
+    (no server, no database, no schema)."""
+    from psycopg_pool import ConnectionPool  # the page's; the Spark executors have none
+
+    with connect(url) as conn:
+        require_migrated(conn, url)
+    return ConnectionPool(
+        url,
+        min_size=1,
+        max_size=max(1, size),
+        timeout=wait_s,
+        kwargs={"application_name": application_name, "connect_timeout": 10},
+        configure=limit_statements,
+        name=application_name,
+        open=True,
+    )
 
 
 def limit_statements(conn: psycopg.Connection[Any], limit_ms: int | None = None) -> None:

@@ -24,15 +24,17 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from psycopg_pool import ConnectionPool
 
 from retry_scheduler.airflow.hook import RetrySchedulerHook
 from retry_scheduler.core.config import DEFAULT_DATABASE_URL
-from retry_scheduler.db.connection import connect, limit_statements, require_migrated
+from retry_scheduler.db.connection import open_pool
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
 
 #: The DAG whose permissions guard the page: its runs replay and purge dead jobs too.
 DAG_ID = "dlq_replay"
@@ -79,18 +81,7 @@ def database() -> ConnectionPool:
     with _pool_lock:
         pool = _pools.get(url)
         if pool is None:
-            with connect(url) as conn:  # says what is wrong, once: no server, no database, no schema
-                require_migrated(conn, url)
-            pool = ConnectionPool(
-                url,
-                min_size=1,
-                max_size=max(1, POOL_SIZE),
-                timeout=POOL_WAIT_S,
-                kwargs={"application_name": APPLICATION_NAME, "connect_timeout": 10},
-                configure=limit_statements,
-                name="retry-scheduler-dead-letters",
-                open=True,
-            )
+            pool = open_pool(url, size=POOL_SIZE, wait_s=POOL_WAIT_S, application_name=APPLICATION_NAME)
             for old in _pools.values():
                 old.close(timeout=0)
             _pools.clear()
