@@ -223,9 +223,6 @@ LONG_FUNCTIONS = {
     "dev/airflow_env.py:airflow_env": 93,
     "loops/publish.py:_produce_all": 91,
     "spark/compaction.py:_archive_and_delete": 90,
-    "cli/dev.py:add_parsers": 88,
-    "cli/dlq.py:add_parsers": 84,
-    "spark/compaction.py:compact": 82,
     "consumer.py:__init__": 81,
 }
 

@@ -219,7 +219,11 @@ def add_parsers(sub: Any) -> None:
     cluster.add_argument("--cores", type=int, default=2, help="cores each worker offers (2)")
     cluster.add_argument("--memory", default="2g", help="memory each worker offers (2g)")
     cluster.set_defaults(func=_cmd_dev_spark_cluster)
+    _add_demo_parser(sub)
 
+
+def _add_demo_parser(sub: Any) -> None:
+    """``demo``: the end-to-end scenario under the real scheduler."""
     demo = sub.add_parser(
         "demo",
         help="run an end-to-end scenario under the real Airflow scheduler",

@@ -288,6 +288,25 @@ def add_parsers(sub: Any) -> None:
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(func=_cmd_dlq_show)
 
+    _add_replay_parser(dlq_sub)
+
+    purge = dlq_sub.add_parser(
+        "purge",
+        help="delete dead jobs whose record is already on the DLQ topic",
+        description="Select dead jobs by filter or --ids, show the dry run, and after confirmation delete "
+        "them from PostgreSQL. A dead job not yet published to its DLQ topic is kept.",
+    )
+    _add_dlq_filters(purge, for_action=True)
+    purge.set_defaults(func=_cmd_dlq_act)
+
+    audit = dlq_sub.add_parser("audit", help="who replayed or purged what, newest first")
+    audit.add_argument("--limit", type=int, default=20, metavar="N", help="rows (20)")
+    audit.add_argument("--json", action="store_true", help="machine-readable output")
+    audit.set_defaults(func=_cmd_dlq_audit)
+
+
+def _add_replay_parser(dlq_sub: Any) -> None:
+    """``dlq replay``: its filter, pace, watch and re-evaluation options."""
     replay = dlq_sub.add_parser(
         "replay",
         help="make dead jobs due (now, or at --rate's pace); the publish loop sends them to their destination",
@@ -335,17 +354,3 @@ def add_parsers(sub: Any) -> None:
         "become pending with their original bytes, the rest stay dead with the new reason (no --all needed)",
     )
     replay.set_defaults(func=_cmd_dlq_act)
-
-    purge = dlq_sub.add_parser(
-        "purge",
-        help="delete dead jobs whose record is already on the DLQ topic",
-        description="Select dead jobs by filter or --ids, show the dry run, and after confirmation delete "
-        "them from PostgreSQL. A dead job not yet published to its DLQ topic is kept.",
-    )
-    _add_dlq_filters(purge, for_action=True)
-    purge.set_defaults(func=_cmd_dlq_act)
-
-    audit = dlq_sub.add_parser("audit", help="who replayed or purged what, newest first")
-    audit.add_argument("--limit", type=int, default=20, metavar="N", help="rows (20)")
-    audit.add_argument("--json", action="store_true", help="machine-readable output")
-    audit.set_defaults(func=_cmd_dlq_audit)

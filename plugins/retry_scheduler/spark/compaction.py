@@ -108,23 +108,7 @@ def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     archive = archive_uri(args.archive)
     root = f"{archive}/retry_jobs"
     jdbc = jdbc_target(args.database_url)
-    report: dict[str, Any] = {
-        "run_id": run_id,
-        "archive": archive,
-        "day": args.day.isoformat() if args.day else None,
-        "cutoff": None if args.day else window.published_before.isoformat(),
-        "dead_before": window.dead_before.isoformat(),
-        "dry_run": args.dry_run,
-        "selected": 0,
-        "already_archived": 0,
-        "archived_new": 0,
-        "deleted": 0,
-        "files_synced": 0,
-        "files": [],
-        "days": [],
-        "fetch_rows": None,
-        "started_at": started.isoformat(),
-    }
+    report = _new_report(args, run_id, archive, window, started)
     with connect(args.database_url, autocommit=True) as conn:
         if not args.dry_run:
             take_lock(conn)  # a session lock: freed when this connection closes, even if the driver dies
@@ -180,6 +164,29 @@ def compact(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
         report["days"], report["manifest"],
     )  # fmt: skip
     return report
+
+
+def _new_report(
+    args: argparse.Namespace, run_id: str, archive: str, window: Window, started: datetime
+) -> dict[str, Any]:
+    """A run's report before it selects anything (its manifest, once written)."""
+    return {
+        "run_id": run_id,
+        "archive": archive,
+        "day": args.day.isoformat() if args.day else None,
+        "cutoff": None if args.day else window.published_before.isoformat(),
+        "dead_before": window.dead_before.isoformat(),
+        "dry_run": args.dry_run,
+        "selected": 0,
+        "already_archived": 0,
+        "archived_new": 0,
+        "deleted": 0,
+        "files_synced": 0,
+        "files": [],
+        "days": [],
+        "fetch_rows": None,
+        "started_at": started.isoformat(),
+    }
 
 
 def _describe(report: dict[str, Any]) -> str:
