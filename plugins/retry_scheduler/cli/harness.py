@@ -158,7 +158,11 @@ def add_parsers(sub: Any) -> None:
         "--json", action="store_true", help="print report.json's content on stdout (the narrative on stderr)"
     )
     bench.set_defaults(func=_cmd_bench)
+    _add_chaos_parser(sub)
 
+
+def _add_chaos_parser(sub: Any) -> None:
+    """``chaos``: the fault-injection harness's options."""
     chaos = sub.add_parser(
         "chaos",
         help="fault injection: kill -9 workers and bulk jobs, freeze the broker, restart PostgreSQL; "
