@@ -92,6 +92,22 @@ def original_topic(msg: Message) -> str | None:
     return header_text(headers, protocol.ORIGINAL_TOPIC) or msg.topic()
 
 
+def _check_assignor(config: dict[str, Any], consumer_protocol: bool) -> None:
+    """Ordered mode with ``scope="group"`` needs the range assignor; say so (an error in the log) when
+    ``config`` names another."""
+    if consumer_protocol:
+        assignor, setting = str(config.get("group.remote.assignor")), "group.remote.assignor"
+    else:
+        assignor = str(config.get("partition.assignment.strategy", "range,roundrobin"))
+        setting = "partition.assignment.strategy"
+    if not assignor.startswith("range") or "cooperative" in assignor:
+        log.error(
+            "ordered mode with scope='group' needs the range assignor (%s=range): with %s=%s a "
+            "key's retries may come back to another member than the one that parked its "
+            "records, which then wait", setting, setting, assignor,
+        )  # fmt: skip
+
+
 class RetryingConsumer:
     """Consume ``topics`` (and, with ``scope="group"``, the group's redelivery topics) and call
     ``handler(msg)`` for each record; a handler that raises has the record sent to retry.
@@ -174,17 +190,8 @@ class RetryingConsumer:
         )
         if self.redelivery_topics:
             self._create_redelivery_topics(shared_config(config))
-            if consumer_protocol:
-                assignor, setting = str(config.get("group.remote.assignor")), "group.remote.assignor"
-            else:
-                assignor = str(config.get("partition.assignment.strategy", "range,roundrobin"))
-                setting = "partition.assignment.strategy"
-            if ordered and (not assignor.startswith("range") or "cooperative" in assignor):
-                log.error(
-                    "ordered mode with scope='group' needs the range assignor (%s=range): with %s=%s a "
-                    "key's retries may come back to another member than the one that parked its "
-                    "records, which then wait", setting, setting, assignor,
-                )  # fmt: skip
+            if ordered:
+                _check_assignor(config, consumer_protocol)
         self.consumer.subscribe(
             self.topics + self.redelivery_topics, on_assign=self._assigned, on_revoke=self._revoked
         )

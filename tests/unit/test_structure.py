@@ -222,7 +222,6 @@ LONG_FUNCTIONS = {
     "dev/airflow_env.py:airflow_env": 93,
     "loops/publish.py:_produce_all": 91,
     "spark/compaction.py:_archive_and_delete": 90,
-    "consumer.py:__init__": 81,
 }
 
 
