@@ -219,7 +219,6 @@ LONG_FUNCTIONS = {
     "core/records.py:row": 106,
     "dev/demo.py:run_demo": 98,
     "spark/bulk_retry.py:publish_partition": 96,
-    "dev/airflow_env.py:airflow_env": 93,
     "loops/publish.py:_produce_all": 91,
     "spark/compaction.py:_archive_and_delete": 90,
 }

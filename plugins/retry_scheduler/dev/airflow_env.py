@@ -117,40 +117,44 @@ def airflow_env(
     env.update(
         {"AIRFLOW__{}__{}".format(*key.upper().split(".")): str(value) for key, value in config.items()}
     )
-    env.update(
-        {
-            "AIRFLOW_HOME": str(airflow_home),
-            "AIRFLOW_CONN_RETRY_POSTGRES": libpq_url(settings.database_url),
-            "AIRFLOW_CONN_RETRY_KAFKA": json.dumps(
-                {"conn_type": "kafka", "extra": {**settings.kafka, "session.timeout.ms": 6000}}
-            ),
-            # The dead-letter watcher's consumer (retry_scheduler.airflow.dead_letters): a group of its
-            # own; from the earliest record, as the dev broker starts empty.
-            "AIRFLOW_CONN_RETRY_DLQ_WATCH": json.dumps(
-                {
-                    "conn_type": "kafka",
-                    "extra": {
-                        **settings.kafka,
-                        "group.id": "retry-dlq-watch",
-                        "auto.offset.reset": "earliest",
-                    },
-                }
-            ),
-            # conn_type spark with host "local[*]": the Spark hook then takes the host as the master.
-            "AIRFLOW_CONN_SPARK_DEFAULT": "spark://local%5B%2A%5D?deploy-mode=client",
-            "RETRY_DATABASE_URL": settings.database_url,
-            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            # The destinations the given settings add to the policies module's (empty: the environment's).
-            "RETRY_DESTINATION_ALLOWLIST": settings.destination_allowlist
-            or env.get("RETRY_DESTINATION_ALLOWLIST", ""),
-            # The dev broker starts empty: destination and DLQ topics are created on first use.
-            "RETRY_CREATE_TOPICS": "true",
-            # Every process agrees on the dev home (Spark's class archive, the Parquet archive).
-            "RETRY_DEV_HOME": str(dev_home()),
-            "PATH": os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")])),
-        }
-    )
+    env.update(_service_env(settings, airflow_home, env))
     return env
+
+
+def _service_env(settings: Settings, airflow_home: Path, env: dict[str, str]) -> dict[str, str]:
+    """What the stack's Airflow processes need of the service: its connections (PostgreSQL, the broker,
+    the dead-letter watcher's group, Spark) and settings; ``env``: the environment so far."""
+    return {
+        "AIRFLOW_HOME": str(airflow_home),
+        "AIRFLOW_CONN_RETRY_POSTGRES": libpq_url(settings.database_url),
+        "AIRFLOW_CONN_RETRY_KAFKA": json.dumps(
+            {"conn_type": "kafka", "extra": {**settings.kafka, "session.timeout.ms": 6000}}
+        ),
+        # The dead-letter watcher's consumer (retry_scheduler.airflow.dead_letters): a group of its
+        # own; from the earliest record, as the dev broker starts empty.
+        "AIRFLOW_CONN_RETRY_DLQ_WATCH": json.dumps(
+            {
+                "conn_type": "kafka",
+                "extra": {
+                    **settings.kafka,
+                    "group.id": "retry-dlq-watch",
+                    "auto.offset.reset": "earliest",
+                },
+            }
+        ),
+        # conn_type spark with host "local[*]": the Spark hook then takes the host as the master.
+        "AIRFLOW_CONN_SPARK_DEFAULT": "spark://local%5B%2A%5D?deploy-mode=client",
+        "RETRY_DATABASE_URL": settings.database_url,
+        "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        # The destinations the given settings add to the policies module's (empty: the environment's).
+        "RETRY_DESTINATION_ALLOWLIST": settings.destination_allowlist
+        or env.get("RETRY_DESTINATION_ALLOWLIST", ""),
+        # The dev broker starts empty: destination and DLQ topics are created on first use.
+        "RETRY_CREATE_TOPICS": "true",
+        # Every process agrees on the dev home (Spark's class archive, the Parquet archive).
+        "RETRY_DEV_HOME": str(dev_home()),
+        "PATH": os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")])),
+    }
 
 
 def celery_env(env: dict[str, str], broker_url: str) -> dict[str, str]:
