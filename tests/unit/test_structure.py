@@ -217,10 +217,7 @@ LONG_FUNCTIONS = {
     "core/headers.py:parse_headers": 152,
     "spark/bulk_retry.py:_run": 117,
     "core/records.py:row": 106,
-    "dev/demo.py:run_demo": 98,
     "spark/bulk_retry.py:publish_partition": 96,
-    "loops/publish.py:_produce_all": 91,
-    "spark/compaction.py:_archive_and_delete": 90,
 }
 
 

@@ -100,15 +100,9 @@ def run_dlq_operation(
     def progress(done: int, total: int) -> None:
         log.info("%s: %d of %d jobs done", action, done, total)
 
-    if action == "reevaluate":
-        from retry_scheduler.ops.reevaluate import reevaluate
-
-        outcome = reevaluate(
-            settings.database_url, operation, deployment=Deployment.load(settings), progress=progress
-        )
-    else:  # a purge needs no policies: one that does not load does not stop it
-        deployment = Deployment.load(settings) if action == "replay" else None
-        outcome = run_action(settings.database_url, operation, deployment=deployment, progress=progress)
+    # A purge needs no policies: one that does not load does not stop it.
+    deployment = None if action == "purge" else Deployment.load(settings)
+    outcome = run_action(settings.database_url, operation, deployment=deployment, progress=progress)
     log.info("%s", outcome.summary())
     if operation.dry_run and outcome.would_affect:
         to_do = "make these jobs pending" if action == "reevaluate" else f"{action} these jobs"

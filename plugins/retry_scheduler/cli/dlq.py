@@ -189,8 +189,7 @@ def _reevaluate(args: argparse.Namespace, settings: Settings, flt: Any) -> int:
     import getpass
 
     from retry_scheduler.core.deployment import Deployment
-    from retry_scheduler.ops.dlq import BATCH, Operation, to_json
-    from retry_scheduler.ops.reevaluate import reevaluate
+    from retry_scheduler.ops.dlq import BATCH, Operation, run_action, to_json
 
     if getattr(args, "reset_attempts", False):
         print("retry-scheduler: --reset-attempts does not go with --reevaluate", file=sys.stderr)
@@ -210,7 +209,7 @@ def _reevaluate(args: argparse.Namespace, settings: Settings, flt: Any) -> int:
     batch_size = BATCH if args.batch_size is None else args.batch_size
 
     def run(dry_run: bool, report: Callable[[int, int], None] = lambda done, total: None) -> Any:
-        return reevaluate(
+        return run_action(
             settings.database_url, replace(operation, dry_run=dry_run), deployment=deployment,
             progress=report, batch_size=batch_size,
         )  # fmt: skip

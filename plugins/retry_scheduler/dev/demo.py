@@ -307,6 +307,18 @@ def run_demo(
         app.stop.set()
         thread.join(15)
 
+    return _summarize(plan, outcome, len(app.recovered), done, say, json_out)
+
+
+def _summarize(
+    plan: Plan,
+    outcome: dict[str, object],
+    recovered: int,
+    done: bool,
+    say: Callable[[str], None],
+    json_out: TextIO | None,
+) -> int:
+    """Say what became of the workload (and write it as JSON to ``json_out``); the demo's exit code."""
     late = outcome["lateness"]
     assert isinstance(late, list)
     p50, p99 = _pct(late, 0.5), _pct(late, 0.99)
@@ -315,7 +327,7 @@ def run_demo(
     say("demo summary")
     say(f"  {'ingested into retry_jobs':<28}{outcome['ingested']:>8}")
     say(f"  {'published to ' + DEMO_TOPIC:<28}{outcome['published']:>8}")
-    say(f"  {'recovered by the app':<28}{len(app.recovered):>8}   (expected {plan.recover})")
+    say(f"  {'recovered by the app':<28}{recovered:>8}   (expected {plan.recover})")
     for reason, expected in plan.expected_dead.items():
         got = outcome["dead"].get(reason, 0) if isinstance(outcome["dead"], dict) else 0
         say(f"  {'dead: ' + reason:<28}{got:>8}   (expected {expected})")
@@ -332,7 +344,7 @@ def run_demo(
             "complete": done,
             "ingested": outcome["ingested"],
             "published": outcome["published"],
-            "recovered": len(app.recovered),
+            "recovered": recovered,
             "dead": outcome["dead"],
             "dead_on_dlq": outcome["dead_on_dlq"],
             "expected": {"recovered": plan.recover, "dead": plan.expected_dead},

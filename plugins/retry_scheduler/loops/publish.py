@@ -145,40 +145,7 @@ class Publisher(ClaimFloors):
             }
             if not to_dlq and row.destination_partition is not None:
                 kwargs["partition"] = row.destination_partition
-            while True:
-                try:
-                    self.producer.produce(topic, **kwargs)
-                    break
-                except BufferError:
-                    self.producer.poll(0.05)  # local queue full: let deliveries drain
-                except KafkaException as exc:
-                    partition = kwargs.get("partition")
-                    if (
-                        partition is not None
-                        and protocol.redelivery_bases(topic)
-                        and self._lacks_partition(exc, topic, partition)
-                    ):
-                        # A redelivery topic made before it got its topic's partition count (0.4.0's
-                        # scheduler made 3): the key's partitioner chooses, as before.
-                        log.warning(
-                            "redelivery topic %s has no partition %s (give it as many as its topic, for "
-                            "ordered mode): published by key", topic, partition,
-                        )  # fmt: skip
-                        del kwargs["partition"]
-                        continue
-                    if partition is not None and self._lacks_partition(exc, topic, partition):
-                        # Retrying cannot help: the job is dead (invalid) and goes to the DLQ instead.
-                        unroutable.append(
-                            (
-                                row.id,
-                                f"header retry.original-partition={partition}: topic {topic} has no such partition",
-                            )
-                        )
-                    else:
-                        failed.append((row.id, f"produce failed: {exc}"))
-                        if exc.args[0].fatal() or exc.args[0].code() in _BROKEN_PRODUCER:
-                            broken.append(exc.args[0])
-                    break
+            self._produce_one(row.id, topic, kwargs, failed, unroutable, broken)
             self.producer.poll(0)
         remaining = self.producer.flush(self.settings.delivery_timeout_ms / 1000 + 5)
         if remaining:
@@ -189,6 +156,52 @@ class Publisher(ClaimFloors):
             old.purge()
             old.flush(0)
         return acked, failed, unroutable
+
+    def _produce_one(
+        self,
+        job_id: int,
+        topic: str,
+        kwargs: dict[str, Any],
+        failed: list[tuple[int, str]],
+        unroutable: list[tuple[int, str]],
+        broken: list[KafkaError],
+    ) -> None:
+        """Hand one record to the producer (waiting while its local queue is full); a job it cannot take
+        goes to ``failed`` (to retry) or ``unroutable`` (no such partition), a broken producer to ``broken``."""
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                self.producer.poll(0.05)  # local queue full: let deliveries drain
+            except KafkaException as exc:
+                partition = kwargs.get("partition")
+                if (
+                    partition is not None
+                    and protocol.redelivery_bases(topic)
+                    and self._lacks_partition(exc, topic, partition)
+                ):
+                    # A redelivery topic made before it got its topic's partition count (0.4.0's
+                    # scheduler made 3): the key's partitioner chooses, as before.
+                    log.warning(
+                        "redelivery topic %s has no partition %s (give it as many as its topic, for "
+                        "ordered mode): published by key", topic, partition,
+                    )  # fmt: skip
+                    del kwargs["partition"]
+                    continue
+                if partition is not None and self._lacks_partition(exc, topic, partition):
+                    # Retrying cannot help: the job is dead (invalid) and goes to the DLQ instead.
+                    unroutable.append(
+                        (
+                            job_id,
+                            f"header retry.original-partition={partition}: topic {topic} has no such partition",
+                        )
+                    )
+                else:
+                    failed.append((job_id, f"produce failed: {exc}"))
+                    if exc.args[0].fatal() or exc.args[0].code() in _BROKEN_PRODUCER:
+                        broken.append(exc.args[0])
+                break
 
     def _advance_holds(
         self, rows: list[OutgoingRow], acked: list[tuple[int, int]], unroutable: list[tuple[int, str]]

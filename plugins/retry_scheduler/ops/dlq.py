@@ -161,12 +161,13 @@ def run_action(
     progress: Callable[[int, int], None] = lambda done, total: None,
     batch_size: int = BATCH,
 ) -> Outcome:
-    """Replay or purge the dead jobs ``operation`` selects (dry run: only count), writing one audit row.
+    """Replay, purge or re-evaluate the dead jobs ``operation`` selects (dry run: only count), writing
+    one audit row: the one runner of the dead-letter operations, whichever way in asked.
 
     A replay needs the ``deployment``, and asks it for each destination's rules: the jobs of a
     destination it no longer allows are left dead, counted under ``skipped``; a destination whose
     rate limit is below the replay's pace goes at its limit (the publish loop holds to it either way).
-    A purge needs none.
+    A purge needs none. A re-evaluation needs it too, and is :func:`retry_scheduler.ops.reevaluate.reevaluate`'s.
     ``progress(done, total)`` is called after each batch.
     ``batch_size`` jobs change per transaction (:data:`BATCH` by default).
 
@@ -175,12 +176,15 @@ def run_action(
     """
     if not 1 <= batch_size <= MAX_LIMIT:
         raise DlqError(f"batch size {batch_size} must be between 1 and {MAX_LIMIT:,}")
-    if operation.action not in ("replay", "purge"):
-        raise DlqError(
-            f"action {operation.action!r} must be replay or purge (reevaluate is ops.reevaluate's)"
+    if operation.action in ("replay", "reevaluate") and deployment is None:
+        raise ValueError(f"a {operation.action} needs the deployment (its destinations' rules and policies)")
+    if operation.action == "reevaluate":
+        from retry_scheduler.ops.reevaluate import reevaluate  # its module builds on this one
+
+        assert deployment is not None
+        return reevaluate(
+            database_url, operation, deployment=deployment, progress=progress, batch_size=batch_size
         )
-    if operation.action == "replay" and deployment is None:
-        raise ValueError("a replay needs the deployment (its destinations' rules)")
     with dead_letters(database_url) as letters:
         selected = _select(letters, operation, deployment)
         outcome, waves = _plan(letters, operation, deployment, selected)

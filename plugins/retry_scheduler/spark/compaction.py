@@ -244,26 +244,7 @@ def _archive_and_delete(
     assert staged is not None  # only a dry run has no staging, and it returned before the write
     report["files"] = check_written(spark, staged, written, existing, root)
     lap("check_files")
-    # Fresh reads: the jobs still selected, and the archive (a DataFrame's file listing is fixed when
-    # it is created).
-    still_selected = read().select("id").persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        archived = read_archived_ids(spark, root, days)
-        if archived is None:
-            raise ArchiveVerificationError(
-                f"no archive for days {days} at {root} after the write; nothing was deleted. Check the "
-                "archive's file system, then run the compaction again."
-            )
-        found = found_in_archive(still_selected, archived).count()
-        still = still_selected.count()
-        if found != still:
-            # Staged by this run (read() reads nothing else), still selected, and not in the archive.
-            raise ArchiveVerificationError(
-                f"{still - found} of {selected} selected jobs are not in the archive at {root} after the "
-                "write; nothing was deleted. Check the archive's file system, then run the compaction again."
-            )
-    finally:
-        still_selected.unpersist()
+    found = _verify_archived(spark, read, root, days, selected)
     # Every file of these days that a manifest lists (earlier runs', and this run's own) still holds the
     # rows and ids it recorded: archived rows are never relied on, nor more deleted, on a changed archive.
     recorded = recorded_digests(spark, report["archive"], days)
@@ -285,6 +266,34 @@ def _archive_and_delete(
             "after it was staged (the next run deletes those)",
             found - report["deleted"],
         )
+
+
+def _verify_archived(
+    spark: SparkSession, read: Callable[[], DataFrame], root: str, days: list[str], selected: int
+) -> int:
+    """How many of the jobs still selected (``read()``, afresh) the archive holds (read afresh too);
+    :class:`ArchiveVerificationError` unless it holds every one of them."""
+    # Fresh reads: the jobs still selected, and the archive (a DataFrame's file listing is fixed when
+    # it is created).
+    still_selected = read().select("id").persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        archived = read_archived_ids(spark, root, days)
+        if archived is None:
+            raise ArchiveVerificationError(
+                f"no archive for days {days} at {root} after the write; nothing was deleted. Check the "
+                "archive's file system, then run the compaction again."
+            )
+        found = found_in_archive(still_selected, archived).count()
+        still = still_selected.count()
+        if found != still:
+            # Staged by this run (read() reads nothing else), still selected, and not in the archive.
+            raise ArchiveVerificationError(
+                f"{still - found} of {selected} selected jobs are not in the archive at {root} after the "
+                "write; nothing was deleted. Check the archive's file system, then run the compaction again."
+            )
+    finally:
+        still_selected.unpersist()
+    return found
 
 
 #: Up to this many staged ids are broadcast to the tasks (about 16 bytes each in the hash table);

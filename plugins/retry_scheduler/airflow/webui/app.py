@@ -300,13 +300,7 @@ def _act(request: Request, action: dlq.Action, body: ActionBody, user: Any) -> d
     # A purge needs no policies: a policies module that does not load does not stop it.
     deployment = None if action == "purge" else Deployment.load(settings)
     try:
-        if action == "reevaluate":
-            from retry_scheduler.ops.reevaluate import reevaluate as reevaluate_jobs
-
-            assert deployment is not None
-            outcome = reevaluate_jobs(database(), operation, deployment=deployment)
-        else:
-            outcome = dlq.run_action(database(), operation, deployment=deployment)
+        outcome = dlq.run_action(database(), operation, deployment=deployment)
     except dlq.TooManyForOneRequest as too_many:
         return hand_to_dag(request, operation, user, too_many.would_affect, body.written_by)
     log.info("dead letters page, %s: %s", user.get_name(), outcome.summary())
