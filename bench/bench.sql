@@ -181,9 +181,6 @@ COPY (SELECT * FROM retry_jobs_all WHERE id BETWEEN %(low)s AND %(high)s) TO STD
 -- ... and its delete, in one statement for the share (the job deletes in bounded batches).
 DELETE FROM retry_published_jobs WHERE id BETWEEN %(low)s AND %(high)s;
 
--- name: bench_lateness_count
-SELECT count(*) FROM retry_jobs_all WHERE destination = %(destination)s AND status = 'published';
-
 -- name: bench_lateness
 -- Publish lateness (acknowledgement minus due time) of every retry of the lateness benchmark.
 SELECT retry_lateness_s(published_at, due_at)
@@ -284,9 +281,6 @@ SELECT count(*), extract(epoch FROM max(published_at) - min(due_at))::float8
 FROM retry_jobs_all
 WHERE destination = %(destination)s AND status = 'published'
   AND due_at >= to_timestamp(%(since)s) AND due_at < to_timestamp(%(until)s);
-
--- name: bench_destination_status_counts
-SELECT status::text, count(*) FROM retry_jobs_all WHERE destination = %(destination)s GROUP BY status;
 
 -- name: bench_burst_summary
 -- A destination's jobs: stored, published, early; the last one stored (epoch s, its ingest

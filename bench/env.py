@@ -240,6 +240,11 @@ class BenchEnv:
             cur = conn.execute(bq(name), params)
             return cur.fetchall() if fetch else []
 
+    def job_counts(self, destination: str) -> dict[str, int]:
+        """``destination``'s jobs by status, as ``retry-scheduler status`` counts them."""
+        with Store(self.url) as store:
+            return store.readings.counts(destination)
+
     def count_records(self, topic: str, expected: int, timeout_s: float = 60) -> int:
         """Read ``topic`` from the beginning and count its records (until ``expected`` and idle for 1 s).
 

@@ -193,9 +193,7 @@ def spark_bulk_retry(env: BenchEnv, settings: Any, destination: str, rows: int) 
     finally:
         thread.join()
         job["seconds"] = round(job["ended_at"] - job["started_at"], 1)
-        job["by_status"] = dict(
-            env.sql("bench_destination_status_counts", {"destination": destination}, fetch=True)
-        )
+        job["by_status"] = env.job_counts(destination)
         job["rows_per_s"] = round(job["by_status"].get("published", 0) / max(0.001, job["seconds"]), 1)
 
 

@@ -384,8 +384,7 @@ def measure_lateness(env: BenchEnv, sizes: Sizes) -> Result:
         deadline = time.monotonic() + 120
         published = 0
         while time.monotonic() < deadline:
-            row = env.sql("bench_lateness_count", {"destination": destination}, fetch=True)[0]
-            published = int(row[0])
+            published = env.job_counts(destination).get("published", 0)
             if published >= sent:
                 break
             time.sleep(2)

@@ -60,7 +60,7 @@ def wait_published(
     wait_stored(env, topic, stored_before, sent, deadline_s)
     wait_not_pending(env, destination, deadline)
     while True:
-        published = int(env.sql("bench_lateness_count", {"destination": destination}, fetch=True)[0][0])
+        published = env.job_counts(destination).get("published", 0)
         if published >= sent or time.monotonic() >= deadline:
             return published
         time.sleep(1)

@@ -15,7 +15,7 @@ import psycopg
 
 from retry_scheduler.core.jobs import HELD_DUE_MS
 from retry_scheduler.db.breakers import BreakerStatus, breaker_statuses
-from retry_scheduler.db.connection import require_transaction
+from retry_scheduler.db.connection import joined, require_transaction
 from retry_scheduler.db.schema import q
 
 #: The due time of a held job, as PostgreSQL is sent it.
@@ -158,12 +158,18 @@ class Readings:
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
 
+    def counts(self, destination: str | None = None) -> dict[str, int]:
+        """Jobs by status (of ``destination``): what ``status`` and the benchmark count."""
+        with joined(self.conn):
+            rows = self.conn.execute(q("status_counts"), {"destination": destination}).fetchall()
+        return {str(status): int(n) for status, n in rows}
+
     def status(self, destination: str | None = None, window_s: int = 300) -> StatusReading:
         """Counts by status, the pending jobs held (ordered mode), dead jobs by reason, the oldest overdue
         job and recent lateness."""
         params = {"destination": destination, "window_s": window_s}
         with self.conn.transaction():
-            counts = self.conn.execute(q("status_counts"), params).fetchall()
+            counts = self.counts(destination)
             dead = self.conn.execute(q("dead_by_reason"), params).fetchall()
             held = self.conn.execute(q("held_count"), {**params, "held_due": HELD_DUE_AT}).fetchone()
             overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
@@ -171,7 +177,7 @@ class Readings:
             vacuum = self.conn.execute(q("vacuum_state")).fetchone()
         assert vacuum is not None
         return StatusReading(
-            counts={str(status): int(n) for status, n in counts},
+            counts=counts,
             holds=Holds.from_row(held),
             dead_by_reason={str(reason): int(n) for reason, n in dead},
             oldest_overdue=_overdue(overdue),
