@@ -168,6 +168,10 @@ class RetryingConsumer:
         self.breaker = breaker
         #: Partitions revoked from this consumer so far (a pause must not cause any).
         self.revocations = 0
+        #: The partitions (topic, partition) this member reads now, as its rebalance callbacks were
+        #: told: safe to read from another thread, unlike the consumer's own ``assignment()``, which
+        #: can block while the member's thread polls.
+        self.assigned: frozenset[tuple[str, int]] = frozenset()
         #: Ordered mode, ``scope="group"``: assignments that split a topic's partition from its
         #: redelivery topic's (logged as errors; see :meth:`_check_colocation`).
         self.colocation_warnings = 0
@@ -226,6 +230,8 @@ class RetryingConsumer:
                 log.info("created the redelivery topic %s", topic.topic)
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        given = frozenset((tp.topic, tp.partition) for tp in partitions)
+        self.assigned = (self.assigned | given) if self._incremental else given
         # A redelivery partition the group never committed an offset for starts at its beginning:
         # with auto.offset.reset=latest (librdkafka's default) the retries published to it before
         # this moment would be skipped, and the group committed their originals long ago.
@@ -280,6 +286,7 @@ class RetryingConsumer:
 
     def _revoked(self, _consumer: Consumer, partitions: list[Any]) -> None:
         self.revocations += len(partitions)
+        self.assigned -= {(tp.topic, tp.partition) for tp in partitions}
 
     def poll(self, timeout_s: float = 1.0) -> bool:
         """Handle at most one record; True when one was handled (or sent to retry).

@@ -725,9 +725,9 @@ def test_order_holds_when_a_second_member_joins_and_takes_partitions_over(
         # scheduler could bring every retry back to the first member before the rebalance ended
         # (a loaded machine), and the second would have nothing left to take over.
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (first.revocations and second.consumer.assignment()):
+        while time.monotonic() < deadline and not (first.revocations and second.assigned):
             time.sleep(0.1)
-        assert first.revocations and second.consumer.assignment(), "the second member got no partition"
+        assert first.revocations and second.assigned, "the second member got no partition"
         service = Service(loop)
         deadline = time.monotonic() + 150
         store = HoldStore(config, group, holds_topic)

@@ -395,7 +395,7 @@ def test_every_key_keeps_its_order_under_random_faults(
 
     def owned_holds(member: Member) -> dict[tuple[str, bytes], Any]:
         """The member's held keys of the partitions it reads (its copies of others' may be old)."""
-        mine = {tp.partition for tp in member.helper.consumer.assignment() if tp.topic == loop.dest}
+        mine = {partition for topic, partition in member.helper.assigned if topic == loop.dest}
         return {w: h for w, h in member.helper.holds.items() if h.partition in mine}
 
     def diagnosis() -> str:

@@ -135,8 +135,69 @@ def parse_headers(
     not be larger. On the ingest loop's hot path (tens of thousands of records a second): one pass
     over the headers, then each ``retry.*`` header decoded once.
     """
-    if headers is None:
-        headers = ()
+    raw, texts, passthrough = _scan(headers or (), limits, record_bytes, max_record_bytes)
+    get = raw.get
+
+    destination, scoped_from = _destination(texts, limits)
+
+    send_to = texts.get(protocol.SEND_TO)
+    if send_to is not None:
+        send_to = send_to.strip().lower()
+        if send_to not in (protocol.SEND_TO_RETRY, protocol.SEND_TO_DLQ):
+            raise InvalidRecordError(f"header {protocol.SEND_TO}={send_to[:40]!r} must be 'retry' or 'dlq'")
+
+    partition = offset = timestamp = at_ms = None
+    attempt = 0
+    if protocol.ORIGINAL_PARTITION in raw:
+        partition = _int_header(
+            protocol.ORIGINAL_PARTITION, get(protocol.ORIGINAL_PARTITION), 0, MAX_INT32, limits
+        )
+    if protocol.ORIGINAL_OFFSET in raw:
+        offset = _int_header(protocol.ORIGINAL_OFFSET, get(protocol.ORIGINAL_OFFSET), 0, 2**63 - 1, limits)
+    if protocol.ORIGINAL_TIMESTAMP in raw:
+        timestamp = _int_header(
+            protocol.ORIGINAL_TIMESTAMP, get(protocol.ORIGINAL_TIMESTAMP), 0, MAX_EPOCH_MS, limits
+        )
+    if protocol.ATTEMPT in raw:
+        attempt = _int_header(protocol.ATTEMPT, get(protocol.ATTEMPT), 0, MAX_INT32, limits)
+    if protocol.AT in raw:
+        at_ms = _int_header(protocol.AT, get(protocol.AT), 0, MAX_EPOCH_MS, limits)
+    original_topic = texts.get(protocol.ORIGINAL_TOPIC)
+    # The original partition only means something on the original topic, and on its group's
+    # redelivery topic, made with as many partitions: the key's retry comes back on the partition
+    # numbered as its own, which the member reading the key reads too (ordered mode).
+    same_topic = original_topic is None or original_topic == (scoped_from or destination)
+    reason = texts.get(protocol.REASON)
+    hold, release, blocks, chain_state = _chain_headers(texts, raw, passthrough)
+    return RetryHeaders(
+        destination,
+        partition if same_topic else None,
+        original_topic,
+        partition,
+        offset,
+        timestamp,
+        attempt,
+        at_ms,
+        texts.get(protocol.POLICY) or None,
+        None if reason is None else truncate_reason(reason, limits.max_reason_chars),
+        texts.get(protocol.ERROR_CLASS) or None,
+        texts.get(protocol.GROUP) or None,
+        send_to == protocol.SEND_TO_DLQ,
+        texts.get(protocol.ID) or None,
+        tuple(passthrough),
+        scoped_from,
+        None if hold is None else hold.strip(),
+        None if release is None else release.strip(),
+        None if blocks is None else blocks.strip(),
+        chain_state,
+    )
+
+
+def _scan(
+    headers: Sequence[Header], limits: Limits, record_bytes: int, max_record_bytes: int | None
+) -> tuple[dict[str, bytes | None], dict[str, str], list[Header]]:
+    """One pass over a record's headers: the ``retry.*`` ones by name (the last of a repeated one),
+    those of them decoded as text, and the others, passed through; the counts and sizes checked."""
     if len(headers) > limits.max_headers:
         raise InvalidRecordError(
             f"record has {len(headers)} headers, more than the {limits.max_headers} allowed"
@@ -182,8 +243,12 @@ def parse_headers(
         raise InvalidRecordError(f"record is {size} bytes, more than the {max_record_bytes} allowed")
     for name in sorted(faulty):
         _text(name, raw[name], limits)  # raises the exact fault, after the checks above as ever
-    get = raw.get
+    return raw, texts, passthrough
 
+
+def _destination(texts: dict[str, str], limits: Limits) -> tuple[str, str | None]:
+    """Where the retry goes (a group's redelivery topic for ``retry.scope=group``), and the topic it
+    was scoped from (None: not scoped); refused when the deployment does not allow it."""
     destination = texts.get(protocol.DESTINATION) or texts.get(protocol.ORIGINAL_TOPIC)
     if not destination:
         raise InvalidRecordError(f"no destination: set {protocol.DESTINATION} or {protocol.ORIGINAL_TOPIC}")
@@ -203,35 +268,14 @@ def parse_headers(
             raise InvalidRecordError(f"header {protocol.SCOPE}=group: {exc}") from None
     if (refusal := limits.destinations.refusal(destination)) is not None:
         raise InvalidRecordError(refusal)
+    return destination, scoped_from
 
-    send_to = texts.get(protocol.SEND_TO)
-    if send_to is not None:
-        send_to = send_to.strip().lower()
-        if send_to not in (protocol.SEND_TO_RETRY, protocol.SEND_TO_DLQ):
-            raise InvalidRecordError(f"header {protocol.SEND_TO}={send_to[:40]!r} must be 'retry' or 'dlq'")
 
-    partition = offset = timestamp = at_ms = None
-    attempt = 0
-    if protocol.ORIGINAL_PARTITION in raw:
-        partition = _int_header(
-            protocol.ORIGINAL_PARTITION, get(protocol.ORIGINAL_PARTITION), 0, MAX_INT32, limits
-        )
-    if protocol.ORIGINAL_OFFSET in raw:
-        offset = _int_header(protocol.ORIGINAL_OFFSET, get(protocol.ORIGINAL_OFFSET), 0, 2**63 - 1, limits)
-    if protocol.ORIGINAL_TIMESTAMP in raw:
-        timestamp = _int_header(
-            protocol.ORIGINAL_TIMESTAMP, get(protocol.ORIGINAL_TIMESTAMP), 0, MAX_EPOCH_MS, limits
-        )
-    if protocol.ATTEMPT in raw:
-        attempt = _int_header(protocol.ATTEMPT, get(protocol.ATTEMPT), 0, MAX_INT32, limits)
-    if protocol.AT in raw:
-        at_ms = _int_header(protocol.AT, get(protocol.AT), 0, MAX_EPOCH_MS, limits)
-    original_topic = texts.get(protocol.ORIGINAL_TOPIC)
-    # The original partition only means something on the original topic, and on its group's
-    # redelivery topic, made with as many partitions: the key's retry comes back on the partition
-    # numbered as its own, which the member reading the key reads too (ordered mode).
-    same_topic = original_topic is None or original_topic == (scoped_from or destination)
-    reason = texts.get(protocol.REASON)
+def _chain_headers(
+    texts: dict[str, str], raw: dict[str, bytes | None], passthrough: list[Header]
+) -> tuple[str | None, str | None, str | None, str | None]:
+    """Ordered mode's headers: ``retry.hold``, ``retry.release``, ``retry.blocks`` (at most one,
+    passed on with the record) and ``retry.chain-state``, checked."""
     hold, release = texts.get(protocol.HOLD), texts.get(protocol.RELEASE)
     blocks, chain_state = texts.get(protocol.BLOCKS), texts.get(protocol.CHAIN_STATE)
     if sum(name is not None for name in (hold, release, blocks)) > 1:
@@ -252,28 +296,7 @@ def parse_headers(
     if blocks is not None:
         # It comes back with the record: the helper tells its chain's head by it.
         passthrough.append((protocol.BLOCKS, raw[protocol.BLOCKS]))
-    return RetryHeaders(
-        destination,
-        partition if same_topic else None,
-        original_topic,
-        partition,
-        offset,
-        timestamp,
-        attempt,
-        at_ms,
-        texts.get(protocol.POLICY) or None,
-        None if reason is None else truncate_reason(reason, limits.max_reason_chars),
-        texts.get(protocol.ERROR_CLASS) or None,
-        texts.get(protocol.GROUP) or None,
-        send_to == protocol.SEND_TO_DLQ,
-        texts.get(protocol.ID) or None,
-        tuple(passthrough),
-        scoped_from,
-        None if hold is None else hold.strip(),
-        None if release is None else release.strip(),
-        None if blocks is None else blocks.strip(),
-        chain_state,
-    )
+    return hold, release, blocks, chain_state
 
 
 _KNOWN = protocol.KNOWN
