@@ -29,6 +29,7 @@ from retry_scheduler.core.jobs import OutgoingRow, Status
 from retry_scheduler.core.policy import Policy, PolicyRegistry
 from retry_scheduler.db.connection import connect, redact_url
 from retry_scheduler.db.queue import Queue
+from retry_scheduler.db.readings import Readings
 from retry_scheduler.db.schema import migrate
 from retry_scheduler.db.store import Store
 from retry_scheduler.dev.procs import free_port
@@ -242,8 +243,9 @@ class BenchEnv:
 
     def job_counts(self, destination: str) -> dict[str, int]:
         """``destination``'s jobs by status, as ``retry-scheduler status`` counts them."""
-        with Store(self.url) as store:
-            return store.readings.counts(destination)
+        # A plain connection, as the other waits' reads: polled every second while a window is measured.
+        with connect(self.url, autocommit=True) as conn:
+            return Readings(conn).counts(destination)
 
     def count_records(self, topic: str, expected: int, timeout_s: float = 60) -> int:
         """Read ``topic`` from the beginning and count its records (until ``expected`` and idle for 1 s).

@@ -199,46 +199,36 @@ class Queue:
         return any(key not in stored or lowest[key] < stored[key] for key in keys)
 
     def _store_rows(self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], again: bool) -> list[str | None]:
-        """COPY ``rows`` in a savepoint; their dead reasons. When the server refuses rows, find each
-        (:meth:`_refused`) and raise :class:`RowsRefused`: the caller's transaction stores nothing.
+        """COPY ``rows``; their dead reasons. When the server refuses rows, find each
+        (:meth:`_copy_or_find`) and raise :class:`RowsRefused`: the caller's transaction stores nothing.
         (Refused as a whole but in no part, the parts stay stored: the batch is.)"""
-        try:
-            with self.conn.transaction():
-                return self._copy_rows(cur, rows, again)
-        except _ROW_ERRORS as exc:
-            if isinstance(exc, psycopg.errors.UniqueViolation):
-                raise
-            refusals, stored = self._refused(cur, rows, 0, again, exc)
+        refusals, stored = self._copy_or_find(cur, rows, 0, again)
         if refusals:
             raise RowsRefused(refusals)
         return stored
 
-    def _refused(
-        self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], first: int, again: bool, exc: Exception
+    def _copy_or_find(
+        self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], first: int, again: bool
     ) -> tuple[list[tuple[int, str]], list[str | None]]:
-        """The refused ones of ``rows`` (refused as a whole with ``exc``; ``first``: the index of its
-        first row in the batch), by halving: each half is tried in a savepoint of its own. And the
-        dead reasons of the rows the halves stored."""
-        if len(rows) == 1:
-            log.warning(
-                "PostgreSQL refused the record %s[%s]@%s: it is stored dead (invalid) with its bytes: %s",
-                rows[0].source_topic, rows[0].source_partition, rows[0].source_offset, refusal_reason(exc),
-            )  # fmt: skip
-            return [(first, refusal_reason(exc))], []
+        """COPY ``rows`` in a savepoint (``first``: the index of its first row in the batch); refused,
+        halve and try each half the same way. The refused rows (index, the server's error), and the
+        dead reasons of the rows stored."""
+        try:
+            with self.conn.transaction():
+                return [], self._copy_rows(cur, rows, again)
+        except _ROW_ERRORS as exc:
+            if isinstance(exc, psycopg.errors.UniqueViolation):
+                raise
+            if len(rows) == 1:
+                log.warning(
+                    "PostgreSQL refused the record %s[%s]@%s: it is stored dead (invalid) with its bytes: %s",
+                    rows[0].source_topic, rows[0].source_partition, rows[0].source_offset, refusal_reason(exc),
+                )  # fmt: skip
+                return [(first, refusal_reason(exc))], []
         half = len(rows) // 2
-        found: list[tuple[int, str]] = []
-        stored: list[str | None] = []
-        for start, part in ((0, rows[:half]), (half, rows[half:])):
-            try:
-                with self.conn.transaction():
-                    stored += self._copy_rows(cur, part, again)
-            except _ROW_ERRORS as part_exc:
-                if isinstance(part_exc, psycopg.errors.UniqueViolation):
-                    raise
-                part_found, part_stored = self._refused(cur, part, first + start, again, part_exc)
-                found += part_found
-                stored += part_stored
-        return found, stored
+        found, stored = self._copy_or_find(cur, rows[:half], first, again)
+        second_found, second_stored = self._copy_or_find(cur, rows[half:], first + half, again)
+        return found + second_found, stored + second_stored
 
     def _copy_rows(self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow], again: bool) -> list[str | None]:
         if again:
