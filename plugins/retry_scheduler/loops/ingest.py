@@ -285,15 +285,9 @@ class Ingestor:
     def store_batch(self, batch: Batch) -> IngestCounts:
         """Store a batch's rows and its next offsets in one transaction."""
         began, registry = time.perf_counter(), self.deployment.policies
-        counted_back = (
-            {
-                r.destination
-                for r in batch.rows
-                if r.attempt > 0 and r.destination and registry.has_breaker(r.destination)
-            }
-            if registry.any("breaker")
-            else set()
-        )
+        # The batch's destinations with a breaker: the queue counts which of their records came back.
+        destinations = {r.destination for r in batch.rows} if registry.any("breaker") else set()
+        counted_back = {d for d in destinations if d and registry.has_breaker(d)}
         stored = batch.store(
             self.store.queue,
             self.rows,
