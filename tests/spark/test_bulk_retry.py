@@ -34,7 +34,7 @@ from retry_scheduler.core.jobs import (
 )
 from retry_scheduler.db.selection import Selection, SelectionError
 from retry_scheduler.db.store import Store
-from retry_scheduler.spark import bulk_options, bulk_retry
+from retry_scheduler.spark import bulk_options, bulk_publish, bulk_retry
 from retry_scheduler.spark.connection_file import connection_file
 from retry_scheduler.spark.jdbc import JobArgumentError, fetch_rows
 from retry_scheduler.spark.selection import OUTGOING_COLUMNS, BulkRetryError, jdbc_table, publishable
@@ -326,8 +326,8 @@ def test_a_row_becomes_the_record_the_publish_loop_would_send() -> None:
     job = make_job(8, "orders", partition=2)
     # Columns in another order than OutgoingRow's fields, as a query may return them.
     row = dict(reversed(as_row(42, job).items()))
-    [outgoing] = bulk_retry.outgoing_rows(pa.RecordBatch.from_pylist([row]))
-    msg = bulk_retry.to_message(outgoing)
+    [outgoing] = bulk_publish.outgoing_rows(pa.RecordBatch.from_pylist([row]))
+    msg = bulk_publish.to_message(outgoing)
     assert (msg.job_id, msg.topic, msg.partition) == (42, "orders", 2)
     assert type(msg.key) is bytes and msg.key == job.key
     assert type(msg.value) is bytes and msg.value == job.value
@@ -346,7 +346,7 @@ def test_a_dead_head_of_a_chain_goes_back_without_its_chain_but_a_pending_one_ke
     dead = dataclasses.replace(dead, headers=[*dead.headers, (protocol.BLOCKS, b"chain-1")])
     pending = dataclasses.replace(dead, status=Status.PENDING, dead_reason=None)
     rows = [as_row(1, dead), as_row(2, pending)]
-    sent = [bulk_retry.to_message(o) for o in bulk_retry.outgoing_rows(pa.RecordBatch.from_pylist(rows))]
+    sent = [bulk_publish.to_message(o) for o in bulk_publish.outgoing_rows(pa.RecordBatch.from_pylist(rows))]
     assert [[v for k, v in m.headers if k == protocol.BLOCKS] for m in sent] == [[], [b"chain-1"]]
 
 
@@ -381,7 +381,7 @@ def test_arrow_batches_are_produced_and_their_acknowledged_jobs_marked_published
     batches = [pa.RecordBatch.from_pylist(selected[:3]), pa.RecordBatch.from_pylist(selected[3:])]
     failed = Tally()
     out = list(
-        bulk_retry.publish_batches(
+        bulk_publish.publish_batches(
             iter(batches), database_url=database_url, mark_batch=2,
             producer_conf=bulk_options.producer_settings(bootstrap_servers, {}),
             missing=frozenset(), failed_count=failed, flush_timeout_s=30,
@@ -424,8 +424,8 @@ def test_a_paced_partition_produces_each_destination_at_its_share_of_the_rate(
         insert_jobs(store, jobs)
     acked: dict[str, list[float]] = {}
     by_id = {r["id"]: r["destination"] for r in stored_rows(database_url)}
-    for job_id, at_ms in bulk_retry.publish_partition(
-        bulk_retry.outgoing_rows(pa.RecordBatch.from_pylist(stored_rows(database_url))),
+    for job_id, at_ms in bulk_publish.publish_partition(
+        bulk_publish.outgoing_rows(pa.RecordBatch.from_pylist(stored_rows(database_url))),
         producer_conf=bulk_options.producer_settings(bootstrap_servers, {}),
         missing=frozenset(), failed_count=Tally(), flush_timeout_s=30, rate_per_s=4,
     ):  # fmt: skip
@@ -453,8 +453,8 @@ def test_a_destinations_rate_limit_paces_it_below_the_runs_pace(
     create_topics(bootstrap_servers, [orders, payments])
     with Store(database_url) as store:
         insert_jobs(store, [make_job(i, orders if i < 4 else payments) for i in range(8)])
-    for _ in bulk_retry.publish_partition(
-        bulk_retry.outgoing_rows(pa.RecordBatch.from_pylist(stored_rows(database_url))),
+    for _ in bulk_publish.publish_partition(
+        bulk_publish.outgoing_rows(pa.RecordBatch.from_pylist(stored_rows(database_url))),
         producer_conf=bulk_options.producer_settings(bootstrap_servers, {}),
         missing=frozenset(), failed_count=Tally(), flush_timeout_s=30, rate_per_s=4, rates={payments: 2},
     ):  # fmt: skip
