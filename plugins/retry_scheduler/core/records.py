@@ -20,6 +20,7 @@ from retry_scheduler.core.headers import (
     Header,
     InvalidRecordError,
     Limits,
+    RetryHeaders,
     parse_headers,
     truncate_reason,
 )
@@ -175,20 +176,11 @@ class RowBuilder:
                 policy = self.registry.resolve(parsed.policy, parsed.scoped_from or parsed.destination)
             except UnknownPolicyError as exc:
                 raise InvalidRecordError(str(exc)) from None
-            if parsed.at_ms is not None and parsed.at_ms > now_ms + self.max_ahead_ms:
-                raise InvalidRecordError(
-                    f"header {protocol.AT}={parsed.at_ms} is more than {format_duration_ms(self.max_ahead_ms)} "
-                    "ahead (RETRY_MAX_RETRY_AHEAD_MS); it must be in epoch milliseconds"
-                )
-            if (
+            if (parsed.at_ms is not None and parsed.at_ms > now_ms + self.max_ahead_ms) or (
                 parsed.original_timestamp_ms is not None
                 and parsed.original_timestamp_ms > now_ms + self.max_skew_ms
             ):
-                raise InvalidRecordError(
-                    f"header {protocol.ORIGINAL_TIMESTAMP}={parsed.original_timestamp_ms} is more than "
-                    f"{format_duration_ms(self.max_skew_ms)} in the future (RETRY_MAX_CLOCK_SKEW_MS); it must be "
-                    "in epoch milliseconds"
-                )
+                raise InvalidRecordError(self._time_refusal(parsed, now_ms))
             if parsed.release is not None:
                 self.chain_events.append((parsed.release, protocol.CHAIN_RELEASED, None))
                 return None
@@ -207,30 +199,12 @@ class RowBuilder:
                 if at_ms is None and topic in self.delay_topics:
                     at_ms = seen_ms + self.delay_topics[topic]
                 decision = policy.decide(
-                    attempt=parsed.attempt,
-                    first_seen_ms=first_seen,
-                    base_ms=seen_ms,
-                    now_ms=now_ms,
-                    retry_id=retry_id,
-                    error_class=parsed.error_class,
-                    at_ms=at_ms,
-                    send_to_dlq=parsed.send_to_dlq,
-                )
+                    attempt=parsed.attempt, first_seen_ms=first_seen, base_ms=seen_ms, now_ms=now_ms,
+                    retry_id=retry_id, error_class=parsed.error_class, at_ms=at_ms, send_to_dlq=parsed.send_to_dlq,
+                )  # fmt: skip
                 dead, due = decision.dead_reason, pg_time(decision.due_ms)
                 if dead and self.park_after:
-                    replays = replays_of(parsed.passthrough)
-                    if replays >= self.park_after:  # replayed that often and dead again: parked
-                        reason = truncate_reason(
-                            f"parked after {replays} replays, then {dead}: {reason or 'no reason given'}",
-                            self.limits.max_reason_chars,
-                        )
-                        dead = protocol.DEAD_PARKED
-                if parsed.blocks is not None:  # its chain waits while it is pending, or goes on if dead
-                    self.chain_events.append(
-                        (parsed.blocks, protocol.CHAIN_DEAD, retry_id)
-                        if dead
-                        else (parsed.blocks, CHAIN_BLOCKED, retry_id)
-                    )
+                    dead, reason = self._parked(parsed, dead, reason)
             # Positional (the hot path, a third faster than keywords), in CopyRow's field order.
             row = CopyRow(
                 topic, partition, offset, timestamp_ms or 0, parsed.destination, parsed.destination_partition, key,
@@ -241,20 +215,46 @@ class RowBuilder:
                 pg_time(first_seen), due, _DEAD if dead else _PENDING, dead, policy.dlq_topic, due if dead else None,
                 parsed.hold,
             )  # fmt: skip
-            # (a head the consumer sent to the DLQ itself, retry.send-to=dlq, needs no notice: it knows)
-            if (
-                dead
-                and parsed.blocks is not None
-                and parsed.scoped_from is not None
-                and not parsed.send_to_dlq
-            ):
-                self.notices.append(notice_of(row, parsed.blocks, dead))
+            if parsed.blocks is not None and parsed.hold is None:
+                self._chain_head(row, parsed.blocks, parsed)
             return row
         except InvalidRecordError as exc:
             reason = str(exc)
         except Exception as exc:  # a fault of ours must not halt ingestion: keep the record, dead
             reason = f"the record could not be turned into a job ({type(exc).__name__}: {exc})"
         return self.invalid(topic, partition, offset, timestamp_ms, key, value, headers, now_ms, reason)
+
+    def _chain_head(self, row: CopyRow, chain: str, parsed: RetryHeaders) -> None:
+        """Ordered mode, the retry of a chain's head (``retry.blocks``): its chain waits while it is
+        pending, or goes on if it is dead, with a notice to the consumer helper (:func:`notice_of`)
+        unless the consumer sent it to the DLQ itself (``retry.send-to: dlq``): it knows."""
+        dead = row.dead_reason
+        self.chain_events.append((chain, protocol.CHAIN_DEAD if dead else CHAIN_BLOCKED, row.retry_id))
+        if dead and parsed.scoped_from is not None and not parsed.send_to_dlq:
+            self.notices.append(notice_of(row, chain, dead))
+
+    def _time_refusal(self, parsed: RetryHeaders, now_ms: int) -> str:
+        """Why a record's time headers are refused: a ``retry.at`` too far ahead, or a
+        ``retry.original-timestamp`` in the future beyond the allowed skew."""
+        if parsed.at_ms is not None and parsed.at_ms > now_ms + self.max_ahead_ms:
+            return (
+                f"header {protocol.AT}={parsed.at_ms} is more than {format_duration_ms(self.max_ahead_ms)} "
+                "ahead (RETRY_MAX_RETRY_AHEAD_MS); it must be in epoch milliseconds"
+            )
+        return (
+            f"header {protocol.ORIGINAL_TIMESTAMP}={parsed.original_timestamp_ms} is more than "
+            f"{format_duration_ms(self.max_skew_ms)} in the future (RETRY_MAX_CLOCK_SKEW_MS); it must be "
+            "in epoch milliseconds"
+        )
+
+    def _parked(self, parsed: RetryHeaders, dead: str, reason: str | None) -> tuple[str, str | None]:
+        """A dead record's (dead reason, reason): parked when it was replayed ``park_after`` times and
+        died again (``RETRY_PARK_AFTER_REPLAYS``), else as it was."""
+        replays = replays_of(parsed.passthrough)
+        if replays < self.park_after:
+            return dead, reason
+        why = f"parked after {replays} replays, then {dead}: {reason or 'no reason given'}"
+        return protocol.DEAD_PARKED, truncate_reason(why, self.limits.max_reason_chars)
 
     def adopted(
         self,
