@@ -7,11 +7,11 @@
 SELECT destination, breaker, probe_job FROM retry_destinations
 WHERE destination = ANY(%(destinations)s::text[]) AND breaker <> 'closed';
 
--- name: breaker_hold
--- A round's claimed jobs of destinations whose breaker is open: pending still, with their attempts,
+-- name: breaker_pause
+-- A round's claimed jobs of destinations whose breaker is open, paused: pending still, with their attempts,
 -- due 9999-12-30 (never claimed) until the breaker lets them go; their own due time is kept in
 -- retry_breaker_holds. Locked by the round's claim (see mark_published: no status test).
-WITH held AS (
+WITH paused AS (
     INSERT INTO retry_breaker_holds (id, destination, due_at)
     SELECT j.id, j.destination, j.due_at
     FROM retry_jobs AS j
@@ -20,11 +20,11 @@ WITH held AS (
     RETURNING id
 )
 UPDATE retry_jobs AS j SET due_at = %(breaker_due)s
-FROM held WHERE j.id = held.id;
+FROM paused WHERE j.id = paused.id;
 
 -- name: breaker_let_go
--- Up to %(limit)s of the jobs a destination's breaker holds, the oldest due first: due again at their
--- own due time (past, mostly: claimed at once). A job no longer held there (dead since, by hand) only
+-- Up to %(limit)s of the jobs a destination's breaker paused, the oldest due first: due again at their
+-- own due time (past, mostly: claimed at once). A job no longer paused there (dead since, by hand) only
 -- leaves the table.
 WITH gone AS (
     DELETE FROM retry_breaker_holds AS h
@@ -41,7 +41,7 @@ RETURNING j.id, j.retry_id;
 
 -- name: breaker_lock
 -- The tick: the breakers' rows of %(destinations)s, locked, with what it weighs besides them: the
--- probe's acknowledgement time (published) and last delivery error, and how many jobs are held.
+-- probe's acknowledgement time (published) and last delivery error, and whether it paused jobs.
 SELECT d.destination, d.breaker, d.breaker_since, d.breaker_reason, d.breaker_by, d.breaker_trips, d.window_at,
        d.sent, d.failed, d.came_back, d.prev_sent, d.prev_failed, d.prev_came_back,
        d.probe_job, d.probe_retry_id, d.probe_at, d.probe_came_back,
@@ -95,26 +95,26 @@ FROM c JOIN locked USING (destination)
 WHERE d.destination = c.destination;
 
 -- name: breaker_list
--- Every breaker not closed, or still holding jobs, or of %(destinations)s: its state, since when and why,
--- how often it opened, the jobs it holds and the oldest one's wait, the probe.
+-- Every breaker not closed, or with jobs still paused, or of %(destinations)s: its state, since when and
+-- why, how often it opened, the jobs it paused and the oldest one's wait, the probe.
 SELECT d.destination, d.breaker, d.breaker_since, d.breaker_reason, d.breaker_by, d.breaker_trips,
-       coalesce(h.held, 0), extract(epoch FROM clock_timestamp() - h.oldest)::float8,
+       coalesce(h.paused, 0), extract(epoch FROM clock_timestamp() - h.oldest)::float8,
        d.probe_retry_id, d.probe_at, d.sent, d.failed, d.came_back
 FROM retry_destinations AS d
 LEFT JOIN (
-    SELECT destination, count(*) AS held, min(held_at) AS oldest FROM retry_breaker_holds GROUP BY destination
+    SELECT destination, count(*) AS paused, min(held_at) AS oldest FROM retry_breaker_holds GROUP BY destination
 ) AS h USING (destination)
-WHERE d.breaker <> 'closed' OR h.held > 0 OR d.destination = ANY(%(destinations)s::text[])
+WHERE d.breaker <> 'closed' OR h.paused > 0 OR d.destination = ANY(%(destinations)s::text[])
 ORDER BY d.destination;
 
--- name: breaker_held_destinations
--- The destinations some of whose jobs a breaker holds (one index probe per destination).
+-- name: breaker_paused_destinations
+-- The destinations some of whose jobs a breaker paused (one index probe per destination).
 SELECT d.destination FROM retry_destinations AS d
 WHERE EXISTS (SELECT 1 FROM retry_breaker_holds AS h WHERE h.destination = d.destination)
 ORDER BY d.destination;
 
 -- name: breaker_set
--- An operator's `breakers open|close`: the state set by hand (the tick lets the held jobs of a closed
+-- An operator's `breakers open|close`: the state set by hand (the tick lets the paused jobs of a closed
 -- breaker go; one opened by hand stays open until closed by hand); the counts start again.
 UPDATE retry_destinations
 SET breaker = %(state)s, breaker_since = clock_timestamp(), breaker_reason = %(reason)s,

@@ -302,10 +302,10 @@ SELECT status::text, count(*) FROM retry_jobs_all
 WHERE %(destination)s::text IS NULL OR destination = %(destination)s
 GROUP BY status;
 
--- name: held_count
--- Pending jobs held in their key's chain (ordered mode), not yet let out: how many, in how many
+-- name: waiting_count
+-- Pending jobs waiting in their key's chain (ordered mode, held_by), not yet let out: how many, in how many
 -- chains, how long the oldest has waited (seconds since it was stored); then the chains whose head the
--- scheduler does not hold (stuck: see held_chains) and how long the oldest record of those has waited.
+-- scheduler no longer has (stuck: see waiting_chains) and how long the oldest record of those has waited.
 WITH c AS (
     SELECT held_by AS chain, count(*) AS held, min(created_at) AS since
     FROM retry_jobs
@@ -324,8 +324,8 @@ SELECT coalesce(sum(held), 0), count(*), extract(epoch FROM clock_timestamp() - 
        extract(epoch FROM clock_timestamp() - min(since) FILTER (WHERE stuck))::float8
 FROM s;
 
--- name: held_chains
--- Ordered mode's held chains (%(chains)s, or all; only the stuck ones with %(stuck)s), the longest
+-- name: waiting_chains
+-- Ordered mode's chains with jobs waiting (%(chains)s, or all; only the stuck ones with %(stuck)s), the longest
 -- waiting first: the chain; its key, the destination and the consumer group (of its first held job);
 -- how many jobs wait in it, since when (seconds), the oldest first-seen time (epoch ms) and the policy
 -- of its first held job; its state (blocked: waiting for its head; released or dead: going out; none:

@@ -1,16 +1,16 @@
-"""Trials of a destination's breaker: the publish loop killed (-9) while it holds jobs or lets them go.
+"""Trials of a destination's breaker: the publish loop killed (-9) while it pauses jobs or lets them go.
 
 The trial's destination has a breaker (``CHAOS_BREAKER``: bench/chaos_policies.py), opened by hand
-before the workload arrives, so that every job falling due is held; a while later it is closed by hand,
-and the held jobs go. The publish worker's fault plan kills it:
+before the workload arrives, so that every job falling due is paused; a while later it is closed by hand,
+and the paused jobs go. The publish worker's fault plan kills it:
 
-* ``kill_breaker_held``: in the N-th round that held jobs, before that round committed (the jobs stay
-  due, and are held again by the next process);
-* ``kill_breaker_let_go``: in the tick that lets the held jobs go once the breaker is closed, before it
-  committed (they stay held, and the next process lets them go).
+* ``kill_breaker_paused``: in the N-th round that paused jobs, before that round committed (the jobs stay
+  due, and are paused again by the next process);
+* ``kill_breaker_let_go``: in the tick that lets the paused jobs go once the breaker is closed, before it
+  committed (they stay paused, and the next process lets them go).
 
 The trial's count is the others': every record on its destination (or its DLQ) at least once, never
-early, with the attempt it had before it was held (a held job spends none), copies identified.
+early, with the attempt it had before it was paused (a paused job spends none), copies identified.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from bench.chaos.stack import Worker
 
-BREAKER_FAULTS = ("kill_breaker_held", "kill_breaker_let_go")
+BREAKER_FAULTS = ("kill_breaker_paused", "kill_breaker_let_go")
 #: What the workers' environment gains in a breaker trial.
 BREAKER_ENV = {"CHAOS_BREAKER": "1"}
 
@@ -33,8 +33,8 @@ def plan_breaker_fault(fault: str, rng: random.Random, records: int) -> tuple[di
         "held_at_least": rng.randint(1, max(1, records // 4)),
         "hold_s": round(rng.uniform(0.5, 3.0), 3),
     }
-    if fault == "kill_breaker_held":
-        detail.update(checkpoint="publish.held", n=rng.randint(1, 3))
+    if fault == "kill_breaker_paused":
+        detail.update(checkpoint="publish.paused", n=rng.randint(1, 3))
     else:
         detail.update(checkpoint="breaker.let_go", n=1)
     return detail, {"publish": f"{detail['checkpoint']}:{detail['n']}"}
@@ -69,7 +69,7 @@ def closer(
 
         began = time.monotonic()
         deadline = began + 45
-        while detail["checkpoint"] == "publish.held" and workers["publish"].starts < 2:
+        while detail["checkpoint"] == "publish.paused" and workers["publish"].starts < 2:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.05)

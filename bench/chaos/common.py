@@ -21,7 +21,7 @@ FAULTS = (
     "postgres_restart_ingest",
     "postgres_restart_publish",
     # A destination's breaker (bench/chaos/breaker.py): the publish loop killed holding or letting go.
-    "kill_breaker_held",
+    "kill_breaker_paused",
     "kill_breaker_let_go",
     # The bulk paths (bench/chaos/bulk.py): the operation killed mid-way, then run again.
     "bulk_retry_kill",

@@ -888,10 +888,10 @@ def test_two_hundred_concurrent_searches_use_a_few_connections_and_the_loops_kee
     assert job_rows(retry_db, [due])[due]["status"] == "published"
 
 
-# --- held chains (ordered mode) ------------------------------------------------------------------------
+# --- waiting chains (ordered mode) ---------------------------------------------------------------------
 
 
-def test_held_chains_are_listed_and_an_operator_releases_a_stuck_one(
+def test_waiting_chains_are_listed_and_an_operator_releases_a_stuck_one(
     airflow_server: AirflowServer, tokens: dict[str, str], retry_db: str, dest: str
 ) -> None:
     chain = f"chain-{uuid.uuid4().hex[:8]}"
@@ -908,7 +908,7 @@ def test_held_chains_are_listed_and_an_operator_releases_a_stuck_one(
         [listed] = [
             c for c in viewer.get("/api/chains", params={"stuck": True}).json() if c["chain"] == chain
         ]
-        assert (listed["held"], listed["key"], listed["destination"], listed["head"], listed["stuck"]) == (
+        assert (listed["waiting"], listed["key"], listed["destination"], listed["head"], listed["stuck"]) == (
             2, "key", dest, "gone", True
         )  # fmt: skip
         refused = viewer.post("/api/chains/release", json={"chains": [chain]})
@@ -917,9 +917,9 @@ def test_held_chains_are_listed_and_an_operator_releases_a_stuck_one(
         assert admin.post("/api/chains/release", json={"chains": []}).status_code == 422
         assert admin.post("/api/chains/release", json={"chains": [chain], "dryrun": True}).status_code == 422
         done = admin.post("/api/chains/release", json={"chains": [chain, "nope"], "why": "INC-7"}).json()
-        assert done == {"released": [chain], "heads_dead": [], "not_held": ["nope"]}
+        assert done == {"released": [chain], "heads_dead": [], "not_waiting": ["nope"]}
         [after] = [c for c in admin.get("/api/chains").json() if c["chain"] == chain]
-        assert (after["held"], after["state"], after["stuck"]) == (
+        assert (after["waiting"], after["state"], after["stuck"]) == (
             1,
             "dead",
             False,
@@ -958,7 +958,7 @@ def test_an_open_breaker_is_shown_and_an_operator_closes_it(
         )
     with client(airflow_server, tokens["viewer"]) as viewer:
         [listed] = [b for b in viewer.get("/api/breakers").json() if b["destination"] == dest]
-        assert (listed["state"], listed["held"], listed["trips"], listed["reason"]) == (
+        assert (listed["state"], listed["paused"], listed["trips"], listed["reason"]) == (
             "open", 1, 1, "20 of 20 records sent came back"
         )  # fmt: skip
         assert viewer.post("/api/breakers/close", json={"destinations": [dest]}).status_code == 403
@@ -969,7 +969,7 @@ def test_an_open_breaker_is_shown_and_an_operator_closes_it(
         assert done == {"closed": [dest], "unknown": ["nope"]}
         [after] = [b for b in admin.get("/api/breakers").json() if b["destination"] == dest]
     # Closed by hand; its held job goes once the publish loop's next tick lets it go.
-    assert (after["state"], after["reason"], after["held"]) == (
+    assert (after["state"], after["reason"], after["paused"]) == (
         "closed",
         "closed by admin on the dead letters page: fixed",
         1,

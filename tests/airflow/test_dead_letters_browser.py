@@ -434,7 +434,7 @@ def test_a_viewer_browses_without_replay_or_purge(
 def test_an_operator_releases_a_stuck_chain_from_the_page(
     airflow_server: AirflowServer, browser: Browser, jobs: dict[str, Any], retry_db: str
 ) -> None:
-    """Ordered mode's held chains show on the page; a stuck one is released with a note, audited."""
+    """Ordered mode's waiting chains show on the page; a stuck one is released with a note, audited."""
     chain = "chain-browser-1"
     held_due = datetime(9999, 12, 31, tzinfo=UTC)
     api.insert_dead(retry_db, "orders", status="pending", dead_reason=None, dead_at=None, dlq_published_at=None,
@@ -456,7 +456,7 @@ def test_an_operator_releases_a_stuck_chain_from_the_page(
         audit = page.locator("#audit tbody tr").first
         expect(audit).to_contain_text("release_chains")
         expect(audit).to_contain_text(f"why: its chain was released by an operator (INC-9), chain {chain}")
-        expect(row).to_have_count(0)  # its one record fell due: nothing is held in it any more
+        expect(row).to_have_count(0)  # its one record fell due: nothing waits in it any more
     finally:
         context.close()
     with psycopg.connect(retry_db) as conn:

@@ -196,7 +196,11 @@ def test_the_loops_report_counts_backlog_and_lateness_through_airflow_statsd(sig
     assert {kind for _, kind in seen["airflow.retry_scheduler.ingest.batch_size"]} == {"g"}
     assert {kind for _, kind in seen["airflow.retry_scheduler.publish.backlog_due"]} == {"g"}
     assert {kind for _, kind in seen["airflow.retry_scheduler.publish.oldest_overdue_s"]} == {"g"}
-    for name in ("held", "stuck", "oldest_stuck_s"):  # ordered mode's gauges, every minute: nothing held here
+    for name in (
+        "waiting",
+        "stuck",
+        "oldest_stuck_s",
+    ):  # ordered mode's gauges, every minute: nothing waits here
         gauges = seen[f"airflow.retry_scheduler.chains.{name}"]
         assert {kind for _, kind in gauges} == {"g"} and {value for value, _ in gauges} == {0.0}, (
             name,

@@ -1,7 +1,7 @@
 """A breaker per destination (``BREAKERS``, issue 33): when the records sent to a destination come
-back (its consumer fails them again) or cannot be delivered, past a share, its due jobs are held with
+back (its consumer fails them again) or cannot be delivered, past a share, its due jobs are paused with
 their attempts unspent, one probe goes out after the cool-down, and the breaker closes once a probe
-stays away; the held jobs then go.
+stays away; the paused jobs then go.
 
 Through the real loops (ingest and publish in threads, as the ``retry_scheduler`` DAG runs them), the
 broker and PostgreSQL, with an application consuming the destination through the SDK's
@@ -50,7 +50,7 @@ def breaker_loop(loop: Loop, breaker: Breaker = BREAKER) -> Loop:
 def breaker_of(loop: Loop) -> dict:
     with Store(loop.settings.database_url) as store:
         found = [b for b in store.breakers.statuses([loop.dest]) if b.destination == loop.dest]
-    return found[0].as_dict() if found else {"state": "closed", "held": 0, "trips": 0}
+    return found[0].as_dict() if found else {"state": "closed", "paused": 0, "trips": 0}
 
 
 def wait_for(what: str, until: Callable[[], bool], timeout_s: float = 60) -> float:
@@ -64,8 +64,8 @@ def wait_for(what: str, until: Callable[[], bool], timeout_s: float = 60) -> flo
 breaker_of_last: dict = {}
 
 
-def held_jobs(loop: Loop) -> dict[int, int]:
-    """The jobs the breaker holds: id -> attempt."""
+def paused_jobs(loop: Loop) -> dict[int, int]:
+    """The jobs the breaker paused: id -> attempt."""
     with psycopg.connect(loop.settings.database_url) as conn:
         rows = conn.execute(
             "SELECT j.id, j.attempt FROM retry_jobs AS j JOIN retry_breaker_holds AS h USING (id) "
@@ -74,7 +74,7 @@ def held_jobs(loop: Loop) -> dict[int, int]:
     return dict(rows)  # type: ignore[arg-type]
 
 
-def test_a_destination_whose_consumer_fails_everything_is_held_probed_and_let_go_once_it_recovers(
+def test_a_destination_whose_consumer_fails_everything_is_paused_probed_and_let_go_once_it_recovers(
     database_url: str, bootstrap_servers: str, topic_prefix: str
 ) -> None:
     global breaker_of_last
@@ -101,8 +101,8 @@ def test_a_destination_whose_consumer_fails_everything_is_held_probed_and_let_go
         opened_seen = wait_for("the breaker to open", lambda: state("open"))
         assert "came back" in breaker_of_last["reason"], breaker_of_last
         # Held: pending, due never, their attempts as they were when the breaker took them.
-        wait_for("jobs held", lambda: len(held_jobs(loop)) >= 10)
-        held = held_jobs(loop)
+        wait_for("jobs paused", lambda: len(paused_jobs(loop)) >= 10)
+        paused = paused_jobs(loop)
         # retry_monitor sees it.
         with Store(database_url) as store:
             reading = Reading.from_store(store.readings.monitor_reading(300), 300)
@@ -111,7 +111,7 @@ def test_a_destination_whose_consumer_fails_everything_is_held_probed_and_let_go
         [alert] = [o.alert for o in evaluate(reading, Thresholds(), {}) if o.check == "open_breakers"]
         assert (
             alert is not None
-            and alert.title == "retry_monitor: 1 destination(s) held by their breaker (threshold 0)"
+            and alert.title == "retry_monitor: 1 destination(s) paused by their breaker (threshold 0)"
         )
         assert f"{loop.dest} open since " in alert.text and "came back" in alert.text
         assert alert.fields["breakers"] == {loop.dest: "open"}
@@ -119,7 +119,7 @@ def test_a_destination_whose_consumer_fails_everything_is_held_probed_and_let_go
         wait_for("a probe to come back", lambda: breaker_of(loop)["trips"] >= 2, timeout_s=60)
         assert "the probe" in breaker_of(loop)["reason"] and "came back" in breaker_of(loop)["reason"]
         broken["down"] = False
-        wait_for("the breaker to close", lambda: state("closed") and breaker_of(loop)["held"] == 0, 60)
+        wait_for("the breaker to close", lambda: state("closed") and breaker_of(loop)["paused"] == 0, 60)
         closed_at = breaker_of(loop)["since"]
         wait_for("every record to succeed", lambda: succeeded >= set(keys))
         time.sleep(2)  # anything more that would come
@@ -134,21 +134,21 @@ def test_a_destination_whose_consumer_fails_everything_is_held_probed_and_let_go
     # probe, the last), not the dozens its policy allows at one a second.
     per_key = Counter(r.key for r in seen)
     assert set(per_key) == set(keys) and max(per_key.values()) <= 6, per_key
-    # The held jobs went out with the attempt they were held with: none spent while held.
+    # The paused jobs went out with the attempt they were paused with: none spent while paused.
     with psycopg.connect(database_url) as conn:
         went = dict(
             conn.execute(  # type: ignore[arg-type]
-                "SELECT id, attempt FROM retry_published_jobs WHERE id = ANY(%s)", (list(held),)
+                "SELECT id, attempt FROM retry_published_jobs WHERE id = ANY(%s)", (list(paused),)
             ).fetchall()
         )
-    assert went == held
+    assert went == paused
     assert loop.rows("status = 'pending'") == []
 
 
 def test_deliveries_that_fail_open_the_breaker_and_a_delivered_probe_closes_it(
     database_url: str, bootstrap_servers: str, topic_prefix: str
 ) -> None:
-    """The destination topic is missing (and not created): every delivery fails. The breaker holds the
+    """The destination topic is missing (and not created): every delivery fails. The breaker pauses the
     jobs rather than failing them again and again; once the topic exists, the probe goes through and
     the rest follows."""
     global breaker_of_last
@@ -166,7 +166,7 @@ def test_deliveries_that_fail_open_the_breaker_and_a_delivered_probe_closes_it(
 
         wait_for("the breaker to open", opened)
         assert "not delivered" in breaker_of_last["reason"], breaker_of_last
-        wait_for("every job held", lambda: len(held_jobs(loop)) == 6, timeout_s=30)
+        wait_for("every job paused", lambda: len(paused_jobs(loop)) == 6, timeout_s=30)
 
         def failures() -> tuple[int, int]:
             """Deliveries failed in all, then the breaker's trips (read after: a probe that failed is
@@ -183,7 +183,7 @@ def test_deliveries_that_fail_open_the_breaker_and_a_delivered_probe_closes_it(
         assert breaker_of(loop)["state"] == "closed"
     # Held, the jobs stopped failing: from then on only the probes failed, each opening the breaker again
     # (one more may be counted, its trip not yet), not every job once per backoff. (Without the breaker,
-    # every held job would have failed again at each of its delivery backoffs.)
+    # every paused job would have failed again at each of its delivery backoffs.)
     probes_failed = trips_after - trips_before
     assert failed_after - failed_before <= probes_failed + 1, (failed_before, failed_after, probes_failed)
     assert sorted(r.key for r in consume(loop.bootstrap, [loop.dest], 6)) == keys
@@ -227,12 +227,12 @@ def test_an_operator_opens_a_breaker_for_maintenance_and_closes_it(
                 for i in range(4)
             ]
         )
-        wait_for("the jobs held", lambda: len(held_jobs(loop)) == 4, timeout_s=30)
+        wait_for("the jobs paused", lambda: len(paused_jobs(loop)) == 4, timeout_s=30)
         time.sleep(5)  # past the cool-down: opened by hand, no probe goes out
-        assert len(held_jobs(loop)) == 4 and loop.rows("status = 'published'") == []
+        assert len(paused_jobs(loop)) == 4 and loop.rows("status = 'published'") == []
         assert main(["status", "--json"]) == 0
         [shown] = json.loads(capsys.readouterr().out)["breakers"]
-        assert (shown["destination"], shown["state"], shown["held"], shown["trips"]) == (
+        assert (shown["destination"], shown["state"], shown["paused"], shown["trips"]) == (
             loop.dest,
             "open",
             4,
@@ -244,11 +244,11 @@ def test_an_operator_opens_a_breaker_for_maintenance_and_closes_it(
         assert loop.dest in listed and " open " in listed and "INC-42 maintenance" in listed
         assert main(["breakers", "close", loop.dest, "--yes", "--json"]) == 0
         assert json.loads(capsys.readouterr().out) == {"state": "closed", "destinations": [loop.dest]}
-        wait_for("the held jobs out", lambda: len(loop.rows("status = 'published'")) == 4, timeout_s=30)
+        wait_for("the paused jobs out", lambda: len(loop.rows("status = 'published'")) == 4, timeout_s=30)
     assert len(consume(loop.bootstrap, [loop.dest], 4)) == 4
     assert main(["breakers", "list", "--json"]) == 0
     [after] = json.loads(capsys.readouterr().out)
-    assert (after["state"], after["held"], after["by"]) == ("closed", 0, None)
+    assert (after["state"], after["paused"], after["by"]) == ("closed", 0, None)
 
 
 def test_the_tick_reports_the_breakers_gauges_and_each_opening(database_url: str) -> None:
@@ -264,14 +264,14 @@ def test_the_tick_reports_the_breakers_gauges_and_each_opening(database_url: str
         assert breakers.step_breakers(force=True)[0][:2] == ("shop.cart", "open")
         assert ("incr", "retry_scheduler.breakers.opened", 1) in metrics.sent
         assert ("gauge", "retry_scheduler.breakers.open", 1) in metrics.sent
-        assert ("gauge", "retry_scheduler.breakers.held", 0) in metrics.sent
+        assert ("gauge", "retry_scheduler.breakers.paused", 0) in metrics.sent
         assert breakers.step_breakers() == []  # within a second of the last: nothing
 
 
 def test_jobs_held_by_a_breaker_no_longer_declared_go(
     database_url: str, bootstrap_servers: str, topic_prefix: str
 ) -> None:
-    """A breaker no longer declared while it held jobs: the publish loop lets them go, and they
+    """A breaker no longer declared while it paused jobs: the publish loop lets them go, and they
     are published (nothing else would ever let them go)."""
     loop = breaker_loop(new_loop(database_url, bootstrap_servers, topic_prefix))
     create_topics(loop.bootstrap, [loop.dest, loop.settings.retry_topic])
@@ -284,7 +284,7 @@ def test_jobs_held_by_a_breaker_no_longer_declared_go(
                 for i in range(3)
             ]
         )
-        wait_for("the jobs held", lambda: len(held_jobs(loop)) == 3, timeout_s=30)
+        wait_for("the jobs paused", lambda: len(paused_jobs(loop)) == 3, timeout_s=30)
     from retry_scheduler.core.deployment import Deployment
     from retry_scheduler.loops.publish import Publisher
 
@@ -296,6 +296,6 @@ def test_jobs_held_by_a_breaker_no_longer_declared_go(
             published = publisher.run(3, grace_s=0)
         finally:
             publisher.close()
-    assert published.published == 3 and held_jobs(loop) == {}
+    assert published.published == 3 and paused_jobs(loop) == {}
     assert breaker_of(loop)["state"] == "closed"
     assert breaker_of(loop)["reason"] == "its breaker is no longer declared"

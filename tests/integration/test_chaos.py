@@ -53,9 +53,9 @@ def test_every_fault_kind_loses_nothing_and_duplicates_keep_their_identity(tmp_p
         assert trial["detail"]["exit_codes"] == [-9, 0], (fault, trial)
         assert trial["starts"]["job"] == 2
     assert bulk["compaction_kill"]["detail"]["archived_jobs"] == 1000  # the whole workload was compacted
-    # The breaker trials held jobs (killed while holding them, or letting them go) and still lost none,
+    # The breaker trials paused jobs (killed while pausing them, or letting them go) and still lost none,
     # each published with the attempt it had (wrong_headers above counts a spent one).
-    for fault in ("kill_breaker_held", "kill_breaker_let_go"):
+    for fault in ("kill_breaker_paused", "kill_breaker_let_go"):
         [trial] = [t for t in report["trial_results"] if t["fault"] == fault]
         assert trial["detail"]["held_when_closed"] > 0 and trial["starts"]["publish"] == 2, trial
     assert report["passed"]

@@ -30,7 +30,7 @@ from retry_scheduler.core import protocol as p
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.jobs import CopyRow
 from retry_scheduler.core.records import RowBuilder
-from retry_scheduler.db.chains import held_chains
+from retry_scheduler.db.chains import waiting_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.dev.procs import free_port
 from retry_scheduler.holds import Hold, HoldStore, HoldsUnavailable
@@ -111,8 +111,14 @@ def test_held_records_go_out_after_the_release_one_at_a_time_in_original_order(l
     held = loop.rows("held_by IS NOT NULL")
     assert [(r["status"], r["due_at"].year, r["attempt"]) for r in held] == [("pending", 9999, 0)] * 3
     report = status_report(loop.settings, None, 300)
-    assert (report["pending"], report["held"], report["held_chains"], report["published"]) == (3, 3, 1, 1)
-    assert 0 <= report["oldest_held_s"] < 60
+    assert (report["pending"], report["waiting"], report["waiting_chains"], report["published"]) == (
+        3,
+        3,
+        1,
+        1,
+    )
+    assert 0 <= report["oldest_waiting_s"] < 60
+    assert report["held"] == report["waiting"]  # 0.4's name, deprecated for one release
 
     loop.send([release(loop, "C")])
     counts = loop.ingest(1)
@@ -211,16 +217,16 @@ def test_a_stuck_chain_is_seen_alerted_and_released_by_an_operator(
     loop.ingest(5)
     assert publish_round(loop) == 1  # C's head goes out; its consumer never releases C
     with Store(loop.settings.database_url) as store:
-        chains = {c.chain: c for c in held_chains(store.conn)}
-        assert store.readings.status_of_holds().stuck == 1
+        chains = {c.chain: c for c in waiting_chains(store.conn)}
+        assert store.readings.chains_waiting().stuck == 1
         raw = store.readings.monitor_reading(300)
     assert (chains["C"].state, chains["C"].head, chains["C"].head_pending, chains["C"].stuck) == (
         "blocked", "r1", False, True
     )  # fmt: skip
-    assert (chains["C"].held, chains["C"].key, chains["C"].destination) == (2, b"k", loop.dest)
+    assert (chains["C"].waiting, chains["C"].key, chains["C"].destination) == (2, b"k", loop.dest)
     assert (chains["D"].head_pending, chains["D"].stuck) == (True, False)  # waits for r2, due in an hour
     report = status_report(loop.settings, None, 300)
-    assert (report["held"], report["held_chains"], report["stuck_chains"]) == (3, 2, 1)
+    assert (report["waiting"], report["waiting_chains"], report["stuck_chains"]) == (3, 2, 1)
     reading = Reading.from_store(raw, 300)
     assert (reading.stuck_chains, reading.stuck_chain_ids) == (1, ("C",))
     [alert] = [o for o in evaluate(reading, Thresholds(stuck_chain_s=0), {}) if o.check == "stuck_chains"]
@@ -233,10 +239,10 @@ def test_a_stuck_chain_is_seen_alerted_and_released_by_an_operator(
     assert cli_main(["--database-url", url, "chains", "release", "C", "D", "gone", "--yes", "--json",
                      "--why", "INC-42"]) == 0  # fmt: skip
     out = json.loads(capsys.readouterr().out)
-    assert out == {"released": ["C", "D"], "heads_dead": ["r2"], "not_held": ["gone"]}
+    assert out == {"released": ["C", "D"], "heads_dead": ["r2"], "not_waiting": ["gone"]}
     # a chain going out already is left as it is
     assert cli_main(["--database-url", url, "chains", "release", "C", "--yes", "--json"]) == 1
-    assert json.loads(capsys.readouterr().out) == {"released": [], "heads_dead": [], "not_held": ["C"]}
+    assert json.loads(capsys.readouterr().out) == {"released": [], "heads_dead": [], "not_waiting": ["C"]}
     [r2] = loop.rows("retry_id = 'r2'")
     assert (r2["status"], r2["dead_reason"]) == ("dead", "requested")
     assert r2["reason"].startswith("its chain was released by an operator (INC-42)")
@@ -248,12 +254,12 @@ def test_a_stuck_chain_is_seen_alerted_and_released_by_an_operator(
     ]  # fmt: skip
     assert [(m.value, m.header(p.CHAIN_STATE)) for m in seen if m.key == b"j"] == [(b"v12", "dead:r2")]
     with Store(url) as store:
-        assert held_chains(store.conn) == [] and store.readings.status_of_holds().stuck == 0
+        assert waiting_chains(store.conn) == [] and store.readings.chains_waiting().stuck == 0
         audit = store.conn.execute(
             "SELECT action, actor, matched, skipped FROM retry_dlq_audit ORDER BY id"
         ).fetchall()
     assert [(a, m, s) for a, _, m, s in audit] == [
-        ("release_chains", 2, {"not_held": 1}), ("release_chains", 0, {"not_held": 1})
+        ("release_chains", 2, {"not_waiting": 1}), ("release_chains", 0, {"not_waiting": 1})
     ]  # fmt: skip
     assert audit[0][1].startswith("cli:")
 
@@ -281,7 +287,7 @@ def test_held_records_past_their_policys_max_age_release_their_chain(loop: Loop,
     [seen] = [m for m in consume(loop.bootstrap, [loop.dest], expected=1)]
     assert (seen.value, seen.header(p.CHAIN_STATE)) == (b"v2", "dead:r5")
     with Store(loop.settings.database_url) as store:
-        assert [c.chain for c in held_chains(store.conn)] == ["F"]  # one hour old at most: it waits
+        assert [c.chain for c in waiting_chains(store.conn)] == ["F"]  # one hour old at most: it waits
 
 
 def test_a_replayed_dead_head_goes_back_as_a_new_record_of_its_key(

@@ -540,7 +540,7 @@ def test_dry_run_counts_per_destination_and_changes_nothing(
         "marking_s": None,
         "phases_s": {"select": result["phases_s"]["select"]},  # a dry run only counts
         "not_allowed": {},
-        "held_by_breaker": {},
+        "paused_by_breaker": {},
         "rate_per_s": None,  # not paced
         "rate_limited": {},  # no destination with a rate limit
     }
@@ -810,9 +810,9 @@ def test_jobs_of_a_destination_whose_breaker_is_open_are_left_to_the_publish_loo
         )
         store.breakers.set_states([payments], "open", "its consumer fails everything", "test")
     dry = run(database_url, bootstrap_servers, "--dry-run")
-    assert (dry["selected"], dry["held_by_breaker"]) == (4, {payments: 3})
+    assert (dry["selected"], dry["paused_by_breaker"]) == (4, {payments: 3})
     result = run(database_url, bootstrap_servers)
-    assert (result["selected"], result["published"], result["held_by_breaker"]) == (4, 4, {payments: 3})
+    assert (result["selected"], result["published"], result["paused_by_breaker"]) == (4, 4, {payments: 3})
     assert consume(bootstrap_servers, [payments], expected=1, timeout_s=3) == []
     statuses = {rid: r[0] for rid, r in rows(database_url).items()}
     assert {statuses[f"rid-{10 + i}"] for i in range(3)} == {"dead"}

@@ -24,11 +24,11 @@ def _cmd_list(args: argparse.Namespace, settings: Settings) -> int:
         print("no breaker is declared (Destination(..., breaker=Breaker()) in the policies module)")
     if not listed:
         return 0
-    print(f"{'destination':<32}  {'state':<8}  {'held':>7}  {'opened':>6}  since / why")
+    print(f"{'destination':<32}  {'state':<8}  {'paused':>7}  {'opened':>6}  since / why")
     for b in listed:
         since = "-" if b.since is None else b.since.isoformat(timespec="seconds")
         print(
-            f"{b.destination[:32]:<32}  {b.state:<8}  {b.held:>7}  {b.trips:>6}  {since}"
+            f"{b.destination[:32]:<32}  {b.state:<8}  {b.paused:>7}  {b.trips:>6}  {since}"
             + (f": {b.reason}" if b.reason else "")
         )
     return 0
@@ -50,9 +50,9 @@ def _cmd_set(args: argparse.Namespace, settings: Settings) -> int:
     state: Literal["open", "closed"] = "open" if args.breakers_command == "open" else "closed"
     if not args.yes:
         what = (
-            "hold their due jobs until you close them (no probe goes out)"
+            "pause their due jobs until you close them (no probe goes out)"
             if state == "open"
-            else "let their held jobs go now, without a probe"
+            else "let their paused jobs go now, without a probe"
         )
         print(f"retry-scheduler: not confirmed: add --yes to {args.breakers_command} these breakers ({what})",
               file=sys.stderr)  # fmt: skip
@@ -70,18 +70,19 @@ def add_parsers(sub: Any) -> None:
     breakers = sub.add_parser(
         "breakers",
         help="the destinations' breakers: list them, open or close one by hand",
-        description="A destination's breaker (BREAKERS in the policies module) holds its due jobs while the "
+        description="A destination's breaker (BREAKERS in the policies module) pauses its due jobs while the "
         "records sent to it fail or come back. See docs/operations/runbook.md, 'Breakers'.",
     )
     breakers_sub = breakers.add_subparsers(dest="breakers_command", required=True, metavar="ACTION")
     listing = breakers_sub.add_parser(
-        "list", help="the breakers not closed or holding jobs, and every declared one the service has seen"
+        "list",
+        help="the breakers not closed or with jobs paused, and every declared one the service has seen",
     )
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(func=_cmd_list)
     for action, text in (
-        ("open", "hold the destinations' due jobs until closed by hand (maintenance)"),
-        ("close", "let the destinations' held jobs go now, without waiting for a probe"),
+        ("open", "pause the destinations' due jobs until closed by hand (maintenance)"),
+        ("close", "let the destinations' paused jobs go now, without waiting for a probe"),
     ):
         p = breakers_sub.add_parser(action, help=text, description=text + ". The publish loop acts on it "
                                     "within a second.")  # fmt: skip

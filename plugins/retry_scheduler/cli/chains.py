@@ -1,4 +1,4 @@
-"""``retry-scheduler chains``: list ordered mode's held chains, and release the stuck ones."""
+"""``retry-scheduler chains``: list ordered mode's chains with records waiting, and release the stuck ones."""
 
 from __future__ import annotations
 
@@ -19,19 +19,21 @@ def _cmd_list(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps([c.as_dict() for c in chains], indent=2))
         return 0
     if not chains:
-        print("no chain holds records" if not args.stuck else "no chain is stuck")
+        print("no chain has records waiting" if not args.stuck else "no chain is stuck")
         return 0
-    print(f"{'chain':<36}  {'held':>6}  {'waited':>9}  {'state':<8}  head pending  destination / key / group")
+    print(
+        f"{'chain':<36}  {'waiting':>7}  {'waited':>9}  {'state':<8}  head pending  destination / key / group"
+    )
     for c in chains:
         key = "-" if c.key is None else c.key.decode("utf-8", "backslashreplace")[:40]
         print(
-            f"{c.chain[:36]:<36}  {c.held:>6}  {c.waited_s:>8.0f}s  {c.state or '-':<8}  "
+            f"{c.chain[:36]:<36}  {c.waiting:>7}  {c.waited_s:>8.0f}s  {c.state or '-':<8}  "
             f"{'yes' if c.head_pending else 'NO (stuck)' if c.stuck else 'no':<12}  "
             f"{c.destination} / {key} / {c.group or '-'}"
         )
     if any(c.stuck for c in chains):
         print(
-            "\nA stuck chain waits for a head the scheduler does not hold: its retry was published and the "
+            "\nA stuck chain waits for a head the scheduler no longer has: its retry was published and the "
             "consumer group has not released it (is it running, reading that topic?), or the head is lost. "
             "`retry-scheduler chains release CHAIN` lets it go as if the head had died."
         )
@@ -55,13 +57,17 @@ def _cmd_release(args: argparse.Namespace, settings: Settings) -> int:
         actor=f"cli:{getpass.getuser()}",
         source="cli",
     )
-    out: dict[str, Any] = {"released": done.chains, "heads_dead": done.heads_dead, "not_held": done.unknown}
+    out: dict[str, Any] = {
+        "released": done.chains,
+        "heads_dead": done.heads_dead,
+        "not_waiting": done.unknown,
+    }
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         print(f"released {len(done.chains)} chain(s); {len(done.heads_dead)} pending head(s) made dead")
         for chain in done.unknown:
-            print(f"  {chain}: holds nothing waiting (finished, going out already, or never was)")
+            print(f"  {chain}: nothing waiting in it (finished, going out already, or never was)")
     return 0 if done.chains or not done.unknown else 1
 
 
@@ -69,14 +75,14 @@ def add_parsers(sub: Any) -> None:
     """Register ``chains list`` and ``chains release``."""
     chains = sub.add_parser(
         "chains",
-        help="ordered mode's held chains: list them, release the stuck ones",
-        description="A chain holds the records of one key that wait behind a failed record (its head) in "
-        "ordered mode. See docs/operations/runbook.md, 'Held chains'.",
+        help="ordered mode's chains: list them, release the stuck ones",
+        description="A chain is the records of one key waiting behind a failed record (its head) in "
+        "ordered mode. See docs/operations/runbook.md, 'Waiting chains'.",
     )
     chains_sub = chains.add_subparsers(dest="chains_command", required=True, metavar="ACTION")
-    listing = chains_sub.add_parser("list", help="the held chains, the longest waiting first")
+    listing = chains_sub.add_parser("list", help="the chains with records waiting, the longest waiting first")
     listing.add_argument(
-        "--stuck", action="store_true", help="only the chains whose head the scheduler does not hold"
+        "--stuck", action="store_true", help="only the chains whose head the scheduler no longer has"
     )
     listing.add_argument("--limit", type=int, default=100, metavar="N", help="chains at most (100)")
     listing.add_argument("--json", action="store_true", help="machine-readable output")

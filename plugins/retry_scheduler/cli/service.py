@@ -31,21 +31,23 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def status_report(settings: Settings, destination: str | None, window_s: int) -> dict[str, Any]:
-    """The figures of ``status --json``: one key per job status (``held``: the pending ones held in
-    ordered mode, in ``held_chains`` chains, the oldest stored ``oldest_held_s`` ago; ``stuck_chains``
-    of them wait for a head the scheduler does not hold, the oldest record for ``oldest_stuck_s``),
-    plus dead reasons, lateness and ``breakers``: the destinations' breakers not closed or holding
-    jobs (and the destination's, with ``destination``)."""
+    """The figures of ``status --json``: one key per job status (``waiting``: the pending ones
+    waiting in their key's chain in ordered mode, in ``waiting_chains`` chains, the oldest stored
+    ``oldest_waiting_s`` ago; ``stuck_chains`` of them wait for a head the scheduler no longer has, the
+    oldest record for ``oldest_stuck_s``; ``held``, 0.4's name of ``waiting``, is deprecated), plus
+    dead reasons, lateness and ``breakers``: the destinations' breakers not closed or with jobs paused
+    (and the destination's, with ``destination``)."""
     from retry_scheduler.ops.status import read_status
 
     reading, breakers = read_status(settings.database_url, destination, window_s)
-    late, holds, overdue, vacuum = reading.lateness, reading.holds, reading.oldest_overdue, reading.vacuum
+    late, waiting, overdue, vacuum = reading.lateness, reading.waiting, reading.oldest_overdue, reading.vacuum
     report: dict[str, Any] = {s.value: reading.counts.get(s.value, 0) for s in Status}
-    report["held"] = holds.held
-    report["held_chains"] = holds.chains
-    report["oldest_held_s"] = holds.oldest_held_s
-    report["stuck_chains"] = holds.stuck
-    report["oldest_stuck_s"] = holds.oldest_stuck_s
+    report["waiting"] = waiting.waiting
+    report["held"] = waiting.waiting  # deprecated: 0.4's name of "waiting", gone in the next release
+    report["waiting_chains"] = waiting.chains
+    report["oldest_waiting_s"] = waiting.oldest_waiting_s
+    report["stuck_chains"] = waiting.stuck
+    report["oldest_stuck_s"] = waiting.oldest_stuck_s
     report["dead_by_reason"] = reading.dead_by_reason
     report["oldest_overdue"] = (
         None
@@ -91,24 +93,24 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     print(f"retry jobs{scope}")
     for status in Status:
         line = f"  {status.value:<10} {report[status.value]:>10}"
-        if status is Status.PENDING and report["held"]:
+        if status is Status.PENDING and report["waiting"]:
             line += (
-                f"  ({report['held']} held behind an earlier record of their key, in "
-                f"{report['held_chains']} chain(s), the oldest for {_fmt_s(report['oldest_held_s'])})"
+                f"  ({report['waiting']} waiting behind an earlier record of their key, in "
+                f"{report['waiting_chains']} chain(s), the oldest for {_fmt_s(report['oldest_waiting_s'])})"
             )
             if report["stuck_chains"]:
                 line += (
-                    f"\n{'':<24}({report['stuck_chains']} chain(s) wait for a head the scheduler does not "
-                    f"hold, the oldest for {_fmt_s(report['oldest_stuck_s'])}: `retry-scheduler chains list`)"
+                    f"\n{'':<24}({report['stuck_chains']} chain(s) wait for a head the scheduler no longer "
+                    f"has, the oldest for {_fmt_s(report['oldest_stuck_s'])}: `retry-scheduler chains list`)"
                 )
         if status is Status.DEAD and report["dead_by_reason"]:
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(report["dead_by_reason"].items()))
             line += f"  ({reasons})"
         print(line)
     for b in report["breakers"]:
-        if b["state"] != "closed" or b["held"]:
+        if b["state"] != "closed" or b["paused"]:
             print(
-                f"  breaker {b['destination']}: {b['state']} since {b['since']}, {b['held']} job(s) held"
+                f"  breaker {b['destination']}: {b['state']} since {b['since']}, {b['paused']} job(s) paused"
                 + (f": {b['reason']}" if b["reason"] else "")
             )
     overdue = report["oldest_overdue"]

@@ -3,9 +3,9 @@ or the older ``BREAKERS`` dict), and how it moves.
 
 When the records sent to a destination fail to be delivered, or come back to the retry topics
 (their consumer failed them again on their next attempt), past a share, the destination's breaker
-opens: its due jobs are held, pending and with their attempts unspent, rather than published into
+opens: its due jobs are paused, pending and with their attempts unspent, rather than published into
 a consumer that fails them again. After a cool-down one probe record goes out; if it is delivered
-and does not come back within the probe window, the breaker closes and the held jobs go, the oldest
+and does not come back within the probe window, the breaker closes and the paused jobs go, the oldest
 first; otherwise it opens again for another cool-down::
 
     from retry_scheduler.core.breakers import Breaker
@@ -16,8 +16,8 @@ first; otherwise it opens again for another cool-down::
     ]
 
 closed --(share of bad records >= failure_rate, over >= min_records)--> open
-open --(cool_down elapsed)--> probing: one held job goes out (not when opened by hand: it stays open)
-probing --(the probe delivered and away for probe_window)--> closed: the held jobs go
+open --(cool_down elapsed)--> probing: one paused job goes out (not when opened by hand: it stays open)
+probing --(the probe delivered and away for probe_window)--> closed: the paused jobs go
 probing --(the probe came back, or was not delivered within probe_window)--> open
 
 The share is taken over a sliding window (the current window and the one before, weighted by how
@@ -126,7 +126,7 @@ class BreakerRow:
     probe_error: str | None = None
 
 
-#: What the loop must do besides writing the row: let the probe out, or let every held job go.
+#: What the loop must do besides writing the row: let the probe out, or let every paused job go.
 LET_PROBE_OUT, LET_ALL_GO = "probe", "all"
 
 
@@ -195,7 +195,7 @@ def step(row: BreakerRow, breaker: Breaker, now: datetime) -> tuple[BreakerRow, 
         return row, None
     # PROBING
     if row.probe_job is None:
-        return row, LET_PROBE_OUT  # nothing was held when it started probing: the next held job is
+        return row, LET_PROBE_OUT  # nothing was paused when it started probing: the next paused job is
     if row.probe_came_back:
         return _open(
             row, now, f"the probe {row.probe_retry_id} came back: its consumer failed it again"

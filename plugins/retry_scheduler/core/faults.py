@@ -3,8 +3,8 @@
 The ingest and publish loops call :func:`checkpoint` at the points where a crash matters most
 (``ingest.consumed``: a batch consumed, not yet stored; ``ingest.stored``: rows committed, offsets
 not yet; ``publish.produced`` / ``publish.dlq_produced``: the broker acknowledged, the jobs are
-not yet marked; ``publish.held``: a round's jobs held by their destination's open breaker, not yet
-committed; ``breaker.let_go``: a closed breaker's held jobs let go, not yet committed). So do the bulk
+not yet marked; ``publish.paused``: a round's jobs paused by their destination's open breaker, not yet
+committed; ``breaker.let_go``: a closed breaker's paused jobs let go, not yet committed). So do the bulk
 operations: ``bulk_retry.acked`` (a Spark partition handed a batch
 of acknowledged jobs to be marked published, not yet committed), ``compaction.archived`` (the
 archive written, synced and verified, nothing deleted yet), ``compaction.deleted`` (one more delete
@@ -34,7 +34,7 @@ LOOP_CHECKPOINTS = frozenset(
         "ingest.stored",
         "publish.produced",
         "publish.dlq_produced",
-        "publish.held",
+        "publish.paused",
         "breaker.let_go",
     }
 )

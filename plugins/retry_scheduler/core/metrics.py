@@ -55,22 +55,22 @@ METRICS: dict[str, tuple[str, str]] = {
     ),
     "retry_scheduler.breakers.open": (
         "gauge",
-        "destinations whose breaker holds their jobs (their declaration's breaker)",
+        "destinations whose breaker is open or probing: their due jobs are paused",
     ),
-    "retry_scheduler.breakers.held": ("gauge", "jobs held by the destinations' breakers"),
+    "retry_scheduler.breakers.paused": ("gauge", "jobs paused by the destinations' breakers"),
     "retry_scheduler.breakers.opened": ("counter", "times a destination's breaker opened"),
-    "retry_scheduler.chains.held": (
+    "retry_scheduler.chains.waiting": (
         "gauge",
-        "ordered mode: records held behind an earlier record of their key",
+        "ordered mode: records waiting in a chain, behind an earlier record of their key",
     ),
-    "retry_scheduler.chains.held_chains": ("gauge", "ordered mode: chains with records held"),
-    "retry_scheduler.chains.oldest_held_s": (
+    "retry_scheduler.chains.waiting_chains": ("gauge", "ordered mode: chains with records waiting"),
+    "retry_scheduler.chains.oldest_waiting_s": (
         "gauge",
-        "ordered mode: seconds the oldest held record has waited",
+        "ordered mode: seconds the oldest waiting record has waited",
     ),
     "retry_scheduler.chains.stuck": (
         "gauge",
-        "ordered mode: held chains whose head the scheduler does not hold",
+        "ordered mode: chains waiting for a head the scheduler no longer has (published, or never stored)",
     ),
     "retry_scheduler.chains.oldest_stuck_s": (
         "gauge",

@@ -16,8 +16,8 @@ from retry_scheduler.core.breakers import BreakerRow
 from retry_scheduler.db.connection import joined, require_transaction
 from retry_scheduler.db.schema import q
 
-#: The due time of a job a breaker holds (9999-12-30 UTC): never claimed until the breaker lets it go.
-#: A day before ordered mode's held chains' (9999-12-31): those queries do not take it for one of theirs.
+#: The due time of a job a breaker paused (9999-12-30 UTC): never claimed until the breaker lets it go.
+#: A day before ordered mode's waiting records' (9999-12-31): those queries do not take it for one of theirs.
 BREAKER_DUE_AT = datetime(9999, 12, 30, tzinfo=UTC)
 
 
@@ -31,8 +31,9 @@ class BreakerStatus(NamedTuple):
     #: Who opened it by hand (None: the breaker opened by itself).
     by: str | None
     trips: int
-    held: int
-    oldest_held_s: float | None
+    #: Jobs its breaker paused (pending, attempts unspent), and how long the oldest has waited.
+    paused: int
+    oldest_paused_s: float | None
     probe_retry_id: str | None
     probe_at: datetime | None
     sent: int
@@ -43,13 +44,13 @@ class BreakerStatus(NamedTuple):
         d = self._asdict()
         for key in ("since", "probe_at"):
             d[key] = None if d[key] is None else d[key].isoformat()
-        if d["oldest_held_s"] is not None:
-            d["oldest_held_s"] = round(d["oldest_held_s"], 3)
+        if d["oldest_paused_s"] is not None:
+            d["oldest_paused_s"] = round(d["oldest_paused_s"], 3)
         return d
 
 
 def breaker_statuses(conn: psycopg.Connection[Any], destinations: Sequence[str] = ()) -> list[BreakerStatus]:
-    """Every breaker not closed or still holding jobs, and those of ``destinations``."""
+    """Every breaker not closed or with jobs still paused, and those of ``destinations``."""
     with joined(conn):
         rows = conn.execute(q("breaker_list"), {"destinations": list(destinations)}).fetchall()
     return [
@@ -82,7 +83,7 @@ def count_came_back(cur: psycopg.Cursor[Any], came_back: Sequence[tuple[str, str
 
 
 class BreakerRecords:
-    """The breakers' rows and the jobs they hold, through the store's connection ``conn``."""
+    """The breakers' rows and the jobs they paused, through the store's connection ``conn``."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
@@ -95,17 +96,17 @@ class BreakerRecords:
             rows = self.conn.execute(q("breaker_states"), {"destinations": list(destinations)}).fetchall()
         return {str(d): (str(state), probe) for d, state, probe in rows}
 
-    def hold_jobs(self, ids: Sequence[int]) -> int:
-        """Hold claimed jobs (in the round's transaction, whose claim locked them)."""
+    def pause_jobs(self, ids: Sequence[int]) -> int:
+        """Pause claimed jobs (in the round's transaction, whose claim locked them)."""
         if not ids:
             return 0
         with joined(self.conn):
             return self.conn.execute(
-                q("breaker_hold"), {"ids": list(ids), "breaker_due": BREAKER_DUE_AT}
+                q("breaker_pause"), {"ids": list(ids), "breaker_due": BREAKER_DUE_AT}
             ).rowcount
 
     def let_go(self, destination: str, limit: int) -> list[tuple[int, str]]:
-        """Let up to ``limit`` of ``destination``'s held jobs go, the oldest due first: their ids and
+        """Let up to ``limit`` of ``destination``'s paused jobs go, the oldest due first: their ids and
         retry ids."""
         with joined(self.conn):
             rows = self.conn.execute(
@@ -114,14 +115,14 @@ class BreakerRecords:
             ).fetchall()
         return [(int(i), str(r)) for i, r in rows]
 
-    def held_destinations(self) -> list[str]:
-        """The destinations some of whose jobs a breaker holds."""
+    def paused_destinations(self) -> list[str]:
+        """The destinations some of whose jobs a breaker paused."""
         with joined(self.conn):
-            return [str(r[0]) for r in self.conn.execute(q("breaker_held_destinations")).fetchall()]
+            return [str(r[0]) for r in self.conn.execute(q("breaker_paused_destinations")).fetchall()]
 
     def lock(self, destinations: Sequence[str]) -> list[tuple[BreakerRow, bool]]:
         """The breaker rows of ``destinations``, locked until the caller's transaction ends, each with
-        whether it holds jobs."""
+        whether it paused jobs."""
         require_transaction(self.conn, "lock_breakers")
         rows = self.conn.execute(q("breaker_lock"), {"destinations": sorted(destinations)}).fetchall()
         return [
@@ -175,7 +176,7 @@ class BreakerRecords:
             )
 
     def statuses(self, destinations: Sequence[str] = ()) -> list[BreakerStatus]:
-        """Every breaker not closed or still holding jobs, and those of ``destinations``."""
+        """Every breaker not closed or with jobs still paused, and those of ``destinations``."""
         return breaker_statuses(self.conn, destinations)
 
     def set_states(self, destinations: Sequence[str], state: str, reason: str, by: str) -> list[str]:

@@ -18,7 +18,7 @@ from retry_scheduler.db.breakers import BreakerStatus, breaker_statuses
 from retry_scheduler.db.connection import joined, require_transaction
 from retry_scheduler.db.schema import q
 
-#: The due time of a held job, as PostgreSQL is sent it.
+#: The due time of a job waiting in its chain (``held_by``), as PostgreSQL is sent it.
 HELD_DUE_AT = datetime.fromtimestamp(HELD_DUE_MS / 1000, UTC)
 
 
@@ -43,27 +43,28 @@ class Lateness:
     early: int
 
 
-class Holds(NamedTuple):
-    """Ordered mode's held jobs (``held_count``): pending records ``held`` in ``chains`` chains, the
-    oldest stored ``oldest_held_s`` ago; ``stuck`` chains wait for a head the scheduler does not hold,
-    their oldest record for ``oldest_stuck_s``."""
+class ChainsWaiting(NamedTuple):
+    """Ordered mode's records waiting in their key's chain (``waiting_count``): ``waiting`` pending
+    records in ``chains`` chains, the oldest stored ``oldest_waiting_s`` ago; ``stuck`` chains wait for
+    a head the scheduler no longer has, their oldest record for ``oldest_stuck_s``."""
 
-    held: int = 0
+    waiting: int = 0
     chains: int = 0
-    oldest_held_s: float | None = None
+    oldest_waiting_s: float | None = None
     stuck: int = 0
     oldest_stuck_s: float | None = None
 
     @classmethod
-    def from_row(cls, row: Sequence[Any] | None) -> Holds:
+    def from_row(cls, row: Sequence[Any] | None) -> ChainsWaiting:
         if row is None:
             return cls()
         return cls(int(row[0]), int(row[1]), _seconds(row[2]), int(row[3]), _seconds(row[4]))
 
     def gauges(self) -> dict[str, float]:
         """The ``retry_scheduler.chains.*`` gauges (an age is 0 when nothing waits)."""
-        return {"held": self.held, "held_chains": self.chains, "oldest_held_s": self.oldest_held_s or 0.0,
-                "stuck": self.stuck, "oldest_stuck_s": self.oldest_stuck_s or 0.0}  # fmt: skip
+        return {"waiting": self.waiting, "waiting_chains": self.chains,
+                "oldest_waiting_s": self.oldest_waiting_s or 0.0, "stuck": self.stuck,
+                "oldest_stuck_s": self.oldest_stuck_s or 0.0}  # fmt: skip
 
 
 class Overdue(NamedTuple):
@@ -86,11 +87,11 @@ class VacuumState(NamedTuple):
 
 @dataclass(frozen=True)
 class StatusReading:
-    """What ``status`` shows: jobs by status, the held ones, dead ones by reason, the oldest overdue
+    """What ``status`` shows: jobs by status, the ones waiting in a chain, dead ones by reason, the oldest overdue
     job, recent lateness and the hot table's vacuum state."""
 
     counts: dict[str, int]
-    holds: Holds
+    waiting: ChainsWaiting
     dead_by_reason: dict[str, int]
     oldest_overdue: Overdue | None
     lateness: Lateness
@@ -136,7 +137,7 @@ class MonitorFigures:
     lateness: Lateness
     dead_by_destination: dict[str, int]
     deliveries: tuple[Delivery, ...]
-    holds: Holds
+    waiting: ChainsWaiting
     #: The longest-waiting stuck chains (at most five), as ``chains list --stuck`` shows them.
     stuck_chain_ids: tuple[str, ...]
     #: The destinations' breakers not closed or still holding jobs (``BREAKERS``).
@@ -165,33 +166,33 @@ class Readings:
         return {str(status): int(n) for status, n in rows}
 
     def status(self, destination: str | None = None, window_s: int = 300) -> StatusReading:
-        """Counts by status, the pending jobs held (ordered mode), dead jobs by reason, the oldest overdue
+        """Counts by status, the pending jobs waiting in a chain (ordered mode), dead jobs by reason, the oldest overdue
         job and recent lateness."""
         params = {"destination": destination, "window_s": window_s}
         with self.conn.transaction():
             counts = self.counts(destination)
             dead = self.conn.execute(q("dead_by_reason"), params).fetchall()
-            held = self.conn.execute(q("held_count"), {**params, "held_due": HELD_DUE_AT}).fetchone()
+            waiting = self.conn.execute(q("waiting_count"), {**params, "held_due": HELD_DUE_AT}).fetchone()
             overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
             late = self.lateness(window_s, destination)
             vacuum = self.conn.execute(q("vacuum_state")).fetchone()
         assert vacuum is not None
         return StatusReading(
             counts=counts,
-            holds=Holds.from_row(held),
+            waiting=ChainsWaiting.from_row(waiting),
             dead_by_reason={str(reason): int(n) for reason, n in dead},
             oldest_overdue=_overdue(overdue),
             lateness=late,
             vacuum=VacuumState(bool(vacuum[0]), int(vacuum[1]), int(vacuum[2]), vacuum[3]),
         )
 
-    def status_of_holds(self) -> Holds:
-        """Ordered mode's held chains (the gauges' figures)."""
+    def chains_waiting(self) -> ChainsWaiting:
+        """Ordered mode's records waiting in chains (the gauges' figures)."""
         with self.conn.transaction():
             row = self.conn.execute(
-                q("held_count"), {"destination": None, "held_due": HELD_DUE_AT}
+                q("waiting_count"), {"destination": None, "held_due": HELD_DUE_AT}
             ).fetchone()
-        return Holds.from_row(row)
+        return ChainsWaiting.from_row(row)
 
     def lateness(self, window_s: int, destination: str | None = None) -> Lateness:
         """Publish lateness of the jobs published in the last ``window_s`` seconds (read through the
@@ -260,14 +261,16 @@ class Readings:
             deliveries = self.conn.execute(
                 q("monitor_deliveries"), {"grace_s": dlq_grace_s, "failures": repeated_failures}
             ).fetchall()
-            holds = Holds.from_row(
-                self.conn.execute(q("held_count"), {"destination": None, "held_due": HELD_DUE_AT}).fetchone()
+            waiting = ChainsWaiting.from_row(
+                self.conn.execute(
+                    q("waiting_count"), {"destination": None, "held_due": HELD_DUE_AT}
+                ).fetchone()
             )
             stuck_ids = (  # the longest waiting, as `chains list --stuck` shows them
                 self.conn.execute(
-                    q("held_chains"), {"held_due": HELD_DUE_AT, "chains": None, "stuck": True, "limit": 5}
+                    q("waiting_chains"), {"held_due": HELD_DUE_AT, "chains": None, "stuck": True, "limit": 5}
                 ).fetchall()
-                if holds.stuck
+                if waiting.stuck
                 else []
             )
             breakers = breaker_statuses(self.conn)
@@ -278,7 +281,7 @@ class Readings:
             lateness=late,
             dead_by_destination={str(row[0]): int(row[1]) for row in dead},
             deliveries=tuple(Delivery(str(r[0]), int(r[1]), int(r[2]), r[3]) for r in deliveries),
-            holds=holds,
+            waiting=waiting,
             stuck_chain_ids=tuple(str(row[0]) for row in stuck_ids),
             breakers=tuple(breakers),
             stuck_delivery=None

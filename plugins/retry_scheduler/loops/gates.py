@@ -1,7 +1,7 @@
 """The gates of a publish round: what may keep a claimed job from going out now.
 
 A round claims due jobs, then passes them through each gate in turn, in the round's transaction
-(its claim's locks held). A gate lets some through and keeps the others back (holds them, or makes
+(its claim's locks held). A gate lets some through and keeps the others back (pauses them, or makes
 them due later), pending with their attempts unspent; it says how many it kept. After the round
 commits, each gate hears what was delivered and what failed; every loop pass, it may move its own
 state (``tick``). A gate reads the rules of each job's destination
@@ -31,7 +31,7 @@ from retry_scheduler.loops.rate_limits import DestinationRateLimits
 class Gate(Protocol):
     """One gate of the publish round (see the module)."""
 
-    #: What its kept-back jobs are counted as in the round's counts (``held``, ``deferred``, or a name
+    #: What its kept-back jobs are counted as in the round's counts (``paused``, ``deferred``, or a name
     #: of its own, counted under ``PublishCounts.gated``).
     counts_as: str
 

@@ -300,7 +300,7 @@ class Ingestor:
             consumed=len(batch.rows) - batch.notices + batch.release_records, stored=len(stored), batches=1
         )
         if batch.release_records:
-            log.info("%s chain(s) of held records released", batch.release_records)
+            log.info("%s chain(s) released by their consumers", batch.release_records)
         counts.slowest_batch_s, counts.slowest_batch_records = time.perf_counter() - began, len(batch.rows)
         untrusted = batch.untrusted_timestamps
         if untrusted:

@@ -226,8 +226,8 @@ class Publisher(ClaimFloors):
     def _forget_released_chains(self) -> None:
         """Every :data:`FORGET_CHAINS_EVERY_S`, ordered mode's upkeep: forget the released chains
         nothing has waited in for :data:`RELEASED_CHAIN_KEEP_S`, so their table does not grow for ever;
-        release the chains whose oldest held record is past its policy's ``max_age``
-        (:func:`~retry_scheduler.db.chains.expire_chains`); report the held chains' gauges."""
+        release the chains whose oldest waiting record is past its policy's ``max_age``
+        (:func:`~retry_scheduler.db.chains.expire_chains`); report the chains' gauges."""
         now = time.monotonic()
         if now - self._chains_forgotten_at < FORGET_CHAINS_EVERY_S:
             return
@@ -240,17 +240,17 @@ class Publisher(ClaimFloors):
             expired = expire_chains(self.store.queue, max_ages, int(self.clock() * 1000))
             if expired.chains:
                 log.warning(
-                    "%s held chain(s) past their policy's max_age released as if their heads had expired "
+                    "%s chain(s) past their policy's max_age released as if their heads had expired "
                     "(%s pending head(s) dead): %s",
                     len(expired.chains), len(expired.heads_dead), expired.chains[:10],
                 )  # fmt: skip
         if not isinstance(self.metrics, NoMetrics):
             try:
-                held = self.store.readings.status_of_holds()
+                waiting = self.store.readings.chains_waiting()
             except Exception as exc:  # metrics never stop the loop
-                log.warning("held chains' gauges skipped: %s: %s", type(exc).__name__, exc)
+                log.warning("chains' gauges skipped: %s: %s", type(exc).__name__, exc)
                 return
-            for name, value in held.gauges().items():
+            for name, value in waiting.gauges().items():
                 self.metrics.gauge(f"retry_scheduler.chains.{name}", value)
 
     def _lacks_partition(self, exc: KafkaException, topic: str, partition: int) -> bool:
@@ -442,7 +442,7 @@ class Publisher(ClaimFloors):
                     log.info(
                         "claimed %s jobs: %s published, %s to DLQ, %s failed%s",
                         batch.claimed, batch.published, batch.dead_published, batch.failed,
-                        "".join(f", {n} {what}" for n, what in ((batch.held, "held by a breaker"),
+                        "".join(f", {n} {what}" for n, what in ((batch.paused, "paused by a breaker"),
                                 (batch.deferred, "put off by a rate limit"),
                                 *((n, f"kept back ({g})") for g, n in batch.gated.items())) if n),
                     )  # fmt: skip

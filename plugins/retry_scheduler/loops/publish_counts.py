@@ -15,8 +15,8 @@ class PublishCounts:
     fair_claimed: int = 0
     #: Of those, put off to later slots by their destination's rate limit.
     deferred: int = 0
-    #: Of those, held by their destination's open breaker.
-    held: int = 0
+    #: Of those, paused by their destination's open breaker.
+    paused: int = 0
     #: Of those, kept back by another gate (:mod:`retry_scheduler.loops.gates`), by what it counts them as.
     gated: dict[str, int] = field(default_factory=dict)
     published: int = 0
@@ -29,8 +29,8 @@ class PublishCounts:
     slowest_round_jobs: int = 0
 
     def keep(self, counted_as: str, n: int) -> None:
-        """Count ``n`` jobs a gate kept back, as ``held``, ``deferred`` or its own name (``gated``)."""
-        if counted_as in ("held", "deferred"):
+        """Count ``n`` jobs a gate kept back, as ``paused``, ``deferred`` or its own name (``gated``)."""
+        if counted_as in ("paused", "deferred"):
             setattr(self, counted_as, getattr(self, counted_as) + n)
         elif n:
             self.gated[counted_as] = self.gated.get(counted_as, 0) + n
@@ -38,13 +38,13 @@ class PublishCounts:
     @property
     def kept_back(self) -> int:
         """The jobs every gate kept back."""
-        return self.held + self.deferred + sum(self.gated.values())
+        return self.paused + self.deferred + sum(self.gated.values())
 
     def add(self, other: PublishCounts) -> None:
         self.claimed += other.claimed
         self.fair_claimed += other.fair_claimed
         self.deferred += other.deferred
-        self.held += other.held
+        self.paused += other.paused
         for k, v in other.gated.items():
             self.gated[k] = self.gated.get(k, 0) + v
         self.published += other.published
@@ -61,7 +61,7 @@ class PublishCounts:
             "claimed": self.claimed,
             "fair_claimed": self.fair_claimed,
             "deferred": self.deferred,
-            "held": self.held,
+            "paused": self.paused,
             **({"gated": dict(self.gated)} if self.gated else {}),
             "published": self.published,
             "dead_published": self.dead_published,

@@ -17,7 +17,7 @@ from retry_scheduler.db.store import Store
 def list_breakers(
     database: Database, destinations: Sequence[str] = (), *, declared_in: PolicyRegistry | None = None
 ) -> list[BreakerStatus]:
-    """Every breaker not closed or still holding jobs, and those of ``destinations``; with
+    """Every breaker not closed or with jobs still paused, and those of ``destinations``; with
     ``declared_in``, also every destination jobs were stored for that has a breaker declared there.
     On a connection of its own, or the page's pool."""
     with connection(database) as conn:
@@ -36,8 +36,8 @@ def set_breakers(
     who: str,
     existing_only: bool = False,
 ) -> list[str]:
-    """Open or close the breakers of ``destinations`` by hand (open: their due jobs held until closed,
-    no probe; closed: their held jobs go now); ``existing_only``: only those with a breaker row already
+    """Open or close the breakers of ``destinations`` by hand (open: their due jobs paused until closed,
+    no probe; closed: their paused jobs go now); ``existing_only``: only those with a breaker row already
     (a name from a request makes no row). The destinations set."""
     with Store(database_url) as store:
         if existing_only:

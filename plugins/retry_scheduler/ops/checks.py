@@ -58,14 +58,14 @@ class Reading:
     removed_unread: Mapping[str, int] = field(default_factory=dict)
     #: Per topic: dead jobs off their DLQ topic past the grace, jobs failing repeatedly, the last error.
     deliveries: Sequence[Delivery] = ()
-    #: Ordered mode: records held, in how many chains; the chains stuck (their head not at the
+    #: Ordered mode: records waiting in a chain, in how many chains; the chains stuck (their head not at the
     #: scheduler), the oldest of their records' wait (0 when none), and the longest waiting of them.
-    held: int = 0
-    held_chains: int = 0
+    waiting: int = 0
+    waiting_chains: int = 0
     stuck_chains: int = 0
     oldest_stuck_s: float = 0.0
     stuck_chain_ids: Sequence[str] = ()
-    #: The destinations' breakers not closed or still holding jobs (``BREAKERS``), as dicts.
+    #: The destinations' breakers not closed or with jobs still paused (``BREAKERS``), as dicts.
     breakers: Sequence[Mapping[str, Any]] = ()
     #: Share groups' letters of the last hour (:class:`~retry_scheduler.loops.sources.LetterReading`).
     letters: LetterReading = field(default_factory=lambda: LetterReading())
@@ -123,10 +123,10 @@ class Reading:
             lag_retention_ms=None if lag is None or near_topic is None else lag.retention_ms.get(near_topic),
             removed_unread={} if lag is None else dict(lag.removed_unread),
             deliveries=figures.deliveries,
-            held=figures.holds.held,
-            held_chains=figures.holds.chains,
-            stuck_chains=figures.holds.stuck,
-            oldest_stuck_s=figures.holds.oldest_stuck_s or 0.0,
+            waiting=figures.waiting.waiting,
+            waiting_chains=figures.waiting.chains,
+            stuck_chains=figures.waiting.stuck,
+            oldest_stuck_s=figures.waiting.oldest_stuck_s or 0.0,
             stuck_chain_ids=figures.stuck_chain_ids,
             breakers=tuple(b.as_dict() for b in figures.breakers),
             letters=letters or LetterReading(),
@@ -166,8 +166,8 @@ class Reading:
             "undelivered_dead": self.undelivered_dead,
             "failing_deliveries": self.failing_deliveries,
             "deliveries": [d._asdict() for d in self.deliveries],
-            "held": self.held,
-            "held_chains": self.held_chains,
+            "waiting": self.waiting,
+            "waiting_chains": self.waiting_chains,
             "stuck_chains": self.stuck_chains,
             "oldest_stuck_s": round(self.oldest_stuck_s, 3),
             "stuck_chain_ids": list(self.stuck_chain_ids),
@@ -339,7 +339,7 @@ def _failing_deliveries(reading: Reading, limit: str) -> Described:
 
 def _stuck_chains(reading: Reading, limit: str) -> Described:
     head = (
-        f"{reading.stuck_chains} held chain(s) wait for a head the scheduler does not hold, the oldest "
+        f"{reading.stuck_chains} chain(s) wait for a head the scheduler no longer has, the oldest "
         f"record for {_secs(reading.oldest_stuck_s)} ({limit})"
     )
     detail = (
@@ -349,23 +349,23 @@ def _stuck_chains(reading: Reading, limit: str) -> Described:
         "`retry-scheduler chains list --stuck`; `retry-scheduler chains release CHAIN --yes` lets one go "
         "as if its head had died."
         if reading.stuck_chains
-        else "No held chain is stuck."
+        else "No chain is stuck."
     )
-    return head, detail, {"chains": list(reading.stuck_chain_ids[:5]), "held": reading.held}
+    return head, detail, {"chains": list(reading.stuck_chain_ids[:5]), "waiting": reading.waiting}
 
 
 def _open_breakers(reading: Reading, limit: str) -> Described:
     opened = [b for b in reading.breakers if b["state"] != "closed"][:5]
-    head = f"{reading.open_breakers} destination(s) held by their breaker ({limit})"
+    head = f"{reading.open_breakers} destination(s) paused by their breaker ({limit})"
     detail = (
         "Their records failed or came back past their breaker's share (BREAKERS in the policies module): "
-        "their due jobs are held, attempts unspent, until a probe record stays away. "
+        "their due jobs are paused, attempts unspent, until a probe record stays away. "
         + "; ".join(
-            f"{b['destination']} {b['state']} since {b['since']}, {b['held']} held: {(b['reason'] or '')[:200]}"
+            f"{b['destination']} {b['state']} since {b['since']}, {b['paused']} paused: {(b['reason'] or '')[:200]}"
             for b in opened
         )
         + ". Fix the consumer; `retry-scheduler breakers list` shows them, `retry-scheduler breakers close "
-        "DESTINATION --yes` lets the held jobs go at once."
+        "DESTINATION --yes` lets the paused jobs go at once."
         if opened
         else "Every breaker is closed."
     )

@@ -18,8 +18,8 @@ Ten checks, each against a threshold (:class:`~retry_scheduler.ops.thresholds.Th
 * ``failing_deliveries``: pending jobs whose last ``REPEATED_FAILURES`` deliveries (or more) to
   their destination all failed.
 
-* ``stuck_chains``: how long the oldest record held in a *stuck* chain has waited, in seconds (ordered
-  mode: a chain waiting for a head the scheduler does not hold: its retry published and not released
+* ``stuck_chains``: how long the oldest record waiting in a *stuck* chain has waited, in seconds (ordered
+  mode: a chain waiting for a head the scheduler no longer has: its retry published and not released
   by its consumer, or lost); the alert names the chains and how to release them.
 * ``letters_unreadable``: letters of share groups' dead-letter topics stored in the last hour without
   their record, which could not be read from its topic (gone by retention, say);

@@ -74,11 +74,12 @@ def spark_session() -> SparkSession:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run a bulk retry; returns ``{"run_id", "selected", "published", "failed", "dry_run", "fetch_rows",
-    "marking_s", "phases_s", "not_allowed", "rate_per_s", "rate_limited"}`` (``rate_per_s``: the pace
+    "marking_s", "phases_s", "not_allowed", "paused_by_breaker", "rate_per_s", "rate_limited"}`` (``rate_per_s``: the pace
     asked, None when not paced; ``rate_limited``: the destinations paced at their lower rate limit).
 
     ``not_allowed`` counts, per destination, the matching jobs left alone because the destination
-    rules refuse their destination (not part of ``selected``).
+    rules refuse their destination, and ``paused_by_breaker`` those left to the publish loop because
+    their destination's breaker is open (neither part of ``selected``).
 
     ``fetch_rows`` is the JDBC fetch size the read used and ``marking_s`` the seconds the executors'
     UPDATEs took, summed over partitions, while they went on producing (both None when nothing was
@@ -109,7 +110,7 @@ class _Chosen:
     summary: SelectionSummary
     #: Jobs left alone per destination: not allowed by the destination rules, or behind an open breaker.
     refused: dict[str, int]
-    held: dict[str, int]
+    paused: dict[str, int]
     #: Destinations whose rate limit is below the run's pace: they go at their limit (jobs/s).
     limited: dict[str, float]
 
@@ -117,7 +118,7 @@ class _Chosen:
     def skipped(self) -> dict[str, int]:
         """Jobs left alone, by why (the audit's ``skipped``)."""
         return {"destination not allowed": sum(self.refused.values())} | (
-            {"breaker open": sum(self.held.values())} if self.held else {}
+            {"breaker open": sum(self.paused.values())} if self.paused else {}
         )
 
 
@@ -125,9 +126,9 @@ def _choose(opts: Options) -> _Chosen:
     """The run's selection, less the destinations the rules refuse or whose breaker is open."""
     sel = opts.selection
     summary = summarize(opts.database_url, sel)
-    refused, held = left_alone(opts.run_id, opts.database_url, summary, opts.deployment.destinations)
-    if refused or held:
-        sel = replace(sel, excluded=tuple(sorted({**refused, **held})))
+    refused, paused = left_alone(opts.run_id, opts.database_url, summary, opts.deployment.destinations)
+    if refused or paused:
+        sel = replace(sel, excluded=tuple(sorted({**refused, **paused})))
         summary = summarize(opts.database_url, sel)
     rules = opts.deployment.policies.rules
     limited = {
@@ -135,7 +136,7 @@ def _choose(opts: Options) -> _Chosen:
         for d in summary.per_destination
         if (limit := rules(d).rate_limit) is not None and (opts.rate_per_s is None or limit < opts.rate_per_s)
     }
-    return _Chosen(sel, summary, refused, held, limited)
+    return _Chosen(sel, summary, refused, paused, limited)
 
 
 def _print_plan(opts: Options, chosen: _Chosen) -> None:
@@ -153,7 +154,7 @@ def _print_plan(opts: Options, chosen: _Chosen) -> None:
         print(f"  {destination:<40} {count:>10}{note}")
     for destination, count in chosen.refused.items():
         print(f"  {destination:<40} {count:>10}  not allowed: left alone")
-    for destination, count in chosen.held.items():
+    for destination, count in chosen.paused.items():
         print(f"  {destination:<40} {count:>10}  its breaker is open: left alone")
 
 
@@ -208,7 +209,7 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
     result: dict[str, Any] = {
         "run_id": opts.run_id, "selected": summary.count, "published": 0, "failed": 0,
         "dry_run": opts.dry_run, "fetch_rows": None, "marking_s": None, "phases_s": phases,
-        "rate_per_s": opts.rate_per_s, "not_allowed": chosen.refused, "held_by_breaker": chosen.held,
+        "rate_per_s": opts.rate_per_s, "not_allowed": chosen.refused, "paused_by_breaker": chosen.paused,
         "rate_limited": chosen.limited,
     }  # fmt: skip
     audit = start_audit(summary.count + sum(chosen.skipped.values()), chosen.skipped)

@@ -101,17 +101,19 @@ def left_alone(
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Of the selection's destinations, with how many jobs each: those not allowed (checked again here,
     not only at ingest: a destination taken off the list stays unpublished to), and those whose breaker
-    (``BREAKERS``) is open or probing, left to the publish loop, which holds them. Logged."""
+    (``BREAKERS``) is open or probing, left to the publish loop, which pauses them. Logged."""
     refused = {d: n for d, n in summary.per_destination.items() if not destinations.allows(d)}
-    held = {d: summary.per_destination[d] for d in open_breakers(database_url, list(summary.per_destination))}
+    paused = {
+        d: summary.per_destination[d] for d in open_breakers(database_url, list(summary.per_destination))
+    }
     if refused:
         why = destinations.refusal(next(iter(refused)))
         log.warning("run %s leaves %s jobs as they are: their destinations are not allowed (%s)",
                     run_id, sum(refused.values()), why)  # fmt: skip
-    if held:
+    if paused:
         log.warning("run %s leaves %s jobs as they are: the breakers of %s are open (retry-scheduler "
-                    "breakers list)", run_id, sum(held.values()), ", ".join(sorted(held)))  # fmt: skip
-    return refused, held
+                    "breakers list)", run_id, sum(paused.values()), ", ".join(sorted(paused)))  # fmt: skip
+    return refused, paused
 
 
 def read_selection(

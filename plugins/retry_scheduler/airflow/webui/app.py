@@ -382,7 +382,7 @@ def hand_to_dag(
 
 
 class ChainsBody(BaseModel):
-    """A release of held chains (ordered mode): their ids (``GET /api/chains``) and a note."""
+    """A release of chains (ordered mode): their ids (``GET /api/chains``) and a note."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -398,8 +398,8 @@ def chains(
     stuck: bool = False,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[dict[str, Any]]:
-    """Ordered mode's held chains, the longest waiting first (``stuck``: only those whose head the
-    scheduler does not hold)."""
+    """Ordered mode's chains with records waiting, the longest waiting first (``stuck``: only those
+    whose head the scheduler no longer has)."""
     from retry_scheduler.ops.chains import list_chains
 
     # the page's pool: a few connections whatever the load
@@ -411,17 +411,17 @@ def chains(
 def release_chains(
     request: Request, body: ChainsBody, user: Annotated[Any, Depends(operator)]
 ) -> dict[str, Any]:
-    """Let held chains go as if their heads had died (``retry-scheduler chains release``); audited."""
+    """Let chains go as if their heads had died (``retry-scheduler chains release``); audited."""
     from retry_scheduler.ops.chains import release
 
     why = "its chain was released by an operator" + (f" ({body.why.strip()})" if body.why.strip() else "")
     done = release(database_url(), body.chains, why=why, actor=str(user.get_name()), source="ui")
     log.info("dead letters page, %s released chains %s", user.get_name(), done.chains)
-    return {"released": done.chains, "heads_dead": done.heads_dead, "not_held": done.unknown}
+    return {"released": done.chains, "heads_dead": done.heads_dead, "not_waiting": done.unknown}
 
 
 class BreakersBody(BaseModel):
-    """Close breakers by hand: their held jobs go at once, without a probe."""
+    """Close breakers by hand: their paused jobs go at once, without a probe."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -433,7 +433,7 @@ class BreakersBody(BaseModel):
 
 @app.get("/api/breakers")
 def breakers(user: Annotated[Any, Depends(reader)]) -> list[dict[str, Any]]:
-    """The destinations' breakers not closed or still holding jobs (``BREAKERS``)."""
+    """The destinations' breakers not closed or with jobs still paused (``BREAKERS``)."""
     from retry_scheduler.ops.breakers import list_breakers
 
     return [b.as_dict() for b in list_breakers(database())]
@@ -441,7 +441,7 @@ def breakers(user: Annotated[Any, Depends(reader)]) -> list[dict[str, Any]]:
 
 @app.post("/api/breakers/close")
 def close_breakers(body: BreakersBody, user: Annotated[Any, Depends(operator)]) -> dict[str, Any]:
-    """Close breakers by hand (``retry-scheduler breakers close``): their held jobs go at once."""
+    """Close breakers by hand (``retry-scheduler breakers close``): their paused jobs go at once."""
     from retry_scheduler.ops.breakers import set_breakers
 
     who = str(user.get_name())

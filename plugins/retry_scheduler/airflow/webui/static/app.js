@@ -479,7 +479,7 @@
     $("#audit-empty").hidden = rows.length > 0;
   }
 
-  // --- held chains (ordered mode) -----------------------------------------------------------------
+  // --- chains (ordered mode) ---------------------------------------------------------------------
 
   const fmtWait = (s) => (s < 120 ? `${Math.round(s)} s` : s < 7200 ? `${Math.round(s / 60)} min` : `${(s / 3600).toFixed(1)} h`);
 
@@ -491,7 +491,7 @@
       el("td", {}, c.key === null ? "—" : c.key),
       el("td", {}, c.destination || "—"),
       el("td", {}, c.group || "—"),
-      el("td", { class: "num" }, fmtInt(c.held)),
+      el("td", { class: "num" }, fmtInt(c.waiting)),
       el("td", {}, fmtWait(c.waited_s)),
       el("td", {}, c.stuck ? el("span", { class: "badge fatal" }, "stuck") : c.head_pending ? "pending" : (c.state || "—")),
       el("td", {}, state.me.can_operate && c.stuck
@@ -519,7 +519,7 @@
       el("td", {}, b.destination),
       el("td", {}, b.state === "closed" ? "closed" : el("span", { class: "badge fatal" }, b.state)),
       el("td", {}, b.since ? new Date(b.since).toLocaleString() : "—"),
-      el("td", { class: "num" }, fmtInt(b.held)),
+      el("td", { class: "num" }, fmtInt(b.paused)),
       el("td", { class: "num" }, fmtInt(b.trips)),
       el("td", {}, b.reason || "—"),
       el("td", {}, state.me.can_operate && b.state !== "closed"
@@ -531,10 +531,10 @@
     if (!button) return;
     const destination = button.dataset.close;
     const why = window.prompt(
-      `Close the breaker of ${destination}? Its held jobs go out at once, without a probe.\n\nA note (optional):`, "");
+      `Close the breaker of ${destination}? Its paused jobs go out at once, without a probe.\n\nA note (optional):`, "");
     if (why === null) return;
     const done = await api("api/breakers/close", { body: { destinations: [destination], why } });
-    showMessage("ok", `Closed ${fmtInt(done.closed.length)} breaker(s): their held jobs go.`);
+    showMessage("ok", `Closed ${fmtInt(done.closed.length)} breaker(s): their paused jobs go.`);
     await loadBreakers();
   }
 
