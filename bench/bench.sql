@@ -18,9 +18,6 @@ ANALYZE retry_jobs;
 -- name: bench_analyze_pgqueuer
 ANALYZE pgqueuer;
 
--- name: bench_status_counts
-SELECT status::text, count(*) FROM retry_jobs_all GROUP BY status;
-
 -- name: bench_create_copy_table
 -- The COPY baseline of the ingest benchmark: same columns, defaults, constraints and indexes.
 CREATE TABLE bench_copy (LIKE retry_jobs INCLUDING ALL);

@@ -241,8 +241,8 @@ class BenchEnv:
             cur = conn.execute(bq(name), params)
             return cur.fetchall() if fetch else []
 
-    def job_counts(self, destination: str) -> dict[str, int]:
-        """``destination``'s jobs by status, as ``retry-scheduler status`` counts them."""
+    def job_counts(self, destination: str | None = None) -> dict[str, int]:
+        """``destination``'s jobs (or all) by status, as ``retry-scheduler status`` counts them."""
         # A plain connection, as the other waits' reads: polled every second while a window is measured.
         with connect(self.url, autocommit=True) as conn:
             return Readings(conn).counts(destination)

@@ -130,7 +130,7 @@ def measure_ingest(env: BenchEnv, sizes: Sizes) -> Result:
         ingestor.close()
         store.close()
     timed_rows = stored - stored_before
-    counts_by_status = dict(env.sql("bench_status_counts", fetch=True))
+    counts_by_status = env.job_counts()
     if counts_by_status != {"pending": total}:
         raise BenchError(f"ingest stored {counts_by_status}, expected {total} pending jobs")
     rate = per_second(timed_rows, elapsed)

@@ -87,7 +87,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
     params = {"destination": destination, "status": "dead", "dry_run": False}
     with ProcessCpu() as bulk_cpu:
         code, bulk, bulk_s = _spark(str(BULK_RETRY_APP), bulk_retry_args(params), settings)
-    counts = dict(env.sql("bench_status_counts", fetch=True))
+    counts = env.job_counts()
     if code != 0 or bulk.get("published") != sizes.spark_rows or counts.get("published") != sizes.spark_rows:
         raise BenchError(f"bulk retry exited {code} with {bulk}; jobs by status now {counts}")
 
@@ -96,7 +96,7 @@ def measure_spark(env: BenchEnv, sizes: Sizes) -> Result:
         code, compact, compact_s = _spark(
             str(COMPACT_APP), compact_args(older_than="0s", archive=archive), settings
         )
-    left = dict(env.sql("bench_status_counts", fetch=True))
+    left = env.job_counts()
     if code != 0 or left:
         raise BenchError(f"compaction exited {code} with {compact}; jobs left {left}")
 

@@ -298,8 +298,11 @@ SELECT due_at - clock_timestamp(), id FROM retry_jobs WHERE status = 'pending' A
 ORDER BY due_at LIMIT 1;
 
 -- name: status_counts
+-- Jobs by status, of %(destination)s or all, and of the keys matching %(key_like)s (a bytea LIKE
+-- pattern; the demo's run) or all: the figure status, the benchmark and the demo read.
 SELECT status::text, count(*) FROM retry_jobs_all
-WHERE %(destination)s::text IS NULL OR destination = %(destination)s
+WHERE (%(destination)s::text IS NULL OR destination = %(destination)s)
+  AND (%(key_like)s::bytea IS NULL OR msg_key LIKE %(key_like)s::bytea)
 GROUP BY status;
 
 -- name: waiting_count
@@ -374,8 +377,11 @@ VALUES ('release_chains', false, %(actor)s, %(source)s, %(filter)s, %(matched)s,
         clock_timestamp());
 
 -- name: dead_by_reason
+-- Dead jobs by reason, of %(destination)s or all, and of the keys matching %(key_like)s or all (as
+-- status_counts): the figure status, the demo and the benchmark read.
 SELECT dead_reason, count(*) FROM retry_jobs
 WHERE status = 'dead' AND (%(destination)s::text IS NULL OR destination = %(destination)s)
+  AND (%(key_like)s::bytea IS NULL OR msg_key LIKE %(key_like)s::bytea)
 GROUP BY dead_reason;
 
 -- name: oldest_overdue
@@ -453,10 +459,13 @@ WHERE published_at >= statement_timestamp() - %(window_s)s * interval '1 second'
   AND (%(destination)s::text IS NULL OR destination = %(destination)s);
 
 -- name: demo_outcome
--- The demo's workload (its keys end in its run's tag): each job's status, dead reason, whether it is
--- on its DLQ topic, and its publish lateness.
-SELECT status::text, dead_reason, dlq_published_at IS NOT NULL, retry_lateness_s(published_at, due_at)
-FROM retry_jobs_all WHERE convert_from(msg_key, 'UTF8') LIKE %(key_like)s;
+-- The demo's workload (its keys match %(key_like)s, its run's tag): how many of its dead jobs are on
+-- their DLQ topic, and the publish lateness of each one published (its counts are status_counts' and
+-- dead_by_reason's).
+SELECT count(*) FILTER (WHERE status = 'dead' AND dlq_published_at IS NOT NULL),
+       array_agg(retry_lateness_s(published_at, due_at) ORDER BY retry_lateness_s(published_at, due_at))
+           FILTER (WHERE status = 'published')
+FROM retry_jobs_all WHERE msg_key LIKE %(key_like)s::bytea;
 
 -- name: loop_heartbeat
 INSERT INTO retry_loops (worker, kind) VALUES (%(worker)s, %(kind)s)

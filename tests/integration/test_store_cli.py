@@ -475,3 +475,31 @@ def test_commands_on_a_database_never_migrated_say_to_migrate(
         err = capsys.readouterr().err
         assert "has no retry_jobs table: run `retry-scheduler db migrate` first" in err, (command, err)
         assert "Traceback" not in err
+
+
+def test_the_demo_counts_its_own_runs_jobs_with_the_status_figures_whatever_keys_others_stored(
+    database_url: str,
+) -> None:
+    """The demo reads jobs by status and dead jobs by reason where ``status`` does, over its run's
+    keys only (repeated demos share the database); a key that is not UTF-8, stored by anyone, is no
+    reason for it to fail."""
+    from retry_scheduler.core.config import Settings
+    from retry_scheduler.dev.demo import _outcome
+
+    tag = f"t{time.time_ns()}"
+    mine = [
+        dataclasses.replace(make_job(1), key=f"order-1-{tag}".encode()),
+        dataclasses.replace(make_job(2, Status.DEAD, dead="exhausted"), key=f"order-2-{tag}".encode()),
+        dataclasses.replace(make_job(3, Status.DEAD, dead="invalid"), key=f"bad-3-{tag}".encode()),
+    ]
+    others = [
+        dataclasses.replace(make_job(4, Status.DEAD, dead="exhausted"), key=b"\xff\xfe not utf-8"),
+        dataclasses.replace(make_job(5), key=None),
+        dataclasses.replace(make_job(6, Status.DEAD, dead="fatal"), key=b"order-6-another-run"),
+    ]
+    with Store(database_url) as store:
+        insert_jobs(store, mine + others)
+    outcome = _outcome(Settings(database_url=database_url), tag)
+    assert (outcome["ingested"], outcome["pending"], outcome["published"]) == (3, 1, 0)
+    assert outcome["dead"] == {"exhausted": 1, "invalid": 1}
+    assert (outcome["dead_on_dlq"], outcome["lateness"]) == (0, [])

@@ -159,11 +159,23 @@ class Readings:
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
 
-    def counts(self, destination: str | None = None) -> dict[str, int]:
-        """Jobs by status (of ``destination``): what ``status`` and the benchmark count."""
+    def counts(self, destination: str | None = None, *, key_like: bytes | None = None) -> dict[str, int]:
+        """Jobs by status (of ``destination``; of the keys matching the ``LIKE`` pattern ``key_like``):
+        what ``status``, the benchmark and the demo count."""
+        params = {"destination": destination, "key_like": key_like}
         with joined(self.conn):
-            rows = self.conn.execute(q("status_counts"), {"destination": destination}).fetchall()
+            rows = self.conn.execute(q("status_counts"), params).fetchall()
         return {str(status): int(n) for status, n in rows}
+
+    def dead_by_reason(
+        self, destination: str | None = None, *, key_like: bytes | None = None
+    ) -> dict[str, int]:
+        """Dead jobs by reason (of ``destination``; of the keys matching ``key_like``): what ``status``
+        and the demo show."""
+        params = {"destination": destination, "key_like": key_like}
+        with joined(self.conn):
+            rows = self.conn.execute(q("dead_by_reason"), params).fetchall()
+        return {str(reason): int(n) for reason, n in rows}
 
     def status(self, destination: str | None = None, window_s: int = 300) -> StatusReading:
         """Counts by status, the pending jobs waiting in a chain (ordered mode), dead jobs by reason, the oldest overdue
@@ -171,7 +183,7 @@ class Readings:
         params = {"destination": destination, "window_s": window_s}
         with self.conn.transaction():
             counts = self.counts(destination)
-            dead = self.conn.execute(q("dead_by_reason"), params).fetchall()
+            dead = self.dead_by_reason(destination)
             waiting = self.conn.execute(q("waiting_count"), {**params, "held_due": HELD_DUE_AT}).fetchone()
             overdue = self.conn.execute(q("oldest_overdue"), params).fetchone()
             late = self.lateness(window_s, destination)
@@ -180,7 +192,7 @@ class Readings:
         return StatusReading(
             counts=counts,
             waiting=ChainsWaiting.from_row(waiting),
-            dead_by_reason={str(reason): int(n) for reason, n in dead},
+            dead_by_reason=dead,
             oldest_overdue=_overdue(overdue),
             lateness=late,
             vacuum=VacuumState(bool(vacuum[0]), int(vacuum[1]), int(vacuum[2]), vacuum[3]),

@@ -195,19 +195,21 @@ def _send_workload(settings: Settings, plan: Plan, tag: str) -> None:
 
 def _outcome(settings: Settings, tag: str) -> dict[str, object]:
     from retry_scheduler.db.connection import connect
+    from retry_scheduler.db.readings import Readings
     from retry_scheduler.db.schema import q
 
+    key_like = f"%-{tag}".encode()  # the run's keys: repeated demos share the database
     with connect(settings.database_url) as conn:
-        rows = conn.execute(q("demo_outcome"), {"key_like": f"%-{tag}"}).fetchall()
-    dead = Counter(r[1] for r in rows if r[0] == "dead")
-    late = sorted(r[3] for r in rows if r[0] == "published")
+        readings = Readings(conn)
+        counts, dead = readings.counts(key_like=key_like), readings.dead_by_reason(key_like=key_like)
+        on_dlq, lateness = conn.execute(q("demo_outcome"), {"key_like": key_like}).fetchone() or (0, None)
     return {
-        "ingested": len(rows),
-        "published": len(late),
-        "pending": sum(1 for r in rows if r[0] == "pending"),
-        "dead": dict(dead),
-        "dead_on_dlq": sum(1 for r in rows if r[0] == "dead" and r[2]),
-        "lateness": late,
+        "ingested": sum(counts.values()),
+        "published": counts.get("published", 0),
+        "pending": counts.get("pending", 0),
+        "dead": dead,
+        "dead_on_dlq": int(on_dlq),
+        "lateness": list(lateness or []),
     }
 
 
