@@ -12,11 +12,9 @@ import logging
 import pickle
 import subprocess
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
-from typing import Any, cast
+from typing import cast
 
 from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
 
@@ -31,6 +29,7 @@ from retry_scheduler.core.metrics import Metrics, NoMetrics
 from retry_scheduler.core.records import RowBuilder
 from retry_scheduler.db.loop_records import IngestLock
 from retry_scheduler.db.store import Store
+from retry_scheduler.loops.counts import IngestCounts
 from retry_scheduler.loops.handover import LoopTenure
 from retry_scheduler.loops.ingest_batch import Batch
 from retry_scheduler.loops.ingest_worker import (
@@ -49,53 +48,6 @@ from retry_scheduler.loops.offsets import same_partition, start_offset
 from retry_scheduler.loops.sources import SourceReader, share_topics
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class IngestCounts:
-    """What one ingest run did; logged and returned to Airflow as XCom."""
-
-    consumed: int = 0
-    stored: int = 0
-    duplicates: int = 0
-    pending: int = 0
-    dead: Counter[str] = field(default_factory=Counter)
-    batches: int = 0
-    #: Records whose timestamp was outside the trusted window: their ingest time counted instead.
-    untrusted_timestamps: int = 0
-    #: The batch that took longest to store: its seconds and records.
-    slowest_batch_s: float = 0.0
-    slowest_batch_records: int = 0
-    #: Letters read from other tools' dead-letter topics, by format (``core/adopt.py``).
-    adopted: Counter[str] = field(default_factory=Counter)
-    #: Pointer-only letters whose source record could not be read (``loops/sources.py``).
-    letters_unreadable: int = 0
-
-    def add(self, other: IngestCounts) -> None:
-        self.consumed += other.consumed
-        self.stored += other.stored
-        self.duplicates += other.duplicates
-        self.pending += other.pending
-        self.dead.update(other.dead)
-        self.batches += other.batches
-        self.untrusted_timestamps += other.untrusted_timestamps
-        self.adopted.update(other.adopted)
-        self.letters_unreadable += other.letters_unreadable
-        if other.slowest_batch_s > self.slowest_batch_s:
-            self.slowest_batch_s, self.slowest_batch_records = (
-                other.slowest_batch_s,
-                other.slowest_batch_records,
-            )
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> IngestCounts:
-        """Inverse of :meth:`as_dict` (counts come back from worker processes as dicts)."""
-        return cls(**{**d, "dead": Counter(d["dead"]), "adopted": Counter(d.get("adopted", {}))})
-
-    def as_dict(self) -> dict[str, Any]:
-        counts = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**counts, "dead": dict(self.dead), "adopted": dict(self.adopted),
-                "slowest_batch_s": round(self.slowest_batch_s, 3)}  # fmt: skip
 
 
 class IngestBusyError(RuntimeError):

@@ -23,10 +23,10 @@ from retry_scheduler.db.chains import expire_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.db.vacuum import SelfVacuum
 from retry_scheduler.loops.claim_floors import ClaimFloors
+from retry_scheduler.loops.counts import PublishCounts
 from retry_scheduler.loops.gates import Gate, deployment_gates
 from retry_scheduler.loops.handover import ALIVE_S, LoopTenure, new_worker_id
 from retry_scheduler.loops.kafka import TopicManager, make_producer, wait_until_ready
-from retry_scheduler.loops.publish_counts import PublishCounts
 
 log = logging.getLogger(__name__)
 
