@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from retry_scheduler.core import protocol
 from retry_scheduler.core.adopt import AdoptError, adopt, retried
@@ -102,6 +103,18 @@ _ids: list[str] = []
 os.register_at_fork(after_in_child=_ids.clear)
 
 
+class Consumed(NamedTuple):
+    """A record as it was read: where from, its timestamp (None: none), key, value and headers."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[Header] | None
+
+
 class RowBuilder:
     """Turns consumed records into ``retry_jobs`` rows (``jobs.COPY_COLUMNS``): pending with a due
     time, or dead with a reason. It never raises: a record it cannot understand, or that fails in
@@ -164,7 +177,7 @@ class RowBuilder:
         """The row of one consumed record; never raises. None for a release record (``retry.release``):
         it stores no job, its blocker is added to :attr:`releases` for the batch's transaction."""
         if self.adopt_topics and topic in self.adopt_topics:
-            return self.adopted(topic, partition, offset, timestamp_ms, key, value, headers, now_ms)
+            return self.adopted(Consumed(topic, partition, offset, timestamp_ms, key, value, headers), now_ms)
         try:
             parsed = parse_headers(
                 headers,
@@ -222,7 +235,9 @@ class RowBuilder:
             reason = str(exc)
         except Exception as exc:  # a fault of ours must not halt ingestion: keep the record, dead
             reason = f"the record could not be turned into a job ({type(exc).__name__}: {exc})"
-        return self.invalid(topic, partition, offset, timestamp_ms, key, value, headers, now_ms, reason)
+        return self.invalid(
+            Consumed(topic, partition, offset, timestamp_ms, key, value, headers), now_ms, reason
+        )
 
     def _chain_head(self, row: CopyRow, chain: str, parsed: RetryHeaders) -> None:
         """Ordered mode, the retry of a chain's head (``retry.blocks``): its chain waits while it is
@@ -256,23 +271,14 @@ class RowBuilder:
         why = f"parked after {replays} replays, then {dead}: {reason or 'no reason given'}"
         return protocol.DEAD_PARKED, truncate_reason(why, self.limits.max_reason_chars)
 
-    def adopted(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        timestamp_ms: int | None,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Sequence[Header] | None,
-        now_ms: int,
-    ) -> CopyRow:
+    def adopted(self, record: Consumed, now_ms: int) -> CopyRow:
         """The dead (``adopted``) row of a record of another tool's dead-letter topic
         (:mod:`retry_scheduler.core.adopt`): its original topic is the destination, its exception the
         error class and reason; kept byte for byte. One that names no valid original topic is invalid.
         From a topic adopted with ``:retry``, a pending row instead, scheduled by the destination's
         policy (its attempt: the ``retry.attempt`` the record carries, plus a share group's deliveries
         less one), or dead as that policy says."""
+        topic, partition, offset, timestamp_ms, key, value, headers = record
         try:
             spec = self.adopt_topics[topic]
             found = adopt(spec, headers or (), self.limits.max_reason_chars)
@@ -311,7 +317,7 @@ class RowBuilder:
             reason = str(exc)
         except Exception as exc:  # a fault of ours must not halt ingestion: keep the record, dead
             reason = f"the dead letter could not be adopted ({type(exc).__name__}: {exc})"
-        return self.invalid(topic, partition, offset, timestamp_ms, key, value, headers, now_ms, reason)
+        return self.invalid(record, now_ms, reason)
 
     def _carried_first_seen(self, headers: Sequence[Header], now_ms: int) -> int | None:
         """When a record that went through this service first failed (its ``retry.original-timestamp``),
@@ -346,19 +352,9 @@ class RowBuilder:
             status=_DEAD if dead else _PENDING, dead_reason=dead, dead_at=due if dead else None,
         )  # fmt: skip
 
-    def invalid(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        timestamp_ms: int | None,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Sequence[Header] | None,
-        now_ms: int,
-        reason: str,
-    ) -> CopyRow:
+    def invalid(self, record: Consumed, now_ms: int, reason: str) -> CopyRow:
         """A dead (``invalid``) row keeping the record as it came, with ``reason``; never raises."""
+        topic, partition, offset, timestamp_ms, key, value, headers = record
         default, now = self.default, pg_time(now_ms)
         reason = reason.replace("\x00", "\\x00")  # an exception's text may quote the record
         try:

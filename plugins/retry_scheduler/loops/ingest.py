@@ -26,7 +26,7 @@ from retry_scheduler.core.durations import format_duration_ms
 from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import CopyRow
 from retry_scheduler.core.metrics import Metrics, NoMetrics
-from retry_scheduler.core.records import RowBuilder
+from retry_scheduler.core.records import Consumed, RowBuilder
 from retry_scheduler.db.loop_records import IngestLock
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.counts import IngestCounts
@@ -212,7 +212,7 @@ class Ingestor:
             except Exception as exc:  # e.g. a header name that is not UTF-8: the client cannot decode it
                 rows.append(
                     self.rows.invalid(
-                        topic, partition, offset, timestamp, msg.key(), msg.value(), (), now_ms,
+                        Consumed(topic, partition, offset, timestamp, msg.key(), msg.value(), ()), now_ms,
                         f"the record's headers cannot be read ({type(exc).__name__}: {exc})",
                     )
                 )  # fmt: skip

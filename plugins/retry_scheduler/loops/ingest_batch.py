@@ -10,7 +10,7 @@ from typing import Any
 
 from retry_scheduler.core.headers import Header
 from retry_scheduler.core.jobs import CopyRow
-from retry_scheduler.core.records import RowBuilder, new_retry_id
+from retry_scheduler.core.records import Consumed, RowBuilder, new_retry_id
 from retry_scheduler.db.queue import Queue, RowsRefused
 
 
@@ -78,9 +78,10 @@ class Batch:
                 except Exception as exc:
                     reason = f"{reason}; its headers could not be read ({type(exc).__name__})"
                 break
-        dead = builder.invalid(
+        record = Consumed(
             row.source_topic, row.source_partition, row.source_offset, row.source_timestamp_ms or None,
-            row.msg_key, row.msg_value, headers, now_ms, reason,
+            row.msg_key, row.msg_value, headers,
         )  # fmt: skip
+        dead = builder.invalid(record, now_ms, reason)
         # Its id is stored as text too: one the server's encoding may refuse is replaced.
         return dead if dead.retry_id.isascii() else dead._replace(retry_id=new_retry_id())
