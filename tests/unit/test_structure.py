@@ -297,3 +297,38 @@ def test_every_statement_of_the_service_is_under_db() -> None:
     # The reader sees what it looks for (so that an empty result cannot pass unseen):
     assert "psycopg.sql" in _every_import(base / "db" / "dead_letters.py")
     assert "retry_scheduler.db.schema.q" in _every_import(base / "db" / "compaction.py")
+
+
+def _connection_opens(path: Path) -> list[str]:
+    """The calls in ``path`` that open a database connection or pool (``owner.name:line``; a bare
+    ``connect:line`` is allowed where ``db.connection.connect`` is what the module imported)."""
+    opens = {"connect", "ConnectionPool", "AsyncConnectionPool"}
+    bare_is_ours = "retry_scheduler.db.connection.connect" in _every_import(path)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            owner = (
+                func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+            )
+            ours = owner == "" and name == "connect" and bare_is_ours
+            if (
+                name in opens
+                and owner in ("", "psycopg", "psycopg_pool", "Connection", "AsyncConnection")
+                and not ours
+            ):
+                found.append(f"{owner + '.' if owner else ''}{name}:{node.lineno}")
+    return found
+
+
+def test_database_connections_are_opened_under_db() -> None:
+    """Issue 61: the service's connections and pools are opened by ``db/`` (``db.connection.connect``,
+    ``open_pool``, the store), which set the statement timeout and say what is wrong when the database
+    cannot be used; elsewhere a module asks ``db/`` for one. ``dev/`` administers the dev servers."""
+    base = PACKAGES["retry_scheduler"]
+    outside = [p for p in base.rglob("*.py") if p.relative_to(base).parts[0] not in ("db", "dev")]
+    found = {str(p.relative_to(base)): opens for p in outside if (opens := _connection_opens(p))}
+    assert found == {}, f"connections opened outside db/: {found}"
+    # The reader sees what it looks for:
+    assert any(o.startswith("psycopg.connect:") for o in _connection_opens(base / "db" / "connection.py"))
