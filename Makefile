@@ -23,6 +23,7 @@ help:
 	@echo "make test   lint, type-check and run every test (needs PostgreSQL; started if missing)"
 	@echo "make test-fast  unit and integration tests without Airflow, Spark or clusters, in parallel"
 	@echo "make up     broker + PostgreSQL + Airflow (http://localhost:8080, admin/admin) until Ctrl-C"
+	@echo "make up CLUSTER=3  the same on a Kafka cluster of three brokers (topics with three replicas)"
 	@echo "make bench  benchmark report against baselines, full sizes (bench/out/report.md; ~1 h)"
 	@echo "make chaos  fault injection: 100 trials and the bad-input corpus (bench/out/chaos.json; ~18 min)"
 	@echo "make lint   ruff + mypy only"
@@ -162,7 +163,7 @@ test-unit: venv
 # EXECUTOR=celery runs the tasks on a Celery worker with Redis (started when none answers).
 EXECUTOR ?= local
 up: venv pg-deps kafka-deps spark-deps $(if $(filter celery,$(EXECUTOR)),redis-deps)
-	$(BIN)/retry-scheduler dev up --executor $(EXECUTOR)
+	$(BIN)/retry-scheduler dev up --executor $(EXECUTOR) $(if $(CLUSTER),--kafka-brokers $(CLUSTER))
 
 demo: venv pg-deps kafka-deps $(if $(filter celery,$(EXECUTOR)),redis-deps)
 	$(BIN)/retry-scheduler demo --executor $(EXECUTOR)

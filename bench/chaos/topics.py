@@ -75,8 +75,10 @@ PERMISSIVE_TOPIC_CONFIG = {
 def create_topics(
     bootstrap: str, topics: Iterable[str], partitions: int = 3, config: dict[str, str] | None = None
 ) -> None:
+    """Create ``topics`` with the broker's default replication (one replica on the dev broker, three
+    with ``min.insync.replicas`` 2 on a dev cluster)."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
-    new = [NewTopic(t, partitions, 1, config=config or {}) for t in topics]
+    new = [NewTopic(t, partitions, -1, config=config or {}) for t in topics]
     for future in admin.create_topics(new).values():
         future.result(15)
 

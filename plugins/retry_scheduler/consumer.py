@@ -76,6 +76,7 @@ from retry_scheduler.holds import (
     shared_config,
 )
 from retry_scheduler.ordered import DEAD_LETTER, RELEASE, OrderedKeys, is_notice
+from retry_scheduler.replication import AUTO
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +214,7 @@ class RetryingConsumer:
             log.warning("cannot list the topics (%s): the redelivery topics are not checked", exc)
             return
         missing = [
-            NewTopic(redelivery, len(known[topic].partitions) if topic in known else -1, -1)
+            NewTopic(redelivery, len(known[topic].partitions) if topic in known else -1, AUTO)
             for topic, redelivery in zip(self.topics, self.redelivery_topics, strict=True)
             if redelivery not in known
         ]

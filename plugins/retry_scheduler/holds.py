@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from retry_scheduler.client import RetryDeliveryError
 from retry_scheduler.core import protocol
+from retry_scheduler.replication import AUTO, BROKER_DEFAULT, resolved
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +29,30 @@ def create_topics(admin: AdminClient, topics: list[NewTopic], timeout_s: float =
     """Create ``topics``; one that already exists counts as created. The broker's error of each that
     could not be created (topic -> message); empty when every one exists now.
 
+    A topic asked with the replication factor :data:`~retry_scheduler.replication.AUTO` gets three
+    replicas, or the cluster's number of brokers when fewer, and ``min.insync.replicas`` to match
+    (:mod:`retry_scheduler.replication`); the broker's default when the brokers cannot be listed.
+
     Returns once the broker's metadata shows every created topic (or after ``timeout_s``): Kafka answers
     a creation when its controller has recorded it, and a broker may answer a metadata request without
     it a moment longer; a consumer that subscribed in that moment would find its partitions only at its
     next metadata refresh (librdkafka: 5 minutes by default)."""
     failed: dict[str, str] = {}
+    if any(t.replication_factor == AUTO for t in topics):
+        try:
+            brokers = len(admin.list_topics(timeout=timeout_s).brokers)
+        except KafkaException:
+            brokers = 0
+        topics = [
+            (
+                resolved(t, brokers)
+                if brokers
+                else NewTopic(t.topic, t.num_partitions, BROKER_DEFAULT, config=t.config)
+            )
+            if t.replication_factor == AUTO
+            else t
+            for t in topics
+        ]
     for name, future in admin.create_topics(topics, request_timeout=timeout_s).items() if topics else ():
         try:
             future.result(timeout_s + 5)
@@ -236,7 +256,7 @@ class HoldStore:
         admin = AdminClient(shared_config(self.config))
         if self.topic in admin.list_topics(timeout=10).topics:
             return
-        failed = create_topics(admin, [NewTopic(self.topic, 1, -1, config=HOLDS_TOPIC_CONFIG)])
+        failed = create_topics(admin, [NewTopic(self.topic, 1, AUTO, config=HOLDS_TOPIC_CONFIG)])
         if failed:
             raise RuntimeError(
                 f"cannot create the holds topic {self.topic} ({failed[self.topic]}): create it "

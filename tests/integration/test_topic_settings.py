@@ -22,27 +22,34 @@ def topic_config(bootstrap: str, topic: str) -> dict[str, str | None]:
     }
 
 
-def test_created_topics_carry_min_insync_replicas_only_when_set(
+def test_created_topics_state_min_insync_replicas_unless_left_to_the_broker(
     bootstrap_servers: str, topic_prefix: str
 ) -> None:
     base = Settings(kafka={"bootstrap.servers": bootstrap_servers})
-    set_topic, default_topic = f"{topic_prefix}-isr1", f"{topic_prefix}-isr-default"
+    set_topic, auto_topic, broker_topic = (f"{topic_prefix}-isr1", f"{topic_prefix}-isr-auto",
+                                           f"{topic_prefix}-isr-broker")  # fmt: skip
 
     assert (
         TopicManager(base.with_overrides(topic_min_insync_replicas=1)).ensure([set_topic], create=True) == []
     )
-    assert TopicManager(base).ensure([default_topic], create=True) == []
+    assert TopicManager(base).ensure([auto_topic], create=True) == []
+    assert (
+        TopicManager(base.with_overrides(topic_min_insync_replicas=-1)).ensure([broker_topic], create=True)
+        == []
+    )
 
     assert topic_config(bootstrap_servers, set_topic).get("min.insync.replicas") == "1"
-    # Unset: the topic has no setting of its own, so the broker's default applies.
-    assert "min.insync.replicas" not in topic_config(bootstrap_servers, default_topic)
+    # By default: stated on the topic, to match its replicas (one broker here: one replica, 1).
+    assert topic_config(bootstrap_servers, auto_topic).get("min.insync.replicas") == "1"
+    # -1: the topic has no setting of its own, so the broker's default applies.
+    assert "min.insync.replicas" not in topic_config(bootstrap_servers, broker_topic)
 
 
 def test_created_topics_get_the_replication_factor_asked_for(
     bootstrap_servers: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """What the broker reports for each partition of the topics created, not only what was asked:
-    RETRY_TOPIC_REPLICATION_FACTOR when set, else the broker's default.replication.factor (1 here). On
+    RETRY_TOPIC_REPLICATION_FACTOR when set, else 3 or the cluster's brokers when fewer (1 here). On
     this one-broker cluster a factor of 2 cannot be had: the topic is not created and the broker's
     reason is logged."""
     base = Settings(kafka={"bootstrap.servers": bootstrap_servers})

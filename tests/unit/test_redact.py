@@ -30,20 +30,21 @@ def test_every_form_of_password_is_redacted(dsn: str, shown: str) -> None:
     assert SECRET not in redact_url(dsn)
 
 
-def test_replication_factor_is_the_brokers_default_or_a_real_count() -> None:
-    assert Settings().topic_replication_factor == -1
+def test_replication_factor_is_automatic_the_brokers_default_or_a_real_count() -> None:
+    assert Settings().topic_replication_factor == 0  # 3, or the cluster's brokers when fewer
     assert Settings.from_env({"RETRY_TOPIC_REPLICATION_FACTOR": "3"}).topic_replication_factor == 3
-    with pytest.raises(ConfigError, match="RETRY_TOPIC_REPLICATION_FACTOR must be -1"):
-        Settings(topic_replication_factor=0)
+    assert Settings.from_env({"RETRY_TOPIC_REPLICATION_FACTOR": "-1"}).topic_replication_factor == -1
+    with pytest.raises(ConfigError, match="RETRY_TOPIC_REPLICATION_FACTOR must be 0"):
+        Settings(topic_replication_factor=-2)
 
 
 def test_min_insync_replicas_is_the_brokers_default_or_a_count_the_replicas_allow() -> None:
-    assert Settings().topic_min_insync_replicas == -1
+    assert Settings().topic_min_insync_replicas == 0
     settings = Settings.from_env(
         {"RETRY_TOPIC_REPLICATION_FACTOR": "3", "RETRY_TOPIC_MIN_INSYNC_REPLICAS": "2"}
     )
     assert (settings.topic_replication_factor, settings.topic_min_insync_replicas) == (3, 2)
-    with pytest.raises(ConfigError, match="RETRY_TOPIC_MIN_INSYNC_REPLICAS must be -1"):
-        Settings(topic_min_insync_replicas=0)
+    with pytest.raises(ConfigError, match="RETRY_TOPIC_MIN_INSYNC_REPLICAS must be 0"):
+        Settings(topic_min_insync_replicas=-2)
     with pytest.raises(ConfigError, match=r"\(3\) is more than RETRY_TOPIC_REPLICATION_FACTOR \(2\)"):
         Settings(topic_replication_factor=2, topic_min_insync_replicas=3)

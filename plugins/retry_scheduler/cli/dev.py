@@ -19,7 +19,9 @@ def _cmd_dev_up(args: argparse.Namespace, settings: Settings) -> int:
     from retry_scheduler.dev.airflow_api import api_token, unpause_dag
     from retry_scheduler.dev.stack import DevStack
 
-    with DevStack(settings, executor=args.executor, celery_workers=args.celery_workers) as stack:
+    with DevStack(
+        settings, executor=args.executor, celery_workers=args.celery_workers, kafka_brokers=args.kafka_brokers
+    ) as stack:
         if not args.paused:
             token = api_token(stack.base_url)
             for dag_id in ALWAYS_ON_DAGS:
@@ -171,6 +173,14 @@ def add_parsers(sub: Any) -> None:
         "the broker (RETRY_DEV_REDIS_URL, default redis://127.0.0.1:6379/0, started here if none answers)",
     )
     up.add_argument("--celery-workers", type=int, default=1, metavar="N", help="Celery workers (1)")
+    up.add_argument(
+        "--kafka-brokers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="a Kafka cluster of N brokers on this machine instead of the one dev broker (3: topics "
+        "with three replicas and min.insync.replicas 2, two more nodes as controllers only); 1 by default",
+    )
     up.set_defaults(func=_cmd_dev_up)
     dev_sub.add_parser(
         "postgres", help="make sure PostgreSQL answers at RETRY_DATABASE_URL (start one if not)"

@@ -35,9 +35,11 @@ def status_report(settings: Settings, destination: str | None, window_s: int) ->
     waiting in their key's chain in ordered mode, in ``waiting_chains`` chains, the oldest stored
     ``oldest_waiting_s`` ago; ``stuck_chains`` of them wait for a head the scheduler no longer has, the
     oldest record for ``oldest_stuck_s``; ``held``, 0.4's name of ``waiting``, is deprecated), plus
-    dead reasons, lateness and ``breakers``: the destinations' breakers not closed or with jobs paused
-    (and the destination's, with ``destination``)."""
-    from retry_scheduler.ops.status import read_status
+    dead reasons, lateness, ``breakers``: the destinations' breakers not closed or with jobs paused
+    (and the destination's, with ``destination``), and ``topics_at_risk``: the service's own topics
+    whose records one broker's loss would take (one replica on a cluster of more brokers), with why
+    (``""``: Kafka did not answer within 3 s, nothing was checked)."""
+    from retry_scheduler.ops.status import read_status, topics_at_risk
 
     reading, breakers = read_status(settings.database_url, destination, window_s)
     late, waiting, overdue, vacuum = reading.lateness, reading.waiting, reading.oldest_overdue, reading.vacuum
@@ -77,6 +79,7 @@ def status_report(settings: Settings, destination: str | None, window_s: int) ->
         b.as_dict() for b in breakers if destination is None or b.destination == destination
     ]
     report["destination"] = destination
+    report["topics_at_risk"] = topics_at_risk(settings)
     return report
 
 
@@ -125,6 +128,8 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         f"  lateness, last {late['window_s']}s: {late['published']} published, p50 {_fmt_s(late['p50_s'])}, "
         f"p99 {_fmt_s(late['p99_s'])}, max {_fmt_s(late['max_s'])}, early {late['early']}"
     )
+    for topic, why in report["topics_at_risk"].items():
+        print(f"  warning: topic {topic}: {why}" if topic else f"  warning: topics not checked: {why}")
     vacuum = report["vacuum"]
     if not vacuum["autovacuum"]:
         print(

@@ -198,21 +198,24 @@ class Settings:
             "RETRY_CREATE_TOPICS", "create missing destination and DLQ topics (the dev stack: `true`)"
         ),
     )
-    #: Replication factor of the topics the service creates; -1: the broker's default.replication.factor.
+    #: Replication factor of the topics the service creates (retry, DLQ, redelivery topics): 0, 3 or
+    #: the cluster's brokers when fewer (:mod:`retry_scheduler.replication`); -1: the broker's default.
     topic_replication_factor: int = field(
-        default=-1,
+        default=0,
         metadata=env(
             "RETRY_TOPIC_REPLICATION_FACTOR",
-            "replication factor of the topics the service creates; "
-            "`-1`: the broker's `default.replication.factor`",
+            "replication factor of the topics the service creates; `0` (default): 3, or the cluster's "
+            "number of brokers when fewer; `-1`: the broker's `default.replication.factor`",
         ),
     )
-    #: ``min.insync.replicas`` of the topics the service creates; -1: the broker's default.
+    #: ``min.insync.replicas`` of the topics the service creates: 0, 2 with three replicas or more,
+    #: else 1; -1: the broker's default.
     topic_min_insync_replicas: int = field(
-        default=-1,
+        default=0,
         metadata=env(
             "RETRY_TOPIC_MIN_INSYNC_REPLICAS",
-            "`min.insync.replicas` of the topics the service creates; `-1`: the broker's default",
+            "`min.insync.replicas` of the topics the service creates; `0` (default): 2 with three "
+            "replicas or more, else 1; `-1`: the broker's default",
         ),
     )
     #: ``retention.ms`` of the retry topics the service creates: a record not ingested by then is lost.

@@ -26,15 +26,15 @@ def check_settings(s: Settings) -> None:
         )
     if s.ingest_workers < 1:
         raise ConfigError(f"RETRY_INGEST_WORKERS must be at least 1, not {s.ingest_workers}")
-    if s.topic_replication_factor == 0 or s.topic_replication_factor < -1:
+    if s.topic_replication_factor < -1:
         raise ConfigError(
-            f"RETRY_TOPIC_REPLICATION_FACTOR must be -1 (the broker's default) or at least 1, "
-            f"not {s.topic_replication_factor}"
+            "RETRY_TOPIC_REPLICATION_FACTOR must be 0 (3, or the cluster's brokers when fewer), -1 (the "
+            f"broker's default) or at least 1, not {s.topic_replication_factor}"
         )
-    if s.topic_min_insync_replicas == 0 or s.topic_min_insync_replicas < -1:
+    if s.topic_min_insync_replicas < -1:
         raise ConfigError(
-            f"RETRY_TOPIC_MIN_INSYNC_REPLICAS must be -1 (the broker's default) or at least 1, "
-            f"not {s.topic_min_insync_replicas}"
+            "RETRY_TOPIC_MIN_INSYNC_REPLICAS must be 0 (2 with three replicas or more, else 1), -1 (the "
+            f"broker's default) or at least 1, not {s.topic_min_insync_replicas}"
         )
     if s.retry_topic_retention_ms < 60_000 and s.retry_topic_retention_ms != -1:
         raise ConfigError(

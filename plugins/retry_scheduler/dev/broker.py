@@ -71,29 +71,50 @@ logger.request.level = WARN
 """
 
 
-def server_properties(home: Path, port: int, controller_port: int, host: str = "127.0.0.1") -> str:
-    """The broker's configuration: one KRaft node, a PLAINTEXT listener on ``host:port``."""
+def server_properties(
+    home: Path,
+    port: int,
+    controller_port: int,
+    host: str = "127.0.0.1",
+    *,
+    node_id: int = 1,
+    voters: str | None = None,
+    brokers: int = 1,
+    controller_only: bool = False,
+) -> str:
+    """A node's configuration: broker and controller (combined), a PLAINTEXT listener on
+    ``host:port``; or, ``controller_only``, a voter of the controller quorum alone. Alone (``voters``
+    None) its internal topics have one replica; in a cluster of ``brokers`` (``voters``: every
+    controller's ``id@host:controller_port``) three, or ``brokers`` when fewer, with
+    ``min.insync.replicas`` 2 (1 below three), as production runs them."""
+    replicas, min_isr = min(3, brokers), 2 if brokers >= 3 else 1
     settings = {
-        "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{host}:{controller_port}",
+        "process.roles": "controller" if controller_only else "broker,controller",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters or f"{node_id}@{host}:{controller_port}",
         "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://{host}:{port}",
         "controller.listener.names": "CONTROLLER",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(home / "data"),
-        "offsets.topic.replication.factor": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "offsets.topic.replication.factor": str(replicas),
+        "transaction.state.log.replication.factor": str(replicas),
+        "transaction.state.log.min.isr": str(min_isr),
+        "share.coordinator.state.topic.replication.factor": str(replicas),
+        "share.coordinator.state.topic.min.isr": str(min_isr),
+        "default.replication.factor": str(replicas),
+        "min.insync.replicas": str(min_isr),
         "group.initial.rebalance.delay.ms": "0",
         # KIP-848 groups: a group may set its own session and heartbeat (consumer.session.timeout.ms,
         # consumer.heartbeat.interval.ms) below the broker's floors of 45 s and 5 s; the defaults stay.
         "group.consumer.min.session.timeout.ms": "6000",
         "group.consumer.min.heartbeat.interval.ms": "500",
     }
+    if controller_only:
+        settings.update(listeners=f"CONTROLLER://{host}:{controller_port}")
+        settings.pop("advertised.listeners")
+        settings.pop("inter.broker.listener.name")
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
@@ -108,14 +129,20 @@ def java_binary() -> str:
     return java
 
 
-def format_storage(java: str, classpath: str, home: Path) -> None:
-    """Format ``home/data`` for a new cluster, once (a formatted folder keeps its topics)."""
-    if (home / "data" / "meta.properties").is_file():
-        return
-    cluster_id = subprocess.run(
+def new_cluster_id(java: str, classpath: str) -> str:
+    """A cluster id from Kafka's own tool."""
+    return subprocess.run(
         [java, "-cp", classpath, "kafka.tools.StorageTool", "random-uuid"],
         capture_output=True, text=True, check=False,
     ).stdout.strip() or "q1Sh-9_ISia_zwGINzRvyQ"  # fmt: skip
+
+
+def format_storage(java: str, classpath: str, home: Path, cluster_id: str | None = None) -> None:
+    """Format ``home/data`` for a new cluster (``cluster_id``: every node of a cluster shares it),
+    once (a formatted folder keeps its topics)."""
+    if (home / "data" / "meta.properties").is_file():
+        return
+    cluster_id = cluster_id or new_cluster_id(java, classpath)
     command = [
         java, "-cp", classpath, f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
         "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(home / "server.properties"),

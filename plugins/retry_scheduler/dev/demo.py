@@ -160,9 +160,10 @@ def _create_demo_topic(settings: Settings) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from retry_scheduler.holds import create_topics
+    from retry_scheduler.replication import AUTO
 
     admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
-    failed = create_topics(admin, [NewTopic(DEMO_TOPIC, 1, -1)])
+    failed = create_topics(admin, [NewTopic(DEMO_TOPIC, 1, AUTO)])
     if failed:
         raise RuntimeError(f"the demo could not create {DEMO_TOPIC}: {failed[DEMO_TOPIC]}")
 

@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -142,19 +143,24 @@ class DevStack:
         celery_workers: int = 1,
         parse_interval_s: int = 30,
         triggerer: bool = True,
+        kafka_brokers: int = 1,
     ) -> None:
         """``executor`` ``celery`` runs tasks on ``celery_workers`` Celery workers (``airflow celery
         worker``) with Redis at ``redis_url`` as the broker (:func:`retry_scheduler.dev.redis.redis_url`
         by default; started here when none answers) instead of the scheduler's LocalExecutor.
         ``parse_interval_s``: see :func:`airflow_env`. ``triggerer=False`` leaves the triggerer out
         (deferred tasks, asset watchers and async deadline callbacks then never run): for a stack whose
-        DAGs need none of them, it saves the triggerer's start (about 11 CPU seconds) and its idle load."""
+        DAGs need none of them, it saves the triggerer's start (about 11 CPU seconds) and its idle load.
+        ``kafka_brokers`` above 1 starts a Kafka cluster of that many brokers (and two controllers
+        only, from three brokers: :mod:`retry_scheduler.dev.kafka_cluster`) instead of the dev broker;
+        the stack's ``KAFKA_BOOTSTRAP_SERVERS`` then names every broker."""
         if executor not in self.EXECUTORS:
             raise DevStackError(f"executor {executor!r} must be one of {', '.join(self.EXECUTORS)}")
         from retry_scheduler.dev.redis import redis_url as default_redis_url
 
         self.executor, self.celery_workers = executor, celery_workers
         self.parse_interval_s = parse_interval_s
+        self.kafka_brokers = kafka_brokers
         self.commands = tuple(c for c in self.AIRFLOW_COMMANDS if triggerer or c != "triggerer")
         self.redis_url = redis_url or default_redis_url()
         self.settings = settings or Settings.from_env()
@@ -173,6 +179,25 @@ class DevStack:
     def _adopt(self, name: str, proc: Proc | None) -> None:
         if proc is not None:
             self._procs.append((name, proc))
+
+    def _start_kafka_cluster(self, port: int) -> None:
+        """A Kafka cluster of :attr:`kafka_brokers` brokers, its first on ``port``, new at each start."""
+        from retry_scheduler.dev.kafka_cluster import KafkaCluster
+
+        home = self.dev_dir / "kafka-cluster"
+        shutil.rmtree(home, ignore_errors=True)
+        cluster = KafkaCluster(
+            home, self.kafka_brokers, controllers=2 if self.kafka_brokers >= 3 else 0, say=self.say,
+            first_port=port,
+        )  # fmt: skip
+        try:
+            cluster.start()
+        finally:
+            for node in cluster.nodes:
+                self._adopt(f"kafka node {node.node_id}", node.proc)
+        self.settings = self.settings.with_overrides(
+            kafka={**self.settings.kafka, "bootstrap.servers": cluster.bootstrap}
+        )
 
     def start(self) -> None:
         """Start everything; return once Airflow reports its scheduler and dag processor healthy.
@@ -194,7 +219,9 @@ class DevStack:
         if port_open("127.0.0.1", self.api_port):
             raise DevStackError(f"Port {self.api_port} is taken: stop the other Airflow or pick another port")
         host, _, port = self.settings.bootstrap_servers.split(",")[0].rpartition(":")
-        if host in LOCAL_HOSTS:
+        if host in LOCAL_HOSTS and self.kafka_brokers > 1:
+            self._start_kafka_cluster(int(port))
+        elif host in LOCAL_HOSTS:
             broker = start_broker(
                 int(port), "127.0.0.1", self.log_dir / "broker.log", self.say, home=self.kafka_home
             )

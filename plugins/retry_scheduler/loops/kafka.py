@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
 from retry_scheduler.holds import wait_until_listed
+from retry_scheduler.replication import min_insync_for, replicas_for, under_replicated
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +217,23 @@ def admin_client(settings: Settings) -> AdminClient:
     return AdminClient(_logged(admin_client_config(settings)))
 
 
+def topics_at_risk(settings: Settings, topics: Iterable[str], timeout_s: float = 5.0) -> dict[str, str]:
+    """Of ``topics`` (those that exist), each whose replication loses records with one broker on
+    this cluster, with why (:func:`~retry_scheduler.replication.under_replicated`); ``{"": why}``
+    when the cluster cannot be asked."""
+    try:
+        meta = admin_client(settings).list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        return {"": f"Kafka at {settings.bootstrap_servers} did not answer: {exc}"}
+    risks = {}
+    for topic in dict.fromkeys(topics):
+        if topic in meta.topics and meta.topics[topic].partitions:
+            replicas = min(len(pm.replicas) for pm in meta.topics[topic].partitions.values())
+            if (why := under_replicated(len(meta.brokers), replicas)) is not None:
+                risks[topic] = why
+    return risks
+
+
 def retry_topic_config(settings: Settings) -> dict[str, str]:
     """The configuration of the retry topics the service creates: their retention, stated."""
     return {
@@ -231,11 +249,15 @@ class TopicManager:
         self.settings = settings
         self.admin = admin or admin_client(settings)
         self.known: set[str] = set()
+        #: The cluster's brokers, as last listed: a topic created gets as many replicas, three at most.
+        self.brokers = 1
         #: Partitions of each topic, as last listed.
         self.partition_counts: dict[str, int] = {}
 
     def refresh(self) -> None:
-        topics = self.admin.list_topics(timeout=10).topics
+        meta = self.admin.list_topics(timeout=10)
+        topics = meta.topics
+        self.brokers = len(meta.brokers)
         self.known = set(topics)
         self.partition_counts = {name: len(meta.partitions) for name, meta in topics.items()}
 
@@ -265,9 +287,12 @@ class TopicManager:
         missing = sorted(wanted - self.known)
         if not missing or not create:
             return missing
-        replication = self.settings.topic_replication_factor
-        min_insync = self.settings.topic_min_insync_replicas
-        config = {**({} if min_insync < 0 else {"min.insync.replicas": str(min_insync)}), **(config or {})}
+        replication = replicas_for(self.brokers, self.settings.topic_replication_factor)
+        min_insync = min_insync_for(replication, self.settings.topic_min_insync_replicas)
+        config = {
+            **({} if min_insync is None else {"min.insync.replicas": str(min_insync)}),
+            **(config or {}),
+        }
         futures = self.admin.create_topics(
             [NewTopic(t, self._partitions_for(t, partitions), replication, config=config) for t in missing]
         )
@@ -277,7 +302,7 @@ class TopicManager:
                 log.info(
                     "created topic %s (%s partitions, replication factor %s, min.insync.replicas %s)",
                     topic, self._partitions_for(topic, partitions), "the broker's default" if replication < 0 else replication,
-                    "the broker's default" if min_insync < 0 else min_insync,
+                    "the broker's default" if min_insync is None else min_insync,
                 )  # fmt: skip
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
