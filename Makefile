@@ -16,7 +16,7 @@ MAKEFLAGS += --jobs=2
 # apt-get, one at a time: two targets installing side by side would find dpkg's lock taken.
 APT := DEBIAN_FRONTEND=noninteractive flock --wait 900 /tmp/.retry-scheduler-apt.lock apt-get
 
-.PHONY: help venv lint format system-deps pg-deps postgres kafka-deps redis-deps spark-deps browser-deps interop-tools interop-deps test test-fast test-random test-unit up demo bench bench-quick clean docs
+.PHONY: help venv lint format system-deps pg-deps postgres kafka-deps redis-deps spark-deps browser-deps interop-tools interop-deps chaos-cluster test test-fast test-random test-unit up demo bench bench-quick clean docs
 
 help:
 	@echo "make demo   run an end-to-end scenario under the real Airflow scheduler (embedded defaults)"
@@ -26,6 +26,7 @@ help:
 	@echo "make up CLUSTER=3  the same on a Kafka cluster of three brokers (topics with three replicas)"
 	@echo "make bench  benchmark report against baselines, full sizes (bench/out/report.md; ~1 h)"
 	@echo "make chaos  fault injection: 100 trials and the bad-input corpus (bench/out/chaos.json; ~18 min)"
+	@echo "make chaos-cluster  100 trials of a three-broker Kafka cluster failing (the cluster entry of chaos.json)"
 	@echo "make lint   ruff + mypy only"
 	@echo "make system-deps  what the targets need from Debian's packages, installed when missing (root)"
 	@echo "make docs   the documentation site from docs/ into site/ (make test builds it strictly)"
@@ -188,6 +189,12 @@ CHAOS_TRIALS ?= 100
 CHAOS_RECORDS ?= 2500
 chaos: venv pg-deps kafka-deps
 	$(BIN)/retry-scheduler chaos --trials $(CHAOS_TRIALS) --records $(CHAOS_RECORDS) --out bench/out \
+		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+
+# The trials of a Kafka cluster failing (bench/chaos/cluster.py): the cluster entry of bench/out/chaos.json.
+CHAOS_CLUSTER_TRIALS ?= 100
+chaos-cluster: venv pg-deps kafka-deps
+	$(BIN)/retry-scheduler chaos --cluster --trials $(CHAOS_CLUSTER_TRIALS) --records $(CHAOS_RECORDS) --out bench/out \
 		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 # Ordered mode's model-based test over many seeds (tests/integration/test_ordered_model.py): one JSON

@@ -23,12 +23,18 @@ topic) and **unidentified duplicates** (copies whose ``retry.id`` or ``retry.att
 Before the trials, a corpus of bad input is sent to a running service: each record must end dead
 (``invalid``) with a reason naming its fault and be on the DLQ, and the same ingest process must
 go on to ingest a good record sent after them.
+
+``retry-scheduler chaos --cluster`` (``make chaos-cluster``) runs the trials of a Kafka cluster failing
+instead, on three brokers and two controllers only: partition leaders, the group coordinator and the
+active controller killed, a rolling restart, two brokers down, a broker frozen
+(:mod:`bench.chaos.cluster`); they are the ``cluster`` entry of ``chaos.json``.
 """
 
 from __future__ import annotations
 
+from bench.chaos.cluster import CLUSTER_FAULTS
 from bench.chaos.common import FAULTS, ChaosError
 from bench.chaos.run import run_chaos
 from bench.chaos.topics import Seen, create_topics, read_topics
 
-__all__ = ["FAULTS", "ChaosError", "Seen", "create_topics", "read_topics", "run_chaos"]
+__all__ = ["CLUSTER_FAULTS", "FAULTS", "ChaosError", "Seen", "create_topics", "read_topics", "run_chaos"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,3 +49,18 @@ DONE_SQL = (
 
 class ChaosError(RuntimeError):
     """The chaos harness itself could not do its job (not a finding about the service)."""
+
+
+def reached(database_url: str, after: str, count: int, timeout_s: float) -> bool:
+    """Wait until ``count`` jobs are stored (or published); False on timeout."""
+    import psycopg
+
+    column = 0 if after == "stored" else 1
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(COUNTS_SQL).fetchone()
+            if row and row[column] >= count:
+                return True
+            time.sleep(0.02)
+    return False

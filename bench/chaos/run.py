@@ -34,7 +34,7 @@ from retry_scheduler.dev.kafka_libs import KAFKA_VERSION
 log = logging.getLogger(__name__)
 
 
-def machine() -> dict[str, Any]:
+def machine(cluster: bool = False) -> dict[str, Any]:
 
     import confluent_kafka
 
@@ -47,7 +47,9 @@ def machine() -> dict[str, Any]:
         "memory_gb": round(mem_kb / 1024 / 1024, 1),
         "python": platform.python_version(),
         "librdkafka": confluent_kafka.libversion()[0],
-        "broker": f"Apache Kafka {KAFKA_VERSION} (KRaft, one node, the dev tooling's)",
+        "broker": f"Apache Kafka {KAFKA_VERSION} (KRaft, "
+        + ("three brokers and two controllers only" if cluster else "one node")
+        + ", the dev tooling's)",
     }
 
 
@@ -60,14 +62,18 @@ def run_chaos(
     bad_input: bool = True,
     faults: Sequence[str] = FAULTS,
     say: Say = print,
+    cluster: bool = False,
 ) -> dict[str, Any]:
-    """Run the bad-input corpus and ``trials`` fault trials; write ``chaos.json`` to ``out_dir``."""
+    """Run the bad-input corpus and ``trials`` fault trials; write ``chaos.json`` to ``out_dir``.
+
+    ``cluster``: the trials of a Kafka cluster failing (:mod:`bench.chaos.cluster`), on three
+    brokers and two controllers only; their report is the ``cluster`` entry of ``chaos.json``."""
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     rng = random.Random(seed)
     say(f"chaos: seed {seed} (rerun with --seed {seed}), {trials} trials of {records} records")
     began = time.monotonic()
     work_dir = Path(tempfile.mkdtemp(prefix="retry-chaos-"))
-    stack = ChaosStack(work_dir, say)
+    stack = ChaosStack(work_dir, say, cluster=cluster)
     results: list[TrialResult] = []
     corpus: BadInputResult | None = None
     pg_version = "?"
@@ -108,16 +114,51 @@ def run_chaos(
     else:
         shutil.rmtree(work_dir, ignore_errors=True)
     report = summarize(results, corpus, seed=seed, records=records, seconds=time.monotonic() - began)
-    report["machine"] = {**machine(), "postgresql": pg_version}
+    report["machine"] = {**machine(cluster), "postgresql": pg_version}
+    if cluster:
+        report["cluster_figures"] = cluster_figures(results)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         previous = out_dir / "chaos.json"
-        # Ordered mode's entry, written by make chaos-ordered, is kept.
+        earlier: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            report.setdefault("ordered", json.loads(previous.read_text()).get("ordered"))
-        previous.write_text(json.dumps(report, indent=2) + "\n")
+            earlier = json.loads(previous.read_text())
+        if cluster:  # the cluster's trials are an entry of their own; the rest is kept
+            written = {**earlier, "cluster": report}
+        else:  # ordered mode's entry (make chaos-ordered) and the cluster's (make chaos-cluster) are kept
+            written = {**report, "ordered": earlier.get("ordered"), "cluster": earlier.get("cluster")}
+        previous.write_text(json.dumps(written, indent=2) + "\n")
         say(f"chaos: wrote {out_dir / 'chaos.json'}")
     return report
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    ordered = sorted(values)
+    return None if not ordered else ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def cluster_figures(results: Sequence[TrialResult]) -> dict[str, Any]:
+    """The cluster trials' own figures: how long a partition had no leader after its leader was
+    killed or frozen, how long until it got a record again, and the lateness during rolling restarts."""
+    failover = [r.detail["failover_s"] for r in results if r.detail.get("failover_s") is not None]
+    resumed = [r.detail["resumed_s"] for r in results if r.detail.get("resumed_s") is not None]
+    rolling = [r.detail["lateness_p99_s"] for r in results if r.detail.get("lateness_p99_s") is not None]
+    return {
+        "failover_s": {
+            "trials": len(failover),
+            "p50": _percentile(failover, 0.5),
+            "p99": _percentile(failover, 0.99),
+        },
+        "resumed_s": {
+            "trials": len(resumed),
+            "p50": _percentile(resumed, 0.5),
+            "p99": _percentile(resumed, 0.99),
+        },
+        "rolling_restart_lateness_p99_s": {"trials": len(rolling), "max": max(rolling, default=None)},
+        "no_leader_in_time": sum(
+            1 for r in results if "failover_s" in r.detail and r.detail["failover_s"] is None
+        ),
+    }
 
 
 def summarize(

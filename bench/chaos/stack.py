@@ -25,6 +25,7 @@ from bench.chaos.common import (
     Say,
 )
 from bench.chaos.topics import Topics
+from retry_scheduler.dev.kafka_cluster import KafkaCluster
 from retry_scheduler.dev.procs import free_port
 
 log = logging.getLogger(__name__)
@@ -35,12 +36,20 @@ class ChaosStack:
 
     TEMPLATE = "chaos_template"
 
-    def __init__(self, work_dir: Path, say: Say = print) -> None:
+    def __init__(self, work_dir: Path, say: Say = print, *, cluster: bool = False) -> None:
+        """``cluster``: three Kafka brokers and two controllers only instead of one broker."""
         self.work_dir, self.say = work_dir, say
         self.pg_port, self.broker_port = free_port(), free_port()
         self.bootstrap = f"127.0.0.1:{self.broker_port}"
         self._pg: subprocess.Popen[bytes] | None = None
         self._broker: subprocess.Popen[bytes] | None = None
+        self.cluster: KafkaCluster | None = (
+            KafkaCluster(work_dir / "kafka", 3, controllers=2, say=say, first_port=self.broker_port)
+            if cluster
+            else None
+        )
+        if self.cluster is not None:
+            self.bootstrap = self.cluster.bootstrap
 
     def url(self, dbname: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.pg_port}/{dbname}"
@@ -53,6 +62,9 @@ class ChaosStack:
         self.work_dir.chmod(0o755)
         self._start_postgres(self.say)
         migrate(self.url(self.TEMPLATE))
+        if self.cluster is not None:
+            self.cluster.start()
+            return
         self._broker = start_broker(self.broker_port, "127.0.0.1", self.work_dir / "broker.log", self.say)
         if self._broker is None:
             raise ChaosError(f"port {self.broker_port} was taken by another broker meanwhile")
@@ -109,6 +121,8 @@ class ChaosStack:
         return str(row[0]) if row else "?"
 
     def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.close()
         if self._broker is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._broker.pid, signal.SIGCONT)

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos.breaker import BREAKER_ENV, BREAKER_FAULTS, closer, hold, plan_breaker_fault
+from bench.chaos.cluster import CLUSTER_FAULTS, cluster_striker, plan_cluster_fault
 from bench.chaos.common import (
-    COUNTS_SQL,
     FATAL_ERROR,
     FAULTS,
     INGEST_BATCH,
@@ -23,6 +23,7 @@ from bench.chaos.common import (
     MAX_ATTEMPTS,
     PUBLISH_BATCH,
     Header,
+    reached,
 )
 from bench.chaos.stack import ChaosStack, Supervisor, Worker, worker_env
 from bench.chaos.topics import Seen, Topics, create_topics, delete_topics, read_topics, send, wait_done
@@ -229,6 +230,8 @@ def plan_fault(fault: str, rng: random.Random, records: int) -> tuple[dict[str, 
     """
     if fault in BREAKER_FAULTS:
         return plan_breaker_fault(fault, rng, records)
+    if fault in CLUSTER_FAULTS:
+        return plan_cluster_fault(fault, rng, records), {}
     published = int(records * 0.78)  # 80 % of the workload goes back to its destination, 20 % dies
     if fault in ("kill_ingest_consumed", "kill_ingest_stored"):
         # A batch holds at most INGEST_BATCH records, so there are at least this many batches, shared by
@@ -259,21 +262,6 @@ def plan_fault(fault: str, rng: random.Random, records: int) -> tuple[dict[str, 
     return {**after, "down_s": round(rng.uniform(0, 2), 3), "mode": rng.choice(["fast", "immediate"])}, {}
 
 
-def _reached(database_url: str, after: str, count: int, timeout_s: float) -> bool:
-    """Wait until ``count`` jobs are stored (or published); False on timeout."""
-    import psycopg
-
-    column = 0 if after == "stored" else 1
-    deadline = time.monotonic() + timeout_s
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            row = conn.execute(COUNTS_SQL).fetchone()
-            if row and row[column] >= count:
-                return True
-            time.sleep(0.02)
-    return False
-
-
 def _striker(
     stack: ChaosStack, fault: str, detail: dict[str, Any], workers: dict[str, Worker], database_url: str
 ) -> Callable[[], None]:
@@ -282,7 +270,7 @@ def _striker(
     def strike() -> None:
         began = time.monotonic()
         if "after" in detail:
-            detail["triggered"] = _reached(database_url, detail["after"], detail["count"], 60)
+            detail["triggered"] = reached(database_url, detail["after"], detail["count"], 60)
         else:
             time.sleep(detail["at_s"])
         detail["struck_at_s"] = round(time.monotonic() - began, 3)
@@ -340,11 +328,13 @@ def run_trial(
     striker: threading.Thread | None = None
     with Supervisor(list(workers.values())):
         if not plans or breaker:
-            strike = (
-                closer(detail, workers, database_url, topics.dest)
-                if breaker
-                else _striker(stack, fault, detail, workers, database_url)
-            )
+            if breaker:
+                strike = closer(detail, workers, database_url, topics.dest)
+            elif fault in CLUSTER_FAULTS:
+                assert stack.cluster is not None, f"{fault} is a fault of a cluster: run chaos --cluster"
+                strike = cluster_striker(stack.cluster, fault, detail, database_url, topics)
+            else:
+                strike = _striker(stack, fault, detail, workers, database_url)
             striker = threading.Thread(target=strike, name="chaos-fault")
             striker.start()
         send(stack.bootstrap, topics.retry, batch, chunks=8, gap_s=0.15)

@@ -45,12 +45,13 @@ def _cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
     """Fault-injection trials and the bad-input corpus on a private PostgreSQL and broker."""
     chaos = harness_module("chaos")
     ChaosError, run_chaos = chaos.ChaosError, chaos.run_chaos
-    faults = tuple(filter(None, (f.strip() for f in (args.faults or "").split(",")))) or chaos.FAULTS
-    unknown = sorted(set(faults) - set(chaos.FAULTS))
+    known = chaos.CLUSTER_FAULTS if args.cluster else chaos.FAULTS
+    faults = tuple(filter(None, (f.strip() for f in (args.faults or "").split(",")))) or known
+    unknown = sorted(set(faults) - set(known))
     if unknown:
         print(
             f"retry-scheduler chaos: unknown fault kind(s) {', '.join(unknown)} "
-            f"(known: {', '.join(chaos.FAULTS)})",
+            f"(known{' with --cluster' if args.cluster else ''}: {', '.join(known)})",
             file=sys.stderr,
         )
         return 2
@@ -60,8 +61,9 @@ def _cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
             seed=args.seed,
             records=args.records,
             out_dir=Path(args.out),
-            bad_input=not args.no_bad_input,
+            bad_input=not (args.no_bad_input or args.cluster),
             faults=faults,
+            cluster=args.cluster,
         )
     except ChaosError as exc:
         print(f"retry-scheduler chaos: {exc}", file=sys.stderr)
@@ -176,6 +178,13 @@ def _add_chaos_parser(sub: Any) -> None:
     chaos.add_argument("--seed", type=int, metavar="S", help="random seed (printed; random by default)")
     chaos.add_argument("--out", default="bench/out", metavar="DIR", help="where chaos.json goes (bench/out)")
     chaos.add_argument("--no-bad-input", action="store_true", help="skip the bad-input corpus")
+    chaos.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the trials of a Kafka cluster failing (leaders, coordinator and controller killed, rolling "
+        "restart, two brokers down, a broker frozen) on three brokers and two controllers only; written "
+        "as the cluster entry of chaos.json (no bad-input corpus)",
+    )
     chaos.add_argument(
         "--faults",
         metavar="KIND,KIND",

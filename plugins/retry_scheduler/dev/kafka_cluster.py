@@ -36,7 +36,7 @@ from retry_scheduler.dev.broker import (
     server_properties,
 )
 from retry_scheduler.dev.kafka_libs import KAFKA_VERSION, fetch_kafka_libs
-from retry_scheduler.dev.procs import DevStackError, Proc, Say, free_port, spawn, tail, terminate
+from retry_scheduler.dev.procs import DevStackError, Proc, Say, free_port, port_open, spawn, tail, terminate
 
 #: What a node logs when it becomes the metadata quorum's leader, the active controller.
 LEADER_LINE = re.compile(
@@ -121,7 +121,7 @@ class KafkaCluster:
 
     @property
     def bootstrap(self) -> str:
-        """Every node's listener, as a client's ``bootstrap.servers``."""
+        """Every broker's listener, as a client's ``bootstrap.servers``."""
         return ",".join(n.address for n in self.broker_nodes)
 
     @property
@@ -131,14 +131,18 @@ class KafkaCluster:
     def node(self, node_id: int) -> Node:
         return self.nodes[node_id - 1]
 
-    def start(self, wait: bool = True) -> KafkaCluster:
-        """Start every node that is not running; with ``wait``, until each is a broker of the cluster."""
+    def start(self, wait: bool = True, announce: bool = True) -> KafkaCluster:
+        """Start every node that is not running (thawing a frozen one); with ``wait``, until each is a
+        broker of the cluster; ``announce``: say where it listens."""
         began = time.monotonic()
         for node in self.nodes:
             if not node.running:
                 self._spawn(node)
+            elif node.proc is not None:
+                os.killpg(node.proc.pid, signal.SIGCONT)
         if wait:
             self.wait_for_brokers({n.node_id for n in self.broker_nodes})
+        if wait and announce:
             self.say(
                 f"Apache Kafka {KAFKA_VERSION} (KRaft, {self.size} brokers, {self.size + self.controllers} controllers) listening on {self.bootstrap} "
                 f"(up in {time.monotonic() - began:.1f} s; data in {self.root})"
@@ -255,7 +259,14 @@ class KafkaCluster:
         node = self.node(node_id)
         if not node.running:
             self._spawn(node)
-        if wait:
+        if wait and node.controller_only:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not port_open("127.0.0.1", node.controller_port):
+                if time.monotonic() > deadline or not node.running:
+                    raise DevStackError(f"controller {node_id} did not listen again; {node.log_path} ends with:\n"
+                                        f"{tail(node.log_path)}")  # fmt: skip
+                time.sleep(0.2)
+        elif wait:
             self.wait_for_brokers({node_id})
 
     def close(self) -> None:
