@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from retry_scheduler.core import protocol
 from retry_scheduler.core.config import Settings
 from retry_scheduler.holds import wait_until_listed
-from retry_scheduler.replication import min_insync_for, replicas_for, under_replicated
+from retry_scheduler.replication import resolved, under_replicated
 
 log = logging.getLogger(__name__)
 
@@ -287,22 +287,27 @@ class TopicManager:
         missing = sorted(wanted - self.known)
         if not missing or not create:
             return missing
-        replication = replicas_for(self.brokers, self.settings.topic_replication_factor)
-        min_insync = min_insync_for(replication, self.settings.topic_min_insync_replicas)
-        config = {
-            **({} if min_insync is None else {"min.insync.replicas": str(min_insync)}),
-            **(config or {}),
+        s = self.settings
+        new = {
+            t: resolved(
+                NewTopic(
+                    t, self._partitions_for(t, partitions), s.topic_replication_factor, config=config or {}
+                ),
+                self.brokers,
+                s.topic_min_insync_replicas,
+            )
+            for t in missing
         }
-        futures = self.admin.create_topics(
-            [NewTopic(t, self._partitions_for(t, partitions), replication, config=config) for t in missing]
-        )
+        futures = self.admin.create_topics(list(new.values()))
         for topic, future in futures.items():
             try:
                 future.result(timeout=15)
+                made = new[topic]
                 log.info(
                     "created topic %s (%s partitions, replication factor %s, min.insync.replicas %s)",
-                    topic, self._partitions_for(topic, partitions), "the broker's default" if replication < 0 else replication,
-                    "the broker's default" if min_insync is None else min_insync,
+                    topic, made.num_partitions,
+                    "the broker's default" if made.replication_factor < 0 else made.replication_factor,
+                    made.config.get("min.insync.replicas", "the broker's default"),
                 )  # fmt: skip
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
