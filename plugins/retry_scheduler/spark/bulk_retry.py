@@ -158,11 +158,13 @@ def _print_plan(opts: Options, chosen: _Chosen) -> None:
         print(f"  {destination:<40} {count:>10}  its breaker is open: left alone")
 
 
-def _publish(opts: Options, chosen: _Chosen, missing: set[str]) -> tuple[int, int, int, float]:
+def _publish(
+    spark: SparkSession, opts: Options, chosen: _Chosen, missing: set[str]
+) -> tuple[int, int, int, float]:
     """Read, produce and mark the selection, partition by partition, in one Spark action: nothing is
     produced twice. Returns (JDBC fetch size, jobs marked published, failed, seconds of marking)."""
     summary = chosen.summary
-    sc = spark_session().sparkContext
+    sc = spark.sparkContext
     sc.setJobDescription(f"bulk retry {opts.run_id}")
     failed_count = sc.accumulator(0)
     fetchsize = opts.fetchsize or fetch_rows(summary.max_payload_bytes)
@@ -171,7 +173,7 @@ def _publish(opts: Options, chosen: _Chosen, missing: set[str]) -> tuple[int, in
         opts.run_id, fetchsize, summary.max_payload_bytes,
     )  # fmt: skip
     jobs = read_selection(
-        spark_session(), jdbc_target(opts.database_url), chosen.selection, summary, opts.partitions, fetchsize
+        spark, jdbc_target(opts.database_url), chosen.selection, summary, opts.partitions, fetchsize
     )
     deliveries = jobs.mapInArrow(
         partial(
@@ -229,10 +231,10 @@ def _run(opts: Options, start_audit: Callable[[int, dict[str, int]], BulkAudit])
             "destination topics %s do not exist: their %s jobs will fail and stay %s",
             sorted(missing), sum(summary.per_destination[t] for t in missing), chosen.selection.status,
         )  # fmt: skip
-    spark_session()
+    spark = spark_session()
     lap("spark_session")
     result["fetch_rows"], result["published"], result["failed"], result["marking_s"] = _publish(
-        opts, chosen, missing
+        spark, opts, chosen, missing
     )
     lap("read_produce_mark")
     audit.finish(result["published"])
