@@ -1,8 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import pytest
 
 from bench.jobs import Job
@@ -10,7 +7,7 @@ from retry_scheduler.core import protocol as p
 from retry_scheduler.core.config import Settings
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.destinations import Destinations
-from retry_scheduler.core.headers import Header, InvalidRecordError, Limits, parse_headers, truncate_reason
+from retry_scheduler.core.headers import InvalidRecordError, Limits, parse_headers, truncate_reason
 from retry_scheduler.core.jobs import (
     REPLAYED,
     OutgoingRow,
@@ -21,30 +18,14 @@ from retry_scheduler.core.jobs import (
     encode_headers,
 )
 from retry_scheduler.core.policy import Policy, PolicyRegistry
-from retry_scheduler.core.records import RowBuilder
-
-
-@dataclass(frozen=True)
-class Record:
-    """The parts of a consumed Kafka record the scheduler uses (what the ingest loop reads of one)."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int | None
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[Header] = ()
+from retry_scheduler.core.records import Consumed, RowBuilder
 
 
 def job_from_record(
-    record: Record, *, settings: Settings, registry: PolicyRegistry, limits: Limits, now_ms: int
+    record: Consumed, *, settings: Settings, registry: PolicyRegistry, limits: Limits, now_ms: int
 ) -> Job:
     """The job the ingest loop's row builder makes of one record (a release record makes none)."""
-    row = RowBuilder(Deployment(settings, registry), limits).row(
-        record.topic, record.partition, record.offset, record.timestamp_ms, record.key, record.value,
-        record.headers, now_ms,
-    )  # fmt: skip
+    row = RowBuilder(Deployment(settings, registry), limits).row(*record, now_ms)
     assert row is not None, "a release record stores no job"
     return Job.from_copy_row(row)
 
@@ -155,7 +136,7 @@ SETTINGS = Settings(delay_topics={"retry.5m": 300_000})
 
 
 def job(topic: str = "retry", headers: list | None = None, ts: int | None = NOW - 1000, **kw: object):
-    rec = Record(topic, 0, 7, ts, b"k", b"v", headers or [], **kw)  # type: ignore[arg-type]
+    rec = Consumed(topic, 0, 7, ts, b"k", b"v", headers or [], **kw)
     return job_from_record(
         rec, settings=SETTINGS, registry=REGISTRY, limits=Deployment(SETTINGS, REGISTRY).limits, now_ms=NOW
     )
@@ -206,7 +187,7 @@ def test_invalid_record_is_kept_whole_with_the_fault_as_reason() -> None:
 
 def test_oversize_record_is_invalid() -> None:
     big = Settings(max_record_bytes=100)
-    rec = Record("retry", 0, 1, NOW, b"k", b"v" * 200, h(destination="orders"))
+    rec = Consumed("retry", 0, 1, NOW, b"k", b"v" * 200, h(destination="orders"))
     j = job_from_record(
         rec, settings=big, registry=REGISTRY, limits=Deployment(big, REGISTRY).limits, now_ms=NOW
     )
@@ -282,7 +263,7 @@ def test_a_record_replayed_that_often_and_dead_again_is_parked(
     if replays is not None:
         headers.append((p.REPLAYS, replays.encode()))
     settings = Settings(park_after_replays=park_after)
-    rec = Record("retry", 0, 7, NOW - 1000, b"k", b"v", headers)
+    rec = Consumed("retry", 0, 7, NOW - 1000, b"k", b"v", headers)
     j = job_from_record(rec, settings=settings, registry=REGISTRY, limits=LIMITS, now_ms=NOW)
     assert (j.status, j.dead_reason) == (Status.DEAD, dead_reason)
     if dead_reason == "parked":
