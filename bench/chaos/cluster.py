@@ -81,6 +81,8 @@ def _new_leader(
 
 
 def _high_watermark(cluster: KafkaCluster, topic: str, partition: int) -> int | None:
+    """The partition's high watermark, asked by a new consumer each time: one kept across a failover
+    goes on asking the old leader (its metadata is stale), and a partition never seems to resume."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     consumer = Consumer(

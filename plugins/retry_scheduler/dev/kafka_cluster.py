@@ -85,6 +85,7 @@ class KafkaCluster:
     #: The first broker's port (the others take free ports); None: a free one too.
     first_port: int | None = None
     nodes: list[Node] = field(default_factory=list)
+    _admin: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -179,9 +180,13 @@ class KafkaCluster:
         )
 
     def admin(self) -> Any:
-        from confluent_kafka.admin import AdminClient
+        """An admin client of the cluster (one, made at first use: polled every 0.1 s while a
+        partition waits for its leader, a client each time would be a connection each time)."""
+        if self._admin is None:
+            from confluent_kafka.admin import AdminClient
 
-        return AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        return self._admin
 
     def brokers(self, timeout_s: float = 5.0) -> set[int]:
         """The node ids the cluster's metadata lists as brokers now (none when no node answers)."""
@@ -202,8 +207,7 @@ class KafkaCluster:
 
     def leader(self, topic: str, partition: int = 0, timeout_s: float = 10.0) -> int:
         """The node id that leads ``topic``'s ``partition`` now."""
-        admin = self.admin()
-        meta = admin.list_topics(topic, timeout=timeout_s)
+        meta = self.admin().list_topics(topic, timeout=timeout_s)
         leader = int(meta.topics[topic].partitions[partition].leader)
         if leader < 0:
             raise DevStackError(f"{topic} [{partition}] has no leader now")
@@ -224,8 +228,7 @@ class KafkaCluster:
 
     def coordinator(self, group: str, timeout_s: float = 10.0) -> int:
         """The node id of ``group``'s coordinator (the leader of its ``__consumer_offsets`` partition)."""
-        admin = self.admin()  # kept while the future is pending: a dropped client cancels it
-        futures = admin.describe_consumer_groups([group], request_timeout=timeout_s)
+        futures = self.admin().describe_consumer_groups([group], request_timeout=timeout_s)
         return int(futures[group].result(timeout=timeout_s + 5).coordinator.id)
 
     def kill(self, node_id: int) -> None:
