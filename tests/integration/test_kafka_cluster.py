@@ -162,6 +162,7 @@ def test_the_topics_the_service_creates_get_three_replicas_and_status_warns_of_o
     from confluent_kafka.admin import ConfigResource, NewTopic
 
     from retry_scheduler.core.config import Settings
+    from retry_scheduler.holds import wait_until_listed
     from retry_scheduler.loops.kafka import ensure_retry_topics
     from retry_scheduler.ops.status import topics_at_risk
 
@@ -174,6 +175,9 @@ def test_the_topics_the_service_creates_get_three_replicas_and_status_warns_of_o
     for future in admin.create_topics([NewTopic(f"{topic_prefix}-retry.5m", 1, 1)]).values():
         future.result(30)  # made by hand with one replica, before the service could
     ensure_retry_topics(settings)
+    # Each broker learns of a new topic from the controller in its own time: ask once this client's
+    # broker lists both (the service's own creation waits the same way, holds.wait_until_listed).
+    assert wait_until_listed(admin, settings.retry_topics)
     meta = admin.list_topics(timeout=10).topics
     assert {len(pm.replicas) for pm in meta[settings.retry_topic].partitions.values()} == {3}
     [config] = admin.describe_configs([ConfigResource("topic", settings.retry_topic)]).values()
