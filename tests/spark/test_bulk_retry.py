@@ -263,6 +263,11 @@ def test_timestamps_without_zone_are_utc() -> None:
             {"user": "us@er", "password": "p:w", "sslmode": "require", "ApplicationName": "bulk"},
         ),
         ("postgresql://app@[::1]/jobs", "jdbc:postgresql://[::1]:5432/jobs", {"user": "app"}),
+        (  # a primary and its replica: pgjdbc connects to the one that takes writes, as libpq
+            "postgresql://svc:pw@pg-a:5432,pg-b,[::1]:5433/retry?target_session_attrs=read-write",
+            "jdbc:postgresql://pg-a:5432,pg-b:5432,[::1]:5433/retry",
+            {"user": "svc", "password": "pw", "targetServerType": "primary"},
+        ),
     ],
 )
 def test_libpq_url_becomes_a_jdbc_url_and_properties(url: str, jdbc: str, props: dict[str, str]) -> None:
@@ -280,6 +285,8 @@ def test_libpq_url_becomes_a_jdbc_url_and_properties(url: str, jdbc: str, props:
         ("mysql://h/db", "postgresql://"),
         ("postgresql:///db?host=/var/run/postgresql", "no JDBC equivalent"),
         ("postgresql:///db", "Unix socket"),
+        ("postgresql://svc@pg-a:5432,:5433/db", "Unix socket"),
+        ("postgresql://svc@pg-a:5432,pg-b:54x/db", "invalid port"),
     ],
 )
 def test_urls_jdbc_cannot_use_are_refused(url: str, message: str) -> None:

@@ -207,3 +207,30 @@ def require_transaction(conn: psycopg.Connection[Any], what: str) -> None:
     """Refuse ``what`` outside a transaction: the row locks it takes would end at once."""
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         raise StoreError(f"{what} must be called inside a transaction, or its locks end at once")
+
+
+def database_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the database went away rather than refused the work:
+    the connection broke (a failover, a restart, a network cut, a server that ended an idle
+    transaction), no server takes connections yet, or the one connected is a standby now.
+
+    A statement cancelled by its timeout is not a loss: the server is there. The loops reconnect
+    after a loss (:func:`retry_scheduler.loops.runners.reconnecting`); any other error ends them.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, psycopg.errors.QueryCanceled):
+            return False
+        if getattr(cause, "lost_database", False):  # said by another process (an ingest worker)
+            return True
+        if isinstance(
+            cause,
+            psycopg.OperationalError
+            | psycopg.errors.IdleInTransactionSessionTimeout
+            | psycopg.errors.ReadOnlySqlTransaction,
+        ):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False

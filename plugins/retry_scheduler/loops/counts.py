@@ -21,6 +21,9 @@ class RunCounts:
     #: Dict fields left out of :meth:`as_dict` while empty.
     OMIT_EMPTY: ClassVar[tuple[str, ...]] = ()
 
+    #: Times the run lost its database (a failover, a restart) and went on once connected again.
+    reconnects: int = 0
+
     def add(self, other: Self) -> None:
         slowest_s, slowest_n = self.SLOWEST
         for f in fields(self):

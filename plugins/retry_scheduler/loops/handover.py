@@ -15,6 +15,9 @@ import time
 import uuid
 from datetime import datetime
 
+import psycopg
+
+from retry_scheduler.db.connection import database_lost
 from retry_scheduler.db.loop_records import LoopRecords
 
 log = logging.getLogger(__name__)
@@ -69,4 +72,10 @@ class LoopTenure:
         return True
 
     def finish(self) -> None:
-        self.records.finish(self.worker)
+        """Record that this loop ended (a newer one need not wait for it). A loop ending because its
+        database went away records nothing: its heartbeat stops, which says the same after ``ALIVE_S``."""
+        try:
+            self.records.finish(self.worker)
+        except psycopg.Error as exc:
+            if not database_lost(exc):
+                raise

@@ -12,8 +12,10 @@ import sys
 import threading
 
 from retry_scheduler.core.deployment import Deployment
+from retry_scheduler.db.connection import database_lost
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.ingest import IngestCounts, Ingestor
+from retry_scheduler.loops.ingest_worker import LOST_DATABASE_EXIT
 
 
 def quiet_garbage_collector() -> None:
@@ -57,9 +59,15 @@ def worker_main() -> None:
         sys.stdout.flush()
 
     quiet_garbage_collector()
-    with Store(settings.database_url) as store:
-        ingestor = Ingestor(Deployment(settings, registry), store, share=share)
-        try:
-            ingestor.pipeline(lambda: not stop.is_set(), report)
-        finally:
-            ingestor.close()
+    try:
+        with Store(settings.database_url) as store:
+            ingestor = Ingestor(Deployment(settings, registry), store, share=share)
+            try:
+                ingestor.pipeline(lambda: not stop.is_set(), report)
+            finally:
+                ingestor.close()
+    except Exception as exc:
+        if not database_lost(exc):
+            raise
+        logging.getLogger(__name__).warning("lost the database: %s: %s", type(exc).__name__, exc)
+        sys.exit(LOST_DATABASE_EXIT)

@@ -33,8 +33,19 @@ SPARES_AFTER_S = 5.0
 SPARES_APART_S = 1.0
 
 
+#: A worker's exit status when its database went away (:func:`~retry_scheduler.db.connection.database_lost`).
+LOST_DATABASE_EXIT = 75
+
+
 class IngestWorkerError(RuntimeError):
-    """An ingest worker process died; the loop stops so that a new one starts from the stored offsets."""
+    """An ingest worker process died; the loop stops so that a new one starts from the stored offsets.
+
+    ``lost_database``: it died because the database went away; the loop then connects again and goes
+    on (:func:`~retry_scheduler.loops.runners.reconnecting`)."""
+
+    def __init__(self, message: str, *, lost_database: bool = False) -> None:
+        super().__init__(message)
+        self.lost_database = lost_database
 
 
 def spawn_worker() -> subprocess.Popen[bytes]:
@@ -103,8 +114,10 @@ def run_workers(
             if failed is not None:
                 n, code = failed
                 raise IngestWorkerError(
-                    f"ingest-worker-{n} exited with code {code}: stopping the ingest loop "
-                    "(the next one starts from the offsets stored with the rows)"
+                    f"ingest-worker-{n} exited with code {code}"
+                    + (" (it lost the database)" if code == LOST_DATABASE_EXIT else "")
+                    + ": stopping the ingest loop (the next one starts from the offsets stored with the rows)",
+                    lost_database=code == LOST_DATABASE_EXIT,
                 )
             if ended:  # stopped by SIGTERM after the batch in hand: the others stop too, then plan again
                 log.info("ingest-worker-%s was asked to stop (SIGTERM): stopping the workers", ended[0][0])

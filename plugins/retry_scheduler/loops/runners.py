@@ -11,12 +11,15 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.metrics import Metrics
+from retry_scheduler.db.connection import StoreError, connect, database_lost
 from retry_scheduler.db.store import Store
+from retry_scheduler.loops.counts import IngestCounts, PublishCounts, RunCounts
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
 
@@ -78,25 +81,30 @@ def loop_title(kind: str) -> Iterator[None]:
 def run_ingest(loop_seconds: float, deployment: Deployment, metrics: Metrics | None = None) -> dict[str, Any]:
     """Ingest the retry topics for ``loop_seconds``; returns the counts (a task pushes them as XCom).
 
-    ``metrics``: where batches are reported (the DAG passes Airflow's metrics layer)."""
+    ``metrics``: where batches are reported (the DAG passes Airflow's metrics layer). A database lost
+    on the way (a failover) is connected to again (:func:`reconnecting`)."""
     settings = deployment.settings
     files = ", ".join(map(str, settings.policies_files))
     log.info("policies from %s: %s", files, ", ".join(sorted(deployment.policies.policies)))
-    with (
-        loop_title("ingest"),
-        Store(settings.database_url) as store,
-        until_terminated("ingest") as terminated,
-    ):
-        ingestor = Ingestor(deployment, store, metrics=metrics)
-        try:
-            counts = ingestor.run(loop_seconds, should_stop=terminated)
-        finally:
-            ingestor.close()
+    counts = IngestCounts()
+
+    def ingest(seconds: float, terminated: Callable[[], bool]) -> None:
+        with Store(settings.database_url) as store:
+            ingestor = Ingestor(deployment, store, metrics=metrics)
+            try:
+                ingestor.run(seconds, should_stop=terminated)
+            finally:
+                counts.add(ingestor.totals)
+                ingestor.close()
+
+    with loop_title("ingest"), until_terminated("ingest") as terminated:
+        reconnecting("ingest", settings.database_url, loop_seconds, ingest, terminated, counts)
     result = counts.as_dict()
     log.info(
         "ingest run summary: %s records read, %s stored, %s duplicates, %s pending, dead %s, in %s batches; "
-        "slowest batch %.3f s (%s records)", counts.consumed, counts.stored, counts.duplicates, counts.pending,
+        "slowest batch %.3f s (%s records)%s", counts.consumed, counts.stored, counts.duplicates, counts.pending,
         dict(counts.dead) or "none", counts.batches, counts.slowest_batch_s, counts.slowest_batch_records,
+        f"; reconnected {counts.reconnects} times" if counts.reconnects else "",
     )  # fmt: skip
     return result
 
@@ -106,29 +114,98 @@ def run_publish(
 ) -> dict[str, Any]:
     """Publish due and dead jobs for ``loop_seconds``; returns the counts (a task pushes them as XCom).
 
-    ``metrics``: where rounds, backlog and lateness are reported (the DAG passes Airflow's)."""
+    ``metrics``: where rounds, backlog and lateness are reported (the DAG passes Airflow's). A
+    database lost on the way (a failover) is connected to again (:func:`reconnecting`): the round it
+    held rolls back, and its jobs, published or not, are claimed again (a copy a destination got
+    twice carries the same ``retry.job-id``)."""
     settings = deployment.settings
-    with (
-        loop_title("publish"),
-        Store(settings.database_url) as store,
-        until_terminated("publish") as terminated,
-    ):
-        publisher = Publisher(deployment, store, metrics=metrics)
-        try:
-            counts = publisher.run(loop_seconds, should_stop=terminated)
-        finally:
-            publisher.close()
-        result = counts.as_dict()
-        # Lateness of what was published while this loop ran (its helpers and the other publish
-        # tasks of the run included): one read of the published_at index, not a count of the table.
+    counts = PublishCounts()
+
+    def publish(seconds: float, terminated: Callable[[], bool]) -> None:
+        with Store(settings.database_url) as store:
+            publisher = Publisher(deployment, store, metrics=metrics)
+            try:
+                publisher.run(seconds, should_stop=terminated)
+            finally:
+                for each in (publisher, *publisher.helpers):
+                    counts.add(each.totals)
+                publisher.close()
+
+    with loop_title("publish"), until_terminated("publish") as terminated:
+        reconnecting("publish", settings.database_url, loop_seconds, publish, terminated, counts)
+    result = counts.as_dict()
+    # Lateness of what was published while this loop ran (its helpers and the other publish tasks of
+    # the run included): one read of the published_at index, not a count of the table.
+    with Store(settings.database_url) as store:
         late = store.readings.lateness(window_s=int(loop_seconds) + 60)
-        result.update(
-            lateness_p50_s=late.p50_s, lateness_p99_s=late.p99_s, lateness_max_s=late.max_s, early=late.early
-        )
+    result.update(
+        lateness_p50_s=late.p50_s, lateness_p99_s=late.p99_s, lateness_max_s=late.max_s, early=late.early
+    )
     log.info(
         "publish run summary: %s claimed, %s published, %s to DLQ, %s failed %s; lateness p50 %s s, p99 %s s, "
-        "%s early; slowest round %.3f s (%s jobs)", counts.claimed, counts.published, counts.dead_published,
+        "%s early; slowest round %.3f s (%s jobs)%s", counts.claimed, counts.published, counts.dead_published,
         counts.failed, counts.errors or "", late.p50_s, late.p99_s, late.early, counts.slowest_round_s,
-        counts.slowest_round_jobs,
+        counts.slowest_round_jobs, f"; reconnected {counts.reconnects} times" if counts.reconnects else "",
     )  # fmt: skip
     return result
+
+
+#: After losing its database a loop connects again every RECONNECT_FIRST_S, doubling up to RECONNECT_MAX_S.
+RECONNECT_FIRST_S = 0.5
+RECONNECT_MAX_S = 5.0
+
+
+def reconnecting(
+    kind: str,
+    database_url: str,
+    loop_seconds: float,
+    run: Callable[[float, Callable[[], bool]], None],
+    terminated: Callable[[], bool],
+    counts: RunCounts,
+) -> None:
+    """``run(seconds, should_stop)`` for ``loop_seconds``, started again whenever it ends because the
+    database went away (:func:`~retry_scheduler.db.connection.database_lost`: a failover, a restart,
+    a server that ended a transaction held too long), once a connection can be made again, for the
+    time left. Every other error ends the loop, as does a database that does not come back in time.
+
+    A loop starts over from what the database holds: the ingest plans its partitions from the
+    offsets PostgreSQL stored, which a promoted replica may hold older than the ones committed to
+    Kafka (the last commits lost): the records in between are read again rather than skipped.
+    """
+    deadline = time.monotonic() + loop_seconds
+    while True:
+        try:
+            run(max(0.0, deadline - time.monotonic()), terminated)
+            return
+        except Exception as exc:
+            if not database_lost(exc) or terminated():
+                raise
+            log.warning(
+                "%s loop: lost the database (%s: %s); connecting again to go on from what it holds",
+                kind, type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+            )  # fmt: skip
+            _wait_for_database(kind, database_url, deadline, terminated, exc)
+            counts.reconnects += 1
+
+
+def _wait_for_database(
+    kind: str, database_url: str, deadline: float, terminated: Callable[[], bool], lost: Exception
+) -> None:
+    """Return once a connection to ``database_url`` is made (its libpq settings chose the server:
+    ``target_session_attrs=read-write`` finds the primary among its hosts); raise ``lost`` when the
+    loop's time runs out first or the task is stopped."""
+    pause = RECONNECT_FIRST_S
+    since = time.monotonic()
+    while True:
+        try:
+            connect(database_url, statement_timeout=0).close()
+        except StoreError as exc:
+            if not database_lost(exc):
+                raise
+            if time.monotonic() + pause >= deadline or terminated():
+                raise lost from exc
+            time.sleep(pause)
+            pause = min(RECONNECT_MAX_S, pause * 2)
+            continue
+        log.warning("%s loop: connected again after %.1f s", kind, time.monotonic() - since)
+        return

@@ -97,6 +97,10 @@ class JdbcTarget:
 def jdbc_target(database_url: str, statement_timeout: int | None = None) -> JdbcTarget:
     """Turn a libpq URL (``postgresql://user:pw@host:port/db?sslmode=...``) into a JDBC URL and properties.
 
+    A URL naming several servers (``host1:5432,host2:5432``, a primary and its replica) names them all
+    in the JDBC URL too; with ``target_session_attrs=read-write`` pgjdbc connects to the primary
+    among them (``targetServerType=primary``), as libpq does.
+
     Every libpq parameter the Airflow hook accepts works here too, under its pgjdbc name
     (``options``, ``target_session_attrs``, ``sslpassword``, ``gssencmode``, ``keepalives``...); the
     ones pgjdbc cannot honour are refused with an error that says what to do, never dropped in
@@ -110,17 +114,11 @@ def jdbc_target(database_url: str, statement_timeout: int | None = None) -> Jdbc
         )
     query = dict(parse_qsl(parts.query))
     properties = _jdbc_parameters(query)
-    try:
-        port = parts.port or 5432
-    except ValueError:
-        raise JobArgumentError("the database URL has an invalid port") from None
-    host = parts.hostname
-    if not host:
-        raise JobArgumentError("the database URL needs a host: JDBC cannot connect through a Unix socket")
+    hosts = _hosts(parts.netloc.rpartition("@")[2])
     user = unquote(parts.username) if parts.username else query.get("user") or getuser()
     password = unquote(parts.password) if parts.password is not None else query.get("password")
     dbname = unquote(parts.path.lstrip("/")) or user
-    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    netloc = ",".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in hosts)
     properties = {"user": user, **BINARY_TRANSFER, **properties}
     if password is not None:
         properties["password"] = password
@@ -129,6 +127,25 @@ def jdbc_target(database_url: str, statement_timeout: int | None = None) -> Jdbc
         filter(None, [properties.get("options", "").strip(), f"-c statement_timeout={limit}"])
     )
     return JdbcTarget(f"jdbc:postgresql://{netloc}/{quote(dbname, safe='')}", properties)
+
+
+def _hosts(hostlist: str) -> list[tuple[str, int]]:
+    """The servers of a URL's host part: one ``host:port``, or libpq's several,
+    ``host1:port1,host2:port2`` (a primary and its replicas), each port 5432 when left out."""
+    hosts = []
+    for entry in hostlist.split(","):
+        host, port = entry, ""
+        if entry.startswith("["):  # an IPv6 address: [::1]:5432
+            host, _, rest = entry[1:].partition("]")
+            port = rest.removeprefix(":")
+        elif ":" in entry:
+            host, _, port = entry.rpartition(":")
+        if not host:
+            raise JobArgumentError("the database URL needs a host: JDBC cannot connect through a Unix socket")
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise JobArgumentError("the database URL has an invalid port")
+        hosts.append((unquote(host), int(port or 5432)))
+    return hosts
 
 
 def _jdbc_parameters(query: dict[str, str]) -> dict[str, str]:
