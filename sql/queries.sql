@@ -24,6 +24,10 @@ SELECT source_timestamp_ms FROM retry_jobs_all
 WHERE source_topic = %(topic)s AND source_partition = %(partition)s AND source_offset = %(offset)s
 LIMIT 1;
 
+-- name: database_identity
+-- The database's own id (migration 0027), the mark of the ingest's Kafka offset commits.
+SELECT id::text FROM retry_database_identity;
+
 -- name: ingest_offsets
 SELECT topic, partition, next_offset FROM retry_ingest_offsets WHERE consumer_group = %(group)s;
 

@@ -89,7 +89,7 @@ class Background:
 def _rows(url: str, where: str = "true") -> list[tuple[Any, ...]]:
     with psycopg.connect(url, connect_timeout=5) as conn:
         return conn.execute(
-            f"SELECT source_partition, source_offset, status, retry_id FROM retry_jobs_all WHERE {where}"  # noqa: S608
+            f"SELECT source_partition, source_offset, status, retry_id FROM retry_jobs_all WHERE {where}"
         ).fetchall()
 
 
@@ -165,6 +165,29 @@ def test_ingest_reads_again_what_the_promoted_replica_never_had(
     assert len(rows) == 600
     assert counts["reconnects"] >= 1
     assert _stored_offsets(url, group) == _kafka_committed(loop) == 600
+
+
+def test_a_partition_the_promoted_replica_holds_nothing_of_is_read_from_its_start(
+    pair: PostgresPair, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """Every commit of the ingest is lost: the promoted replica holds no offset at all, while Kafka
+    holds the group's offsets past all 150 records. Those offsets bear the database's mark, so the
+    ingest reads the partitions from their start instead of from there: all 150 are stored, once."""
+    loop = new_loop(pair.url(), bootstrap_servers, topic_prefix)
+    create_topics(loop.bootstrap, [loop.settings.retry_topic], partitions=2)
+    url, group = pair.url(), loop.settings.consumer_group
+    pair.cut_replication()
+    _send(loop, 150, 0, int(time.time() * 1000) + 3_600_000)
+    assert loop.ingest(150).stored == 150
+    assert _kafka_committed(loop) == 150
+    pair.kill_primary()
+    pair.promote()
+    assert (_stored_offsets(url, group), len(_rows(url))) == (0, 0)  # the replica got none of it
+
+    counts = Background(run_ingest, 15, Deployment(loop.settings, loop.registry)).join(60)
+    rows = _rows(url)
+    assert len(rows) == 150 == len({(r[0], r[1]) for r in rows}) == counts["stored"]
+    assert _stored_offsets(url, group) == 150
 
 
 def test_jobs_the_promoted_replica_saw_pending_are_published_again_identified(

@@ -66,6 +66,7 @@ def test_migrate_is_idempotent_and_recorded(database_url: str) -> None:
         (24, "0024_destination_breakers"),
         (25, "0025_refused_approval"),
         (26, "0026_lateness"),
+        (27, "0027_database_identity"),
     ]
     with psycopg.connect(database_url) as conn:
         [options] = conn.execute(

@@ -6,6 +6,7 @@ becomes a dead (``invalid``) row whose reason names the fault.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -77,6 +78,16 @@ def carried_attempt(headers: Sequence[Header]) -> int:
     its dead letter (Kafka Streams) or points at it (a share group's letter) hands it back: a letter
     adopted ``:retry`` goes on counting from there, so that its policy ends it rather than start over."""
     return _raw_int(headers, protocol.ATTEMPT, MAX_INT32) or 0
+
+
+def record_retry_id(topic: str, partition: int, offset: int, timestamp_ms: int | None) -> str:
+    """The ``retry.id`` of a record read from a retry topic without one: a UUID (version 8) named by
+    where the record was read, so that the record read again (after a failover lost the row of it,
+    or from a topic read once more) gets the same id, and a second publication of it is told as a
+    duplicate by that id."""
+    name = f"{topic}\x00{partition}\x00{offset}\x00{timestamp_ms}".encode("utf-8", "surrogateescape")
+    h = hashlib.blake2b(name, digest_size=16).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-8{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
 
 
 def new_retry_id() -> str:
@@ -198,7 +209,7 @@ class RowBuilder:
                 self.chain_events.append((parsed.release, protocol.CHAIN_RELEASED, None))
                 return None
             seen_ms = self._seen_ms(timestamp_ms, now_ms)
-            retry_id = parsed.retry_id or new_retry_id()
+            retry_id = parsed.retry_id or record_retry_id(topic, partition, offset, timestamp_ms)
             first_seen = parsed.original_timestamp_ms or seen_ms
             reason = parsed.reason
             if parsed.hold is not None:

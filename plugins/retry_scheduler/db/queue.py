@@ -326,6 +326,13 @@ class Queue:
         cur.execute(q("insert_from_stage"))
         return [row[0] for row in cur.fetchall()]
 
+    def database_identity(self) -> str:
+        """The database's own id (migration 0027): the same on its replicas, another in a new database."""
+        with self.conn.transaction():
+            row = self.conn.execute(q("database_identity")).fetchone()
+        assert row is not None, "migration 0027 makes the identity row"
+        return str(row[0])
+
     def ingest_offsets(self, consumer_group: str) -> dict[tuple[str, int], int]:
         """The next offset to read of every retry-topic partition ``consumer_group`` stored rows from."""
         with self.conn.transaction():

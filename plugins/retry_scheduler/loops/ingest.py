@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import cast
 
-from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED, Consumer, KafkaError, TopicPartition
 
 from retry_scheduler.coordinator import committed_offsets
 from retry_scheduler.core import faults, protocol
@@ -44,7 +44,7 @@ from retry_scheduler.loops.kafka import (
     few_partitions,
     make_consumer,
 )
-from retry_scheduler.loops.offsets import same_partition, start_offset
+from retry_scheduler.loops.offsets import commit_mark, same_partition, start_offset
 from retry_scheduler.loops.sources import SourceReader, share_topics
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,8 @@ class Ingestor:
         self._lock: IngestLock | None = None
         self._assigned: set[tuple[str, int]] = set()
         self._refreshed_at = 0.0
+        #: The metadata of this ingest's Kafka offset commits (:func:`~retry_scheduler.loops.offsets.commit_mark`).
+        self._commit_mark = commit_mark(store.queue.database_identity())
 
     def acquire(
         self, timeout_s: float, on_wait: Callable[[], None] = lambda: None, *, assign: bool = True
@@ -143,14 +145,24 @@ class Ingestor:
             return []
         stored = (self._control or self.store).queue.ingest_offsets(self.settings.consumer_group)
         committed = {
-            (tp.topic, tp.partition): tp.offset
+            (tp.topic, tp.partition): tp
             for tp in committed_offsets(self.consumer, [TopicPartition(t, p) for t, p in partitions])
         }
         starts = []
         for t, p in partitions:
             ours, kafkas = stored.get((t, p)), committed.get((t, p))
-            start = start_offset(ours, kafkas)
-            if (
+            kafka_offset = None if kafkas is None else kafkas.offset
+            start = start_offset(
+                ours, kafka_offset, None if kafkas is None else kafkas.metadata, self._commit_mark
+            )
+            if start == OFFSET_BEGINNING:
+                log.warning(
+                    "PostgreSQL has no offset of group %s for %s[%s], yet Kafka's (%s) was committed after "
+                    "this database stored rows from there: it lost those commits (a replica promoted "
+                    "without the last ones, a restore). Reading the partition from its first record, "
+                    "skipping what is stored", self.settings.consumer_group, t, p, kafka_offset,
+                )  # fmt: skip
+            elif (
                 start == OFFSET_STORED
                 and ours is not None
                 and same_partition(self.consumer, self.settings, self._control or self.store, t, p, ours)
@@ -288,7 +300,8 @@ class Ingestor:
         return self._finish(batch, self.store_batch(batch))
 
     def _commit(self, next_offsets: dict[tuple[str, int], int]) -> None:
-        offsets = [TopicPartition(t, p, o) for (t, p), o in next_offsets.items()]
+        mark = self._commit_mark
+        offsets = [TopicPartition(t, p, o, metadata=mark) for (t, p), o in next_offsets.items()]
         try:
             self.consumer.commit(offsets=offsets, asynchronous=False)
         except Exception as exc:  # a rebalance may revoke the partitions first

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_STORED, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED, Consumer, TopicPartition
 
 from retry_scheduler.coordinator import committed_offsets
 from retry_scheduler.core.config import Settings
@@ -24,7 +24,18 @@ from retry_scheduler.loops.sources import topic_retention
 PROBE_S = 5.0
 
 
-def start_offset(stored: int | None, committed: int | None) -> int:
+#: How the ingest marks the Kafka offsets it commits: with the database's identity after it.
+COMMIT_MARK = "retry-scheduler db="
+
+
+def commit_mark(database_identity: str) -> str:
+    """The metadata of the ingest's Kafka offset commits: the database that stored their rows first."""
+    return COMMIT_MARK + database_identity
+
+
+def start_offset(
+    stored: int | None, committed: int | None, committed_mark: str | None = None, mark: str = ""
+) -> int:
     """Where to start reading a partition: PostgreSQL's offset (stored with the rows), when Kafka also
     knows the group's offset there.
 
@@ -33,9 +44,16 @@ def start_offset(stored: int | None, committed: int | None) -> int:
     reset position (``auto.offset.reset``, earliest) instead, and records stored already are skipped
     (``Queue.insert_rows``), unless the ingestor finds the partition is the one PostgreSQL's offset
     came from (Kafka only forgot the group's offsets): then it resumes from PostgreSQL's.
+
+    Without PostgreSQL's offset, Kafka's is where to start, unless it bears this database's ``mark``
+    (``committed_mark``, :func:`commit_mark`): then this database stored that partition's rows once and
+    lost them (a replica promoted without the last commits, a restore), and the partition is read from
+    its first record (``OFFSET_BEGINNING``), what Kafka's offset would skip included.
     """
     if stored is not None and committed is not None and committed >= 0:
         return stored
+    if stored is None and committed is not None and committed >= 0 and mark and committed_mark == mark:
+        return OFFSET_BEGINNING
     return OFFSET_STORED
 
 
