@@ -16,7 +16,7 @@ MAKEFLAGS += --jobs=2
 # apt-get, one at a time: two targets installing side by side would find dpkg's lock taken.
 APT := DEBIAN_FRONTEND=noninteractive flock --wait 900 /tmp/.retry-scheduler-apt.lock apt-get
 
-.PHONY: help venv lint format system-deps pg-deps postgres kafka-deps redis-deps spark-deps browser-deps interop-tools interop-deps chaos-cluster test test-fast test-random test-unit up demo bench bench-quick clean docs
+.PHONY: help venv lint format system-deps pg-deps postgres kafka-deps redis-deps spark-deps browser-deps interop-tools interop-deps chaos-cluster chaos-failover test test-fast test-random test-unit up demo bench bench-quick clean docs
 
 help:
 	@echo "make demo   run an end-to-end scenario under the real Airflow scheduler (embedded defaults)"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench  benchmark report against baselines, full sizes (bench/out/report.md; ~1 h)"
 	@echo "make chaos  fault injection: 100 trials and the bad-input corpus (bench/out/chaos.json; ~18 min)"
 	@echo "make chaos-cluster  100 trials of a three-broker Kafka cluster failing (the cluster entry of chaos.json)"
+	@echo "make chaos-failover  21 trials of the PostgreSQL primary killed, its replica promoted (the failover entry)"
 	@echo "make lint   ruff + mypy only"
 	@echo "make system-deps  what the targets need from Debian's packages, installed when missing (root)"
 	@echo "make docs   the documentation site from docs/ into site/ (make test builds it strictly)"
@@ -196,6 +197,13 @@ CHAOS_CLUSTER_TRIALS ?= 100
 chaos-cluster: venv pg-deps kafka-deps
 	$(BIN)/retry-scheduler chaos --cluster --trials $(CHAOS_CLUSTER_TRIALS) --records $(CHAOS_RECORDS) --out bench/out \
 		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+
+# The trials of the PostgreSQL primary killed and its replica promoted (bench/chaos/failover.py): the
+# failover entry of bench/out/chaos.json.
+CHAOS_FAILOVER_TRIALS ?= 21
+chaos-failover: venv pg-deps kafka-deps
+	$(BIN)/retry-scheduler chaos --postgres-failover --trials $(CHAOS_FAILOVER_TRIALS) --records $(CHAOS_RECORDS) \
+		--out bench/out $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 # Ordered mode's model-based test over many seeds (tests/integration/test_ordered_model.py): one JSON
 # line per run in bench/out/chaos-ordered.jsonl, summed up in bench/out/chaos-ordered.json.

@@ -28,13 +28,27 @@ go on to ingest a good record sent after them.
 instead, on three brokers and two controllers only: partition leaders, the group coordinator and the
 active controller killed, a rolling restart, two brokers down, a broker frozen
 (:mod:`bench.chaos.cluster`); they are the ``cluster`` entry of ``chaos.json``.
+
+``retry-scheduler chaos --postgres-failover`` (``make chaos-failover``) runs the trials of the
+PostgreSQL primary killed and its replica promoted, on a primary and a streaming replica
+(:mod:`bench.chaos.failover`); they are the ``failover`` entry of ``chaos.json``.
 """
 
 from __future__ import annotations
 
 from bench.chaos.cluster import CLUSTER_FAULTS
 from bench.chaos.common import FAULTS, ChaosError
+from bench.chaos.failover import FAILOVER_FAULTS
 from bench.chaos.run import run_chaos
 from bench.chaos.topics import Seen, create_topics, read_topics
 
-__all__ = ["CLUSTER_FAULTS", "FAULTS", "ChaosError", "Seen", "create_topics", "read_topics", "run_chaos"]
+__all__ = [
+    "CLUSTER_FAULTS",
+    "FAILOVER_FAULTS",
+    "FAULTS",
+    "ChaosError",
+    "Seen",
+    "create_topics",
+    "read_topics",
+    "run_chaos",
+]

@@ -63,17 +63,20 @@ def run_chaos(
     faults: Sequence[str] = FAULTS,
     say: Say = print,
     cluster: bool = False,
+    postgres_failover: bool = False,
 ) -> dict[str, Any]:
     """Run the bad-input corpus and ``trials`` fault trials; write ``chaos.json`` to ``out_dir``.
 
     ``cluster``: the trials of a Kafka cluster failing (:mod:`bench.chaos.cluster`), on three
-    brokers and two controllers only; their report is the ``cluster`` entry of ``chaos.json``."""
+    brokers and two controllers only; their report is the ``cluster`` entry of ``chaos.json``.
+    ``postgres_failover``: the trials of the PostgreSQL primary failing (:mod:`bench.chaos.failover`),
+    on a primary and a streaming replica; the ``failover`` entry."""
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     rng = random.Random(seed)
     say(f"chaos: seed {seed} (rerun with --seed {seed}), {trials} trials of {records} records")
     began = time.monotonic()
     work_dir = Path(tempfile.mkdtemp(prefix="retry-chaos-"))
-    stack = ChaosStack(work_dir, say, cluster=cluster)
+    stack = ChaosStack(work_dir, say, cluster=cluster, postgres_pair=postgres_failover)
     results: list[TrialResult] = []
     corpus: BadInputResult | None = None
     pg_version = "?"
@@ -117,16 +120,19 @@ def run_chaos(
     report["machine"] = {**machine(cluster), "postgresql": pg_version}
     if cluster:
         report["cluster_figures"] = cluster_figures(results)
+    if postgres_failover:
+        report["machine"]["postgresql"] += " (a primary and a streaming replica, asynchronous)"
+        report["failover_figures"] = failover_figures(results)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         previous = out_dir / "chaos.json"
         earlier: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError, AttributeError):
             earlier = json.loads(previous.read_text())
-        if cluster:  # the cluster's trials are an entry of their own; the rest is kept
-            written = {**earlier, "cluster": report}
-        else:  # ordered mode's entry (make chaos-ordered) and the cluster's (make chaos-cluster) are kept
-            written = {**report, "ordered": earlier.get("ordered"), "cluster": earlier.get("cluster")}
+        if cluster or postgres_failover:  # entries of their own; the rest is kept
+            written = {**earlier, ("cluster" if cluster else "failover"): report}
+        else:  # the entries of ordered mode (make chaos-ordered), the cluster and the failover are kept
+            written = {**report, **{k: earlier.get(k) for k in ("ordered", "cluster", "failover")}}
         previous.write_text(json.dumps(written, indent=2) + "\n")
         say(f"chaos: wrote {out_dir / 'chaos.json'}")
     return report
@@ -158,6 +164,31 @@ def cluster_figures(results: Sequence[TrialResult]) -> dict[str, Any]:
         "no_leader_in_time": sum(
             1 for r in results if "failover_s" in r.detail and r.detail["failover_s"] is None
         ),
+    }
+
+
+def failover_figures(results: Sequence[TrialResult]) -> dict[str, Any]:
+    """The failover trials' own figures: how long until the replica took writes, until a job was
+    published again, and what the promoted replica lacked (commits lost, Kafka offsets ahead)."""
+
+    def spread(name: str) -> dict[str, Any]:
+        values = [r.detail[name] for r in results if r.detail.get(name) is not None]
+        return {"trials": len(values), "p50": _percentile(values, 0.5), "p99": _percentile(values, 0.99)}
+
+    def total(name: str) -> int:
+        return sum(int(r.detail.get(name) or 0) for r in results)
+
+    return {
+        "promoted_s": spread("promoted_s"),
+        "resumed_s": spread("resumed_s"),
+        "lost_commits": {
+            "trials_with_any": sum(
+                1 for r in results if (r.detail.get("lost_stored") or r.detail.get("lost_published"))
+            ),
+            "jobs_stored_lost": total("lost_stored"),
+            "jobs_published_lost": total("lost_published"),
+            "kafka_offsets_ahead_records": total("kafka_ahead"),
+        },
     }
 
 

@@ -26,6 +26,7 @@ from bench.chaos.common import (
 )
 from bench.chaos.topics import Topics
 from retry_scheduler.dev.kafka_cluster import KafkaCluster
+from retry_scheduler.dev.postgres_pair import PostgresPair
 from retry_scheduler.dev.procs import free_port
 
 log = logging.getLogger(__name__)
@@ -36,10 +37,16 @@ class ChaosStack:
 
     TEMPLATE = "chaos_template"
 
-    def __init__(self, work_dir: Path, say: Say = print, *, cluster: bool = False) -> None:
-        """``cluster``: three Kafka brokers and two controllers only instead of one broker."""
+    def __init__(
+        self, work_dir: Path, say: Say = print, *, cluster: bool = False, postgres_pair: bool = False
+    ) -> None:
+        """``cluster``: three Kafka brokers and two controllers only instead of one broker.
+        ``postgres_pair``: a PostgreSQL primary and its streaming replica, named both by every URL."""
         self.work_dir, self.say = work_dir, say
         self.pg_port, self.broker_port = free_port(), free_port()
+        self.pair: PostgresPair | None = (
+            PostgresPair(work_dir / "postgres-pair", dbname=self.TEMPLATE, say=say) if postgres_pair else None
+        )
         self.bootstrap = f"127.0.0.1:{self.broker_port}"
         self._pg: subprocess.Popen[bytes] | None = None
         self._broker: subprocess.Popen[bytes] | None = None
@@ -52,6 +59,8 @@ class ChaosStack:
             self.bootstrap = self.cluster.bootstrap
 
     def url(self, dbname: str) -> str:
+        if self.pair is not None:
+            return self.pair.url(dbname)
         return f"postgresql://postgres@127.0.0.1:{self.pg_port}/{dbname}"
 
     def start(self) -> None:
@@ -72,6 +81,9 @@ class ChaosStack:
     def _start_postgres(self, say: Say) -> None:
         from retry_scheduler.dev.postgres import ensure_postgres
 
+        if self.pair is not None:
+            self.pair.start()
+            return
         pg_dir, pg_log = self.work_dir / "postgres", self.work_dir / "postgres.log"
         self._pg = ensure_postgres(self.url(self.TEMPLATE), pg_dir, say, pg_log)
         if self._pg is None:
@@ -123,6 +135,8 @@ class ChaosStack:
     def stop(self) -> None:
         if self.cluster is not None:
             self.cluster.close()
+        if self.pair is not None:
+            self.pair.close()
         if self._broker is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._broker.pid, signal.SIGCONT)

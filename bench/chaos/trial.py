@@ -25,6 +25,7 @@ from bench.chaos.common import (
     Header,
     reached,
 )
+from bench.chaos.failover import FAILOVER_FAULTS, failover_striker, plan_failover_fault
 from bench.chaos.stack import ChaosStack, Supervisor, Worker, worker_env
 from bench.chaos.topics import Seen, Topics, create_topics, delete_topics, read_topics, send, wait_done
 from retry_scheduler.core import protocol as p
@@ -232,6 +233,8 @@ def plan_fault(fault: str, rng: random.Random, records: int) -> tuple[dict[str, 
         return plan_breaker_fault(fault, rng, records)
     if fault in CLUSTER_FAULTS:
         return plan_cluster_fault(fault, rng, records), {}
+    if fault in FAILOVER_FAULTS:
+        return plan_failover_fault(fault, rng, records), {}
     published = int(records * 0.78)  # 80 % of the workload goes back to its destination, 20 % dies
     if fault in ("kill_ingest_consumed", "kill_ingest_stored"):
         # A batch holds at most INGEST_BATCH records, so there are at least this many batches, shared by
@@ -333,6 +336,11 @@ def run_trial(
             elif fault in CLUSTER_FAULTS:
                 assert stack.cluster is not None, f"{fault} is a fault of a cluster: run chaos --cluster"
                 strike = cluster_striker(stack.cluster, fault, detail, database_url, topics)
+            elif fault in FAILOVER_FAULTS:
+                assert stack.pair is not None, (
+                    f"{fault} is a fault of a replicated PostgreSQL: run chaos --postgres-failover"
+                )
+                strike = failover_striker(stack.pair, fault, detail, database_url, stack.bootstrap, topics)
             else:
                 strike = _striker(stack, fault, detail, workers, database_url)
             striker = threading.Thread(target=strike, name="chaos-fault")

@@ -45,13 +45,30 @@ def _cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
     """Fault-injection trials and the bad-input corpus on a private PostgreSQL and broker."""
     chaos = harness_module("chaos")
     ChaosError, run_chaos = chaos.ChaosError, chaos.run_chaos
-    known = chaos.CLUSTER_FAULTS if args.cluster else chaos.FAULTS
+    if args.cluster and args.postgres_failover:
+        print(
+            "retry-scheduler chaos: --cluster and --postgres-failover are runs of their own", file=sys.stderr
+        )
+        return 2
+    known = (
+        chaos.CLUSTER_FAULTS
+        if args.cluster
+        else chaos.FAILOVER_FAULTS
+        if args.postgres_failover
+        else chaos.FAULTS
+    )
     faults = tuple(filter(None, (f.strip() for f in (args.faults or "").split(",")))) or known
     unknown = sorted(set(faults) - set(known))
     if unknown:
+        flag = (
+            " with --cluster"
+            if args.cluster
+            else " with --postgres-failover"
+            if args.postgres_failover
+            else ""
+        )
         print(
-            f"retry-scheduler chaos: unknown fault kind(s) {', '.join(unknown)} "
-            f"(known{' with --cluster' if args.cluster else ''}: {', '.join(known)})",
+            f"retry-scheduler chaos: unknown fault kind(s) {', '.join(unknown)} (known{flag}: {', '.join(known)})",
             file=sys.stderr,
         )
         return 2
@@ -61,9 +78,10 @@ def _cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
             seed=args.seed,
             records=args.records,
             out_dir=Path(args.out),
-            bad_input=not (args.no_bad_input or args.cluster),
+            bad_input=not (args.no_bad_input or args.cluster or args.postgres_failover),
             faults=faults,
             cluster=args.cluster,
+            postgres_failover=args.postgres_failover,
         )
     except ChaosError as exc:
         print(f"retry-scheduler chaos: {exc}", file=sys.stderr)
@@ -184,6 +202,13 @@ def _add_chaos_parser(sub: Any) -> None:
         help="the trials of a Kafka cluster failing (leaders, coordinator and controller killed, rolling "
         "restart, two brokers down, a broker frozen) on three brokers and two controllers only; written "
         "as the cluster entry of chaos.json (no bad-input corpus)",
+    )
+    chaos.add_argument(
+        "--postgres-failover",
+        action="store_true",
+        help="the trials of the PostgreSQL primary killed -9 (while ingesting, while publishing, and after "
+        "its replica was cut off: the last commits lost) and the replica promoted, on a primary and a "
+        "streaming replica; written as the failover entry of chaos.json (no bad-input corpus)",
     )
     chaos.add_argument(
         "--faults",
