@@ -256,6 +256,77 @@ def test_with_synchronous_replication_the_promoted_replica_lacks_nothing(
         assert ingested["reconnects"] + published["reconnects"] >= 2
 
 
+def test_a_replay_cut_short_by_a_failover_and_run_again_sends_each_job_once_more(
+    pair: PostgresPair, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """A replay of 600 dead jobs, in batches of 100, loses its database after the second batch (the
+    primary killed, the replica promoted); the operator runs it again. Every job reaches its
+    destination, and a job sent twice (the publish loop's round in flight at the kill) is sent as
+    the same ``retry.id`` and ``retry.attempt``."""
+    import dataclasses
+
+    from retry_scheduler.core.config import Settings
+    from retry_scheduler.core.policy import Policy, PolicyRegistry
+    from retry_scheduler.ops.dlq import Operation, Selection, run_action
+    from tests.integration.test_dlq import dead_job, insert
+
+    url = pair.url()
+    dest, dlq = f"{topic_prefix}.orders", f"{topic_prefix}.dlq"
+    create_topics(bootstrap_servers, [dest, dlq], partitions=2)
+    settings = Settings(
+        database_url=url, kafka={"bootstrap.servers": bootstrap_servers}, destination_allowlist=rf"^{topic_prefix}\.[a-z]+$",
+        create_topics=True, lease_ms=3000, delivery_timeout_ms=2000, loop_grace_ms=0,
+    )  # fmt: skip
+    deployment = Deployment(settings, PolicyRegistry.of([Policy("default", delays=["1s"], max_attempts=4)]))
+    insert(url, [dataclasses.replace(dead_job(i, destination=dest), dlq_topic=dlq) for i in range(600)])
+    publish = Background(run_publish, 35, deployment)
+    _wait("the dead jobs on the DLQ", lambda: len(_rows(url, "dlq_published_at IS NOT NULL")) == 600)
+
+    def fail_over(done: int, _total: int) -> None:
+        if done >= 200 and pair.primary_at == 0:
+            pair.kill_primary()
+            pair.promote()
+
+    replay = Operation(
+        action="replay", selection=Selection(), actor="ops", source="cli", dry_run=False, rate_per_s=0
+    )
+    with pytest.raises(Exception) as cut:
+        run_action(url, replay, deployment=deployment, progress=fail_over, batch_size=100)
+    assert database_lost(cut.value)
+    again = run_action(url, replay, deployment=deployment, batch_size=100)
+    assert again.affected == 600 - 200  # what the first run committed is not replayed again
+    _wait("600 published", lambda: len(_rows(url, "status = 'published'")) == 600, timeout_s=60)
+    publish.join(90)
+
+    seen = consume(bootstrap_servers, [dest], 600, timeout_s=30)
+    copies: dict[str | None, set[tuple[str | None, str | None]]] = {}
+    for s in seen:
+        copies.setdefault(s.header(p.ID), set()).add((s.header(p.ID), s.header(p.ATTEMPT)))
+    assert set(copies) == {f"rid-{i}" for i in range(600)}
+    assert all(len(v) == 1 for v in copies.values())  # copies of a job are the same send: identified
+
+
+def test_the_pages_pool_hands_out_a_connection_to_the_new_primary(pair: PostgresPair) -> None:
+    """The Dead letters page's pool after a failover: its idle connection to the dead primary is
+    replaced when handed out, and the first request after the promotion is answered by the new one."""
+    from retry_scheduler.db.connection import open_pool
+
+    pool = open_pool(pair.url(), size=2, wait_s=10, application_name="failover-test")
+    try:
+        with pool.connection() as conn:
+            old_port = conn.execute("SELECT inet_server_port()").fetchone()
+        pair.kill_primary()
+        pair.promote()
+        with pool.connection() as conn:
+            assert conn.execute("SELECT inet_server_port(), pg_is_in_recovery()").fetchone() == (
+                pair.primary.port,
+                False,
+            )
+        assert old_port != (pair.primary.port,)
+    finally:
+        pool.close()
+
+
 def test_a_loop_carries_on_after_losing_its_database_and_stops_on_any_other_error(database_url: str) -> None:
     """``reconnecting``: a run that ends because the database went away is started again for the time
     left; a run that fails otherwise ends the loop with its error."""

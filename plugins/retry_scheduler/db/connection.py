@@ -79,7 +79,11 @@ def connect(
 def open_pool(url: str, *, size: int, wait_s: float, application_name: str) -> ConnectionPool:
     """A pool of at most ``size`` connections (a request waits ``wait_s`` for one), each with the
     service's statement timeout, opened once the database is checked: it says what is wrong, once
-    (no server, no database, no schema)."""
+    (no server, no database, no schema).
+
+    A connection is checked as it is handed out (a round trip): one the server dropped meanwhile (a
+    failover, a restart) is replaced by a new one, which the URL's ``target_session_attrs`` sends to
+    the primary, rather than failing the request it was given to."""
     from psycopg_pool import ConnectionPool  # the page's; the Spark executors have none
 
     with connect(url) as conn:
@@ -91,6 +95,7 @@ def open_pool(url: str, *, size: int, wait_s: float, application_name: str) -> C
         timeout=wait_s,
         kwargs={"application_name": application_name, "connect_timeout": 10},
         configure=limit_statements,
+        check=ConnectionPool.check_connection,
         name=application_name,
         open=True,
     )
