@@ -27,7 +27,7 @@ help:
 	@echo "make bench  benchmark report against baselines, full sizes (bench/out/report.md; ~1 h)"
 	@echo "make chaos  fault injection: 100 trials and the bad-input corpus (bench/out/chaos.json; ~18 min)"
 	@echo "make chaos-cluster  100 trials of a three-broker Kafka cluster failing (the cluster entry of chaos.json)"
-	@echo "make chaos-failover  21 trials of the PostgreSQL primary killed, its replica promoted (the failover entry)"
+	@echo "make chaos-failover  24 trials of the PostgreSQL primary killed, its replica promoted (the failover entry)"
 	@echo "make lint   ruff + mypy only"
 	@echo "make system-deps  what the targets need from Debian's packages, installed when missing (root)"
 	@echo "make docs   the documentation site from docs/ into site/ (make test builds it strictly)"
@@ -200,7 +200,7 @@ chaos-cluster: venv pg-deps kafka-deps
 
 # The trials of the PostgreSQL primary killed and its replica promoted (bench/chaos/failover.py): the
 # failover entry of bench/out/chaos.json.
-CHAOS_FAILOVER_TRIALS ?= 21
+CHAOS_FAILOVER_TRIALS ?= 24
 chaos-failover: venv pg-deps kafka-deps
 	$(BIN)/retry-scheduler chaos --postgres-failover --trials $(CHAOS_FAILOVER_TRIALS) --records $(CHAOS_RECORDS) \
 		--out bench/out $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))

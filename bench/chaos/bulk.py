@@ -23,12 +23,14 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bench.chaos.common import FAULTS
+from bench.chaos.failover import FAILOVER_FAULTS, failover_striker, plan_failover_fault
 from bench.chaos.stack import ChaosStack, Supervisor, Worker, worker_env
 from bench.chaos.topics import Topics, read_topics, send, wait_done
 from bench.chaos.trial import Expected, Tally, TrialGround, TrialResult, account, workload
@@ -44,12 +46,14 @@ MARK_BATCH, DELETE_BATCH, REPLAY_BATCH = 50, 100, 100
 JOB_TIMEOUT_S = 300
 
 
-def plan_bulk_fault(fault: str, rng: random.Random, records: int) -> tuple[dict[str, Any], str]:
+def plan_bulk_fault(fault: str, rng: random.Random, records: int) -> tuple[dict[str, Any], str | None]:
     """Where the operation dies: the parameters (for the report) and its ``RETRY_FAULT`` plan.
 
     Checkpoints are counted per process: a bulk retry's acknowledged batches by each of Spark's Python
     workers (two on two cores), so the N is drawn from the first half of one worker's share.
     """
+    if fault in FAILOVER_FAULTS:  # the primary killed (bench/chaos/failover.py), not the job
+        return plan_failover_fault(fault, rng, records), None
     if fault == "bulk_retry_kill":
         n = rng.randint(1, max(1, records // MARK_BATCH // 4))
         return {"checkpoint": "bulk_retry.acked", "n": n, "mark_batch": MARK_BATCH}, f"bulk_retry.acked:{n}"
@@ -71,7 +75,7 @@ def plan_bulk_fault(fault: str, rng: random.Random, records: int) -> tuple[dict[
 
 def operation(fault: str, topics: Topics, archive: str) -> list[str]:
     """The operator's command for the trial's fault (after ``retry-scheduler``)."""
-    if fault == "bulk_retry_kill":
+    if fault in ("bulk_retry_kill", "pg_failover_bulk_retry"):
         return ["bulk-retry", "--destination", topics.dest, "--mark-batch", str(MARK_BATCH)]
     if fault == "dlq_replay_kill":
         return ["dlq", "replay", "--destination", topics.dest, "--batch-size", str(REPLAY_BATCH), "--yes"]
@@ -172,6 +176,21 @@ def account_archive(
     return tally
 
 
+def _failover(
+    stack: ChaosStack, fault: str, detail: dict[str, Any], database_url: str, topics: Topics
+) -> threading.Thread | None:
+    """For a failover fault, the thread that kills the primary while the operation runs (started)."""
+    if fault not in FAILOVER_FAULTS:
+        return None
+    assert stack.pair is not None, (
+        f"{fault} is a fault of a replicated PostgreSQL: run chaos --postgres-failover"
+    )
+    strike = failover_striker(stack.pair, fault, detail, database_url, stack.bootstrap, topics)
+    thread = threading.Thread(target=strike, name="chaos-failover")
+    thread.start()
+    return thread
+
+
 def run_bulk_trial(
     stack: ChaosStack, index: int, fault: str, rng: random.Random, records: int, timeout_s: float = 120
 ) -> TrialResult:
@@ -195,7 +214,10 @@ def run_bulk_trial(
         settled = wait_done(database_url, records, timeout_s)
         before = snapshot(database_url) if fault == "compaction_kill" else {}
         if settled:
+            striker = _failover(stack, fault, detail, database_url, topics)
             codes.append(run_job(command, env, job_log, plan))
+            if striker is not None:
+                striker.join()
             codes.append(run_job(command, env, job_log, None))  # Airflow's retry of the task
         if fault == "compaction_kill":
             done = _wait_for(database_url, "SELECT count(*) FROM retry_jobs_all", 0, 10)
@@ -204,7 +226,11 @@ def run_bulk_trial(
                 database_url, "SELECT count(*) FROM retry_jobs_all WHERE status <> 'published'", 0, timeout_s
             )
     detail["exit_codes"] = codes
-    fired = bool(codes) and codes[0] == -signal.SIGKILL
+    fired = (
+        bool(detail.get("triggered"))
+        if fault in FAILOVER_FAULTS
+        else bool(codes) and codes[0] == -signal.SIGKILL
+    )
     recovered = settled and len(codes) == 2 and codes[1] == 0 and done
     seen = read_topics(stack.bootstrap, topics.all)
     if fault == "compaction_kill":

@@ -6,6 +6,9 @@ stored or published a random number of jobs:
 
 * ``pg_failover_ingest`` / ``pg_failover_publish``: the primary killed -9 while the ingest stores, or
   while the publish loop publishes; the replica promoted 0.5-3 s later;
+* ``pg_failover_bulk_retry``: the primary killed -9 while a Spark bulk retry (reaching PostgreSQL
+  over JDBC by the same two hosts) publishes the trial's dead jobs; the bulk retry is then run
+  again, as Airflow's retry of its task would (:func:`bench.chaos.bulk.run_bulk_trial`);
 * ``pg_failover_lost_commits``: the replica cut off first, then the primary killed once more jobs
   were stored and published on it alone: the promoted replica lacks those last commits, the
   ingest's Kafka offsets are ahead of the ones it holds (``kafka_ahead``: the records a consumer
@@ -27,7 +30,12 @@ from bench.chaos.common import COUNTS_SQL, reached
 from bench.chaos.topics import Topics
 from retry_scheduler.dev.postgres_pair import PostgresPair
 
-FAILOVER_FAULTS = ("pg_failover_ingest", "pg_failover_publish", "pg_failover_lost_commits")
+FAILOVER_FAULTS = (
+    "pg_failover_ingest",
+    "pg_failover_publish",
+    "pg_failover_lost_commits",
+    "pg_failover_bulk_retry",
+)
 
 
 def plan_failover_fault(fault: str, rng: random.Random, records: int) -> dict[str, Any]:
@@ -37,6 +45,8 @@ def plan_failover_fault(fault: str, rng: random.Random, records: int) -> dict[st
         detail: dict[str, Any] = {"after": "stored", "count": rng.randint(1, records * 4 // 5)}
     elif fault == "pg_failover_publish":
         detail = {"after": "published", "count": rng.randint(1, published * 2 // 3)}
+    elif fault == "pg_failover_bulk_retry":  # every workload record dead, then bulk-retried
+        detail = {"after": "published", "count": rng.randint(1, records // 3)}
     elif fault == "pg_failover_lost_commits":
         cut = rng.randint(1, records // 3)
         detail = {"after": "stored", "count": cut, "then_published": rng.randint(1, published // 2)}
@@ -112,7 +122,8 @@ def failover_striker(
             detail["lost_stored"] = max(0, before[0] - after[0])
             detail["lost_published"] = max(0, before[1] - after[1])
         detail["kafka_ahead"] = _kafka_ahead(bootstrap, topics, database_url)
-        detail["resumed_s"] = _resumed(database_url, after, promoted, 30)
+        if fault != "pg_failover_bulk_retry":  # the bulk retry publishes again only when run again
+            detail["resumed_s"] = _resumed(database_url, after, promoted, 30)
 
     return strike
 

@@ -98,7 +98,7 @@ def run_chaos(
             rng.shuffle(cycle)
             order += cycle
         for index, fault in enumerate(order[:trials]):
-            trial = run_bulk_trial if fault in BULK_FAULTS else run_trial
+            trial = run_bulk_trial if fault in (*BULK_FAULTS, "pg_failover_bulk_retry") else run_trial
             result = trial(stack, index, fault, random.Random(rng.randrange(2**63)), records)
             results.append(result)
             t = result.tally
