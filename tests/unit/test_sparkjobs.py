@@ -84,6 +84,18 @@ def test_postgres_url_from_connection_fields() -> None:
         == "postgresql://svc:p%40ss%2Fword@db:5432/retry"
     )
     assert postgres_url("127.0.0.1", 5432, None, None, None) == "postgresql://127.0.0.1:5432/retry_scheduler"
+    # a primary and its replicas in the host field: each gets the port unless it gives its own
+    assert (
+        postgres_url(
+            "pg-a, pg-b:5433,::1,[::2]:5434",
+            6432,
+            "svc",
+            None,
+            "retry",
+            {"target_session_attrs": "read-write"},
+        )
+        == "postgresql://svc@pg-a:6432,pg-b:5433,[::1]:6432,[::2]:5434/retry?target_session_attrs=read-write"
+    )
 
 
 def test_class_archive_is_named_by_the_java_binary_and_can_be_turned_off(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -54,13 +55,28 @@ def postgres_url(
     dbname: str | None,
     params: dict[str, Any] | None = None,
 ) -> str:
-    """A ``postgresql://`` URL (what psycopg and the Spark jobs take) from connection fields."""
+    """A ``postgresql://`` URL (what psycopg and the Spark jobs take) from connection fields.
+
+    ``host`` may name several servers, a primary and its replicas (``pg-a,pg-b:5433``): each without
+    a port of its own gets ``port``. With ``target_session_attrs=read-write`` in the extra, the
+    service connects to whichever of them is the primary (docs/operations/production-kafka.md)."""
     auth = ""
     if user:
         auth = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "") + "@"
     # quote, not quote_plus: libpq reads "+" as a plus sign, not a space ("-c statement_timeout=5s")
     query = f"?{urlencode({k: str(v) for k, v in sorted(params.items())}, quote_via=quote)}" if params else ""
-    return f"postgresql://{auth}{host}:{port}/{quote(dbname or 'retry_scheduler', safe='')}{query}"
+    hosts = ",".join(_with_port(one.strip(), port) for one in host.split(","))
+    return f"postgresql://{auth}{hosts}/{quote(dbname or 'retry_scheduler', safe='')}{query}"
+
+
+def _with_port(host: str, port: int) -> str:
+    """``host:port`` unless ``host`` gives its own port (``pg-b:5433``, ``[::1]:5433``); an IPv6
+    address is bracketed."""
+    if re.fullmatch(r"\[[^\]]*\]:\d+|[^:\[\]]+:\d+", host):
+        return host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
 
 
 def _extra(conn: Any) -> dict[str, Any]:
