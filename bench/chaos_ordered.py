@@ -3,7 +3,8 @@
 over the keys, records and faults of all runs; written to SUMMARY.json and, as its ``ordered`` entry,
 into ``chaos.json`` beside it (``make chaos`` keeps that entry).
 
-Usage: ``python -m bench.chaos_ordered RUNS.jsonl SUMMARY.json``
+Usage: ``python -m bench.chaos_ordered RUNS.jsonl SUMMARY.json [ENTRY]``: ENTRY is ``ordered`` (the
+default) or ``ordered_cluster`` (``make chaos-ordered CLUSTER=1``, the runs on a Kafka cluster).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def summarize(lines: list[dict]) -> dict:
 
 def main(argv: list[str]) -> int:
     runs, out = Path(argv[0]), Path(argv[1])
+    entry = argv[2] if len(argv) > 2 else "ordered"
     lines = (
         [json.loads(text) for text in runs.read_text().splitlines() if text.strip()] if runs.exists() else []
     )
@@ -50,10 +52,10 @@ def main(argv: list[str]) -> int:
         report = json.loads(chaos.read_text()) if chaos.exists() else {}
     except ValueError:
         report = {}
-    report["ordered"] = {k: v for k, v in summary.items() if k != "violations"} | {"seeds": summary["seeds"]}
+    report[entry] = {k: v for k, v in summary.items() if k != "violations"} | {"seeds": summary["seeds"]}
     chaos.write_text(json.dumps(report, indent=2) + "\n")
     print(
-        f"ordered mode: {summary['ordered_violations']} violations over {summary['runs']} runs, "
+        f"ordered mode{' on a cluster' if entry == 'ordered_cluster' else ''}: {summary['ordered_violations']} violations over {summary['runs']} runs, "
         f"{summary['keys']} keys, {summary['records']} records, {summary['faults']} faults "
         f"({len(summary['unfinished'])} unfinished): {out}"
     )

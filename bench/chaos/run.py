@@ -132,7 +132,8 @@ def run_chaos(
         if cluster or postgres_failover:  # entries of their own; the rest is kept
             written = {**earlier, ("cluster" if cluster else "failover"): report}
         else:  # the entries of ordered mode (make chaos-ordered), the cluster and the failover are kept
-            written = {**report, **{k: earlier.get(k) for k in ("ordered", "cluster", "failover")}}
+            kept = ("ordered", "ordered_cluster", "cluster", "failover")
+            written = {**report, **{k: earlier.get(k) for k in kept}}
         previous.write_text(json.dumps(written, indent=2) + "\n")
         say(f"chaos: wrote {out_dir / 'chaos.json'}")
     return report

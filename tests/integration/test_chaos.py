@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import FAULTS, run_chaos
+from bench.chaos import FAILOVER_FAULTS, FAULTS, run_chaos
 from bench.chaos.bulk import BULK_FAULTS
 from retry_scheduler.core import protocol as p
 
@@ -58,6 +58,31 @@ def test_every_fault_kind_loses_nothing_and_duplicates_keep_their_identity(tmp_p
     for fault in ("kill_breaker_paused", "kill_breaker_let_go"):
         [trial] = [t for t in report["trial_results"] if t["fault"] == fault]
         assert trial["detail"]["held_when_closed"] > 0 and trial["starts"]["publish"] == 2, trial
+    assert report["passed"]
+
+
+def test_every_failover_kind_loses_nothing_and_the_loops_reconnect(tmp_path: Path) -> None:
+    """One trial of each PostgreSQL failover kind (``make chaos-failover``), on a primary and a replica."""
+    report = run_chaos(
+        trials=len(FAILOVER_FAULTS), seed=SEED, records=1000, out_dir=tmp_path, bad_input=False,
+        faults=FAILOVER_FAULTS, postgres_failover=True,
+    )  # fmt: skip
+
+    assert json.loads((tmp_path / "chaos.json").read_text())["failover"]["trials"] == len(FAILOVER_FAULTS)
+    assert report["fault_kinds"] == sorted(FAILOVER_FAULTS)
+    assert report["faults_fired"] == len(FAILOVER_FAULTS), _failures(report)
+    assert (report["lost"], report["duplicates_unidentified"], report["not_recovered"]) == (0, 0, 0), (
+        _failures(report)
+    )
+    assert (report["wrong_headers"], report["early"]) == (0, 0), _failures(report)
+    trials = {t["fault"]: t for t in report["trial_results"]}
+    # The replica cut off lost commits for sure: the count is not vacuous.
+    lost = trials["pg_failover_lost_commits"]["detail"]
+    assert lost["lost_stored"] > 0 and lost["kafka_ahead"] > 0, lost
+    for fault, trial in trials.items():
+        # The loops' processes went on through the failover (reconnected), none started again.
+        assert (trial["starts"]["ingest"], trial["starts"]["publish"]) == (1, 1), (fault, trial)
+    assert trials["pg_failover_bulk_retry"]["starts"]["job"] == 2  # cut short, then run again
     assert report["passed"]
 
 

@@ -39,9 +39,10 @@ import json
 import logging
 import os
 import random
+import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,7 @@ from retry_scheduler.core import protocol
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.chains import release_chains
 from retry_scheduler.db.store import Store
+from retry_scheduler.dev.kafka_cluster import KafkaCluster
 from retry_scheduler.loops.ingest import Ingestor
 from retry_scheduler.loops.publish import Publisher
 from tests.integration.test_loop import Loop, new_loop
@@ -66,8 +68,28 @@ SEEDS = [int(s) for s in os.environ.get("RETRY_MODEL_SEEDS", "11,12").split(",")
 #: seeds, up to MAX_MEMBERS); the scheduler restarted, its ingest and its publisher killed.
 #: RETRY_MODEL_FAULTS (comma-separated) narrows them: arm, join, leave, restart, kill-ingest,
 #: kill-publish.
+#: RETRY_MODEL_CLUSTER=1 (``make chaos-ordered CLUSTER=1``): the members, the scheduler and their
+#: topics on three Kafka brokers and two controllers only, every topic with three replicas, and one
+#: more kind of fault, ``cluster``: a broker failing as in ``make chaos-cluster`` (CLUSTER_KINDS).
+CLUSTER = os.environ.get("RETRY_MODEL_CLUSTER") == "1"
 KINDS = set(
-    os.environ.get("RETRY_MODEL_FAULTS", "arm,join,leave,restart,kill-ingest,kill-publish").split(",")
+    os.environ.get(
+        "RETRY_MODEL_FAULTS",
+        "arm,join,leave,restart,kill-ingest,kill-publish" + (",cluster" if CLUSTER else ""),
+    ).split(",")
+)
+#: What a ``cluster`` fault does (one at a time, in a thread of its own while the model steps on):
+#: the leader of a destination or retry-topic partition, the members' group coordinator or the
+#: active controller killed (-9) and started again 2-8 s later; every broker restarted in turn; two
+#: brokers stopped for 3-10 s; a destination partition's leader frozen for 10-15 s.
+CLUSTER_KINDS = (
+    "leader_kill_destination",
+    "leader_kill_retry",
+    "coordinator_kill",
+    "controller_kill",
+    "rolling_restart",
+    "two_brokers_down",
+    "broker_freeze",
 )
 KEYS, PER_KEY = 4, 6
 #: Even seeds: at most this many members at once.
@@ -235,6 +257,91 @@ class Run:
     steps: int = 0
 
 
+class ClusterFaults:
+    """Strikes the cluster under the model (the ``cluster`` kind), one fault at a time, each in a
+    thread that leaves every node running again when it ends."""
+
+    def __init__(self, cluster: KafkaCluster, loop: Loop, group: str) -> None:
+        self.cluster, self.loop, self.group = cluster, loop, group
+        self.thread: threading.Thread | None = None
+        self.errors: list[str] = []
+
+    @property
+    def busy(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def strike(self, kind: str, rng: random.Random) -> None:
+        cluster, down_s = self.cluster, rng.uniform(2, 8)
+        partition = rng.randrange(2)
+
+        def body() -> None:
+            try:
+                if kind in ("leader_kill_destination", "leader_kill_retry", "broker_freeze"):
+                    topic = self.loop.settings.retry_topic if kind == "leader_kill_retry" else self.loop.dest
+                    node = cluster.leader(topic, partition)
+                    if kind == "broker_freeze":
+                        cluster.freeze(node)
+                        time.sleep(rng.uniform(10, 15))
+                        cluster.thaw(node)
+                    else:
+                        cluster.kill(node)
+                        time.sleep(down_s)
+                        cluster.restart(node)
+                elif kind in ("coordinator_kill", "controller_kill"):
+                    node = (
+                        cluster.coordinator(self.group)
+                        if kind == "coordinator_kill"
+                        else cluster.controller()
+                    )
+                    cluster.kill(node)
+                    time.sleep(down_s)
+                    cluster.restart(node)
+                elif kind == "rolling_restart":
+                    for each in [n.node_id for n in cluster.broker_nodes]:
+                        cluster.stop(each)
+                        cluster.restart(each)
+                else:  # two_brokers_down
+                    down = rng.sample([n.node_id for n in cluster.broker_nodes], 2)
+                    for each in down:
+                        cluster.stop(each)
+                    time.sleep(rng.uniform(3, 10))
+                    for each in down:
+                        cluster.restart(each)
+            except Exception as exc:  # the harness's own failure, said in the test's message
+                self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+            finally:
+                cluster.start(announce=False)
+
+        self.thread = threading.Thread(target=body, name=f"cluster-{kind}", daemon=True)
+        self.thread.start()
+
+    def settle(self) -> None:
+        """Wait for the fault in hand to end (every node running again)."""
+        if self.thread is not None:
+            self.thread.join(120)
+
+
+@pytest.fixture(scope="module")
+def model_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster | None]:
+    """With RETRY_MODEL_CLUSTER=1, the module's Kafka cluster; else None."""
+    if not CLUSTER:
+        yield None
+        return
+    with KafkaCluster(
+        tmp_path_factory.mktemp("model-cluster"), 3, controllers=2, say=lambda _m: None
+    ) as cluster:
+        cluster.start()
+        yield cluster
+
+
+@pytest.fixture
+def model_bootstrap(request: pytest.FixtureRequest, model_cluster: KafkaCluster | None) -> str:
+    """The model's brokers: the cluster's, or the tests' one broker."""
+    if model_cluster is not None:
+        return model_cluster.bootstrap
+    return str(request.getfixturevalue("bootstrap_servers"))
+
+
 def new_world(
     database_url: str, bootstrap_servers: str, topic_prefix: str, group_protocol: str = "classic"
 ) -> tuple[Loop, dict[str, Any], str]:
@@ -292,7 +399,7 @@ def report(run: Run, found: list[str], finished: bool) -> None:
     """With ``RETRY_MODEL_REPORT`` set (``make chaos-ordered``): one JSON line per run appended there."""
     path = os.environ.get("RETRY_MODEL_REPORT")
     if path:
-        line = {"seed": run.seed, "protocol": run.protocol, "keys": KEYS, "records": KEYS * PER_KEY, "steps": run.steps,
+        line = {"seed": run.seed, "protocol": run.protocol, "cluster": CLUSTER, "keys": KEYS, "records": KEYS * PER_KEY, "steps": run.steps,
                 "finished": finished, "violations": found, "faults": dict(run.faults)}  # fmt: skip
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
@@ -305,13 +412,15 @@ def test_every_key_keeps_its_order_under_random_faults(
     seed: int,
     group_protocol: str,
     database_url: str,
-    bootstrap_servers: str,
+    model_bootstrap: str,
+    model_cluster: KafkaCluster | None,
     topic_prefix: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     rng = random.Random(seed)
     single = seed % 2 == 1  # one member, killed at its checkpoints; else up to MAX_MEMBERS
-    loop, config, holds_topic = new_world(database_url, bootstrap_servers, topic_prefix, group_protocol)
+    loop, config, holds_topic = new_world(database_url, model_bootstrap, topic_prefix, group_protocol)
+    cluster = None if model_cluster is None else ClusterFaults(model_cluster, loop, config["group.id"])
     app = App(plan_for(rng))
     records = [
         {"key": f"k{k}".encode(), "value": str(n).encode()} for n in range(PER_KEY) for k in range(KEYS)
@@ -349,11 +458,12 @@ def test_every_key_keeps_its_order_under_random_faults(
     def step(faults: bool) -> None:
         run.steps += 1
         action = rng.choices(
-            ["poll", "ingest", "publish", "send", "arm", "join", "leave", "restart"],
+            ["poll", "ingest", "publish", "send", "arm", "join", "leave", "restart", "cluster"],
             weights=[40, 12, 12, 6 if sent < len(records) else 0, 3 if faults and "arm" in KINDS else 0,
                      2 if faults and not single and "join" in KINDS else 0,
                      2 if faults and not single and len(members) > 1 and "leave" in KINDS else 0,
-                     1 if faults and "restart" in KINDS else 0],
+                     1 if faults and "restart" in KINDS else 0,
+                     1 if faults and cluster is not None and not cluster.busy and "cluster" in KINDS else 0],
         )[0]  # fmt: skip
         if action == "poll":
             member = rng.choice(members)
@@ -380,6 +490,10 @@ def test_every_key_keeps_its_order_under_random_faults(
             leave()
         elif action == "restart":
             restart_scheduler("scheduler restarted")
+        elif action == "cluster" and cluster is not None:
+            kind = rng.choice(CLUSTER_KINDS)
+            run.faults[f"cluster: {kind}"] += 1
+            cluster.strike(kind, rng)
 
     def finished() -> bool:
         dead = app.dead()
@@ -426,6 +540,9 @@ def test_every_key_keeps_its_order_under_random_faults(
                 step(faults=True)
             for member in members:
                 member.armed = None
+            if cluster is not None:
+                cluster.settle()  # every broker back before the quiet part
+                assert not cluster.errors, cluster.errors
             deadline = time.monotonic() + 150  # then quiet: everything comes back
             while time.monotonic() < deadline and not (run.steps % 25 == 0 and finished()):
                 if sent < len(records):
@@ -440,6 +557,8 @@ def test_every_key_keeps_its_order_under_random_faults(
                 f"{[m.name for m in members]})\n{diagnosis()}\nthe log ends:\n{caplog.text[-20000:]}"
             )
     finally:
+        if cluster is not None:
+            cluster.settle()
         for member in members:
             member.helper.close()
         scheduler.close()
