@@ -128,6 +128,7 @@ def _stored_offsets(url: str, group: str) -> int:
         return sum(store.queue.ingest_offsets(group).values())
 
 
+@pytest.mark.long
 def test_ingest_reads_again_what_the_promoted_replica_never_had(
     pair: PostgresPair, bootstrap_servers: str, topic_prefix: str
 ) -> None:
@@ -167,6 +168,7 @@ def test_ingest_reads_again_what_the_promoted_replica_never_had(
     assert _stored_offsets(url, group) == _kafka_committed(loop) == 600
 
 
+@pytest.mark.long
 def test_a_partition_the_promoted_replica_holds_nothing_of_is_read_from_its_start(
     pair: PostgresPair, bootstrap_servers: str, topic_prefix: str
 ) -> None:
@@ -190,6 +192,7 @@ def test_a_partition_the_promoted_replica_holds_nothing_of_is_read_from_its_star
     assert _stored_offsets(url, group) == 150
 
 
+@pytest.mark.long
 def test_jobs_the_promoted_replica_saw_pending_are_published_again_identified(
     pair: PostgresPair, bootstrap_servers: str, topic_prefix: str
 ) -> None:
@@ -222,6 +225,7 @@ def test_jobs_the_promoted_replica_saw_pending_are_published_again_identified(
     assert counts["reconnects"] >= 1
 
 
+@pytest.mark.long
 def test_with_synchronous_replication_the_promoted_replica_lacks_nothing(
     pair_root: Path, bootstrap_servers: str, topic_prefix: str
 ) -> None:
@@ -256,6 +260,7 @@ def test_with_synchronous_replication_the_promoted_replica_lacks_nothing(
         assert ingested["reconnects"] + published["reconnects"] >= 2
 
 
+@pytest.mark.long
 def test_a_replay_cut_short_by_a_failover_and_run_again_sends_each_job_once_more(
     pair: PostgresPair, bootstrap_servers: str, topic_prefix: str
 ) -> None:
@@ -306,6 +311,7 @@ def test_a_replay_cut_short_by_a_failover_and_run_again_sends_each_job_once_more
     assert all(len(v) == 1 for v in copies.values())  # copies of a job are the same send: identified
 
 
+@pytest.mark.long
 def test_the_pages_pool_hands_out_a_connection_to_the_new_primary(pair: PostgresPair) -> None:
     """The Dead letters page's pool after a failover: its idle connection to the dead primary is
     replaced when handed out, and the first request after the promotion is answered by the new one."""
