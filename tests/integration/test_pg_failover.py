@@ -352,6 +352,17 @@ def test_a_loop_carries_on_after_losing_its_database_and_stops_on_any_other_erro
 
     with pytest.raises(ValueError, match="a bug"):
         reconnecting("ingest", database_url, 30, broken, lambda: False, IngestCounts())
+    # A run that loses its database again at once waits longer each time (no spinning), and the loss is
+    # raised when the loop's time runs out.
+    always: list[float] = []
+
+    def lost_at_once(seconds: float, _stop: Callable[[], bool]) -> None:
+        always.append(seconds)
+        raise psycopg.errors.ReadOnlySqlTransaction("cannot execute INSERT in a read-only transaction")
+
+    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        reconnecting("ingest", database_url, 4, lost_at_once, lambda: False, IngestCounts())
+    assert 3 <= len(always) <= 5, always  # after 0.5 s, 1 s, 2 s
     # A database that does not come back within the loop's time: the loss is raised.
     with pytest.raises(psycopg.OperationalError):
         reconnecting("publish", "postgresql://nobody@127.0.0.1:1/none", 1.5, flaky_always, lambda: False,

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
+
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.core.metrics import Metrics
 from retry_scheduler.db.connection import StoreError, connect, database_lost
@@ -117,7 +119,7 @@ def run_publish(
     ``metrics``: where rounds, backlog and lateness are reported (the DAG passes Airflow's). A
     database lost on the way (a failover) is connected to again (:func:`reconnecting`): the round it
     held rolls back, and its jobs, published or not, are claimed again (a copy a destination got
-    twice carries the same ``retry.job-id``)."""
+    twice carries the same ``retry.id`` and ``retry.attempt``)."""
     settings = deployment.settings
     counts = PublishCounts()
 
@@ -173,38 +175,57 @@ def reconnecting(
     Kafka (the last commits lost): the records in between are read again rather than skipped.
     """
     deadline = time.monotonic() + loop_seconds
+    pause = RECONNECT_FIRST_S
     while True:
+        began = time.monotonic()
         try:
-            run(max(0.0, deadline - time.monotonic()), terminated)
+            run(max(0.0, deadline - began), terminated)
             return
         except Exception as exc:
             if not database_lost(exc) or terminated():
                 raise
+            text = str(exc).strip()
             log.warning(
-                "%s loop: lost the database (%s: %s); connecting again to go on from what it holds",
-                kind, type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                "%s loop: lost the database (%s: %s); connecting again to go on from what it holds%s",
+                kind, type(exc).__name__, text.splitlines()[0] if text else "",
+                _STANDBY_HINT if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) else "",
             )  # fmt: skip
-            _wait_for_database(kind, database_url, deadline, terminated, exc)
+            if time.monotonic() - began > 2 * RECONNECT_MAX_S:
+                pause = RECONNECT_FIRST_S  # it ran a while since the last loss: a new one
+            _wait_for_database(kind, database_url, deadline, terminated, exc, pause)
+            pause = min(RECONNECT_MAX_S, pause * 2)  # lost again at once: wait longer next time
             counts.reconnects += 1
 
 
+#: Said when the server connected to takes no writes: the URL lacks what finds the primary.
+_STANDBY_HINT = (
+    " (the server is a standby: name every server in RETRY_DATABASE_URL with "
+    "target_session_attrs=read-write, and a new connection finds the primary)"
+)
+
+
 def _wait_for_database(
-    kind: str, database_url: str, deadline: float, terminated: Callable[[], bool], lost: Exception
+    kind: str,
+    database_url: str,
+    deadline: float,
+    terminated: Callable[[], bool],
+    lost: Exception,
+    pause: float,
 ) -> None:
-    """Return once a connection to ``database_url`` is made (its libpq settings chose the server:
+    """Return once a connection to ``database_url`` is made, trying after ``pause`` seconds and then
+    twice as long each time, up to RECONNECT_MAX_S (its libpq settings choose the server:
     ``target_session_attrs=read-write`` finds the primary among its hosts); raise ``lost`` when the
     loop's time runs out first or the task is stopped."""
-    pause = RECONNECT_FIRST_S
     since = time.monotonic()
     while True:
+        if time.monotonic() + pause >= deadline or terminated():
+            raise lost
+        time.sleep(pause)
         try:
             connect(database_url, statement_timeout=0).close()
         except StoreError as exc:
             if not database_lost(exc):
                 raise
-            if time.monotonic() + pause >= deadline or terminated():
-                raise lost from exc
-            time.sleep(pause)
             pause = min(RECONNECT_MAX_S, pause * 2)
             continue
         log.warning("%s loop: connected again after %.1f s", kind, time.monotonic() - since)
