@@ -25,9 +25,10 @@ help:
 	@echo "make up     broker + PostgreSQL + Airflow (http://localhost:8080, admin/admin) until Ctrl-C"
 	@echo "make up CLUSTER=3  the same on a Kafka cluster of three brokers (topics with three replicas)"
 	@echo "make bench  benchmark report against baselines, full sizes (bench/out/report.md; ~1 h)"
-	@echo "make chaos  fault injection: 100 trials and the bad-input corpus (bench/out/chaos.json; ~18 min)"
-	@echo "make chaos-cluster  100 trials of a three-broker Kafka cluster failing (the cluster entry of chaos.json)"
-	@echo "make chaos-failover  24 trials of the PostgreSQL primary killed, its replica promoted (the failover entry)"
+	@echo "make chaos  fault injection, every kind: the three below, one after the other (bench/out/chaos.json; ~65 min)"
+	@echo "make chaos-service  100 trials of the service's processes killed, the broker frozen, PostgreSQL restarted, bad input (~18 min)"
+	@echo "make chaos-cluster  100 trials of a three-broker Kafka cluster failing (the cluster entry of chaos.json; ~40 min)"
+	@echo "make chaos-failover  24 trials of the PostgreSQL primary killed, its replica promoted (the failover entry; ~6 min)"
 	@echo "make lint   ruff + mypy only"
 	@echo "make system-deps  what the targets need from Debian's packages, installed when missing (root)"
 	@echo "make docs   the documentation site from docs/ into site/ (make test builds it strictly)"
@@ -182,13 +183,18 @@ bench-quick: venv postgres kafka-deps
 	@mkdir -p $(BENCH_OUT)/quick
 	$(BIN)/retry-scheduler bench --quick --out $(BENCH_OUT)/quick $(BENCH_ARGS)
 
-# Fault injection: kill -9 of the workers and of the bulk jobs at named points, the broker frozen,
-# PostgreSQL restarted, and a bad-input corpus, on a private PostgreSQL and broker; writes
-# bench/out/chaos.json, fails unless nothing was lost (~18 min). CHAOS_SEED=S replays a run; `make test` runs a short version.
-.PHONY: chaos chaos-ordered
+# Fault injection, every kind: the service's own (chaos-service), a Kafka cluster's (chaos-cluster) and
+# a PostgreSQL failover's (chaos-failover), one after the other (~65 min); each writes its entry of
+# bench/out/chaos.json and fails unless nothing was lost. CHAOS_SEED=S replays a run; `make test` runs
+# a short version of each.
+.PHONY: chaos chaos-service chaos-ordered
+chaos: chaos-service chaos-cluster chaos-failover
+
+# kill -9 of the workers and of the bulk jobs at named points, the broker frozen, PostgreSQL restarted,
+# and a bad-input corpus, on a private PostgreSQL and broker (~18 min).
 CHAOS_TRIALS ?= 100
 CHAOS_RECORDS ?= 2500
-chaos: venv pg-deps kafka-deps
+chaos-service: venv pg-deps kafka-deps
 	$(BIN)/retry-scheduler chaos --trials $(CHAOS_TRIALS) --records $(CHAOS_RECORDS) --out bench/out \
 		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
