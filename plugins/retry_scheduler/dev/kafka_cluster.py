@@ -86,6 +86,8 @@ class KafkaCluster:
     first_port: int | None = None
     nodes: list[Node] = field(default_factory=list)
     _admin: Any = field(default=None, init=False, repr=False)
+    #: The nodes frozen now (:meth:`freeze`, until :meth:`thaw`).
+    frozen: set[int] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -141,6 +143,7 @@ class KafkaCluster:
                 self._spawn(node)
             elif node.proc is not None:
                 os.killpg(node.proc.pid, signal.SIGCONT)
+        self.frozen.clear()
         if wait:
             self.wait_for_brokers({n.node_id for n in self.broker_nodes})
         if wait and announce:
@@ -206,8 +209,18 @@ class KafkaCluster:
         return set(meta.brokers)
 
     def leader(self, topic: str, partition: int = 0, timeout_s: float = 10.0) -> int:
-        """The node id that leads ``topic``'s ``partition`` now."""
-        meta = self.admin().list_topics(topic, timeout=timeout_s)
+        """The node id that leads ``topic``'s ``partition`` now, as a new client asking the brokers
+        that run and are not frozen sees it: the kept admin client could go on asking a frozen broker
+        (its connection stays open), and a failover would never seem to end (measured: 6 of 13
+        freezes in a chaos run had no new leader in 30 s)."""
+        from confluent_kafka.admin import AdminClient
+
+        live = [n.address for n in self.broker_nodes if n.running and n.node_id not in self.frozen]
+        if not live:
+            raise DevStackError("no broker runs unfrozen to ask for a leader")
+        meta = AdminClient({"bootstrap.servers": ",".join(live), "log_level": 0}).list_topics(
+            topic, timeout=timeout_s
+        )
         leader = int(meta.topics[topic].partitions[partition].leader)
         if leader < 0:
             raise DevStackError(f"{topic} [{partition}] has no leader now")
@@ -251,11 +264,13 @@ class KafkaCluster:
         node = self.node(node_id)
         if node.proc is not None:
             os.killpg(node.proc.pid, signal.SIGSTOP)
+            self.frozen.add(node_id)
 
     def thaw(self, node_id: int) -> None:
         node = self.node(node_id)
         if node.proc is not None:
             os.killpg(node.proc.pid, signal.SIGCONT)
+        self.frozen.discard(node_id)
 
     def restart(self, node_id: int, wait: bool = True) -> None:
         """Start a stopped or killed node again, with its ports and data."""

@@ -16,7 +16,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import cast
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED, Consumer, KafkaError, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_STORED,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from retry_scheduler.coordinator import committed_offsets
 from retry_scheduler.core import faults, protocol
@@ -180,7 +187,14 @@ class Ingestor:
         if self.share is not None:
             return
         self._refreshed_at = time.monotonic()
-        new = [tp for tp in self.partitions() if tp not in self._assigned]
+        try:
+            partitions = self.partitions()
+        except KafkaException as exc:  # a broker frozen or failing over: the assignment stands
+            if not self._assigned:
+                raise
+            log.warning("the retry topics' partitions could not be listed (%s): looking again in 10 s", exc)
+            return
+        new = [tp for tp in partitions if tp not in self._assigned]
         if new:
             self.consumer.incremental_assign([TopicPartition(t, p, o) for t, p, o in self._with_starts(new)])
             self._assigned |= set(new)

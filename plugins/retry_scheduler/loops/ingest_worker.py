@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 import retry_scheduler
 
 log = logging.getLogger(__name__)
@@ -124,7 +126,14 @@ def run_workers(
                 break
             if time.monotonic() - checked > 10:
                 checked = time.monotonic()
-                if set(partitions()) != planned:
+                try:
+                    now = set(partitions())
+                except KafkaException as exc:  # a broker frozen or failing over: the shares stand
+                    log.warning(
+                        "the retry topics' partitions could not be listed (%s): looking again in 10 s", exc
+                    )
+                    continue
+                if now != planned:
                     log.info("the retry topics changed: sharing their partitions again")
                     break
     finally:
