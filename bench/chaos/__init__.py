@@ -32,6 +32,9 @@ active controller killed, a rolling restart, two brokers down, a broker frozen
 ``retry-scheduler chaos --postgres-failover`` (``make chaos-failover``) runs the trials of the
 PostgreSQL primary killed and its replica promoted, on a primary and a streaming replica
 (:mod:`bench.chaos.failover`); they are the ``failover`` entry of ``chaos.json``.
+
+A run keeps its folder (the workers' logs, PostgreSQL's data) when a trial failed, or with
+``CHAOS_KEEP=1``.
 """
 
 from __future__ import annotations

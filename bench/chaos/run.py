@@ -112,7 +112,7 @@ def run_chaos(
     finally:
         stack.stop()
     failed = [r for r in results if not (r.recovered and r.tally.ok)]
-    if failed or (corpus and not corpus.ok):
+    if failed or (corpus and not corpus.ok) or os.environ.get("CHAOS_KEEP") == "1":
         say(f"chaos: kept {work_dir} (worker logs in logs/, PostgreSQL data in postgres/) for a look")
     else:
         shutil.rmtree(work_dir, ignore_errors=True)
