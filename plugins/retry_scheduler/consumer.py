@@ -169,6 +169,9 @@ class RetryingConsumer:
         self.breaker = breaker
         #: Partitions revoked from this consumer so far (a pause must not cause any).
         self.revocations = 0
+        #: Offset commits the group refused or could not take (:meth:`_commit`): records that may be
+        #: handled again by their partition's next owner.
+        self.commit_failures = 0
         #: The partitions (topic, partition) this member reads now, as its rebalance callbacks were
         #: told: safe to read from another thread, unlike the consumer's own ``assignment()``, which
         #: can block while the member's thread polls.
@@ -332,10 +335,28 @@ class RetryingConsumer:
             ok = self.ordered.process(msg, (original_topic(msg) or "", key))
         else:
             ok = self._handle(msg)[0]
-        self.consumer.commit(message=msg, asynchronous=False)
+        self._commit(msg)
         if breaker is not None and ok is not None:
             self._count(breaker, ok)
         return True
+
+    def _commit(self, msg: Message) -> None:
+        """Commit the offset after ``msg``. A commit the group refuses or cannot take now (this member
+        fenced after its session ran out, a rebalance, the coordinator moving) is not an error of the
+        application: the record was handled, and the partition's next owner may handle it again (at
+        least once). It is logged and counted (:attr:`commit_failures`); a fatal error raises."""
+        try:
+            self.consumer.commit(message=msg, asynchronous=False)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError) or error.fatal():
+                raise
+            self.commit_failures += 1
+            log.warning(
+                "consumer: the offset after %s [%s] @ %s could not be committed (%s): the record was handled, "
+                "and the partition's next owner may handle it again (at least once)",
+                msg.topic(), msg.partition(), msg.offset(), error.str(),
+            )  # fmt: skip
 
     def _handle(self, msg: Message) -> tuple[bool, str | None]:
         """Call the handler; when it raises, send the record to retry. Whether it succeeded, and the

@@ -90,3 +90,34 @@ def test_assigned_follows_a_join_and_a_leave(
             if member is not None:
                 member.halt()
                 member.helper.close()
+
+
+def test_a_commit_the_group_refuses_is_logged_and_the_record_comes_again(
+    bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """A handler slower than ``max.poll.interval.ms`` once: the member has left its group by the time it
+    commits, and the group refuses the commit. ``poll`` goes on (it raised before), counts the failed
+    commit, and the record is handled again once the member is back in the group (at least once)."""
+    from tests.kafkautil import produce
+
+    topic, group = f"{topic_prefix}-orders", f"{topic_prefix}-billing"
+    create_topics(bootstrap_servers, [topic], partitions=1)
+    produce(bootstrap_servers, topic, [{"key": b"k", "value": b"slow"}])
+    handled: list[bytes] = []
+
+    def handler(msg: Any) -> None:
+        handled.append(msg.value())
+        if len(handled) == 1:
+            time.sleep(9)  # past max.poll.interval.ms: the client leaves the group meanwhile
+
+    config = {"bootstrap.servers": bootstrap_servers, "group.id": group, "auto.offset.reset": "earliest",
+              "max.poll.interval.ms": 6000, **QUICK_JOIN}  # fmt: skip
+    helper = RetryingConsumer(config, [topic], handler, scope="topic")
+    try:
+        deadline = time.monotonic() + 90
+        while len(handled) < 2 and time.monotonic() < deadline:
+            helper.poll(0.2)  # never raises for the refused commit
+        assert handled == [b"slow", b"slow"]
+        assert helper.commit_failures == 1
+    finally:
+        helper.close()

@@ -241,7 +241,11 @@ class KafkaCluster:
 
     def coordinator(self, group: str, timeout_s: float = 10.0) -> int:
         """The node id of ``group``'s coordinator (the leader of its ``__consumer_offsets`` partition)."""
-        futures = self.admin().describe_consumer_groups([group], request_timeout=timeout_s)
+        from confluent_kafka.admin import AdminClient
+
+        live = [n.address for n in self.broker_nodes if n.running and n.node_id not in self.frozen]
+        admin = AdminClient({"bootstrap.servers": ",".join(live) or self.bootstrap, "log_level": 0})
+        futures = admin.describe_consumer_groups([group], request_timeout=timeout_s)
         return int(futures[group].result(timeout=timeout_s + 5).coordinator.id)
 
     def kill(self, node_id: int) -> None:
