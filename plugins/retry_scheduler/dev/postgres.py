@@ -121,7 +121,10 @@ def ensure_database(database_url: str, say: Say = print) -> bool:
     return True
 
 
-def _pg_bin_dir() -> Path | None:
+def pg_bin_dir() -> Path | None:
+    """The folder of the newest PostgreSQL server binaries installed (Debian's ``/usr/lib/postgresql``,
+    else ``pg_ctl``'s on the PATH); None when there are none."""
+
     def version(postgres: Path) -> tuple[int, ...]:
         return tuple(int(x) for x in postgres.parents[1].name.split(".") if x.isdigit())
 
@@ -159,7 +162,7 @@ def ensure_postgres(
             raise DevStackError(f"PostgreSQL at {redact_url(database_url)} refused us: {exc}") from None
     if host not in LOCAL_HOSTS:
         raise DevStackError(f"No PostgreSQL answers at {redact_url(database_url)}: start it or fix the URL")
-    bin_dir = _pg_bin_dir()
+    bin_dir = pg_bin_dir()
     if bin_dir is None:
         raise DevStackError(
             f"No PostgreSQL answers at {redact_url(database_url)} and no PostgreSQL binaries were found: install "

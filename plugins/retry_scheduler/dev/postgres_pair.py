@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retry_scheduler.dev.postgres import DEV_MAX_CONNECTIONS, _pg_bin_dir, ensure_postgres
+from retry_scheduler.dev.postgres import DEV_MAX_CONNECTIONS, ensure_postgres, pg_bin_dir
 from retry_scheduler.dev.procs import DevStackError, Proc, Say, free_port, spawn, tail, terminate
 
 #: The superuser of the pair's servers.
@@ -73,7 +73,7 @@ class PostgresPair:
         self.root = self.root.resolve()
         if not self.servers:
             self.servers = [PgServer(name, free_port(), self.root / name) for name in ("pg-a", "pg-b")]
-        bin_dir = _pg_bin_dir()
+        bin_dir = pg_bin_dir()
         if bin_dir is None:
             raise DevStackError("no PostgreSQL binaries found: apt-get install postgresql")
         self.bin_dir = bin_dir
