@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos.common import FAULTS
-from bench.chaos.failover import FAILOVER_FAULTS, failover_striker, plan_failover_fault
+from bench.chaos.failover import FAILOVER_BULK_RETRY, FAILOVER_FAULTS, failover_striker, plan_failover_fault
 from bench.chaos.stack import ChaosStack, Supervisor, Worker, worker_env
 from bench.chaos.topics import Topics, read_topics, send, wait_done
 from bench.chaos.trial import Expected, Tally, TrialGround, TrialResult, account, workload
@@ -38,6 +38,8 @@ from bench.chaos.trial import Expected, Tally, TrialGround, TrialResult, account
 log = logging.getLogger(__name__)
 
 BULK_FAULTS = ("bulk_retry_kill", "compaction_kill", "dlq_replay_kill", "watched_replay_kill")
+#: Every kind :func:`run_bulk_trial` runs.
+BULK_PATH_FAULTS = (*BULK_FAULTS, FAILOVER_BULK_RETRY)
 #: A watched replay's canary (then the rest in one wave: a trial holds fewer than 10 000 records).
 CANARY = 50
 #: Small batches, so that a trial of a few thousand records has many of them to be killed between.
@@ -75,7 +77,7 @@ def plan_bulk_fault(fault: str, rng: random.Random, records: int) -> tuple[dict[
 
 def operation(fault: str, topics: Topics, archive: str) -> list[str]:
     """The operator's command for the trial's fault (after ``retry-scheduler``)."""
-    if fault in ("bulk_retry_kill", "pg_failover_bulk_retry"):
+    if fault in ("bulk_retry_kill", FAILOVER_BULK_RETRY):
         return ["bulk-retry", "--destination", topics.dest, "--mark-batch", str(MARK_BATCH)]
     if fault == "dlq_replay_kill":
         return ["dlq", "replay", "--destination", topics.dest, "--batch-size", str(REPLAY_BATCH), "--yes"]

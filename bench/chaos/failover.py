@@ -30,11 +30,13 @@ from bench.chaos.common import COUNTS_SQL, reached
 from bench.chaos.topics import Topics
 from retry_scheduler.dev.postgres_pair import PostgresPair
 
+#: The kind run as a bulk trial (:func:`bench.chaos.bulk.run_bulk_trial`): the primary killed during a bulk retry.
+FAILOVER_BULK_RETRY = "pg_failover_bulk_retry"
 FAILOVER_FAULTS = (
     "pg_failover_ingest",
     "pg_failover_publish",
     "pg_failover_lost_commits",
-    "pg_failover_bulk_retry",
+    FAILOVER_BULK_RETRY,
 )
 
 
@@ -45,7 +47,7 @@ def plan_failover_fault(fault: str, rng: random.Random, records: int) -> dict[st
         detail: dict[str, Any] = {"after": "stored", "count": rng.randint(1, records * 4 // 5)}
     elif fault == "pg_failover_publish":
         detail = {"after": "published", "count": rng.randint(1, published * 2 // 3)}
-    elif fault == "pg_failover_bulk_retry":  # every workload record dead, then bulk-retried
+    elif fault == FAILOVER_BULK_RETRY:  # every workload record dead, then bulk-retried
         detail = {"after": "published", "count": rng.randint(1, records // 3)}
     elif fault == "pg_failover_lost_commits":
         cut = rng.randint(1, records // 3)
@@ -122,7 +124,7 @@ def failover_striker(
             detail["lost_stored"] = max(0, before[0] - after[0])
             detail["lost_published"] = max(0, before[1] - after[1])
         detail["kafka_ahead"] = _kafka_ahead(bootstrap, topics, database_url)
-        if fault != "pg_failover_bulk_retry":  # the bulk retry publishes again only when run again
+        if fault != FAILOVER_BULK_RETRY:  # the bulk retry publishes again only when run again
             detail["resumed_s"] = _resumed(database_url, after, promoted, 30)
 
     return strike

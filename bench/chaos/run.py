@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos.bad_input import BadInputResult, run_bad_input
-from bench.chaos.bulk import BULK_FAULTS, run_bulk_trial
+from bench.chaos.bulk import BULK_PATH_FAULTS, run_bulk_trial
 from bench.chaos.common import (
     DELIVERY_TIMEOUT_MS,
     FAULTS,
@@ -98,7 +98,7 @@ def run_chaos(
             rng.shuffle(cycle)
             order += cycle
         for index, fault in enumerate(order[:trials]):
-            trial = run_bulk_trial if fault in (*BULK_FAULTS, "pg_failover_bulk_retry") else run_trial
+            trial = run_bulk_trial if fault in BULK_PATH_FAULTS else run_trial
             result = trial(stack, index, fault, random.Random(rng.randrange(2**63)), records)
             results.append(result)
             t = result.tally
@@ -144,23 +144,19 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
     return None if not ordered else ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _spread(results: Sequence[TrialResult], name: str) -> dict[str, Any]:
+    """The p50 and p99 of the figure ``name`` over the trials that noted one."""
+    values = [r.detail[name] for r in results if r.detail.get(name) is not None]
+    return {"trials": len(values), "p50": _percentile(values, 0.5), "p99": _percentile(values, 0.99)}
+
+
 def cluster_figures(results: Sequence[TrialResult]) -> dict[str, Any]:
     """The cluster trials' own figures: how long a partition had no leader after its leader was
     killed or frozen, how long until it got a record again, and the lateness during rolling restarts."""
-    failover = [r.detail["failover_s"] for r in results if r.detail.get("failover_s") is not None]
-    resumed = [r.detail["resumed_s"] for r in results if r.detail.get("resumed_s") is not None]
     rolling = [r.detail["lateness_p99_s"] for r in results if r.detail.get("lateness_p99_s") is not None]
     return {
-        "failover_s": {
-            "trials": len(failover),
-            "p50": _percentile(failover, 0.5),
-            "p99": _percentile(failover, 0.99),
-        },
-        "resumed_s": {
-            "trials": len(resumed),
-            "p50": _percentile(resumed, 0.5),
-            "p99": _percentile(resumed, 0.99),
-        },
+        "failover_s": _spread(results, "failover_s"),
+        "resumed_s": _spread(results, "resumed_s"),
         "rolling_restart_lateness_p99_s": {"trials": len(rolling), "max": max(rolling, default=None)},
         "no_leader_in_time": sum(
             1 for r in results if "failover_s" in r.detail and r.detail["failover_s"] is None
@@ -172,16 +168,12 @@ def failover_figures(results: Sequence[TrialResult]) -> dict[str, Any]:
     """The failover trials' own figures: how long until the replica took writes, until a job was
     published again, and what the promoted replica lacked (commits lost, Kafka offsets ahead)."""
 
-    def spread(name: str) -> dict[str, Any]:
-        values = [r.detail[name] for r in results if r.detail.get(name) is not None]
-        return {"trials": len(values), "p50": _percentile(values, 0.5), "p99": _percentile(values, 0.99)}
-
     def total(name: str) -> int:
         return sum(int(r.detail.get(name) or 0) for r in results)
 
     return {
-        "promoted_s": spread("promoted_s"),
-        "resumed_s": spread("resumed_s"),
+        "promoted_s": _spread(results, "promoted_s"),
+        "resumed_s": _spread(results, "resumed_s"),
         "lost_commits": {
             "trials_with_any": sum(
                 1 for r in results if (r.detail.get("lost_stored") or r.detail.get("lost_published"))

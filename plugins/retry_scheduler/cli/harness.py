@@ -50,23 +50,14 @@ def _cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
             "retry-scheduler chaos: --cluster and --postgres-failover are runs of their own", file=sys.stderr
         )
         return 2
-    known = (
-        chaos.CLUSTER_FAULTS
-        if args.cluster
-        else chaos.FAILOVER_FAULTS
-        if args.postgres_failover
-        else chaos.FAULTS
+    run = "--cluster" if args.cluster else "--postgres-failover" if args.postgres_failover else ""
+    known = {"--cluster": chaos.CLUSTER_FAULTS, "--postgres-failover": chaos.FAILOVER_FAULTS}.get(
+        run, chaos.FAULTS
     )
     faults = tuple(filter(None, (f.strip() for f in (args.faults or "").split(",")))) or known
     unknown = sorted(set(faults) - set(known))
     if unknown:
-        flag = (
-            " with --cluster"
-            if args.cluster
-            else " with --postgres-failover"
-            if args.postgres_failover
-            else ""
-        )
+        flag = f" with {run}" if run else ""
         print(
             f"retry-scheduler chaos: unknown fault kind(s) {', '.join(unknown)} (known{flag}: {', '.join(known)})",
             file=sys.stderr,

@@ -85,7 +85,6 @@ class KafkaCluster:
     #: The first broker's port (the others take free ports); None: a free one too.
     first_port: int | None = None
     nodes: list[Node] = field(default_factory=list)
-    _admin: Any = field(default=None, init=False, repr=False)
     #: The nodes frozen now (:meth:`freeze`, until :meth:`thaw`).
     frozen: set[int] = field(default_factory=set, init=False)
 
@@ -182,14 +181,18 @@ class KafkaCluster:
             + "; ".join(f"{n.log_path} ends with:\n{tail(n.log_path, 10)}" for n in self.nodes)
         )
 
-    def admin(self) -> Any:
-        """An admin client of the cluster (one, made at first use: polled every 0.1 s while a
-        partition waits for its leader, a client each time would be a connection each time)."""
-        if self._admin is None:
-            from confluent_kafka.admin import AdminClient
+    def live(self) -> list[str]:
+        """The addresses of the brokers that run and are not frozen."""
+        return [n.address for n in self.broker_nodes if n.running and n.node_id not in self.frozen]
 
-            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
-        return self._admin
+    def admin(self) -> Any:
+        """A new admin client, asking the brokers that run and are not frozen (all of them when none
+        does). A client kept from one call to the next could go on asking a frozen broker (its
+        connection stays open), and a failover would never seem to end (measured: 6 of 13 freezes in
+        a chaos run had no new leader in 30 s)."""
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient({"bootstrap.servers": ",".join(self.live()) or self.bootstrap, "log_level": 0})
 
     def brokers(self, timeout_s: float = 5.0) -> set[int]:
         """The node ids the cluster's metadata lists as brokers now (none when no node answers)."""
@@ -209,18 +212,10 @@ class KafkaCluster:
         return set(meta.brokers)
 
     def leader(self, topic: str, partition: int = 0, timeout_s: float = 10.0) -> int:
-        """The node id that leads ``topic``'s ``partition`` now, as a new client asking the brokers
-        that run and are not frozen sees it: the kept admin client could go on asking a frozen broker
-        (its connection stays open), and a failover would never seem to end (measured: 6 of 13
-        freezes in a chaos run had no new leader in 30 s)."""
-        from confluent_kafka.admin import AdminClient
-
-        live = [n.address for n in self.broker_nodes if n.running and n.node_id not in self.frozen]
-        if not live:
+        """The node id that leads ``topic``'s ``partition`` now, as the live brokers see it."""
+        if not self.live():
             raise DevStackError("no broker runs unfrozen to ask for a leader")
-        meta = AdminClient({"bootstrap.servers": ",".join(live), "log_level": 0}).list_topics(
-            topic, timeout=timeout_s
-        )
+        meta = self.admin().list_topics(topic, timeout=timeout_s)
         leader = int(meta.topics[topic].partitions[partition].leader)
         if leader < 0:
             raise DevStackError(f"{topic} [{partition}] has no leader now")
@@ -241,10 +236,7 @@ class KafkaCluster:
 
     def coordinator(self, group: str, timeout_s: float = 10.0) -> int:
         """The node id of ``group``'s coordinator (the leader of its ``__consumer_offsets`` partition)."""
-        from confluent_kafka.admin import AdminClient
-
-        live = [n.address for n in self.broker_nodes if n.running and n.node_id not in self.frozen]
-        admin = AdminClient({"bootstrap.servers": ",".join(live) or self.bootstrap, "log_level": 0})
+        admin = self.admin()  # kept while the future is pending: a dropped client cancels it
         futures = admin.describe_consumer_groups([group], request_timeout=timeout_s)
         return int(futures[group].result(timeout=timeout_s + 5).coordinator.id)
 

@@ -46,11 +46,6 @@ class PgServer:
         return self.proc is not None and self.proc.poll() is None
 
 
-def _quoted(text: str) -> str:
-    """``text`` as an SQL string literal (ALTER SYSTEM takes no parameters)."""
-    return "'" + text.replace("'", "''") + "'"
-
-
 def _as_postgres() -> dict[str, Any]:
     """PostgreSQL refuses to run as root: then its tools run as the postgres account."""
     if os.geteuid() == 0:
@@ -79,7 +74,6 @@ class PostgresPair:
         self.bin_dir = bin_dir
         #: Index into ``servers`` of the primary; the other is its replica.
         self.primary_at = 0
-        self._conninfo = ""  # the replica's primary_conninfo while cut off
 
     @property
     def primary(self) -> PgServer:
@@ -155,9 +149,9 @@ class PostgresPair:
     def cut_replication(self, timeout_s: float = 30.0) -> None:
         """Cut the replica off its primary (its ``primary_conninfo`` pointed nowhere), as a network
         cut or a lagging replica would: the primary's commits from now on reach it no more when
-        replication is asynchronous, and wait for it when synchronous. :meth:`heal` undoes it."""
+        replication is asynchronous, and wait for it when synchronous. :meth:`rejoin`, after a
+        promotion, gives the pair its replica again."""
         replica = self.replica
-        self._conninfo = self.sql(replica, "SHOW primary_conninfo")
         self.sql(replica, "ALTER SYSTEM SET primary_conninfo = 'host=127.0.0.1 port=1 connect_timeout=1'")
         self.sql(replica, "SELECT pg_reload_conf()")
         deadline = time.monotonic() + timeout_s
@@ -167,13 +161,6 @@ class PostgresPair:
                     f"the replica on port {replica.port} still streams {timeout_s} s after the cut"
                 )
             time.sleep(0.1)
-
-    def heal(self) -> None:
-        """Point the replica at its primary again (after :meth:`cut_replication`)."""
-        replica = self.replica
-        self.sql(replica, f"ALTER SYSTEM SET primary_conninfo = {_quoted(self._conninfo)}")
-        self.sql(replica, "SELECT pg_reload_conf()")
-        self.wait_streaming(self.primary, replica)
 
     def kill_primary(self) -> None:
         """kill -9 the primary's every process (the postmaster and its backends)."""
