@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,8 +32,35 @@ def tail(path: Path, lines: int = 40) -> str:
         return f"(no log at {path})"
 
 
+#: Where :func:`free_port` looks first: below the kernel's ephemeral range, whose ports any outgoing
+#: connection may take between the moment a port is found free and the moment a server binds it.
+PRIVATE_PORTS = range(20000, 32768)
+
+
+def _ephemeral_range() -> range:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for a private broker, server or API)."""
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a private broker, server or API).
+
+    Chosen at random outside the kernel's ephemeral range when it can be: a port from that range,
+    found free, could be taken by a client's outgoing connection before the server that was to listen
+    on it (a Kafka node restarted on its old ports, a broker started seconds later) binds it.
+    """
+    ephemeral = _ephemeral_range()
+    candidates = [p for p in random.sample(PRIVATE_PORTS, 64) if p not in ephemeral]
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
