@@ -82,19 +82,19 @@ def _store_window(
     return {"core_s": ranked, "machine_cpu": machine}
 
 
-def _send_burst(bootstrap: str, topic: str, records: int, destination: str, due_s: int) -> float:
+def _send_burst(bootstrap: str, topic: str, records: int, destination: str, due_s: int, rate: int) -> float:
     """Send the burst from a process of its own (and so a core: "as fast as the producer can", and the
     steady producer's thread is not starved of the GIL meanwhile), each record due ``due_s`` after it
-    is produced; returns the seconds it took."""
+    is produced, at most ``rate`` a second (0: no limit); returns the seconds it took."""
     code = (
         "import sys; from bench.env import produce_records; "
         "print(produce_records(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], None, "
-        "due_in_ms=int(sys.argv[5])))"
+        "due_in_ms=int(sys.argv[5]), rate=int(sys.argv[6]) or None))"
     )
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
-        [sys.executable, "-c", code, bootstrap, topic, str(records), destination, str(due_s * 1000)],
+        [sys.executable, "-c", code, bootstrap, topic, str(records), destination, str(due_s * 1000), str(rate)],
         capture_output=True, text=True, env=env, timeout=PUBLISH_DEADLINE_S,
     )  # fmt: skip
     if done.returncode:
@@ -136,8 +136,9 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
         topic = settings.retry_topic
         burst_began, cpu_at_burst, machine_at_burst = time.time(), cpu.running_seconds(), cpu_times()
         send_s = _send_burst(
-            settings.bootstrap_servers, topic, sizes.burst_records, burst_dest, sizes.burst_due_s
-        )
+            settings.bootstrap_servers, topic, sizes.burst_records, burst_dest, sizes.burst_due_s,
+            sizes.burst_send_rate,
+        )  # fmt: skip
         log.info("burst: %s records sent in %.1f s", sizes.burst_records, send_s)
         # Stored once the ingest reached where the topic ended when the last one was acknowledged
         # (the steady records sent meanwhile are behind or among them). Every live stack of a run
@@ -181,6 +182,7 @@ def measure_burst(env: BenchEnv, sizes: Sizes) -> Result:
         "records": sizes.burst_records,
         "due_s": sizes.burst_due_s,
         "topic": settings.retry_topic,
+        "send_rate": sizes.burst_send_rate or None,
         "send_s": round(send_s, 2),
         "sent_per_s": round(sizes.burst_records / send_s, 1) if send_s > 0 else None,
         "ingest_s": round(ingest_s, 2),

@@ -384,10 +384,11 @@ def insert_due_jobs(url: str, count: int, source_topic: str, destination: str) -
 
 def produce_records(
     bootstrap: str, topic: str, n: int, destination: str, at_ms: int | None, first: int = 0,
-    due_in_ms: int = -1,
+    due_in_ms: int = -1, rate: float | None = None,
 ) -> float:  # fmt: skip
-    """Produce ``n`` retry records (numbered from ``first``) as fast as one producer can; returns the seconds
-    taken. ``at_ms`` None: no ``retry.at`` (a delay topic's); ``due_in_ms`` >= 0: each due that long after sent."""
+    """Produce ``n`` retry records (numbered from ``first``) as fast as one producer can, or at most
+    ``rate`` a second (paced each thousand); returns the seconds taken. ``at_ms`` None: no
+    ``retry.at`` (a delay topic's); ``due_in_ms`` >= 0: each due that long after sent."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -417,6 +418,9 @@ def produce_records(
                 producer.poll(0.05)
         if i % 1000 == 0:
             producer.poll(0)
+            ahead = (i - first) / rate - (time.perf_counter() - began) if rate else 0.0
+            if ahead > 0:
+                time.sleep(ahead)
     if producer.flush(120) or errors:
         raise BenchError(f"producing the retry records failed: {errors[:3] or 'not acknowledged in 120 s'}")
     return time.perf_counter() - began

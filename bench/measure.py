@@ -357,6 +357,7 @@ def main(settings: Settings, args: Any, say: Callable[[str], None] = print) -> i
             ("held_seconds", getattr(args, "held_seconds", None)),
             ("held_spark_rows", getattr(args, "held_spark_rows", None)),
             ("burst_records", getattr(args, "burst_records", None)),
+            ("burst_send_rate", getattr(args, "burst_rate", None)),
             ("soak_rate", getattr(args, "soak_rate", None)),
             ("soak_seconds", getattr(args, "soak_seconds", None)),
         )

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: The rate the burst is sent at by default (bench.burst).
+BURST_RATE = 0
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -41,6 +44,8 @@ class Sizes:
     #: after it was sent, while steady traffic (burst_steady_rate/s, due in 5 s) goes on; the steady
     #: traffic runs alone for burst_baseline_s first.
     burst_records: int = 1_000_000
+    #: The rate the burst is sent at (records a second); 0: as fast as one producer can.
+    burst_send_rate: int = BURST_RATE
     burst_due_s: int = 120
     burst_steady_rate: int = 1_000
     burst_baseline_s: int = 60

@@ -156,6 +156,12 @@ def add_parsers(sub: Any) -> None:
         metavar="N",
         help="records of the burst, sent at once while steady traffic goes on (1000000)",
     )
+    bench.add_argument(
+        "--burst-rate",
+        type=int,
+        metavar="N",
+        help="records a second the burst is sent at; 0: as fast as one producer can (BURST_RATE)",
+    )
     bench.add_argument("--soak-rate", type=int, metavar="R", help="records/s of the soak (5000)")
     bench.add_argument("--soak-seconds", type=int, metavar="S", help="how long the soak lasts (1800)")
     bench.add_argument("--db-name", default="retry_bench", help="the throwaway database (retry_bench)")
