@@ -160,7 +160,7 @@ def add_parsers(sub: Any) -> None:
         "--burst-rate",
         type=int,
         metavar="N",
-        help="records a second the burst is sent at; 0: as fast as one producer can (BURST_RATE)",
+        help="records a second the burst is sent at; 0: as fast as one producer can (32000)",
     )
     bench.add_argument("--soak-rate", type=int, metavar="R", help="records/s of the soak (5000)")
     bench.add_argument("--soak-seconds", type=int, metavar="S", help="how long the soak lasts (1800)")
