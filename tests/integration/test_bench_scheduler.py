@@ -33,6 +33,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, bootstrap_servers: str) -> Ite
         held_seconds=8,
         held_spark_rows=1_500,
         burst_records=2_000,
+        burst_send_rate=500,
         burst_due_s=8,
         burst_steady_rate=30,
         burst_baseline_s=6,
@@ -148,6 +149,8 @@ def test_the_burst_is_stored_and_published_from_the_steady_traffics_topic_and_th
     assert details["burst"]["stored"] == details["burst"]["published"] == 2_000, details["burst"]
     assert details["burst"]["early"] == 0
     assert details["topic"] == "retry" and details["due_s"] == 8
+    # Sent at the stated rate (paced each thousand: the second thousand not before 2 s).
+    assert details["send_rate"] == 500 and details["send_s"] >= 2.0, details
     assert 0 <= details["burst"]["due_span_s"] <= details["send_s"] + 1, details
     stored = sum(row[1] for row in details["burst_timeline"])
     published = sum(row[2] for row in details["burst_timeline"])

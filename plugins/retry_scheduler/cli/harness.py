@@ -93,6 +93,16 @@ def _rates(text: str) -> tuple[int, ...]:
     return rates
 
 
+def _send_rate(text: str) -> int:
+    try:
+        rate = int(text)
+    except ValueError:
+        rate = -1
+    if rate < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give records a second (0 or more; 0: no limit)")
+    return rate
+
+
 def add_parsers(sub: Any) -> None:
     """Register ``bench`` and ``chaos``."""
     bench = sub.add_parser(
@@ -154,11 +164,11 @@ def add_parsers(sub: Any) -> None:
         "--burst-records",
         type=int,
         metavar="N",
-        help="records of the burst, sent at once while steady traffic goes on (1000000)",
+        help="records of the burst, sent while steady traffic goes on (1000000)",
     )
     bench.add_argument(
         "--burst-rate",
-        type=int,
+        type=_send_rate,
         metavar="N",
         help="records a second the burst is sent at; 0: as fast as one producer can (32000)",
     )
