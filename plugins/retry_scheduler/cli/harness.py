@@ -127,6 +127,23 @@ def add_parsers(sub: Any) -> None:
         "(default: all)",
     )
     bench.add_argument("--out", default="bench/out", metavar="DIR", help="report directory (bench/out)")
+    _add_size_options(bench)
+    bench.add_argument("--db-name", default="retry_bench", help="the throwaway database (retry_bench)")
+    bench.add_argument(
+        "--keep-db",
+        action="store_true",
+        help="keep the database and the stacks' Airflow homes and logs (a temporary directory, named at "
+        "the end) afterwards, to look at them; a run that fails keeps the logs too",
+    )
+    bench.add_argument(
+        "--json", action="store_true", help="print report.json's content on stdout (the narrative on stderr)"
+    )
+    bench.set_defaults(func=_cmd_bench)
+    _add_chaos_parser(sub)
+
+
+def _add_size_options(bench: Any) -> None:
+    """``bench``'s options that change a measurement's sizes (bench.sizes.Sizes)."""
     bench.add_argument("--ingest-records", type=int, metavar="N", help="records to ingest (500000)")
     bench.add_argument(
         "--publish-rows", type=int, metavar="N", help="due jobs to publish, also PgQueuer's (100000)"
@@ -174,18 +191,6 @@ def add_parsers(sub: Any) -> None:
     )
     bench.add_argument("--soak-rate", type=int, metavar="R", help="records/s of the soak (5000)")
     bench.add_argument("--soak-seconds", type=int, metavar="S", help="how long the soak lasts (1800)")
-    bench.add_argument("--db-name", default="retry_bench", help="the throwaway database (retry_bench)")
-    bench.add_argument(
-        "--keep-db",
-        action="store_true",
-        help="keep the database and the stacks' Airflow homes and logs (a temporary directory, named at "
-        "the end) afterwards, to look at them; a run that fails keeps the logs too",
-    )
-    bench.add_argument(
-        "--json", action="store_true", help="print report.json's content on stdout (the narrative on stderr)"
-    )
-    bench.set_defaults(func=_cmd_bench)
-    _add_chaos_parser(sub)
 
 
 def _add_chaos_parser(sub: Any) -> None:
