@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 #: How long a starting publish loop waits for its producers' ids before it publishes regardless.
 PRODUCER_READY_S = 15.0
 
+#: A round slower than this is logged with where its time went (the claim, the broker's
+#: acknowledgements, the marks and the commit): a stalled round says which part stalled.
+SLOW_ROUND_S = 5.0
+
 #: How often the publish loop forgets released chains (ordered mode) that nothing waits in, and after
 #: how long: a key's records parked while its chain flows say so themselves, so only a chain whose head
 #: died needs its row, for the records its key may still send behind it (a consumer away longer finds
@@ -44,6 +48,17 @@ RELEASED_CHAIN_KEEP_S = 7 * 86_400.0
 _BROKEN_PRODUCER = frozenset(
     {KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FATAL}
 )
+
+
+def _say_slow(counts: PublishCounts, phases: dict[str, float]) -> None:
+    """Log a round slower than :data:`SLOW_ROUND_S` with the seconds of its parts; what is left of
+    its time went to the marks and the commit."""
+    parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items() if seconds >= 0.05)
+    rest = counts.slowest_round_s - sum(phases.values())
+    log.warning(
+        "slow publish round: %.1f s for %s jobs (%s%smarks and commit %.1f s)",
+        counts.slowest_round_s, counts.claimed, parts, ", " if parts else "", max(0.0, rest),
+    )  # fmt: skip
 
 
 class Publisher(ClaimFloors):
@@ -272,6 +287,7 @@ class Publisher(ClaimFloors):
         """
         counts = PublishCounts()
         began = time.perf_counter()
+        phases: dict[str, float] = {}  # seconds of the round's parts, for a round that is slow
         s = self.settings
         failed: list[tuple[int, str]] = []
         dead_rows = self.store.queue.claim_dead(s.publish_batch, s.lease_ms, self.worker)
@@ -280,6 +296,7 @@ class Publisher(ClaimFloors):
             faults.checkpoint("publish.dlq_produced")
             counts.dead_published = self.store.queue.mark_dlq_published(acked_dead)
             failed += failed_dead
+        phases["dead jobs to their DLQ"] = time.perf_counter() - began
         with self.store.conn.transaction():
             floor, claim_began = self.claim_floor(), time.monotonic()
             try:
@@ -295,8 +312,11 @@ class Publisher(ClaimFloors):
                 counts.keep(gate.counts_as, kept)
             acked: list[tuple[int, int]] = []
             failed_due: list[tuple[int, str]] = []
+            phases["claim"] = time.monotonic() - claim_began
             if due_rows:
+                produced = time.perf_counter()
                 acked, failed_due, unroutable = self._produce_all(due_rows, to_dlq=False)
+                phases["produce and acknowledgements"] = time.perf_counter() - produced
                 faults.checkpoint("publish.produced")
                 counts.published = self.store.queue.mark_published(acked)
                 failed += failed_due
@@ -314,6 +334,8 @@ class Publisher(ClaimFloors):
         counts.claimed = len(dead_rows) + len(due_rows) + counts.kept_back
         if counts.claimed:
             counts.slowest_round_s, counts.slowest_round_jobs = time.perf_counter() - began, counts.claimed
+            if counts.slowest_round_s > SLOW_ROUND_S:
+                _say_slow(counts, phases)
         if failed:
             for _, error in failed:
                 counts.errors[error] = counts.errors.get(error, 0) + 1
