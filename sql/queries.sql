@@ -245,14 +245,16 @@ WHERE j.id = d.id AND j.dead_reason IS NOT NULL;
 -- name: mark_failed
 -- A failed delivery keeps the job, claimable again after a backoff that doubles with each failure:
 -- 1 s, 2 s, 4 s ... up to a minute. last_error keeps the broker's error; retry_monitor alerts on a
--- delivery failing for long (stuck_delivery).
+-- delivery failing for long (stuck_delivery). Returns each job's due time and the seconds until its
+-- backoff ends: the publisher's claims start below it then (ClaimFloors.come_back).
 UPDATE retry_jobs AS j
 SET publish_failures = j.publish_failures + 1,
     last_error = d.error,
     lease_until = clock_timestamp()
         + least(60000, 500 * power(2, least(j.publish_failures + 1, 7))) * interval '1 millisecond'
 FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS d(id, error)
-WHERE j.id = d.id;
+WHERE j.id = d.id
+RETURNING j.id, j.due_at, extract(epoch FROM j.lease_until - clock_timestamp())::float8;
 
 -- name: mark_invalid
 -- Publishing showed the headers unusable (a partition the destination does not have): dead, not retried

@@ -12,7 +12,8 @@ import pytest
 
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.store import Store
-from retry_scheduler.loops.publish import SLOW_ROUND_S, Publisher
+from retry_scheduler.loops.counts import SLOW_ROUND_S
+from retry_scheduler.loops.publish import Publisher
 from tests.integration.test_loop import Loop, hdr, new_loop
 from tests.kafkautil import consume, create_topics
 

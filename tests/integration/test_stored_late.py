@@ -13,6 +13,8 @@ dead row version visible to the publisher's claims.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from typing import Any
 
@@ -120,3 +122,116 @@ def test_a_job_stored_below_a_publisher_s_floor_is_in_its_very_next_claim(
     assert round_.published == 1
     [row] = [r for r in loop.rows() if bytes(r["msg_key"]) == b"late"]
     assert row["status"] == "published" and row["due_at"].timestamp() * 1000 < late_ms + 1
+
+
+def _floor_set_and_sweep_an_hour_off(loop: Loop, publisher: Publisher) -> int:
+    """One job published by a sweep (which sets the publisher's floor), then the next sweep an hour
+    off (as when a held snapshot makes sweeps slow and rare); the floor in epoch ms."""
+    now_ms = int(time.time() * 1000)
+    loop.send([{"key": b"first", "value": b"v", "headers": hdr(destination=loop.dest, at=str(now_ms))}])
+    loop.ingest(1)
+    assert publisher.publish_once().published == 1
+    publisher._sweep_after = time.monotonic() + 3600
+    assert publisher.floor is not None
+    return int(publisher.floor.timestamp() * 1000)
+
+
+def test_more_jobs_stored_below_the_floor_than_a_claim_takes_are_claimed_round_after_round(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """250 jobs stored 10 s after their due time, in one notice, with claims of 100: the first claim
+    from below them is full, and the next ones go on from where it ended instead of going back up to
+    the floor (which left 150 of them for the sweep, an hour off here)."""
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix, publish_batch=100)
+    create_topics(bootstrap_servers, [loop.settings.retry_topic, loop.dest], partitions=1)
+    with Store(database_url) as store:
+        publisher = Publisher(Deployment(loop.settings, loop.registry), store)
+        try:
+            late_ms = _floor_set_and_sweep_an_hour_off(loop, publisher) - 10_000
+            late = [hdr(destination=loop.dest, at=str(late_ms + i)) for i in range(250)]
+            loop.send(
+                [{"key": f"late-{i}".encode(), "value": b"v", "headers": h} for i, h in enumerate(late)]
+            )
+            loop.ingest(250)
+            rounds = [publisher.publish_once() for _ in range(4)]
+        finally:
+            publisher.close()
+    assert [r.published for r in rounds] == [100, 100, 50, 0]
+    assert all(r["status"] == "published" for r in loop.rows())
+
+
+def test_a_job_whose_delivery_failed_is_claimed_when_its_backoff_ends_not_at_the_next_sweep(
+    database_url: str, bootstrap_servers: str, topic_prefix: str
+) -> None:
+    """A delivery fails (the destination missing, creation not allowed) and the job backs off for a
+    second; meanwhile the publisher's floor moves on past its due time. When the backoff ends the
+    claims start below it again: published then, not by the sweep an hour off."""
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix, create_topics=False)
+    create_topics(bootstrap_servers, [loop.settings.retry_topic], partitions=1)
+    other = f"{topic_prefix}-other"
+    create_topics(bootstrap_servers, [other], partitions=1)
+    with Store(database_url) as store:
+        publisher = Publisher(Deployment(loop.settings, loop.registry), store)
+        try:
+            now_ms = int(time.time() * 1000)
+            loop.send([{"key": b"first", "value": b"v", "headers": hdr(destination=other, at=str(now_ms))}])
+            loop.ingest(1)
+            assert publisher.publish_once().published == 1  # a sweep sets the floor
+            publisher._sweep_after = time.monotonic() + 3600
+            loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=str(now_ms))}])
+            loop.ingest(1)
+            assert publisher.publish_once().failed == 1  # no such topic: backed off for a second
+            create_topics(bootstrap_servers, [loop.dest], partitions=1)
+            tried_at = time.monotonic()
+            published = 0
+            while time.monotonic() - tried_at < 5 and not published:
+                published = publisher.publish_once().published
+                time.sleep(0.1)
+            floor = publisher.floor
+        finally:
+            publisher.close()
+    [row] = [r for r in loop.rows() if bytes(r["msg_key"]) == b"k"]
+    assert row["status"] == "published", row
+    assert row["publish_failures"] == 1
+    assert floor is not None and floor > row["due_at"]  # the floor had moved on past it
+
+
+def test_a_batch_that_commits_late_is_claimed_at_once_though_no_claim_saw_it_when_it_fell_due(
+    database_url: str, bootstrap_servers: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job due half a second after it is stored, in a batch whose commit waits 3 s (another session
+    holds the ingest's offsets row, as a lock or a stalled disk would hold any commit): no claim could
+    see it while it fell due, and the floor moved on past it. The batch tells the publishers once it
+    committed, and the next claim takes it, with the sweep an hour off."""
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix)
+    create_topics(bootstrap_servers, [loop.settings.retry_topic, loop.dest], partitions=1)
+    with Store(database_url) as store:
+        publisher = Publisher(Deployment(loop.settings, loop.registry), store)
+        holder = psycopg.connect(database_url)
+        try:
+            _floor_set_and_sweep_an_hour_off(loop, publisher)  # the offsets row exists from here
+            holder.execute(
+                "SELECT * FROM retry_ingest_offsets WHERE consumer_group = %s FOR UPDATE",
+                (loop.settings.consumer_group,),
+            ).fetchall()
+            due_ms = int(time.time() * 1000) + 500
+            loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=str(due_ms))}])
+            ingest = threading.Thread(target=loop.ingest, args=(1,))
+            with caplog.at_level(logging.INFO, logger="retry_scheduler.db.overdue"):
+                ingest.start()
+                blind = []
+                while time.time() * 1000 < due_ms + 3000:  # the publisher claims on, seeing nothing
+                    blind.append(publisher.publish_once().claimed)
+                    time.sleep(0.1)
+                holder.rollback()
+                ingest.join()
+            published = 0
+            for _ in range(3):
+                published += publisher.publish_once().published
+        finally:
+            holder.close()
+            publisher.close()
+    assert not any(blind)
+    [row] = [r for r in loop.rows() if bytes(r["msg_key"]) == b"k"]
+    assert published == 1 and row["status"] == "published"
+    assert [m for m in caplog.messages if "committed" in m and "after the earliest fell due" in m]

@@ -218,7 +218,7 @@ class Recorder:
         self.events.append("marked DLQ-published")
         return len(acked)
 
-    def mark_failed(self, failed: list[Any]) -> int:
+    def mark_failed(self, failed: list[Any]) -> list[Any]:
         raise AssertionError(f"nothing should fail: {failed}")
 
     # producer

@@ -7,7 +7,9 @@ that fell behind) would wait for the next sweep, up to a minute while a snapshot
 transaction that stores such jobs notifies channel :data:`CHANNEL` with the earliest of their due
 times (``pg_notify``: delivered only if that transaction commits, after the rows are visible), every
 publisher listens on its own connection, and its next claim starts just below that due time: a
-walk of the index from there, not from its head.
+walk of the index from there, not from its head. A batch that was not overdue when stored but whose
+transaction committed a second or more after its jobs fell due is told of just after it commits
+(:func:`notify_committed_late`): its jobs were out of the claims' sight until then.
 """
 
 from __future__ import annotations
@@ -39,11 +41,33 @@ def earliest_overdue_ms(rows: Sequence[CopyRow], now_ms: int) -> int | None:
     return earliest if earliest is not None and earliest < now_ms - OVERDUE_AFTER_MS else None
 
 
-def notify_overdue(cur: psycopg.Cursor[Any], rows: Sequence[CopyRow]) -> None:
-    """In the transaction that stores ``rows``: tell the publishers of the overdue ones, if any."""
+def notify_overdue(cur: psycopg.Cursor[Any], rows: Sequence[CopyRow]) -> int | None:
+    """In the transaction that stores ``rows``: tell the publishers of the overdue ones, if any; the
+    earliest due time told (epoch ms), or None."""
     earliest = earliest_overdue_ms(rows, int(time.time() * 1000))
     if earliest is not None:
         cur.execute(q("notify_overdue"), {"channel": CHANNEL, "due_ms": str(earliest)})
+    return earliest
+
+
+def notify_committed_late(conn: psycopg.Connection[Any], rows: Sequence[CopyRow], began: float) -> int | None:
+    """After the transaction that stored ``rows`` (begun at ``began``, epoch s) committed without a
+    notice: tell the publishers if it committed :data:`OVERDUE_AFTER_MS` or more after the earliest of
+    them fell due. Until it committed no claim could see them, and the claims' floors moved past
+    them meanwhile: a batch whose commit waited (a lock, a slow disk, a busy server) would otherwise
+    wait for the publishers' next sweep, up to a minute while a snapshot is held. The earliest due
+    time told (epoch ms), or None."""
+    now_ms = int(time.time() * 1000)
+    earliest = earliest_overdue_ms(rows, now_ms)
+    if earliest is None:
+        return None
+    with conn.transaction():
+        conn.execute(q("notify_overdue"), {"channel": CHANNEL, "due_ms": str(earliest)})
+    log.info(
+        "%s jobs committed %.1f s after the earliest fell due (the batch took %.1f s to store): the "
+        "publishers' claims start below them", len(rows), (now_ms - earliest) / 1000, now_ms / 1000 - began,
+    )  # fmt: skip
+    return earliest
 
 
 class OverdueNotices:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -21,7 +22,7 @@ from retry_scheduler.core import protocol
 from retry_scheduler.core.jobs import COPY_TYPES, CopyRow, OutgoingRow
 from retry_scheduler.db.breakers import count_came_back
 from retry_scheduler.db.connection import joined, require_transaction
-from retry_scheduler.db.overdue import OverdueNotices, notify_overdue
+from retry_scheduler.db.overdue import OverdueNotices, notify_committed_late, notify_overdue
 from retry_scheduler.db.readings import HELD_DUE_AT
 from retry_scheduler.db.schema import q
 
@@ -129,11 +130,12 @@ class Queue:
         """
         if not rows and not chain_events:
             return []
+        began, told = time.time(), None
         with self.conn.transaction(), self.conn.cursor() as cur:
             if rows:
                 again = self._maybe_stored(cur, rows, consumer_group)
                 stored = self._store_rows(cur, rows, again)
-                notify_overdue(cur, rows)  # the publishers' claims start below them
+                told = notify_overdue(cur, rows)  # the publishers' claims start below them
             else:
                 stored = []
             adopted = sorted({row.source_topic for row in rows} & set(adopted_topics))
@@ -166,6 +168,8 @@ class Queue:
                     },
                 )
         self._registered |= registered  # committed
+        if rows and told is None:
+            notify_committed_late(self.conn, rows, began)
         return stored
 
     def _register_destinations(self, cur: psycopg.Cursor[Any], rows: Sequence[CopyRow]) -> set[str]:
@@ -440,11 +444,16 @@ class Queue:
             "mark_dlq_published", {"ids": [a[0] for a in acked], "acked_ms": [a[1] for a in acked]}
         )
 
-    def mark_failed(self, failed: Sequence[tuple[int, str]]) -> int:
-        """Record delivery failures; the jobs become claimable again after a short backoff."""
+    def mark_failed(self, failed: Sequence[tuple[int, str]]) -> list[tuple[int, datetime, float]]:
+        """Record delivery failures (``(job id, error)``); the jobs become claimable again after a short
+        backoff. Returns ``(job id, due time, seconds until its backoff ends)`` of each job marked."""
         if not failed:
-            return 0
-        return self._mark("mark_failed", {"ids": [f[0] for f in failed], "errors": [f[1] for f in failed]})
+            return []
+        with self._joined():
+            rows = self.conn.execute(
+                q("mark_failed"), {"ids": [f[0] for f in failed], "errors": [f[1] for f in failed]}
+            ).fetchall()
+        return [(int(job_id), due, float(in_s)) for job_id, due, in_s in rows]
 
     def mark_invalid(self, invalid: Sequence[tuple[int, str]]) -> int:
         """Make pending jobs dead (``invalid``) when publishing showed their headers unusable; ``(id, reason)``.

@@ -63,6 +63,9 @@ class ClaimFloors:
         self._lanes_read_at = float("-inf")  # monotonic: when it last read retry_destinations
         #: Jobs stored below the floor, told by the batches that stored them (LISTEN/NOTIFY).
         self._overdue = self.store.queue.listen_overdue()
+        #: Jobs this publisher failed to deliver, claimable again after their backoff: [monotonic time
+        #: their backoff ends, their due time] (see :meth:`come_back`).
+        self._comebacks: list[tuple[float, datetime]] = []
 
     @property
     def floor(self) -> datetime | None:
@@ -79,9 +82,12 @@ class ClaimFloors:
         grow to seconds. So a claim starts where this publisher's previous claim left nothing
         claimable behind (less :data:`FLOOR_LAG`). A job stored below that mark (a record stored
         long after its due time) is told of by the batch that stored it
-        (:mod:`retry_scheduler.db.overdue`): the next claim starts just below it. What else falls
-        due below the mark (a job whose delivery backoff ended, one a crashed publisher released)
-        is claimed by the next sweep, which comes after at most
+        (:mod:`retry_scheduler.db.overdue`), so is a batch whose transaction committed a second or
+        more after its jobs fell due, and this publisher knows of the jobs whose delivery it saw
+        fail (:meth:`come_back`): the claims start just below them, and from there they claim
+        upwards round after round until a claim is not full. What else falls due below the mark (a
+        job another publisher's delivery failed, one a crashed publisher released) is claimed by
+        the next sweep, which comes after at most
         :data:`SWEEP_COST_SHARE` times the last sweep's duration (so within milliseconds when the
         index is clean, and rarely while a snapshot is held: sweeps stay about 5 % of the
         publisher's time) and never more than :data:`SWEEP_MAX_EVERY_S` apart. One publisher of a
@@ -92,13 +98,33 @@ class ClaimFloors:
             return None
         overdue_ms = self._overdue.take()
         if overdue_ms is not None:  # stored below the floor: claimed from just below them, at once
-            below = datetime.fromtimestamp(overdue_ms / 1000, tz=UTC) - FLOOR_LAG
-            if below < self._floor:
-                return below
-        if time.monotonic() < self._sweep_after or not self._sweeping.acquire(blocking=False):
+            self._lower_floor(datetime.fromtimestamp(overdue_ms / 1000, tz=UTC))
+        now = time.monotonic()
+        back = [due for at, due in self._comebacks if at <= now]
+        if back:  # their backoff is over: claimed from just below the earliest
+            self._comebacks = [(at, due) for at, due in self._comebacks if at > now]
+            self._lower_floor(min(back))
+        if now < self._sweep_after or not self._sweeping.acquire(blocking=False):
             return self._floor
         self._holds_sweep = True
         return None
+
+    def _lower_floor(self, due: datetime) -> None:
+        """Start the claims just below ``due`` (a job claimable below the floor) until they have
+        claimed everything from there: a claim that comes back full leaves the floor at its newest job
+        (:meth:`_after_claim`), so a thousand such jobs are claimed round after round, in due order,
+        not one claim's worth and the rest at the next sweep."""
+        below = due - FLOOR_LAG
+        if self._floor is not None and below < self._floor:
+            self._floor = below
+
+    def come_back(self, due: list[tuple[datetime | None, float]]) -> None:
+        """Jobs whose delivery failed (``(due time, seconds until their backoff ends)`` each): the
+        first claim after a backoff ends starts below them. Their due time is past, below the floor
+        the claims have moved on to, and a sweep may be a minute away (a held snapshot makes sweeps
+        rare): without this a failed delivery backed off for one second would wait for it."""
+        now = time.monotonic()
+        self._comebacks += [(now + max(0.0, in_s), at) for at, in_s in due if at is not None]
 
     def _swept(self) -> None:
         """After a claim: let another publisher of the loop sweep."""

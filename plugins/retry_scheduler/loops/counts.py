@@ -3,9 +3,16 @@ returned to Airflow as XCom."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self
+
+log = logging.getLogger(__name__)
+
+#: A publish round slower than this is logged with where its time went (the claim, the broker's
+#: acknowledgements, the marks and the commit): a stalled round says which part stalled.
+SLOW_ROUND_S = 5.0
 
 
 @dataclass
@@ -122,3 +129,13 @@ class PublishCounts(RunCounts):
     def kept_back(self) -> int:
         """The jobs every gate kept back."""
         return self.paused + self.deferred + sum(self.gated.values())
+
+    def say_slow(self, phases: dict[str, float]) -> None:
+        """Log this round (slower than :data:`SLOW_ROUND_S`) with the seconds of its parts; what is left
+        of its time went to the marks and the commit."""
+        parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items() if seconds >= 0.05)
+        rest = self.slowest_round_s - sum(phases.values())
+        log.warning(
+            "slow publish round: %.1f s for %s jobs (%s%smarks and commit %.1f s)",
+            self.slowest_round_s, self.claimed, parts, ", " if parts else "", max(0.0, rest),
+        )  # fmt: skip

@@ -23,7 +23,7 @@ from retry_scheduler.db.chains import expire_chains
 from retry_scheduler.db.store import Store
 from retry_scheduler.db.vacuum import SelfVacuum
 from retry_scheduler.loops.claim_floors import ClaimFloors
-from retry_scheduler.loops.counts import PublishCounts
+from retry_scheduler.loops.counts import SLOW_ROUND_S, PublishCounts
 from retry_scheduler.loops.gates import Gate, deployment_gates
 from retry_scheduler.loops.handover import ALIVE_S, LoopTenure, new_worker_id
 from retry_scheduler.loops.kafka import TopicManager, make_producer, wait_until_ready
@@ -32,10 +32,6 @@ log = logging.getLogger(__name__)
 
 #: How long a starting publish loop waits for its producers' ids before it publishes regardless.
 PRODUCER_READY_S = 15.0
-
-#: A round slower than this is logged with where its time went (the claim, the broker's
-#: acknowledgements, the marks and the commit): a stalled round says which part stalled.
-SLOW_ROUND_S = 5.0
 
 #: How often the publish loop forgets released chains (ordered mode) that nothing waits in, and after
 #: how long: a key's records parked while its chain flows say so themselves, so only a chain whose head
@@ -48,17 +44,6 @@ RELEASED_CHAIN_KEEP_S = 7 * 86_400.0
 _BROKEN_PRODUCER = frozenset(
     {KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FATAL}
 )
-
-
-def _say_slow(counts: PublishCounts, phases: dict[str, float]) -> None:
-    """Log a round slower than :data:`SLOW_ROUND_S` with the seconds of its parts; what is left of
-    its time went to the marks and the commit."""
-    parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items() if seconds >= 0.05)
-    rest = counts.slowest_round_s - sum(phases.values())
-    log.warning(
-        "slow publish round: %.1f s for %s jobs (%s%smarks and commit %.1f s)",
-        counts.slowest_round_s, counts.claimed, parts, ", " if parts else "", max(0.0, rest),
-    )  # fmt: skip
 
 
 class Publisher(ClaimFloors):
@@ -162,9 +147,18 @@ class Publisher(ClaimFloors):
                 kwargs["partition"] = row.destination_partition
             self._produce_one(row.id, topic, kwargs, failed, unroutable, broken)
             self.producer.poll(0)
-        remaining = self.producer.flush(self.settings.delivery_timeout_ms / 1000 + 5)
-        if remaining:
-            log.warning("%s messages still unacknowledged after flush; their jobs stay leased", remaining)
+        waited_s = self.settings.delivery_timeout_ms / 1000 + 5
+        if self.producer.flush(waited_s):
+            # Not one word from the producer on these: retried after the backoff of a failed delivery
+            # (released at once, they would be claimed again while the producer may still send them).
+            answered = {job_id for job_id, _ in acked} | {job_id for job_id, _ in (*failed, *unroutable)}
+            unanswered = [row.id for row in rows if row.id not in answered]
+            failed += [(job_id, f"no acknowledgement within {waited_s:.0f} s") for job_id in unanswered]
+            if unanswered:
+                log.warning(
+                    "%s records still unacknowledged after %.0f s: their jobs are retried after a backoff",
+                    len(unanswered), waited_s,
+                )  # fmt: skip
         if broken:
             log.warning("the producer cannot publish any more (%s): replacing it", broken[0].str())
             old, self.producer = self.producer, make_producer(self.settings)
@@ -328,14 +322,17 @@ class Publisher(ClaimFloors):
                     )
                 self._advance_holds(due_rows, acked, unroutable)
             if failed:
-                counts.failed = self.store.queue.mark_failed(failed)
+                backed_off = self.store.queue.mark_failed(failed)
+                counts.failed = len(backed_off)
+                due_ids = {row.id for row in due_rows}
+                self.come_back([(due, in_s) for job_id, due, in_s in backed_off if job_id in due_ids])
         for gate in self.gates:
             gate.after(due_rows, acked, failed_due)
         counts.claimed = len(dead_rows) + len(due_rows) + counts.kept_back
         if counts.claimed:
             counts.slowest_round_s, counts.slowest_round_jobs = time.perf_counter() - began, counts.claimed
             if counts.slowest_round_s > SLOW_ROUND_S:
-                _say_slow(counts, phases)
+                counts.say_slow(phases)
         if failed:
             for _, error in failed:
                 counts.errors[error] = counts.errors.get(error, 0) + 1
