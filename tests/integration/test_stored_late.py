@@ -20,13 +20,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import Producer
 
 from retry_scheduler.core.deployment import Deployment
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.publish import Publisher
 from tests.integration.test_loop import Loop, hdr, new_loop
 from tests.integration.test_replay_watch import running_loops
-from tests.kafkautil import create_topics, produce
+from tests.kafkautil import consume, create_topics, produce
 
 pytestmark = pytest.mark.integration
 
@@ -235,3 +236,43 @@ def test_a_batch_that_commits_late_is_claimed_at_once_though_no_claim_saw_it_whe
     [row] = [r for r in loop.rows() if bytes(r["msg_key"]) == b"k"]
     assert published == 1 and row["status"] == "published"
     assert [m for m in caplog.messages if "committed" in m and "after the earliest fell due" in m]
+
+
+def test_records_the_producer_never_answered_back_off_and_are_claimed_again_after(
+    database_url: str, bootstrap_servers: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A round whose flush ends with records neither acknowledged nor failed (a producer that reaches
+    no broker and would keep trying for a minute): their jobs back off as failed deliveries, with
+    the reason, instead of being released to be claimed again while the producer may still send
+    them; once the backoff ends (a producer that reaches the broker now), the claims start below
+    them, with the sweep an hour off."""
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix, delivery_timeout_ms=1000)
+    create_topics(bootstrap_servers, [loop.settings.retry_topic, loop.dest], partitions=1)
+    with Store(database_url) as store:
+        publisher = Publisher(Deployment(loop.settings, loop.registry), store)
+        working = publisher.producer
+        try:
+            _floor_set_and_sweep_an_hour_off(loop, publisher)
+            publisher.producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 60_000})
+            now_ms = int(time.time() * 1000)
+            loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=str(now_ms))}])
+            loop.ingest(1)
+            with caplog.at_level(logging.WARNING, logger="retry_scheduler.loops.publish"):
+                unanswered = publisher.publish_once()
+            [backed_off] = [r for r in loop.rows() if bytes(r["msg_key"]) == b"k"]
+            publisher.producer.purge()
+            publisher.producer = working
+            published, began = 0, time.monotonic()
+            while not published and time.monotonic() - began < 10:
+                published = publisher.publish_once().published
+                time.sleep(0.1)
+        finally:
+            publisher.close()
+    assert (unanswered.claimed, unanswered.published, unanswered.failed) == (1, 0, 1)
+    assert backed_off["status"] == "pending" and backed_off["publish_failures"] == 1
+    assert backed_off["last_error"] == "no acknowledgement within 2 s"
+    assert backed_off["lease_until"] > backed_off["due_at"]
+    assert "1 records still unacknowledged after 2 s" in caplog.text
+    [row] = [r for r in loop.rows() if bytes(r["msg_key"]) == b"k"]
+    assert published == 1 and row["status"] == "published"
+    assert len(consume(bootstrap_servers, [loop.dest], 2)) == 2  # "first" and this one

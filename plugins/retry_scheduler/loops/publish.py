@@ -39,6 +39,9 @@ PRODUCER_READY_S = 15.0
 #: them held until its chain is released by hand).
 FORGET_CHAINS_EVERY_S = 60.0
 RELEASED_CHAIN_KEEP_S = 7 * 86_400.0
+#: How much longer than the delivery timeout a round waits for its acknowledgements (at most half the
+#: time from the delivery timeout to the lease).
+FLUSH_MARGIN_S = 5.0
 #: Delivery errors after which the producer's idempotence state is broken for good (seen when the broker
 #: fenced its epoch bump after requests timed out in flight): only a new producer can publish again.
 _BROKEN_PRODUCER = frozenset(
@@ -147,16 +150,20 @@ class Publisher(ClaimFloors):
                 kwargs["partition"] = row.destination_partition
             self._produce_one(row.id, topic, kwargs, failed, unroutable, broken)
             self.producer.poll(0)
-        waited_s = self.settings.delivery_timeout_ms / 1000 + 5
+        # librdkafka answers for each record within the delivery timeout; a little longer for its
+        # callbacks, and always less than the lease: the round's transaction is idle meanwhile, and the
+        # server ends a session idle in a transaction past the lease (limit_idle_transactions).
+        delivery_s, lease_s = self.settings.delivery_timeout_ms / 1000, self.settings.lease_ms / 1000
+        waited_s = delivery_s + min(FLUSH_MARGIN_S, (lease_s - delivery_s) / 2)
         if self.producer.flush(waited_s):
             # Not one word from the producer on these: retried after the backoff of a failed delivery
             # (released at once, they would be claimed again while the producer may still send them).
             answered = {job_id for job_id, _ in acked} | {job_id for job_id, _ in (*failed, *unroutable)}
             unanswered = [row.id for row in rows if row.id not in answered]
-            failed += [(job_id, f"no acknowledgement within {waited_s:.0f} s") for job_id in unanswered]
+            failed += [(job_id, f"no acknowledgement within {waited_s:g} s") for job_id in unanswered]
             if unanswered:
                 log.warning(
-                    "%s records still unacknowledged after %.0f s: their jobs are retried after a backoff",
+                    "%s records still unacknowledged after %g s: their jobs are retried after a backoff",
                     len(unanswered), waited_s,
                 )  # fmt: skip
         if broken:
