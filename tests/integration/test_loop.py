@@ -898,8 +898,9 @@ def test_the_publish_loop_keeps_the_published_at_index_summarized_while_a_snapsh
 
 
 def test_a_job_due_below_the_claims_floor_is_published_by_a_sweep(loop: Loop) -> None:
-    """A job that falls due below where claims start (a record stored long after its due time, a
-    delivery whose backoff ended, a job a crashed publisher released) is claimed by the next sweep."""
+    """A job that falls due below where claims start (here a record stored an hour after its due
+    time) is published all the same: told of by its batch, or found by the next sweep (the other
+    ways below the floor: test_stored_late.py)."""
     now = str(int(time.time() * 1000))
     loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=now)}] * 5)
     loop.ingest(5)

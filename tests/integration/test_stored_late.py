@@ -276,3 +276,38 @@ def test_records_the_producer_never_answered_back_off_and_are_claimed_again_afte
     [row] = [r for r in loop.rows() if bytes(r["msg_key"]) == b"k"]
     assert published == 1 and row["status"] == "published"
     assert len(consume(bootstrap_servers, [loop.dest], 2)) == 2  # "first" and this one
+
+
+def test_a_job_a_crashed_publisher_released_below_the_floor_is_swept_and_said(
+    database_url: str, bootstrap_servers: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another publisher holds a due job locked (claimed, in flight) while this one's claims skip it
+    and its floor moves on past it; that publisher's session dies. Nothing tells anyone of the job
+    now claimable below the floor: the next sweep claims it, and says how far below it was."""
+    loop = new_loop(database_url, bootstrap_servers, topic_prefix)
+    create_topics(bootstrap_servers, [loop.settings.retry_topic, loop.dest], partitions=1)
+    with Store(database_url) as store:
+        publisher = Publisher(Deployment(loop.settings, loop.registry), store)
+        crashed = psycopg.connect(database_url)
+        try:
+            _floor_set_and_sweep_an_hour_off(loop, publisher)
+            now_ms = int(time.time() * 1000)
+            loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=str(now_ms))}])
+            loop.ingest(1)
+            crashed.execute("SELECT id FROM retry_jobs WHERE msg_key = 'k' FOR UPDATE").fetchall()
+            skipped_at = time.monotonic()
+            while time.monotonic() - skipped_at < 2:  # its claims skip the job; the floor passes it
+                assert publisher.publish_once().claimed == 0
+                time.sleep(0.1)
+            with psycopg.connect(database_url, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (crashed.info.backend_pid,))
+            before_sweep = publisher.publish_once()
+            publisher._sweep_after = 0.0
+            with caplog.at_level(logging.INFO, logger="retry_scheduler.loops.claim_floors"):
+                swept = publisher.publish_once()
+        finally:
+            crashed.close()
+            publisher.close()
+    assert (before_sweep.claimed, swept.published) == (0, 1)
+    [said] = [m for m in caplog.messages if m.startswith("a sweep claimed")]
+    assert said.startswith("a sweep claimed 1 jobs due below the claims' floor, the oldest due ")

@@ -9,6 +9,7 @@ it. While the oldest-first claim is behind, every other destination gets a *lane
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -18,6 +19,8 @@ from retry_scheduler.core.config import Settings
 from retry_scheduler.core.jobs import OutgoingRow
 from retry_scheduler.db.store import Store
 from retry_scheduler.loops.handover import LoopTenure
+
+log = logging.getLogger(__name__)
 
 #: A claim's scan of the due index starts this long before where the publisher's previous claim
 #: left nothing behind: jobs stored (or released) with a due time just past while it claimed.
@@ -158,6 +161,7 @@ class ClaimFloors:
         if floor is None:
             took = time.monotonic() - began
             self._sweep_after = time.monotonic() + min(SWEEP_MAX_EVERY_S, SWEEP_COST_SHARE * took)
+            self._say_found_below(rows)
         if len(rows) < self.settings.publish_batch:
             # Every job due by the claim's start was claimed, is another publisher's, or waits out
             # a backoff.
@@ -168,6 +172,19 @@ class ClaimFloors:
         if mark is not None:
             new_floor = mark - FLOOR_LAG
             self._floor = new_floor if floor is None or self._floor is None else max(self._floor, new_floor)
+
+    def _say_found_below(self, swept: list[OutgoingRow]) -> None:
+        """Log the jobs a sweep found below the floor: claimable there with no one told (another
+        publisher's failed delivery, a crashed publisher's jobs), they waited for this sweep."""
+        began, floor = self.store.queue.claimed_up_to, self._floor
+        below = [
+            row.due_at for row in swept if floor is not None and row.due_at is not None and row.due_at < floor
+        ]
+        if below and began is not None:
+            log.info(
+                "a sweep claimed %s jobs due below the claims' floor, the oldest due %.1f s before it",
+                len(below), (began - min(below)).total_seconds(),
+            )  # fmt: skip
 
     def claim_lanes(self, claimed: list[OutgoingRow]) -> list[OutgoingRow]:
         """After the oldest-first claim (``claimed``): when it is behind, each other destination's
