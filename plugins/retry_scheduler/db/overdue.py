@@ -91,6 +91,10 @@ class OverdueNotices:
             return
         self._earliest_ms = due_ms if self._earliest_ms is None else min(self._earliest_ms, due_ms)
 
+    def peek(self) -> int | None:
+        """The earliest due time heard since the last :meth:`take`, left to the next one."""
+        return self._earliest_ms
+
     def take(self) -> int | None:
         """The earliest due time (epoch ms) of the overdue jobs stored since the last call, or None."""
         earliest, self._earliest_ms = self._earliest_ms, None

@@ -174,12 +174,17 @@ class ClaimFloors:
             self._floor = new_floor if floor is None or self._floor is None else max(self._floor, new_floor)
 
     def _say_found_below(self, swept: list[OutgoingRow]) -> None:
-        """Log the jobs a sweep found below the floor: claimable there with no one told (another
-        publisher's failed delivery, a crashed publisher's jobs), they waited for this sweep."""
-        began, floor = self.store.queue.claimed_up_to, self._floor
-        below = [
-            row.due_at for row in swept if floor is not None and row.due_at is not None and row.due_at < floor
-        ]
+        """Log the jobs a sweep found below the floor and below what this publisher was told of (a
+        notice heard during the sweep, a backoff not yet over): claimable there with no one told
+        (another publisher's failed delivery, a crashed publisher's jobs), they waited for a sweep."""
+        if self._floor is None:
+            return
+        began, told = self.store.queue.claimed_up_to, self._overdue.peek()
+        known = [due for _, due in self._comebacks]
+        if told is not None:
+            known.append(datetime.fromtimestamp(told / 1000, tz=UTC))
+        floor = min([self._floor, *known])
+        below = [row.due_at for row in swept if row.due_at is not None and row.due_at < floor]
         if below and began is not None:
             log.info(
                 "a sweep claimed %s jobs due below the claims' floor, the oldest due %.1f s before it",
