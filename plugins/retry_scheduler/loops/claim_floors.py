@@ -69,6 +69,9 @@ class ClaimFloors:
         #: Jobs this publisher failed to deliver, claimable again after their backoff: [monotonic time
         #: their backoff ends, their due time] (see :meth:`come_back`).
         self._comebacks: list[tuple[float, datetime]] = []
+        #: What the last sweep found below the floor, and when it began (see :meth:`say_found_below`).
+        self._found_below: list[datetime] = []
+        self._found_at: datetime | None = None
 
     @property
     def floor(self) -> datetime | None:
@@ -161,7 +164,7 @@ class ClaimFloors:
         if floor is None:
             took = time.monotonic() - began
             self._sweep_after = time.monotonic() + min(SWEEP_MAX_EVERY_S, SWEEP_COST_SHARE * took)
-            self._say_found_below(rows)
+            self._note_found_below(rows)
         if len(rows) < self.settings.publish_batch:
             # Every job due by the claim's start was claimed, is another publisher's, or waits out
             # a backoff.
@@ -173,22 +176,29 @@ class ClaimFloors:
             new_floor = mark - FLOOR_LAG
             self._floor = new_floor if floor is None or self._floor is None else max(self._floor, new_floor)
 
-    def _say_found_below(self, swept: list[OutgoingRow]) -> None:
-        """Log the jobs a sweep found below the floor and below what this publisher was told of (a
-        notice heard during the sweep, a backoff not yet over): claimable there with no one told
-        (another publisher's failed delivery, a crashed publisher's jobs), they waited for a sweep."""
+    def _note_found_below(self, swept: list[OutgoingRow]) -> None:
+        """Keep the due times of the jobs a sweep found below the floor and below what this publisher
+        knew of (its backoffs), for :meth:`say_found_below` once the round's transaction ended."""
         if self._floor is None:
             return
-        began, told = self.store.queue.claimed_up_to, self._overdue.peek()
-        known = [due for _, due in self._comebacks]
+        floor = min([self._floor, *(due for _, due in self._comebacks)])
+        self._found_below = [row.due_at for row in swept if row.due_at is not None and row.due_at < floor]
+        self._found_at = self.store.queue.claimed_up_to
+
+    def say_found_below(self) -> None:
+        """After the round's transaction: log the jobs its sweep found below the floor that no notice
+        covers, claimable there with no one told (another publisher's failed delivery, a crashed
+        publisher's jobs): they waited for a sweep. A notice of jobs the sweep saw just stored reaches
+        this session only once its transaction ends (PostgreSQL holds notices back until then): those
+        did not wait, and are left out."""
+        found, self._found_below = self._found_below, []
+        told = self._overdue.peek()
         if told is not None:
-            known.append(datetime.fromtimestamp(told / 1000, tz=UTC))
-        floor = min([self._floor, *known])
-        below = [row.due_at for row in swept if row.due_at is not None and row.due_at < floor]
-        if below and began is not None:
+            found = [due for due in found if due < datetime.fromtimestamp(told / 1000, tz=UTC)]
+        if found and self._found_at is not None:
             log.info(
                 "a sweep claimed %s jobs due below the claims' floor, the oldest due %.1f s before it",
-                len(below), (began - min(below)).total_seconds(),
+                len(found), (self._found_at - min(found)).total_seconds(),
             )  # fmt: skip
 
     def claim_lanes(self, claimed: list[OutgoingRow]) -> list[OutgoingRow]:

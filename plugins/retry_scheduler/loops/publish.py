@@ -333,6 +333,7 @@ class Publisher(ClaimFloors):
                 counts.failed = len(backed_off)
                 due_ids = {row.id for row in due_rows}
                 self.come_back([(due, in_s) for job_id, due, in_s in backed_off if job_id in due_ids])
+        self.say_found_below()
         for gate in self.gates:
             gate.after(due_rows, acked, failed_due)
         counts.claimed = len(dead_rows) + len(due_rows) + counts.kept_back
