@@ -188,6 +188,9 @@ class Recorder:
     def take(self) -> None:
         return None
 
+    def peek(self) -> None:
+        return None
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         self.events.append("transaction begins")

@@ -10,6 +10,7 @@ it. While the oldest-first claim is behind, every other destination gets a *lane
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -128,9 +129,16 @@ class ClaimFloors:
         """Jobs whose delivery failed (``(due time, seconds until their backoff ends)`` each): the
         first claim after a backoff ends starts below them. Their due time is past, below the floor
         the claims have moved on to, and a sweep may be a minute away (a held snapshot makes sweeps
-        rare): without this a failed delivery backed off for one second would wait for it."""
+        rare): without this a failed delivery backed off for one second would wait for it. One
+        entry per backoff ending in the same tenth of a second (rounded up), with the earliest due
+        time: a destination whose every delivery fails keeps a few entries a round, not one a job."""
         now = time.monotonic()
-        self._comebacks += [(now + max(0.0, in_s), at) for at, in_s in due if at is not None]
+        earliest: dict[float, datetime] = {}
+        for at, in_s in due:
+            if at is not None:
+                ends = math.ceil(max(0.0, in_s) * 10) / 10  # up: never before the backoff ends
+                earliest[ends] = min(earliest.get(ends, at), at)
+        self._comebacks += [(now + ends, at) for ends, at in earliest.items()]
 
     def _swept(self) -> None:
         """After a claim: let another publisher of the loop sweep."""
