@@ -155,9 +155,12 @@ def test_the_burst_is_stored_and_published_from_the_steady_traffics_topic_and_th
     stored = sum(row[1] for row in details["burst_timeline"])
     published = sum(row[2] for row in details["burst_timeline"])
     assert stored == published == 2_000
-    # The burst's first acknowledgement came no sooner than burst_due_s after it began.
+    # The burst's first acknowledgement came no sooner than burst_due_s after it began. The timeline's
+    # seconds are whole epoch seconds (floored: up to 1 s) less the run's start, rounded (up to 0.5 s):
+    # an acknowledgement 8.0 s after the burst began may show 1.5 s sooner. (Each record's own due
+    # time is checked exactly: early == 0 above.)
     first_ack = next(row[0] for row in details["burst_timeline"] if row[2])
-    assert first_ack >= details["burst_began_s"] + 8 - 1, details["burst_timeline"]
+    assert first_ack >= details["burst_began_s"] + 8 - 1.5, details["burst_timeline"]
 
     steady = details["steady"]
     assert steady["sent"] >= 30 * 6 * 0.9 and steady["published"] == steady["sent"], steady
