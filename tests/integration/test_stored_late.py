@@ -13,9 +13,11 @@ dead row version visible to the publisher's claims.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -91,6 +93,35 @@ def test_a_job_stored_after_its_due_time_is_published_within_a_second_of_being_s
     assert worst <= BOUND_S, f"stored -> published: p50 {p50:.3f} s, p99 {p99:.3f} s, max {worst:.3f} s"
 
 
+@contextlib.contextmanager
+def _publisher(loop: Loop) -> Iterator[Publisher]:
+    """A publisher of the loop's deployment on a store of its own, closed after the block."""
+    with Store(loop.settings.database_url) as store:
+        publisher = Publisher(Deployment(loop.settings, loop.registry), store)
+        try:
+            yield publisher
+        finally:
+            publisher.close()
+
+
+def _store_one(loop: Loop, key: bytes, at_ms: int, destination: str | None = None) -> None:
+    """One record for ``destination`` (the loop's by default), due at ``at_ms``, sent and ingested."""
+    headers = hdr(destination=destination or loop.dest, at=str(at_ms))
+    loop.send([{"key": key, "value": b"v", "headers": headers}])
+    loop.ingest(1)
+
+
+def _floor_set_and_sweep_an_hour_off(loop: Loop, publisher: Publisher, destination: str | None = None) -> int:
+    """One job (for ``destination``, the loop's by default) published by a sweep, which sets the
+    publisher's floor, then the next sweep an hour off (as when a held snapshot makes sweeps slow
+    and rare); the floor in epoch ms."""
+    _store_one(loop, b"first", int(time.time() * 1000), destination)
+    assert publisher.publish_once().published == 1
+    publisher._sweep_after = time.monotonic() + 3600
+    assert publisher.floor is not None
+    return int(publisher.floor.timestamp() * 1000)
+
+
 def test_a_job_stored_below_a_publisher_s_floor_is_in_its_very_next_claim(
     database_url: str, bootstrap_servers: str, topic_prefix: str
 ) -> None:
@@ -99,42 +130,13 @@ def test_a_job_stored_below_a_publisher_s_floor_is_in_its_very_next_claim(
     time, below the publisher's floor, is claimed and published by its next round all the same."""
     loop = new_loop(database_url, bootstrap_servers, topic_prefix)
     create_topics(bootstrap_servers, [loop.settings.retry_topic, loop.dest], partitions=1)
-    with Store(database_url) as store:
-        publisher = Publisher(Deployment(loop.settings, loop.registry), store)
-        try:
-            now_ms = int(time.time() * 1000)
-            loop.send(
-                [{"key": b"first", "value": b"v", "headers": hdr(destination=loop.dest, at=str(now_ms))}]
-            )
-            loop.ingest(1)
-            assert publisher.publish_once().published == 1  # a sweep: the floor is set by it
-            publisher._sweep_after = time.monotonic() + 3600  # the next sweep an hour off
-            floor = publisher.floor
-            assert floor is not None
-            late_ms = int(floor.timestamp() * 1000) - 10_000
-            loop.send(
-                [{"key": b"late", "value": b"v", "headers": hdr(destination=loop.dest, at=str(late_ms))}]
-            )
-            loop.ingest(1)
-
-            round_ = publisher.publish_once()
-        finally:
-            publisher.close()
+    with _publisher(loop) as publisher:
+        late_ms = _floor_set_and_sweep_an_hour_off(loop, publisher) - 10_000
+        _store_one(loop, b"late", late_ms)
+        round_ = publisher.publish_once()
     assert round_.published == 1
     [row] = [r for r in loop.rows() if bytes(r["msg_key"]) == b"late"]
     assert row["status"] == "published" and row["due_at"].timestamp() * 1000 < late_ms + 1
-
-
-def _floor_set_and_sweep_an_hour_off(loop: Loop, publisher: Publisher) -> int:
-    """One job published by a sweep (which sets the publisher's floor), then the next sweep an hour
-    off (as when a held snapshot makes sweeps slow and rare); the floor in epoch ms."""
-    now_ms = int(time.time() * 1000)
-    loop.send([{"key": b"first", "value": b"v", "headers": hdr(destination=loop.dest, at=str(now_ms))}])
-    loop.ingest(1)
-    assert publisher.publish_once().published == 1
-    publisher._sweep_after = time.monotonic() + 3600
-    assert publisher.floor is not None
-    return int(publisher.floor.timestamp() * 1000)
 
 
 def test_more_jobs_stored_below_the_floor_than_a_claim_takes_are_claimed_round_after_round(
@@ -145,18 +147,12 @@ def test_more_jobs_stored_below_the_floor_than_a_claim_takes_are_claimed_round_a
     the floor (which left 150 of them for the sweep, an hour off here)."""
     loop = new_loop(database_url, bootstrap_servers, topic_prefix, publish_batch=100)
     create_topics(bootstrap_servers, [loop.settings.retry_topic, loop.dest], partitions=1)
-    with Store(database_url) as store:
-        publisher = Publisher(Deployment(loop.settings, loop.registry), store)
-        try:
-            late_ms = _floor_set_and_sweep_an_hour_off(loop, publisher) - 10_000
-            late = [hdr(destination=loop.dest, at=str(late_ms + i)) for i in range(250)]
-            loop.send(
-                [{"key": f"late-{i}".encode(), "value": b"v", "headers": h} for i, h in enumerate(late)]
-            )
-            loop.ingest(250)
-            rounds = [publisher.publish_once() for _ in range(4)]
-        finally:
-            publisher.close()
+    with _publisher(loop) as publisher:
+        late_ms = _floor_set_and_sweep_an_hour_off(loop, publisher) - 10_000
+        late = [hdr(destination=loop.dest, at=str(late_ms + i)) for i in range(250)]
+        loop.send([{"key": f"late-{i}".encode(), "value": b"v", "headers": h} for i, h in enumerate(late)])
+        loop.ingest(250)
+        rounds = [publisher.publish_once() for _ in range(4)]
     assert [r.published for r in rounds] == [100, 100, 50, 0]
     assert all(r["status"] == "published" for r in loop.rows())
 
@@ -171,26 +167,18 @@ def test_a_job_whose_delivery_failed_is_claimed_when_its_backoff_ends_not_at_the
     create_topics(bootstrap_servers, [loop.settings.retry_topic], partitions=1)
     other = f"{topic_prefix}-other"
     create_topics(bootstrap_servers, [other], partitions=1)
-    with Store(database_url) as store:
-        publisher = Publisher(Deployment(loop.settings, loop.registry), store)
-        try:
-            now_ms = int(time.time() * 1000)
-            loop.send([{"key": b"first", "value": b"v", "headers": hdr(destination=other, at=str(now_ms))}])
-            loop.ingest(1)
-            assert publisher.publish_once().published == 1  # a sweep sets the floor
-            publisher._sweep_after = time.monotonic() + 3600
-            loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=str(now_ms))}])
-            loop.ingest(1)
-            assert publisher.publish_once().failed == 1  # no such topic: backed off for a second
-            create_topics(bootstrap_servers, [loop.dest], partitions=1)
-            tried_at = time.monotonic()
-            published = 0
-            while time.monotonic() - tried_at < 5 and not published:
-                published = publisher.publish_once().published
-                time.sleep(0.1)
-            floor = publisher.floor
-        finally:
-            publisher.close()
+    with _publisher(loop) as publisher:
+        now_ms = int(time.time() * 1000)
+        _floor_set_and_sweep_an_hour_off(loop, publisher, destination=other)  # its topic exists
+        _store_one(loop, b"k", now_ms)
+        assert publisher.publish_once().failed == 1  # no such topic: backed off for a second
+        create_topics(bootstrap_servers, [loop.dest], partitions=1)
+        tried_at = time.monotonic()
+        published = 0
+        while time.monotonic() - tried_at < 5 and not published:
+            published = publisher.publish_once().published
+            time.sleep(0.1)
+        floor = publisher.floor
     [row] = [r for r in loop.rows() if bytes(r["msg_key"]) == b"k"]
     assert row["status"] == "published", row
     assert row["publish_failures"] == 1
@@ -206,32 +194,26 @@ def test_a_batch_that_commits_late_is_claimed_at_once_though_no_claim_saw_it_whe
     committed, and the next claim takes it, with the sweep an hour off."""
     loop = new_loop(database_url, bootstrap_servers, topic_prefix)
     create_topics(bootstrap_servers, [loop.settings.retry_topic, loop.dest], partitions=1)
-    with Store(database_url) as store:
-        publisher = Publisher(Deployment(loop.settings, loop.registry), store)
-        holder = psycopg.connect(database_url)
-        try:
-            _floor_set_and_sweep_an_hour_off(loop, publisher)  # the offsets row exists from here
-            holder.execute(
-                "SELECT * FROM retry_ingest_offsets WHERE consumer_group = %s FOR UPDATE",
-                (loop.settings.consumer_group,),
-            ).fetchall()
-            due_ms = int(time.time() * 1000) + 500
-            loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=str(due_ms))}])
-            ingest = threading.Thread(target=loop.ingest, args=(1,))
-            with caplog.at_level(logging.INFO, logger="retry_scheduler.db.overdue"):
-                ingest.start()
-                blind = []
-                while time.time() * 1000 < due_ms + 3000:  # the publisher claims on, seeing nothing
-                    blind.append(publisher.publish_once().claimed)
-                    time.sleep(0.1)
-                holder.rollback()
-                ingest.join()
-            published = 0
-            for _ in range(3):
-                published += publisher.publish_once().published
-        finally:
-            holder.close()
-            publisher.close()
+    with _publisher(loop) as publisher, contextlib.closing(psycopg.connect(database_url)) as holder:
+        _floor_set_and_sweep_an_hour_off(loop, publisher)  # the offsets row exists from here
+        holder.execute(
+            "SELECT * FROM retry_ingest_offsets WHERE consumer_group = %s FOR UPDATE",
+            (loop.settings.consumer_group,),
+        ).fetchall()
+        due_ms = int(time.time() * 1000) + 500
+        loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=str(due_ms))}])
+        ingest = threading.Thread(target=loop.ingest, args=(1,))
+        with caplog.at_level(logging.INFO, logger="retry_scheduler.db.overdue"):
+            ingest.start()
+            blind = []
+            while time.time() * 1000 < due_ms + 3000:  # the publisher claims on, seeing nothing
+                blind.append(publisher.publish_once().claimed)
+                time.sleep(0.1)
+            holder.rollback()
+            ingest.join()
+        published = 0
+        for _ in range(3):
+            published += publisher.publish_once().published
     assert not any(blind)
     [row] = [r for r in loop.rows() if bytes(r["msg_key"]) == b"k"]
     assert published == 1 and row["status"] == "published"
@@ -248,26 +230,20 @@ def test_records_the_producer_never_answered_back_off_and_are_claimed_again_afte
     them, with the sweep an hour off."""
     loop = new_loop(database_url, bootstrap_servers, topic_prefix, delivery_timeout_ms=1000)
     create_topics(bootstrap_servers, [loop.settings.retry_topic, loop.dest], partitions=1)
-    with Store(database_url) as store:
-        publisher = Publisher(Deployment(loop.settings, loop.registry), store)
+    with _publisher(loop) as publisher:
         working = publisher.producer
-        try:
-            _floor_set_and_sweep_an_hour_off(loop, publisher)
-            publisher.producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 60_000})
-            now_ms = int(time.time() * 1000)
-            loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=str(now_ms))}])
-            loop.ingest(1)
-            with caplog.at_level(logging.WARNING, logger="retry_scheduler.loops.publish"):
-                unanswered = publisher.publish_once()
-            [backed_off] = [r for r in loop.rows() if bytes(r["msg_key"]) == b"k"]
-            publisher.producer.purge()
-            publisher.producer = working
-            published, began = 0, time.monotonic()
-            while not published and time.monotonic() - began < 10:
-                published = publisher.publish_once().published
-                time.sleep(0.1)
-        finally:
-            publisher.close()
+        _floor_set_and_sweep_an_hour_off(loop, publisher)
+        publisher.producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 60_000})
+        _store_one(loop, b"k", int(time.time() * 1000))
+        with caplog.at_level(logging.WARNING, logger="retry_scheduler.loops.publish"):
+            unanswered = publisher.publish_once()
+        [backed_off] = [r for r in loop.rows() if bytes(r["msg_key"]) == b"k"]
+        publisher.producer.purge()
+        publisher.producer = working
+        published, began = 0, time.monotonic()
+        while not published and time.monotonic() - began < 10:
+            published = publisher.publish_once().published
+            time.sleep(0.1)
     assert (unanswered.claimed, unanswered.published, unanswered.failed) == (1, 0, 1)
     assert backed_off["status"] == "pending" and backed_off["publish_failures"] == 1
     assert backed_off["last_error"] == "no acknowledgement within 2 s"
@@ -286,28 +262,20 @@ def test_a_job_a_crashed_publisher_released_below_the_floor_is_swept_and_said(
     now claimable below the floor: the next sweep claims it, and says how far below it was."""
     loop = new_loop(database_url, bootstrap_servers, topic_prefix)
     create_topics(bootstrap_servers, [loop.settings.retry_topic, loop.dest], partitions=1)
-    with Store(database_url) as store:
-        publisher = Publisher(Deployment(loop.settings, loop.registry), store)
-        crashed = psycopg.connect(database_url)
-        try:
-            _floor_set_and_sweep_an_hour_off(loop, publisher)
-            now_ms = int(time.time() * 1000)
-            loop.send([{"key": b"k", "value": b"v", "headers": hdr(destination=loop.dest, at=str(now_ms))}])
-            loop.ingest(1)
-            crashed.execute("SELECT id FROM retry_jobs WHERE msg_key = 'k' FOR UPDATE").fetchall()
-            skipped_at = time.monotonic()
-            while time.monotonic() - skipped_at < 2:  # its claims skip the job; the floor passes it
-                assert publisher.publish_once().claimed == 0
-                time.sleep(0.1)
-            with psycopg.connect(database_url, autocommit=True) as admin:
-                admin.execute("SELECT pg_terminate_backend(%s)", (crashed.info.backend_pid,))
-            before_sweep = publisher.publish_once()
-            publisher._sweep_after = 0.0
-            with caplog.at_level(logging.INFO, logger="retry_scheduler.loops.claim_floors"):
-                swept = publisher.publish_once()
-        finally:
-            crashed.close()
-            publisher.close()
+    with _publisher(loop) as publisher, contextlib.closing(psycopg.connect(database_url)) as crashed:
+        _floor_set_and_sweep_an_hour_off(loop, publisher)
+        _store_one(loop, b"k", int(time.time() * 1000))
+        crashed.execute("SELECT id FROM retry_jobs WHERE msg_key = 'k' FOR UPDATE").fetchall()
+        skipped_at = time.monotonic()
+        while time.monotonic() - skipped_at < 2:  # its claims skip the job; the floor passes it
+            assert publisher.publish_once().claimed == 0
+            time.sleep(0.1)
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (crashed.info.backend_pid,))
+        before_sweep = publisher.publish_once()
+        publisher._sweep_after = 0.0
+        with caplog.at_level(logging.INFO, logger="retry_scheduler.loops.claim_floors"):
+            swept = publisher.publish_once()
     assert (before_sweep.claimed, swept.published) == (0, 1)
     [said] = [m for m in caplog.messages if m.startswith("a sweep claimed")]
     assert said.startswith("a sweep claimed 1 jobs due below the claims' floor, the oldest due ")

@@ -46,8 +46,13 @@ def notify_overdue(cur: psycopg.Cursor[Any], rows: Sequence[CopyRow]) -> int | N
     earliest due time told (epoch ms), or None."""
     earliest = earliest_overdue_ms(rows, int(time.time() * 1000))
     if earliest is not None:
-        cur.execute(q("notify_overdue"), {"channel": CHANNEL, "due_ms": str(earliest)})
+        _tell(cur, earliest)
     return earliest
+
+
+def _tell(db: psycopg.Cursor[Any] | psycopg.Connection[Any], due_ms: int) -> None:
+    """Notify :data:`CHANNEL` of ``due_ms`` (delivered when the transaction it runs in commits)."""
+    db.execute(q("notify_overdue"), {"channel": CHANNEL, "due_ms": str(due_ms)})
 
 
 def notify_committed_late(conn: psycopg.Connection[Any], rows: Sequence[CopyRow], began: float) -> int | None:
@@ -62,7 +67,7 @@ def notify_committed_late(conn: psycopg.Connection[Any], rows: Sequence[CopyRow]
     if earliest is None:
         return None
     with conn.transaction():
-        conn.execute(q("notify_overdue"), {"channel": CHANNEL, "due_ms": str(earliest)})
+        _tell(conn, earliest)
     log.info(
         "%s jobs committed %.1f s after the earliest fell due (the batch took %.1f s to store): the "
         "publishers' claims start below them", len(rows), (now_ms - earliest) / 1000, now_ms / 1000 - began,

@@ -200,6 +200,8 @@ class ClaimFloors:
         this session only once its transaction ends (PostgreSQL holds notices back until then): those
         did not wait, and are left out."""
         found, self._found_below = self._found_below, []
+        if not found:
+            return
         told = self._overdue.peek()
         if told is not None:
             found = [due for due in found if due < datetime.fromtimestamp(told / 1000, tz=UTC)]
